@@ -1,0 +1,385 @@
+//! What the filter does with a request, decided without proxy-wasm: from the
+//! compiled configuration and the request's tenant header, then from the
+//! rate-limit service's answer.
+
+use prost::Message;
+use ratelimit_config::{descriptors, HeaderMode, MissingTenant, PluginConfig};
+
+use crate::proto::{
+    grpc_upstream, Code, DescriptorStatus, Entry, RateLimitDescriptor, RateLimitRequest,
+    RateLimitResponse, RateLimitUnit,
+};
+
+/// The configuration compiled once per VM in `on_configure`.
+pub struct Compiled {
+    pub config: PluginConfig,
+    /// What `dispatch_grpc_call` is given as its upstream.
+    pub upstream: String,
+}
+
+impl Compiled {
+    pub fn new(config: PluginConfig) -> Compiled {
+        let upstream = grpc_upstream(&config.cluster);
+        Compiled { config, upstream }
+    }
+}
+
+/// The first step for a request, from its tenant header.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Not limited: pass it on.
+    Pass,
+    /// No tenant header and `missing_tenant: deny`.
+    DenyMissingTenant,
+    /// Ask the rate-limit service with this encoded `RateLimitRequest`.
+    Ask(Vec<u8>),
+}
+
+/// Decides the first step. `tenant` is the raw header value, if any; a value
+/// that is not UTF-8 is limited as its lossy UTF-8 form, so a hostile byte
+/// string is still a tenant with its own counter, never a way around it.
+pub fn first_step(c: &Compiled, tenant: Option<&[u8]>) -> Step {
+    let tenant = match tenant {
+        Some(t) if !t.is_empty() => String::from_utf8_lossy(t),
+        _ => {
+            return match c.config.missing_tenant {
+                MissingTenant::Allow => Step::Pass,
+                MissingTenant::Deny => Step::DenyMissingTenant,
+            }
+        }
+    };
+    let Some(group) = c.config.limits.group_for(&tenant) else {
+        return Step::Pass;
+    };
+    let descriptors = descriptors(group, &c.config.descriptor_key, &tenant)
+        .map(|(_, entries)| RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).to_string(),
+                    value: (*v).to_string(),
+                })
+                .collect(),
+        })
+        .collect();
+    let request = RateLimitRequest {
+        domain: c.config.domain.clone(),
+        descriptors,
+        hits_addend: 0,
+    };
+    Step::Ask(request.encode_to_vec())
+}
+
+/// Why the service's answer could not be used.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RlsError {
+    /// A gRPC status other than OK (14 for timeouts and refused connections).
+    Grpc(u32),
+    /// The body was missing or was not a `RateLimitResponse`.
+    Undecodable,
+    /// `overall_code` was UNKNOWN or a code this filter does not know.
+    UnknownCode,
+    /// A host call failed (reading the header, dispatching the call).
+    Host(String),
+}
+
+/// The decision on a request that the service has answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted; add these headers to the upstream response.
+    Allow(Vec<(&'static str, String)>),
+    /// Refused: answer 429 with these headers (Retry-After included).
+    OverLimit(Vec<(&'static str, String)>),
+    /// The limiter failed: fail open, or deny with `status_on_error`.
+    Error(RlsError),
+}
+
+pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
+pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
+pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
+pub const RETRY_AFTER: &str = "retry-after";
+
+/// The X-RateLimit-* headers with Envoy's DRAFT_VERSION_03 semantics: the
+/// descriptor with the fewest remaining requests (the first, on a tie) gives
+/// the limit, remaining and reset; every descriptor with a known window adds
+/// `<limit>;w=<seconds>` to the limit header.
+pub fn draft03_headers(statuses: &[DescriptorStatus]) -> Vec<(&'static str, String)> {
+    let mut tightest: Option<&DescriptorStatus> = None;
+    let mut policies = String::new();
+    for s in statuses {
+        let Some(limit) = &s.current_limit else {
+            continue;
+        };
+        if tightest.is_none_or(|t| s.limit_remaining < t.limit_remaining) {
+            tightest = Some(s);
+        }
+        let unit = RateLimitUnit::try_from(limit.unit).unwrap_or(RateLimitUnit::Unknown);
+        let window = unit.window_seconds();
+        if window > 0 {
+            policies.push_str(&format!(", {};w={}", limit.requests_per_unit, window));
+            if !limit.name.is_empty() {
+                policies.push_str(&format!(";name=\"{}\"", limit.name));
+            }
+        }
+    }
+    let Some(t) = tightest else {
+        return Vec::new();
+    };
+    let limit = t
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+        .unwrap_or(0);
+    vec![
+        (X_RATELIMIT_LIMIT, format!("{limit}{policies}")),
+        (X_RATELIMIT_REMAINING, t.limit_remaining.to_string()),
+        (X_RATELIMIT_RESET, t.reset_seconds().to_string()),
+    ]
+}
+
+/// Seconds a refused client should wait: until every window it is over has
+/// reset (the longest of them), rounded up, at least 1.
+pub fn retry_after(statuses: &[DescriptorStatus]) -> u64 {
+    statuses
+        .iter()
+        .filter(|s| s.code() == Code::OverLimit)
+        .map(DescriptorStatus::reset_seconds_ceil)
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Decides from the gRPC status and the response body.
+pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
+    if grpc_status != 0 {
+        return Verdict::Error(RlsError::Grpc(grpc_status));
+    }
+    let Some(response) = body.and_then(|b| RateLimitResponse::decode(b).ok()) else {
+        return Verdict::Error(RlsError::Undecodable);
+    };
+    let mut headers = match mode {
+        HeaderMode::DraftVersion03 => draft03_headers(&response.statuses),
+        HeaderMode::Off => Vec::new(),
+    };
+    match response.overall_code() {
+        Code::Ok => Verdict::Allow(headers),
+        Code::OverLimit => {
+            headers.push((RETRY_AFTER, retry_after(&response.statuses).to_string()));
+            Verdict::OverLimit(headers)
+        }
+        Code::Unknown => Verdict::Error(RlsError::UnknownCode),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::{Duration, RateLimit};
+    use ratelimit_config::parse_plugin_config;
+
+    fn compiled(extra: &str) -> Compiled {
+        let text = format!(
+            r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit"}},
+               "limits": {{"x-tenant-id": {{
+                  "default": {{"persecond": 5, "perhour": 30}},
+                  "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}}{extra}}}"#
+        );
+        Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0)
+    }
+
+    fn asked(step: Step) -> RateLimitRequest {
+        match step {
+            Step::Ask(bytes) => RateLimitRequest::decode(&bytes[..]).unwrap(),
+            other => panic!("expected a call, got {other:?}"),
+        }
+    }
+
+    fn pairs(r: &RateLimitRequest) -> Vec<Vec<(String, String)>> {
+        r.descriptors
+            .iter()
+            .map(|d| {
+                d.entries
+                    .iter()
+                    .map(|e| (e.key.clone(), e.value.clone()))
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn p(k: &str, v: &str) -> (String, String) {
+        (k.to_string(), v.to_string())
+    }
+
+    #[test]
+    fn default_tenant_sends_one_descriptor_per_unit() {
+        let r = asked(first_step(&compiled(""), Some(b"tenant-a")));
+        assert_eq!(r.domain, "internal-api");
+        assert_eq!(
+            pairs(&r),
+            vec![
+                vec![p("generic_key", "per_second"), p("tenant", "tenant-a")],
+                vec![p("generic_key", "per_hour"), p("tenant", "tenant-a")],
+            ]
+        );
+    }
+
+    #[test]
+    fn listed_tenant_sends_its_groups_units() {
+        let r = asked(first_step(&compiled(""), Some(b"tenant-b")));
+        assert_eq!(
+            pairs(&r),
+            vec![vec![
+                p("generic_key", "per_minute"),
+                p("tenant", "tenant-b")
+            ]]
+        );
+    }
+
+    #[test]
+    fn missing_or_empty_tenant_follows_the_policy() {
+        assert_eq!(first_step(&compiled(""), None), Step::Pass);
+        assert_eq!(first_step(&compiled(""), Some(b"")), Step::Pass);
+        let deny = compiled(r#", "missing_tenant": "deny""#);
+        assert_eq!(first_step(&deny, None), Step::DenyMissingTenant);
+    }
+
+    #[test]
+    fn hostile_bytes_are_still_a_limited_tenant() {
+        let r = asked(first_step(&compiled(""), Some(&[0xff, 0xfe, b'a', 0])));
+        assert_eq!(r.descriptors[0].entries[1].value, "\u{fffd}\u{fffd}a\u{0}");
+    }
+
+    fn status(
+        code: Code,
+        limit: u32,
+        unit: RateLimitUnit,
+        remaining: u32,
+        reset: i64,
+    ) -> DescriptorStatus {
+        DescriptorStatus {
+            code: code as i32,
+            current_limit: Some(RateLimit {
+                name: String::new(),
+                requests_per_unit: limit,
+                unit: unit as i32,
+            }),
+            limit_remaining: remaining,
+            duration_until_reset: Some(Duration {
+                seconds: reset,
+                nanos: 0,
+            }),
+        }
+    }
+
+    fn encode(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
+        RateLimitResponse {
+            overall_code: code as i32,
+            statuses,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn ok_answer_carries_the_tightest_window() {
+        let body = encode(
+            Code::Ok,
+            vec![
+                status(Code::Ok, 5, RateLimitUnit::Second, 4, 1),
+                status(Code::Ok, 20, RateLimitUnit::Minute, 2, 37),
+                status(Code::Ok, 30, RateLimitUnit::Hour, 2, 1800),
+            ],
+        );
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, Some(&body)),
+            Verdict::Allow(vec![
+                (X_RATELIMIT_LIMIT, "20, 5;w=1, 20;w=60, 30;w=3600".into()),
+                (X_RATELIMIT_REMAINING, "2".into()),
+                (X_RATELIMIT_RESET, "37".into()),
+            ])
+        );
+    }
+
+    #[test]
+    fn over_limit_waits_for_the_longest_window_it_is_over() {
+        let body = encode(
+            Code::OverLimit,
+            vec![
+                status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 1),
+                status(Code::OverLimit, 100, RateLimitUnit::Hour, 0, 1200),
+                status(Code::Ok, 1000, RateLimitUnit::Day, 10, 50000),
+            ],
+        );
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, Some(&body)),
+            Verdict::OverLimit(vec![
+                (
+                    X_RATELIMIT_LIMIT,
+                    "5, 5;w=1, 100;w=3600, 1000;w=86400".into()
+                ),
+                (X_RATELIMIT_REMAINING, "0".into()),
+                (X_RATELIMIT_RESET, "1".into()),
+                (RETRY_AFTER, "1200".into()),
+            ])
+        );
+        assert_eq!(
+            verdict(HeaderMode::Off, 0, Some(&body)),
+            Verdict::OverLimit(vec![(RETRY_AFTER, "1200".into())])
+        );
+    }
+
+    #[test]
+    fn retry_after_is_at_least_one_second() {
+        assert_eq!(
+            retry_after(&[status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 0)]),
+            1
+        );
+        assert_eq!(retry_after(&[]), 1);
+    }
+
+    #[test]
+    fn failures_are_errors_not_decisions() {
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 14, None),
+            Verdict::Error(RlsError::Grpc(14))
+        );
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, None),
+            Verdict::Error(RlsError::Undecodable)
+        );
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, Some(&[0xff, 0xff])),
+            Verdict::Error(RlsError::Undecodable)
+        );
+        let unknown = encode(Code::Unknown, vec![]);
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, Some(&unknown)),
+            Verdict::Error(RlsError::UnknownCode)
+        );
+    }
+
+    #[test]
+    fn an_empty_body_is_not_an_admit() {
+        // An empty message decodes to overall_code UNKNOWN: an error, not an admit.
+        assert_eq!(
+            verdict(HeaderMode::DraftVersion03, 0, Some(&[])),
+            Verdict::Error(RlsError::UnknownCode)
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_answer_bytes_give_a_verdict(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256), status in 0u32..20) {
+            let _ = verdict(HeaderMode::DraftVersion03, status, Some(&body));
+        }
+
+        #[test]
+        fn any_tenant_bytes_give_a_step(tenant in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let c = compiled("");
+            match first_step(&c, Some(&tenant)) {
+                Step::Ask(bytes) => { RateLimitRequest::decode(&bytes[..]).unwrap(); }
+                Step::Pass => proptest::prop_assert!(tenant.is_empty()),
+                Step::DenyMissingTenant => proptest::prop_assert!(false),
+            }
+        }
+    }
+}

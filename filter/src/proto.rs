@@ -1,0 +1,241 @@
+//! The messages of `envoy.service.ratelimit.v3.RateLimitService`, with the
+//! field numbers of envoyproxy/data-plane-api (`rls.proto`,
+//! `envoy/extensions/common/ratelimit/v3/ratelimit.proto`), derived with
+//! prost so that no protoc is needed. Fields the filter never reads are left
+//! out: prost skips unknown fields when decoding.
+
+use prost::Message;
+
+pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+pub const METHOD: &str = "ShouldRateLimit";
+
+#[derive(Clone, PartialEq, Message)]
+pub struct RateLimitRequest {
+    #[prost(string, tag = "1")]
+    pub domain: String,
+    #[prost(message, repeated, tag = "2")]
+    pub descriptors: Vec<RateLimitDescriptor>,
+    #[prost(uint32, tag = "3")]
+    pub hits_addend: u32,
+}
+
+/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`
+#[derive(Clone, PartialEq, Message)]
+pub struct RateLimitDescriptor {
+    #[prost(message, repeated, tag = "1")]
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Entry {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum Code {
+    Unknown = 0,
+    Ok = 1,
+    OverLimit = 2,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct RateLimitResponse {
+    #[prost(enumeration = "Code", tag = "1")]
+    pub overall_code: i32,
+    #[prost(message, repeated, tag = "2")]
+    pub statuses: Vec<DescriptorStatus>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct DescriptorStatus {
+    #[prost(enumeration = "Code", tag = "1")]
+    pub code: i32,
+    #[prost(message, optional, tag = "2")]
+    pub current_limit: Option<RateLimit>,
+    #[prost(uint32, tag = "3")]
+    pub limit_remaining: u32,
+    #[prost(message, optional, tag = "4")]
+    pub duration_until_reset: Option<Duration>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum RateLimitUnit {
+    Unknown = 0,
+    Second = 1,
+    Minute = 2,
+    Hour = 3,
+    Day = 4,
+    Month = 5,
+    Year = 6,
+    Week = 7,
+}
+
+impl RateLimitUnit {
+    /// The window length in seconds, as Envoy's DRAFT_VERSION_03 headers
+    /// count it (0 for units it does not express).
+    pub fn window_seconds(self) -> u64 {
+        match self {
+            RateLimitUnit::Second => 1,
+            RateLimitUnit::Minute => 60,
+            RateLimitUnit::Hour => 3_600,
+            RateLimitUnit::Day => 86_400,
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct RateLimit {
+    #[prost(string, tag = "3")]
+    pub name: String,
+    #[prost(uint32, tag = "1")]
+    pub requests_per_unit: u32,
+    #[prost(enumeration = "RateLimitUnit", tag = "2")]
+    pub unit: i32,
+}
+
+/// `google.protobuf.Duration`
+#[derive(Clone, Copy, PartialEq, Message)]
+pub struct Duration {
+    #[prost(int64, tag = "1")]
+    pub seconds: i64,
+    #[prost(int32, tag = "2")]
+    pub nanos: i32,
+}
+
+/// `envoy.config.core.v3.GrpcService`, only its `envoy_grpc` target.
+#[derive(Clone, PartialEq, Message)]
+pub struct GrpcService {
+    #[prost(message, optional, tag = "1")]
+    pub envoy_grpc: Option<EnvoyGrpc>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct EnvoyGrpc {
+    #[prost(string, tag = "1")]
+    pub cluster_name: String,
+}
+
+/// What `dispatch_grpc_call` is given as its upstream. Envoy first tries to
+/// parse that string as a serialized `GrpcService` and only then takes it as
+/// a cluster name, so a bare name could be misread as a message; a
+/// serialized `GrpcService` is unambiguous. It must be passed as `&str`: for
+/// names of up to 125 ASCII bytes every byte of it is below 0x80. Anything
+/// else falls back to the bare name.
+pub fn grpc_upstream(cluster: &str) -> String {
+    let bytes = GrpcService {
+        envoy_grpc: Some(EnvoyGrpc {
+            cluster_name: cluster.to_string(),
+        }),
+    }
+    .encode_to_vec();
+    String::from_utf8(bytes).unwrap_or_else(|_| cluster.to_string())
+}
+
+impl DescriptorStatus {
+    /// Whole seconds until the window resets, never negative.
+    pub fn reset_seconds(&self) -> u64 {
+        self.duration_until_reset
+            .map(|d| u64::try_from(d.seconds).unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    /// Seconds until the window resets, rounded up.
+    pub fn reset_seconds_ceil(&self) -> u64 {
+        let nanos = self.duration_until_reset.map(|d| d.nanos).unwrap_or(0);
+        self.reset_seconds() + u64::from(nanos > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_encodes_byte_for_byte() {
+        let req = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![
+                    Entry {
+                        key: "generic_key".into(),
+                        value: "per_hour".into(),
+                    },
+                    Entry {
+                        key: "tenant".into(),
+                        value: "a".into(),
+                    },
+                ],
+            }],
+            hits_addend: 0,
+        };
+        let mut expected = vec![0x0a, 0x01, b'd', 0x12, 0x26];
+        // descriptor: entries (field 1) twice
+        expected.extend([0x0a, 0x17, 0x0a, 0x0b]);
+        expected.extend(b"generic_key");
+        expected.extend([0x12, 0x08]);
+        expected.extend(b"per_hour");
+        expected.extend([0x0a, 0x0b, 0x0a, 0x06]);
+        expected.extend(b"tenant");
+        expected.extend([0x12, 0x01, b'a']);
+        assert_eq!(req.encode_to_vec(), expected);
+    }
+
+    #[test]
+    fn response_decodes_from_wire_bytes() {
+        // overall_code OVER_LIMIT; one status: code OVER_LIMIT,
+        // current_limit {requests_per_unit 100, unit HOUR, name "n"},
+        // limit_remaining 0 (default, absent), duration_until_reset {seconds 42, nanos 5},
+        // then an unknown field 7 (quota) that must be skipped.
+        let bytes = [
+            0x08, 0x02, // overall_code = 2
+            0x12, 0x13, // statuses, 19 bytes
+            0x08, 0x02, // code = 2
+            0x12, 0x07, 0x1a, 0x01, b'n', 0x08, 0x64, 0x10, 0x03, // current_limit
+            0x22, 0x04, 0x08, 0x2a, 0x10, 0x05, // duration_until_reset
+            0x18, 0x00, // limit_remaining = 0, explicitly
+            0x3a, 0x00, // quota (unknown here), empty
+        ];
+        let r = RateLimitResponse::decode(&bytes[..]).unwrap();
+        assert_eq!(r.overall_code(), Code::OverLimit);
+        assert_eq!(r.statuses.len(), 1);
+        let s = &r.statuses[0];
+        assert_eq!(s.code(), Code::OverLimit);
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(limit.requests_per_unit, 100);
+        assert_eq!(limit.unit, RateLimitUnit::Hour as i32);
+        assert_eq!(limit.name, "n");
+        assert_eq!(s.limit_remaining, 0);
+        assert_eq!(s.reset_seconds(), 42);
+        assert_eq!(s.reset_seconds_ceil(), 43);
+    }
+
+    #[test]
+    fn garbage_does_not_decode() {
+        assert!(RateLimitResponse::decode(&[0x12, 0x05, 0x08][..]).is_err());
+    }
+
+    #[test]
+    fn unknown_codes_read_as_unknown() {
+        let r = RateLimitResponse {
+            overall_code: 9,
+            statuses: vec![],
+        };
+        assert_eq!(r.overall_code(), Code::Unknown);
+    }
+
+    #[test]
+    fn upstream_is_a_serialized_grpc_service() {
+        let up = grpc_upstream("ratelimit");
+        let mut expected = vec![0x0a, 0x0b, 0x0a, 0x09];
+        expected.extend(b"ratelimit");
+        assert_eq!(up.as_bytes(), expected);
+        let long = "c".repeat(200);
+        assert_eq!(grpc_upstream(&long), long);
+    }
+}

@@ -1,0 +1,13 @@
+//! The team limits JSON of tenant-ratelimit, in one place for the filter and
+//! the CLI: the model, its validation, and generation of the configurations
+//! that must agree with it (the rate-limit service YAML, the filter's plugin
+//! configuration). No proxy-wasm here: everything is pure and testable natively.
+
+pub mod model;
+pub mod plugin;
+pub mod service_yaml;
+pub mod validate;
+
+pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
+pub use plugin::{parse_plugin_config, HeaderMode, MissingTenant, PluginConfig};
+pub use validate::{parse_team_limits, ConfigError, Warning};

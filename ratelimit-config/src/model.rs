@@ -1,0 +1,235 @@
+//! The team limits model: one header, a default group and named groups of tenants.
+
+use std::collections::HashMap;
+
+/// A time unit a group can be limited over. Windows align to the clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
+
+    /// The key a team writes in its JSON (`persecond`, …).
+    pub fn json_key(self) -> &'static str {
+        match self {
+            Unit::Second => "persecond",
+            Unit::Minute => "perminute",
+            Unit::Hour => "perhour",
+            Unit::Day => "perday",
+        }
+    }
+
+    /// The value of the `generic_key` entry that tags a descriptor with its unit.
+    pub fn descriptor_value(self) -> &'static str {
+        match self {
+            Unit::Second => "per_second",
+            Unit::Minute => "per_minute",
+            Unit::Hour => "per_hour",
+            Unit::Day => "per_day",
+        }
+    }
+
+    /// The unit's name in the envoyproxy/ratelimit YAML.
+    pub fn service_unit(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+        }
+    }
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Unit::Second => 0,
+            Unit::Minute => 1,
+            Unit::Hour => 2,
+            Unit::Day => 3,
+        }
+    }
+
+    pub fn from_json_key(key: &str) -> Option<Unit> {
+        Unit::ALL.into_iter().find(|u| u.json_key() == key)
+    }
+}
+
+/// The limits of one group, per unit; `None` is "not limited over that unit".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitLimits([Option<u32>; 4]);
+
+impl UnitLimits {
+    pub fn get(&self, unit: Unit) -> Option<u32> {
+        self.0.get(unit.index()).copied().flatten()
+    }
+
+    pub fn set(&mut self, unit: Unit, limit: u32) {
+        if let Some(slot) = self.0.get_mut(unit.index()) {
+            *slot = Some(limit);
+        }
+    }
+
+    /// The units that are limited, shortest first, with their limits.
+    pub fn iter(&self) -> impl Iterator<Item = (Unit, u32)> + '_ {
+        Unit::ALL
+            .into_iter()
+            .filter_map(|u| self.get(u).map(|limit| (u, limit)))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub name: String,
+    pub limits: UnitLimits,
+    /// Tenant values listed in `header_value`; empty for the default group.
+    pub tenants: Vec<String>,
+}
+
+pub const DEFAULT_GROUP: &str = "default";
+
+/// A validated team limits file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TeamLimits {
+    /// The request header that carries the tenant, lowercase.
+    pub header: String,
+    /// Applies to every tenant not listed in a named group; absent means
+    /// such tenants are not limited.
+    pub default: Option<Group>,
+    /// Named groups, in file order.
+    pub groups: Vec<Group>,
+    by_tenant: HashMap<String, usize>,
+}
+
+impl TeamLimits {
+    pub fn new(header: String, default: Option<Group>, groups: Vec<Group>) -> TeamLimits {
+        let mut by_tenant = HashMap::new();
+        for (i, g) in groups.iter().enumerate() {
+            for t in &g.tenants {
+                by_tenant.entry(t.clone()).or_insert(i);
+            }
+        }
+        TeamLimits {
+            header,
+            default,
+            groups,
+            by_tenant,
+        }
+    }
+
+    /// The group whose limits apply to `tenant`, if any.
+    pub fn group_for(&self, tenant: &str) -> Option<&Group> {
+        match self.by_tenant.get(tenant) {
+            Some(&i) => self.groups.get(i),
+            None => self.default.as_ref(),
+        }
+    }
+
+    /// Every unit that some group limits, shortest first.
+    pub fn units_in_use(&self) -> Vec<Unit> {
+        Unit::ALL
+            .into_iter()
+            .filter(|u| self.all_groups().any(|g| g.limits.get(*u).is_some()))
+            .collect()
+    }
+
+    /// The default group first (when there is one), then the named groups.
+    pub fn all_groups(&self) -> impl Iterator<Item = &Group> {
+        self.default.iter().chain(self.groups.iter())
+    }
+}
+
+/// The descriptor entries the filter sends for `tenant` under `group`, one
+/// descriptor per limited unit: `[("generic_key", "per_<unit>"), (key, tenant)]`.
+pub fn descriptors<'a>(
+    group: &'a Group,
+    descriptor_key: &'a str,
+    tenant: &'a str,
+) -> impl Iterator<Item = (Unit, [(&'a str, &'a str); 2])> + 'a {
+    group.limits.iter().map(move |(unit, _)| {
+        (
+            unit,
+            [
+                ("generic_key", unit.descriptor_value()),
+                (descriptor_key, tenant),
+            ],
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(name: &str, s: Option<u32>, h: Option<u32>, tenants: &[&str]) -> Group {
+        let mut limits = UnitLimits::default();
+        if let Some(s) = s {
+            limits.set(Unit::Second, s);
+        }
+        if let Some(h) = h {
+            limits.set(Unit::Hour, h);
+        }
+        Group {
+            name: name.into(),
+            limits,
+            tenants: tenants.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn listed_tenant_gets_its_group_and_others_the_default() {
+        let t = TeamLimits::new(
+            "x-tenant-id".into(),
+            Some(group("default", Some(5), Some(30), &[])),
+            vec![group("gold", Some(50), None, &["tenant-b"])],
+        );
+        assert_eq!(t.group_for("tenant-b").unwrap().name, "gold");
+        assert_eq!(t.group_for("tenant-a").unwrap().name, "default");
+        assert_eq!(t.units_in_use(), vec![Unit::Second, Unit::Hour]);
+    }
+
+    #[test]
+    fn without_default_unlisted_tenants_have_no_group() {
+        let t = TeamLimits::new(
+            "x-tenant-id".into(),
+            None,
+            vec![group("gold", Some(50), None, &["tenant-b"])],
+        );
+        assert!(t.group_for("tenant-a").is_none());
+    }
+
+    #[test]
+    fn one_descriptor_per_limited_unit() {
+        let g = group("default", Some(5), Some(30), &[]);
+        let d: Vec<_> = descriptors(&g, "tenant", "acme").collect();
+        assert_eq!(
+            d,
+            vec![
+                (
+                    Unit::Second,
+                    [("generic_key", "per_second"), ("tenant", "acme")]
+                ),
+                (
+                    Unit::Hour,
+                    [("generic_key", "per_hour"), ("tenant", "acme")]
+                ),
+            ]
+        );
+    }
+}
