@@ -106,7 +106,7 @@ impl RootContext for Root {
             Err(e) => {
                 log(
                     LogLevel::Error,
-                    &format!("tenant_ratelimit: cannot read the plugin configuration: {e:?}"),
+                    &format!("cannot read the plugin configuration: {e:?}"),
                 );
                 return false;
             }
@@ -116,7 +116,7 @@ impl RootContext for Root {
                 for w in warnings {
                     log(
                         LogLevel::Warn,
-                        &format!("tenant_ratelimit: configuration: {w}"),
+                        &format!("configuration: {w}"),
                     );
                 }
                 self.shared = Some(Rc::new(Shared {
@@ -129,7 +129,7 @@ impl RootContext for Root {
                 for e in errors {
                     log(
                         LogLevel::Error,
-                        &format!("tenant_ratelimit: invalid configuration: {e}"),
+                        &format!("invalid configuration: {e}"),
                     );
                 }
                 false
@@ -164,7 +164,7 @@ impl Http {
         {
             log(
                 LogLevel::Error,
-                &format!("tenant_ratelimit: cannot send a local reply: {e:?}"),
+                &format!("cannot send a local reply: {e:?}"),
             );
             let _ = hostcalls::resume_http_request();
         }
@@ -176,7 +176,7 @@ impl Http {
         if debug_enabled() {
             log(
                 LogLevel::Debug,
-                &format!("tenant_ratelimit: limiter error: {why:?}"),
+                &format!("limiter error: {why:?}"),
             );
         }
         let config = &shared.compiled.config;
