@@ -114,10 +114,7 @@ impl RootContext for Root {
         match parse_plugin_config(&bytes) {
             Ok((config, warnings)) => {
                 for w in warnings {
-                    log(
-                        LogLevel::Warn,
-                        &format!("configuration: {w}"),
-                    );
+                    log(LogLevel::Warn, &format!("configuration warning: {w}"));
                 }
                 self.shared = Some(Rc::new(Shared {
                     compiled: Compiled::new(config),
@@ -127,10 +124,7 @@ impl RootContext for Root {
             }
             Err(errors) => {
                 for e in errors {
-                    log(
-                        LogLevel::Error,
-                        &format!("invalid configuration: {e}"),
-                    );
+                    log(LogLevel::Error, &format!("invalid configuration: {e}"));
                 }
                 false
             }
@@ -174,10 +168,7 @@ impl Http {
     fn on_limiter_error(&self, shared: &Shared, why: &RlsError) -> Action {
         shared.metrics.inc(Counter::RlsError);
         if debug_enabled() {
-            log(
-                LogLevel::Debug,
-                &format!("limiter error: {why:?}"),
-            );
+            log(LogLevel::Debug, &format!("limiter error: {why:?}"));
         }
         let config = &shared.compiled.config;
         if config.failure_mode_deny {

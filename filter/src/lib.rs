@@ -12,5 +12,5 @@
 pub mod decision;
 pub mod proto;
 
-#[cfg(target_arch = "wasm32")]
+#[cfg(all(target_arch = "wasm32", not(test)))]
 mod glue;
