@@ -1,0 +1,38 @@
+"""pytest wiring for tests/harness.py: one Stack per test, always closed, and
+the tail of every process log attached to a failing test's report."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness
+
+
+def pytest_configure(config):
+    missing = harness.missing_binaries()
+    if missing:
+        # An error, not a skip: a run that tests nothing must not look green.
+        raise pytest.UsageError(
+            "integration tests need these files (run `make deps build`):\n  "
+            + "\n  ".join(missing))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    stack = getattr(item, "_trl_stack", None)
+    if report.failed and stack is not None:
+        report.sections.append(
+            ("process logs", f"work dir: {stack.workdir}\n\n{stack.log_tails(60)}"))
+
+
+@pytest.fixture
+def stack(request, tmp_path):
+    """A Stack whose processes live only as long as the test."""
+    s = harness.Stack(tmp_path)
+    request.node._trl_stack = s
+    try:
+        yield s
+    finally:
+        s.close()

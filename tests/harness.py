@@ -1,0 +1,896 @@
+"""Integration harness: real Redis, real envoyproxy/ratelimit, real Envoy.
+
+Every process is started here with subprocess.Popen in its own session (so a
+shell exiting never signals it), logged to a file in a per-test directory,
+probed for readiness by polling its health endpoint against a deadline, and
+stopped here by PID (process group) when the test ends.
+
+Used by tests/conftest.py (pytest fixtures) and e2e/demo.py.
+
+    stack = Stack(workdir)
+    fleet = stack.fleet(limits, domain="internal-api", envoys=2)
+    results = run_sequential(fleet.urls, 1000, tenant="tenant-a")
+    tally(results)            # Counter({200: 100, 429: 900})
+    stack.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _tool(env: str, default: str) -> Path:
+    return Path(os.environ.get(env) or REPO / default)
+
+
+ENVOY_BIN = _tool("TRL_ENVOY", ".deps/bin/envoy")
+RATELIMIT_BIN = _tool("TRL_RATELIMIT", ".deps/bin/ratelimit")
+REDIS_BIN = _tool("TRL_REDIS", ".deps/bin/redis-server")
+WASM = _tool("TRL_WASM", "target/wasm32-wasip1/release/tenant_ratelimit.wasm")
+CLI = _tool("TRL_CLI", "target/release/ratelimit-config")
+ENVOY_TEMPLATE = REPO / "envoy" / "envoy.yaml.tmpl"
+UPSTREAM_TEMPLATE = REPO / "envoy" / "upstream.yaml.tmpl"
+
+LOOPBACK = "127.0.0.1"
+STARTUP_DEADLINE_S = 30.0
+STOP_DEADLINE_S = 10.0
+STATS_FLUSH_S = 0.2  # the ratelimit service's STATS_FLUSH_INTERVAL
+POLL_INTERVAL_S = 0.05
+
+TENANT_HEADER = "x-tenant-id"
+
+
+class HarnessError(RuntimeError):
+    pass
+
+
+class StartupError(HarnessError):
+    """A process exited, or never became ready, while starting."""
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def missing_binaries() -> list[str]:
+    """Binaries the integration tests need that are not there (run `make deps build`)."""
+    return [
+        str(p)
+        for p in (ENVOY_BIN, RATELIMIT_BIN, REDIS_BIN, WASM, CLI)
+        if not (p.exists() and os.access(p, os.R_OK))
+    ]
+
+
+def unique(prefix: str) -> str:
+    """A tenant value (or domain) no other test and no earlier run has used."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+# ------------------------------------------------------------------ ports
+
+class PortAllocator:
+    """Free loopback ports: bind to port 0 and read it back.
+
+    Ports already handed out in this process are never handed out twice, so
+    two components of one stack cannot collide between allocation and bind.
+    """
+
+    _lock = threading.Lock()
+    _given: set[int] = set()
+
+    @classmethod
+    def take(cls) -> int:
+        with cls._lock:
+            for _ in range(100):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind((LOOPBACK, 0))
+                    port = s.getsockname()[1]
+                if port not in cls._given:
+                    cls._given.add(port)
+                    return port
+        raise HarnessError("no free port")
+
+
+free_port = PortAllocator.take
+
+
+# ------------------------------------------------------------------ polling
+
+def wait_until(
+    probe: Callable[[], bool],
+    what: str,
+    deadline_s: float = STARTUP_DEADLINE_S,
+    process: "Process | None" = None,
+) -> None:
+    """Poll `probe` until it returns true; fail if `process` exits or time runs out."""
+    end = time.monotonic() + deadline_s
+    last_error: Exception | None = None
+    while True:
+        if process is not None and not process.alive():
+            raise StartupError(
+                f"{what}: {process.name} exited with code {process.returncode} "
+                f"before it was ready\n{process.tail()}",
+                exit_code=process.returncode,
+            )
+        try:
+            if probe():
+                return
+        except Exception as e:  # connection refused while it starts, etc.
+            last_error = e
+        if time.monotonic() > end:
+            detail = f" (last error: {last_error})" if last_error else ""
+            tail = f"\n{process.tail()}" if process is not None else ""
+            raise StartupError(f"{what}: not ready after {deadline_s:.0f}s{detail}{tail}")
+        time.sleep(POLL_INTERVAL_S)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    return requests.get(url, timeout=timeout).status_code == 200
+
+
+# ------------------------------------------------------------------ processes
+
+class Process:
+    """One child process in its own session, logging to `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path,
+                 env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self._log.write(f"### {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # own process group; no controlling terminal
+        )
+        self.pid = self.popen.pid
+        self.frozen = False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.poll()
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def _signal_group(self, sig: int) -> None:
+        # Only while the child has not been reaped: its PID (= its process
+        # group id, start_new_session) cannot have been reused before that.
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers."""
+        self._signal_group(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self._signal_group(signal.SIGCONT)
+        self.frozen = False
+
+    def stop(self, deadline_s: float = STOP_DEADLINE_S) -> int | None:
+        if self.popen.poll() is None:
+            self._signal_group(signal.SIGCONT)  # a stopped process would not act on SIGTERM
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.popen.wait(timeout=deadline_s)
+        self.frozen = False
+        if not self._log.closed:
+            self._log.close()
+        return self.popen.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_text().splitlines()[-lines:]
+        state = "running" if self.alive() else f"exited {self.returncode}"
+        head = f"----- {self.name} (pid {self.pid}, {state}) {self.log_path} -----"
+        return "\n".join([head, *text])
+
+
+# ------------------------------------------------------------------ redis
+
+class RespError(HarnessError):
+    pass
+
+
+class Redis:
+    """redis-server on a loopback port, and a minimal RESP client for it."""
+
+    def __init__(self, stack: "Stack"):
+        self.port = free_port()
+        self.process = stack.spawn(
+            "redis",
+            [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice"],
+        )
+        wait_until(lambda: self.command("PING") == "PONG", "redis PING", process=self.process)
+
+    def command(self, *args: str | int, timeout: float = 2.0):
+        payload = [f"*{len(args)}\r\n".encode()]
+        for a in args:
+            b = str(a).encode()
+            payload.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        with socket.create_connection((LOOPBACK, self.port), timeout=timeout) as s:
+            s.sendall(b"".join(payload))
+            return _read_resp(s.makefile("rb"))
+
+    def keys(self, pattern: str = "*") -> list[str]:
+        return sorted(self.command("KEYS", pattern))
+
+    def get_int(self, key: str) -> int | None:
+        value = self.command("GET", key)
+        return None if value is None else int(value)
+
+    def ttl(self, key: str) -> int:
+        return int(self.command("TTL", key))
+
+
+def _read_resp(f):
+    line = f.readline()
+    if not line:
+        raise RespError("connection closed")
+    kind, rest = line[:1], line[1:].rstrip(b"\r\n")
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RespError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        n = int(rest)
+        if n < 0:
+            return None
+        data = f.read(n + 2)[:n]
+        return data.decode(errors="replace")
+    if kind == b"*":
+        n = int(rest)
+        return None if n < 0 else [_read_resp(f) for _ in range(n)]
+    raise RespError(f"unexpected RESP reply {line!r}")
+
+
+# ------------------------------------------------------------------ ratelimit service
+
+class RateLimitService:
+    """envoyproxy/ratelimit (service_cmd), counting in `redis`.
+
+    Its config directory holds the ratelimit.yaml files ratelimit-config
+    generated: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml.
+    """
+
+    def __init__(self, stack: "Stack", redis: Redis, config_files: Iterable[Path],
+                 log_level: str | None = None):
+        self.stack = stack
+        self.redis = redis
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.debug_port = free_port()
+        self.metrics_port = free_port()
+        self.runtime_root = stack.workdir / "ratelimit-runtime"
+        config_dir = self.runtime_root / "ratelimit" / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        self.domains: list[str] = []
+        for i, f in enumerate(config_files):
+            text = Path(f).read_text()
+            m = re.search(r"^domain:\s*['\"]?([^'\"\s]+)", text, re.M)
+            if not m:
+                raise HarnessError(f"{f}: no domain in the ratelimit config")
+            self.domains.append(m.group(1))
+            shutil.copy(f, config_dir / f"{i:02d}-{Path(f).name}")
+        self.log_level = log_level or os.environ.get("TRL_RATELIMIT_LOG_LEVEL", "info")
+        self.process: Process | None = None
+        self.start()
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOST": LOOPBACK,
+            "PORT": str(self.http_port),
+            "GRPC_HOST": LOOPBACK,
+            "GRPC_PORT": str(self.grpc_port),
+            "DEBUG_HOST": LOOPBACK,
+            "DEBUG_PORT": str(self.debug_port),
+            "REDIS_SOCKET_TYPE": "tcp",
+            "REDIS_URL": f"{LOOPBACK}:{self.redis.port}",
+            # The debug port's /stats shows only Go expvars; the service's own
+            # counters (within_limit, over_limit, ...) reach an HTTP endpoint
+            # only through the Prometheus sink, flushed every STATS_FLUSH_INTERVAL.
+            "USE_STATSD": "false",
+            "USE_PROMETHEUS": "true",
+            "PROMETHEUS_ADDR": f"{LOOPBACK}:{self.metrics_port}",
+            "STATS_FLUSH_INTERVAL": f"{int(STATS_FLUSH_S * 1000)}ms",
+            "RUNTIME_ROOT": str(self.runtime_root),
+            "RUNTIME_SUBDIRECTORY": "ratelimit",
+            "RUNTIME_WATCH_ROOT": "false",
+            "LOG_LEVEL": self.log_level,
+            "LOG_FORMAT": "text",
+        }
+
+    def start(self) -> None:
+        """Start (or restart, on the same ports) and wait for /healthcheck and the config."""
+        if self.process is not None and self.process.alive():
+            raise HarnessError("ratelimit service already running")
+        self.process = self.stack.spawn("ratelimit", [RATELIMIT_BIN], env=self.env())
+        wait_until(lambda: http_ok(f"{self.http_url}/healthcheck"),
+                   "ratelimit /healthcheck", process=self.process)
+        wait_until(self._config_loaded, "ratelimit /rlconfig lists every domain",
+                   process=self.process)
+
+    def _config_loaded(self) -> bool:
+        text = requests.get(f"{self.debug_url}/rlconfig", timeout=1).text
+        return all(f"{d}." in text for d in self.domains)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.http_port}"
+
+    @property
+    def debug_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.debug_port}"
+
+    def rlconfig(self) -> str:
+        return requests.get(f"{self.debug_url}/rlconfig", timeout=2).text
+
+    def debug_stats(self) -> dict[str, int]:
+        """The debug port's /stats: Go expvars (memstats, ...), no rate-limit counters."""
+        return parse_stats(requests.get(f"{self.debug_url}/stats", timeout=2).text)
+
+    def metrics(self) -> dict[str, float]:
+        """The service's counters as its Prometheus sink shows them right now.
+
+        Keys are `name{label="value",...}` with labels sorted, e.g.
+        `ratelimit_service_rate_limit_within_limit{domain="d",key1="generic_key_per_hour",key2="tenant"}`.
+        """
+        text = requests.get(f"http://{LOOPBACK}:{self.metrics_port}/metrics", timeout=2).text
+        return parse_prometheus(text)
+
+    def settled_metrics(self, deadline_s: float = 10.0) -> dict[str, float]:
+        """metrics() once two reads more than a flush interval apart agree."""
+        end = time.monotonic() + deadline_s
+        previous = self.metrics()
+        while True:
+            time.sleep(STATS_FLUSH_S * 2.5)
+            current = self.metrics()
+            if current == previous or time.monotonic() > end:
+                return current
+            previous = current
+
+    def rule_counter(self, name: str, domain: str, unit: str, key2: str = "tenant",
+                     metrics: dict[str, float] | None = None) -> int:
+        """e.g. rule_counter("within_limit", domain, "hour"): admissions by the per-hour rule."""
+        m = self.settled_metrics() if metrics is None else metrics
+        key = (f'ratelimit_service_rate_limit_{name}{{domain="{domain}",'
+               f'key1="generic_key_per_{unit}",key2="{key2}"}}')
+        return int(m.get(key, 0))
+
+    def freeze(self) -> None:
+        assert self.process is not None
+        self.process.freeze()
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.thaw()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+def parse_stats(text: str) -> dict[str, int]:
+    """`name: value` lines (Envoy admin /stats, ratelimit debug /stats) → {name: int}.
+
+    Histograms and other non-integer values are left out.
+    """
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if not sep:
+            continue
+        value = value.strip()
+        if re.fullmatch(r"-?\d+", value):
+            out[name.strip()] = int(value)
+    return out
+
+
+_PROM_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
+_PROM_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Prometheus text format → {`name{k="v",...}` (labels sorted): value}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_LINE.match(line)
+        if not m:
+            continue
+        labels = sorted(_PROM_LABEL.findall(m.group(3) or ""))
+        key = m.group(1)
+        if labels:
+            key += "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+        try:
+            out[key] = float(m.group(4))
+        except ValueError:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------ config generation
+
+@dataclass
+class Generated:
+    """What `ratelimit-config generate` wrote for one team JSON."""
+
+    limits: dict
+    domain: str
+    out_dir: Path
+    ratelimit_yaml: Path
+    plugin_config_path: Path
+
+    def plugin_config(self, **overrides) -> dict:
+        """A fresh copy of plugin-config.json, with top-level keys replaced.
+
+        `timeout_ms=` is a shortcut for rate_limit_service.timeout_ms.
+        """
+        cfg = json.loads(self.plugin_config_path.read_text())
+        timeout_ms = overrides.pop("timeout_ms", None)
+        if timeout_ms is not None:
+            cfg["rate_limit_service"]["timeout_ms"] = timeout_ms
+        cfg.update(overrides)
+        return cfg
+
+
+def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(CLI), *map(str, args)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    if check and proc.returncode != 0:
+        raise HarnessError(
+            f"ratelimit-config {' '.join(map(str, args))} exited {proc.returncode}\n"
+            f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+def generate(limits: dict, out_dir: Path, domain: str, cluster: str | None = None,
+             timeout_ms: int | None = None) -> Generated:
+    """Write the team JSON, run `ratelimit-config generate`, return the generated files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    limits_path = out_dir / "limits.json"
+    limits_path.write_text(json.dumps(limits, indent=2))
+    args: list[str | Path] = ["generate", limits_path, "--domain", domain, "--out", out_dir]
+    if cluster is not None:
+        args += ["--cluster", cluster]
+    if timeout_ms is not None:
+        args += ["--timeout-ms", str(timeout_ms)]
+    run_cli(*args)
+    gen = Generated(limits, domain, out_dir, out_dir / "ratelimit.yaml",
+                    out_dir / "plugin-config.json")
+    for p in (gen.ratelimit_yaml, gen.plugin_config_path):
+        if not p.exists():
+            raise HarnessError(f"ratelimit-config generate did not write {p}")
+    return gen
+
+
+# ------------------------------------------------------------------ envoy
+
+def render(template: Path, **values) -> str:
+    """string.Template substitution; a placeholder left without a value is an error."""
+    return string.Template(template.read_text()).substitute(
+        {k: str(v) for k, v in values.items()})
+
+
+def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: int,
+                        rls_port: int, upstream_port: int, wasm_path: Path | str = WASM,
+                        bind_address: str = LOOPBACK, rls_address: str = LOOPBACK,
+                        upstream_address: str = LOOPBACK, cluster_type: str = "STATIC",
+                        node_id: str = "envoy") -> str:
+    cluster = plugin_config.get("rate_limit_service", {}).get("cluster", "ratelimit")
+    return render(
+        ENVOY_TEMPLATE,
+        node_id=node_id,
+        bind_address=bind_address,
+        listen_port=listen_port,
+        admin_port=admin_port,
+        wasm_path=wasm_path,
+        # A JSON string literal is also a valid YAML double-quoted scalar.
+        plugin_config=json.dumps(json.dumps(plugin_config, separators=(",", ":"))),
+        rls_cluster=cluster,
+        rls_address=rls_address,
+        rls_port=rls_port,
+        upstream_address=upstream_address,
+        upstream_port=upstream_port,
+        cluster_type=cluster_type,
+    )
+
+
+def render_upstream_config(*, listen_port: int, admin_port: int,
+                           bind_address: str = LOOPBACK, node_id: str = "upstream") -> str:
+    return render(UPSTREAM_TEMPLATE, node_id=node_id, bind_address=bind_address,
+                  listen_port=listen_port, admin_port=admin_port)
+
+
+def envoy_argv(config_path: Path, concurrency: int, extra: Iterable[str] = ()) -> list[str]:
+    # --disable-hot-restart: no shared-memory region, so any number of Envoys
+    # (and `--mode validate` runs) coexist without choosing base ids.
+    return [str(ENVOY_BIN), "-c", str(config_path), "--concurrency", str(concurrency),
+            "--disable-hot-restart", "--log-level", "info", *extra]
+
+
+class Envoy:
+    """One Envoy process; `ready` means admin /ready answered 200."""
+
+    def __init__(self, stack: "Stack", name: str, config_text: str, listen_port: int,
+                 admin_port: int, concurrency: int = 2, wait: bool = True):
+        self.name = name
+        self.listen_port = listen_port
+        self.admin_port = admin_port
+        self.config_path = stack.workdir / f"{name}.yaml"
+        self.config_path.write_text(config_text)
+        self.process = stack.spawn(name, envoy_argv(self.config_path, concurrency))
+        if wait:
+            self.wait_ready()
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.listen_port}/"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.admin_port}"
+
+    def is_ready(self) -> bool:
+        return http_ok(f"{self.admin_url}/ready", timeout=0.5)
+
+    def wait_ready(self, deadline_s: float = STARTUP_DEADLINE_S) -> None:
+        wait_until(self.is_ready, f"{self.name} admin /ready", deadline_s, process=self.process)
+
+    def outcome(self, deadline_s: float = STARTUP_DEADLINE_S) -> str:
+        """How a start ended: "ready", "exited <code>", or "not ready after <n>s"."""
+        try:
+            self.wait_ready(deadline_s)
+            return "ready"
+        except StartupError as e:
+            if e.exit_code is not None:
+                return f"exited {e.exit_code}"
+            return f"not ready after {deadline_s:.0f}s"
+
+    def stats(self, filter_regex: str | None = None) -> dict[str, int]:
+        params = {"filter": filter_regex} if filter_regex else None
+        return parse_stats(requests.get(f"{self.admin_url}/stats", params=params, timeout=2).text)
+
+    def filter_counters(self) -> dict[str, int]:
+        """The filter's counters keyed by what follows `tenant_ratelimit.`.
+
+        Envoy shows proxy-wasm metrics with a prefix of its own (e.g.
+        `wasmcustom.tenant_ratelimit.allowed`); match on the suffix.
+        """
+        out: dict[str, int] = {}
+        for name, value in self.stats("tenant_ratelimit").items():
+            # `wasm.tenant_ratelimit.vm_reload*` are Envoy's own stats of the VM.
+            if name.startswith("wasm."):
+                continue
+            _, sep, suffix = name.partition("tenant_ratelimit.")
+            if sep:
+                out[suffix] = out.get(suffix, 0) + value
+        return out
+
+    def stop(self) -> None:
+        self.process.stop()
+
+
+# ------------------------------------------------------------------ stack
+
+@dataclass
+class Fleet:
+    """Redis + ratelimit + upstream + N filter Envoys for one generated config."""
+
+    generated: Generated
+    redis: Redis
+    ratelimit: RateLimitService
+    upstream: Envoy
+    envoys: list[Envoy]
+
+    @property
+    def urls(self) -> list[str]:
+        return [e.url for e in self.envoys]
+
+    @property
+    def domain(self) -> str:
+        return self.generated.domain
+
+    def counters(self) -> Counter:
+        """The filter counters summed over every Envoy of the fleet."""
+        total: Counter = Counter()
+        for e in self.envoys:
+            total.update(e.filter_counters())
+        return total
+
+
+class Stack:
+    """Owns every process a test (or the demo) starts, and stops them all in `close()`."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.processes: list[Process] = []
+        self._names: Counter = Counter()
+
+    # -- lifecycle
+    def spawn(self, name: str, argv: list, env: dict[str, str] | None = None) -> Process:
+        self._names[name] += 1
+        label = name if self._names[name] == 1 else f"{name}-{self._names[name]}"
+        log = self.workdir / "logs" / f"{label}.log"
+        p = Process(label, argv, log, env=env, cwd=self.workdir)
+        self.processes.append(p)
+        return p
+
+    def close(self) -> None:
+        errors = []
+        for p in reversed(self.processes):
+            try:
+                p.stop()
+            except Exception as e:  # keep stopping the others
+                errors.append(f"{p.name}: {e}")
+        if errors:
+            raise HarnessError("stopping processes: " + "; ".join(errors))
+
+    def __enter__(self) -> "Stack":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def log_tails(self, lines: int = 40) -> str:
+        return "\n\n".join(p.tail(lines) for p in self.processes)
+
+    # -- components
+    def redis(self) -> Redis:
+        return Redis(self)
+
+    def ratelimit(self, redis: Redis, *generated: Generated | Path,
+                  log_level: str | None = None) -> RateLimitService:
+        files = [g.ratelimit_yaml if isinstance(g, Generated) else Path(g) for g in generated]
+        return RateLimitService(self, redis, files, log_level=log_level)
+
+    def upstream(self) -> Envoy:
+        listen, admin = free_port(), free_port()
+        text = render_upstream_config(listen_port=listen, admin_port=admin)
+        return Envoy(self, "upstream", text, listen, admin, concurrency=1)
+
+    def envoy(self, plugin_config: dict, rls: RateLimitService | int, upstream: Envoy | int,
+              name: str = "envoy", wait: bool = True, concurrency: int = 2) -> Envoy:
+        listen, admin = free_port(), free_port()
+        rls_port = rls.grpc_port if isinstance(rls, RateLimitService) else rls
+        up_port = upstream.listen_port if isinstance(upstream, Envoy) else upstream
+        text = render_envoy_config(plugin_config, listen_port=listen, admin_port=admin,
+                                   rls_port=rls_port, upstream_port=up_port, node_id=name)
+        return Envoy(self, name, text, listen, admin, concurrency=concurrency, wait=wait)
+
+    def generate(self, limits: dict, domain: str | None = None, **kw) -> Generated:
+        domain = domain or unique("internal-api")
+        return generate(limits, self.workdir / "generated" / domain, domain, **kw)
+
+    def fleet(self, limits: dict | Generated, envoys: int = 2, domain: str | None = None,
+              **plugin_overrides) -> Fleet:
+        gen = limits if isinstance(limits, Generated) else self.generate(limits, domain)
+        redis = self.redis()
+        rls = self.ratelimit(redis, gen)
+        upstream = self.upstream()
+        cfg = gen.plugin_config(**plugin_overrides)
+        members = [self.envoy(cfg, rls, upstream, name=f"envoy-{i + 1}") for i in range(envoys)]
+        return Fleet(gen, redis, rls, upstream, members)
+
+
+# ------------------------------------------------------------------ traffic
+
+@dataclass
+class Result:
+    status: int  # 0: no HTTP response at all (connection error, client timeout)
+    latency_s: float
+    headers: dict[str, str] = field(default_factory=dict)
+    target: int = 0  # index of the URL the request went to
+    started: float = 0.0  # time.time() when it was sent
+    error: str = ""
+
+
+_local = threading.local()
+
+
+def _session() -> requests.Session:
+    s = getattr(_local, "session", None)
+    if s is None:
+        s = requests.Session()
+        _local.session = s
+    return s
+
+
+def send(url: str, tenant: str | None = None, headers: dict | None = None,
+         timeout: float = 10.0, target: int = 0) -> Result:
+    """One GET; never raises for transport errors (status 0 then)."""
+    h = dict(headers or {})
+    if tenant is not None:
+        h[TENANT_HEADER] = tenant
+    started = time.time()
+    t0 = time.perf_counter()
+    try:
+        r = _session().get(url, headers=h, timeout=timeout)
+        r.content  # read the body: the latency covers the whole response
+        return Result(r.status_code, time.perf_counter() - t0,
+                      {k.lower(): v for k, v in r.headers.items()}, target, started)
+    except requests.RequestException as e:
+        _local.session = None
+        return Result(0, time.perf_counter() - t0, {}, target, started, repr(e))
+
+
+def run_sequential(urls: list[str], n: int, tenant: str | None = None,
+                   headers: dict | None = None) -> list[Result]:
+    """n requests one after another, round-robin over `urls` (one client)."""
+    return [send(urls[i % len(urls)], tenant, headers, target=i % len(urls)) for i in range(n)]
+
+
+def run_concurrent(urls: list[str], n: int, clients: int, tenant: str | None = None,
+                   headers: dict | None = None) -> list[Result]:
+    """n requests from `clients` threads at once, round-robin over `urls`."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=clients) as pool:
+        futures = [pool.submit(send, urls[i % len(urls)], tenant, headers, 10.0, i % len(urls))
+                   for i in range(n)]
+        return [f.result() for f in futures]
+
+
+def tally(results: Iterable[Result]) -> Counter:
+    return Counter(r.status for r in results)
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(round(p / 100.0 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+def summary(results: list[Result]) -> str:
+    """k6-like lines, one per status: `status 200 ............ count=100   avg=3.15ms  p99=8.21ms`."""
+    by_status: dict[int, list[float]] = {}
+    for r in results:
+        by_status.setdefault(r.status, []).append(r.latency_s * 1000)
+    lines = []
+    for status in sorted(by_status):
+        lat = by_status[status]
+        label = f"status {status}" if status else "no response"
+        lines.append(f"  {label} {'.' * 12} count={len(lat):<5} "
+                     f"avg={sum(lat) / len(lat):.2f}ms  p99={percentile(lat, 99):.2f}ms")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ windows
+
+UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def window_start(unit_s: int, t: float | None = None) -> int:
+    """The ratelimit service's window start: floor(now / unit) * unit."""
+    t = time.time() if t is None else t
+    return int(t // unit_s) * unit_s
+
+
+def window_left(unit_s: int, t: float | None = None) -> float:
+    t = time.time() if t is None else t
+    return unit_s - (t % unit_s)
+
+
+def ensure_window_room(unit_s: int, need_s: float) -> float:
+    """Wait out the current window if less than `need_s` of it remains.
+
+    Returns how long it waited. Not a readiness check: windows are clock
+    aligned, so this is the only way to keep a run inside one window.
+    """
+    if need_s >= unit_s:
+        raise HarnessError(f"a {unit_s}s window can never have {need_s}s left")
+    left = window_left(unit_s)
+    if left >= need_s:
+        return 0.0
+    time.sleep(left + 0.02)
+    return left + 0.02
+
+
+def wait_next_second(margin_s: float = 0.01) -> None:
+    """Sleep into the first hundredth of the next wall-clock second."""
+    time.sleep(window_left(1) + margin_s)
+
+
+def redis_key(domain: str, unit: str, tenant: str, t: float | None = None,
+              descriptor_key: str = "tenant") -> str:
+    """The key envoyproxy/ratelimit builds for one of our descriptors."""
+    secs = UNIT_SECONDS[unit]
+    return f"{domain}_generic_key_per_{unit}_{descriptor_key}_{tenant}_{window_start(secs, t)}"
+
+
+# ------------------------------------------------------------------ x-ratelimit-* headers
+
+@dataclass
+class RateLimitHeaders:
+    limit: int  # the limit of the tightest descriptor
+    windows: list[tuple[int, int]]  # (limit, window seconds), one per descriptor
+    remaining: int
+    reset: int
+    retry_after: int | None
+
+    @property
+    def tightest_window(self) -> int | None:
+        """The window of the descriptor the first number belongs to, when unambiguous."""
+        matching = [w for (lim, w) in self.windows if lim == self.limit]
+        return matching[0] if len(matching) == 1 else None
+
+
+_QUOTA = re.compile(r"^\s*(\d+)\s*;\s*w\s*=\s*(\d+)\s*$")
+
+
+def parse_ratelimit_headers(headers: dict[str, str]) -> RateLimitHeaders:
+    """Parse DRAFT_VERSION_03 headers; raise ValueError with the header text if malformed."""
+    raw = headers.get("x-ratelimit-limit")
+    if raw is None:
+        raise ValueError(f"no x-ratelimit-limit in {headers}")
+    parts = [p.strip() for p in raw.split(",")]
+    if not parts or not parts[0].isdigit():
+        raise ValueError(f"x-ratelimit-limit {raw!r}: first item is not the limit")
+    windows = []
+    for p in parts[1:]:
+        m = _QUOTA.match(p)
+        if not m:
+            raise ValueError(f"x-ratelimit-limit {raw!r}: {p!r} is not <limit>;w=<secs>")
+        windows.append((int(m.group(1)), int(m.group(2))))
+    if not windows:
+        raise ValueError(f"x-ratelimit-limit {raw!r}: no <limit>;w=<secs> item")
+
+    def integer(name: str) -> int:
+        v = headers.get(name)
+        if v is None or not re.fullmatch(r"\d+", v.strip()):
+            raise ValueError(f"{name} {v!r} is not a non-negative integer")
+        return int(v)
+
+    retry = headers.get("retry-after")
+    return RateLimitHeaders(
+        limit=int(parts[0]),
+        windows=windows,
+        remaining=integer("x-ratelimit-remaining"),
+        reset=integer("x-ratelimit-reset"),
+        retry_after=integer("retry-after") if retry is not None else None,
+    )
