@@ -1,0 +1,105 @@
+"""When the ratelimit service is down or hangs, requests pass (fail open) and
+the failure counters rise; with failure_mode_deny they get status_on_error.
+A hung service costs each request at most the configured gRPC timeout."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import harness
+from harness import ensure_window_room, run_sequential, tally, unique, wait_until
+
+LIMITS = {"x-tenant-id": {"default": {"perhour": 5}}}
+TIMEOUT_MS = 200
+LATENCY_BOUND_S = 2.0
+# Envoy arms timers from its event loop's cached clock, read when the loop
+# iteration began, so a 200 ms gRPC timeout was seen to complete a request
+# 0.14 ms short of 200 ms measured by the client. Allow that much, no more.
+TIMER_SLACK_S = 0.005
+MIN_LATENCY_S = TIMEOUT_MS / 1000 - TIMER_SLACK_S
+
+
+def answered_by_service(fleet: harness.Fleet) -> bool:
+    """One request per Envoy that the service answered (x-ratelimit-* came back)."""
+    probe = unique("probe")
+    return all("x-ratelimit-limit" in harness.send(url, probe).headers for url in fleet.urls)
+
+
+def assert_limiting_works(fleet: harness.Fleet) -> None:
+    results = run_sequential(fleet.urls, 7, tenant=unique("tenant"))
+    assert [r.status for r in results] == [200] * 5 + [429] * 2, harness.summary(results)
+
+
+def delta(after: Counter, before: Counter, name: str) -> int:
+    return after.get(name, 0) - before.get(name, 0)
+
+
+def test_stopped_service_fails_open_and_counts_it(stack):
+    fleet = stack.fleet(LIMITS, envoys=2)
+    ensure_window_room(3600, 90)
+    assert_limiting_works(fleet)
+
+    fleet.ratelimit.stop()
+    before = fleet.counters()
+    results = run_sequential(fleet.urls, 20, tenant=unique("tenant"))
+    assert tally(results) == Counter({200: 20}), harness.summary(results)
+    after = fleet.counters()
+    assert delta(after, before, "failure_mode_allowed") == 20, after
+    assert delta(after, before, "rls_error") == 20, after
+    assert delta(after, before, "allowed") == 0, after
+    assert delta(after, before, "failure_mode_denied") == 0, after
+
+    # Back up on the same port: Envoy reconnects and limiting resumes.
+    fleet.ratelimit.start()
+    wait_until(lambda: answered_by_service(fleet), "Envoys reach the restarted service")
+    assert_limiting_works(fleet)
+
+
+def test_frozen_service_costs_each_request_at_most_the_timeout(stack):
+    fleet = stack.fleet(LIMITS, envoys=1, timeout_ms=TIMEOUT_MS)
+    ensure_window_room(3600, 90)
+    assert_limiting_works(fleet)
+
+    before = fleet.counters()
+    fleet.ratelimit.freeze()  # SIGSTOP: connections open, nobody answers
+    try:
+        results = run_sequential(fleet.urls, 5, tenant=unique("tenant"))
+    finally:
+        fleet.ratelimit.thaw()
+    assert tally(results) == Counter({200: 5}), harness.summary(results)
+    for r in results:
+        assert MIN_LATENCY_S <= r.latency_s < LATENCY_BOUND_S, harness.summary(results)
+    after = fleet.counters()
+    assert delta(after, before, "failure_mode_allowed") == 5, after
+    assert delta(after, before, "rls_error") == 5, after
+
+    wait_until(lambda: answered_by_service(fleet), "the thawed service answers again")
+    assert_limiting_works(fleet)
+
+
+def test_failure_mode_deny_replies_status_on_error(stack):
+    fleet = stack.fleet(LIMITS, envoys=1, timeout_ms=TIMEOUT_MS,
+                        failure_mode_deny=True, status_on_error=503)
+    ensure_window_room(3600, 90)
+    assert_limiting_works(fleet)
+
+    # Hung service: the timeout, then status_on_error.
+    before = fleet.counters()
+    fleet.ratelimit.freeze()
+    try:
+        hung = run_sequential(fleet.urls, 3, tenant=unique("tenant"))
+    finally:
+        fleet.ratelimit.thaw()
+    assert tally(hung) == Counter({503: 3}), harness.summary(hung)
+    for r in hung:
+        assert MIN_LATENCY_S <= r.latency_s < LATENCY_BOUND_S, harness.summary(hung)
+
+    # Stopped service: refused connection, status_on_error.
+    fleet.ratelimit.stop()
+    down = run_sequential(fleet.urls, 10, tenant=unique("tenant"))
+    assert tally(down) == Counter({503: 10}), harness.summary(down)
+
+    after = fleet.counters()
+    assert delta(after, before, "failure_mode_denied") == 13, after
+    assert delta(after, before, "failure_mode_allowed") == 0, after
+    assert delta(after, before, "rls_error") == 13, after
