@@ -382,14 +382,22 @@ class RateLimitService:
         return parse_prometheus(text)
 
     def settled_metrics(self, deadline_s: float = 10.0) -> dict[str, float]:
-        """metrics() once two reads more than a flush interval apart agree."""
+        """metrics() once two reads more than a flush interval apart agree on
+        every rate-limit counter (`ratelimit_service_*`; the Go runtime
+        gauges change on every flush)."""
+
+        def counters(m: dict[str, float]) -> dict[str, float]:
+            return {k: v for k, v in m.items() if k.startswith("ratelimit_service_")}
+
         end = time.monotonic() + deadline_s
         previous = self.metrics()
         while True:
             time.sleep(STATS_FLUSH_S * 2.5)
             current = self.metrics()
-            if current == previous or time.monotonic() > end:
+            if counters(current) == counters(previous):
                 return current
+            if time.monotonic() > end:
+                raise HarnessError(f"ratelimit counters still moving after {deadline_s}s")
             previous = current
 
     def rule_counter(self, name: str, domain: str, unit: str, key2: str = "tenant",
