@@ -37,14 +37,14 @@ export TRL_CLI          := $(CURDIR)/$(CLI)
 
 PYTEST_ARGS ?=
 
-.PHONY: all deps deps-rust deps-python deps-redis deps-ratelimit deps-links \
-        build lint unit validate integration test demo clean clean-deps
+.PHONY: all deps deps-rust deps-node deps-python deps-redis deps-ratelimit deps-links \
+        build lint unit validate integration test demo compose-config clean clean-deps
 
 all: test
 
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
-deps: deps-rust deps-python deps-redis deps-ratelimit deps-links
+deps: deps-rust deps-node deps-python deps-redis deps-ratelimit deps-links
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -52,6 +52,15 @@ deps-rust:
 	@for c in clippy rustfmt; do \
 	  rustup component list --installed | grep -q "^$$c" || rustup component add $$c; \
 	done
+
+# Node >= 20 runs the wasm32 unit tests (node:wasi preview1).
+deps-node:
+	@if ! command -v node >/dev/null; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs; \
+	fi
+	@node -e 'if (+process.versions.node.split(".")[0] < 20) { console.error("node >= 20 needed, found " + process.version); process.exit(1) }'
 
 deps-python: $(VENV)/.installed
 
@@ -82,7 +91,7 @@ deps-links: deps-python deps-redis deps-ratelimit
 	  ln -sfn "$$envoy" $(BIN)/envoy
 	@ln -sfn $(GOBIN_DIR)/service_cmd $(BIN)/ratelimit
 	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
-	@$(BIN)/envoy --version | grep -o 'envoy  *[^ ]*/[0-9.]*[^ ]*' | head -1 || true
+	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
 
 # ---------------------------------------------------------------- build
 build:
@@ -97,8 +106,12 @@ lint:
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
 	$(PY) -m py_compile tests/*.py e2e/*.py
 
+# The pure core's tests run natively and again as wasm32-wasip1 under Node's
+# WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
 unit:
 	cargo test --workspace
+	CARGO_TARGET_WASM32_WASIP1_RUNNER="node $(CURDIR)/tests/wasm-runner.mjs" \
+	  cargo test -p tenant-ratelimit --target $(WASM_TARGET)
 
 # Every Envoy config the project ships, rendered with dummy ports and the
 # built wasm, must pass `envoy --mode validate`.
@@ -115,6 +128,11 @@ test: deps build lint unit validate integration
 # ---------------------------------------------------------------- demo
 demo: deps build
 	$(PY) e2e/demo.py
+
+# The configs e2e/docker-compose.yml mounts, rendered into .run/compose/
+# (no container engine here: see the comments in that file).
+compose-config: deps build
+	$(PY) e2e/compose_config.py --out .run/compose
 
 # ---------------------------------------------------------------- clean
 clean:
