@@ -57,6 +57,11 @@ STATS_FLUSH_S = 0.2  # the ratelimit service's STATS_FLUSH_INTERVAL
 POLL_INTERVAL_S = 0.05
 
 TENANT_HEADER = "x-tenant-id"
+# gRPC timeout for tests that count admissions exactly. The product default
+# (20 ms) is right for production, but on a loaded 2-core machine a call can
+# take longer, and the filter then rightly fails open: one more 200, counted
+# in failure_mode_allowed. Tests of fail-open itself set their own timeout.
+COUNTING_TIMEOUT_MS = 1000
 
 
 class HarnessError(RuntimeError):
@@ -716,8 +721,14 @@ class Stack:
         return generate(limits, self.workdir / "generated" / domain, domain, **kw)
 
     def fleet(self, limits: dict | Generated, envoys: int = 2, domain: str | None = None,
-              **plugin_overrides) -> Fleet:
-        gen = limits if isinstance(limits, Generated) else self.generate(limits, domain)
+              timeout_ms: int | None = None, **plugin_overrides) -> Fleet:
+        """The whole stack for one team JSON (generated here, `--timeout-ms` if given)."""
+        if isinstance(limits, Generated):
+            gen = limits
+            if timeout_ms is not None:
+                plugin_overrides["timeout_ms"] = timeout_ms
+        else:
+            gen = self.generate(limits, domain, timeout_ms=timeout_ms)
         redis = self.redis()
         rls = self.ratelimit(redis, gen)
         upstream = self.upstream()

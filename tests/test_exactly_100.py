@@ -16,7 +16,7 @@ HOUR_ROOM_S = 180
 
 
 def test_1000_sequential_requests_over_two_envoys_admit_exactly_100(stack):
-    fleet = stack.fleet(LIMITS, envoys=2)
+    fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     tenant = unique("tenant-a")
     ensure_window_room(3600, HOUR_ROOM_S)
 
@@ -56,7 +56,7 @@ def test_1000_sequential_requests_over_two_envoys_admit_exactly_100(stack):
 
 
 def test_50_concurrent_clients_over_two_envoys_admit_exactly_100(stack):
-    fleet = stack.fleet(LIMITS, envoys=2)
+    fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     tenant = unique("tenant-a")
     ensure_window_room(3600, HOUR_ROOM_S)
 

@@ -11,7 +11,7 @@ LIMITS = {"x-tenant-id": {"default": {"persecond": 2, "perminute": 3, "perhour":
 
 
 def test_missing_header_passes_unlimited_by_default(stack):
-    fleet = stack.fleet(LIMITS, envoys=2)
+    fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 60)
     before = fleet.counters()
 
@@ -35,7 +35,8 @@ def test_missing_header_passes_unlimited_by_default(stack):
 
 
 def test_missing_header_is_refused_with_missing_tenant_deny(stack):
-    fleet = stack.fleet(LIMITS, envoys=1, missing_tenant="deny")
+    fleet = stack.fleet(LIMITS, envoys=1, missing_tenant="deny",
+                        timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 60)
 
     results = run_sequential(fleet.urls, 10, tenant=None)

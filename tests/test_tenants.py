@@ -22,7 +22,7 @@ def test_groups_and_default_rule_each_tenant_its_own_counter(stack):
         "default": DEFAULT,
         "group_1": {**GROUP, "header_value": [tenant_b, tenant_c]},
     }}
-    fleet = stack.fleet(limits, envoys=2)
+    fleet = stack.fleet(limits, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 120)
 
     rule_of = {tenant_a: DEFAULT, tenant_d: DEFAULT, tenant_b: GROUP, tenant_c: GROUP}
@@ -53,7 +53,8 @@ def test_groups_and_default_rule_each_tenant_its_own_counter(stack):
 
 
 def test_a_tenant_over_its_limit_does_not_affect_another(stack):
-    fleet = stack.fleet({"x-tenant-id": {"default": {"perhour": 3}}}, envoys=2)
+    fleet = stack.fleet({"x-tenant-id": {"default": {"perhour": 3}}}, envoys=2,
+                        timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 60)
     noisy, quiet = unique("noisy"), unique("quiet")
 

@@ -20,7 +20,7 @@ MAX_ATTEMPTS = 5
 
 
 def test_a_burst_trips_the_per_second_limit_first(stack):
-    fleet = stack.fleet(LIMITS, envoys=2)
+    fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 60)
 
     for attempt in range(MAX_ATTEMPTS):
@@ -48,7 +48,7 @@ def test_a_burst_trips_the_per_second_limit_first(stack):
 
 
 def test_slower_traffic_trips_the_per_minute_limit(stack):
-    fleet = stack.fleet(LIMITS, envoys=2)
+    fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     tenant = unique("steady")
     # Six batches, one per second: they must all fall in one minute window.
     ensure_window_room(60, 20)

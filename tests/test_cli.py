@@ -1,0 +1,54 @@
+"""ratelimit-config: what it generates is what the filter and the service run on,
+and a bad team JSON is refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+
+import harness
+from harness import run_cli, run_sequential, tally, unique
+
+LIMITS = {"x-tenant-id": {"default": {"perhour": 3}}}
+
+
+def test_generate_flags_land_in_the_plugin_config(tmp_path):
+    gen = harness.generate(LIMITS, tmp_path, "flags-domain", cluster="rls-cluster",
+                           timeout_ms=250)
+    cfg = gen.plugin_config()
+    assert cfg["domain"] == "flags-domain"
+    assert cfg["limits"] == LIMITS
+    assert cfg["rate_limit_service"] == {"cluster": "rls-cluster", "timeout_ms": 250}
+    assert re.search(r"^domain: \"?flags-domain\"?$", gen.ratelimit_yaml.read_text(), re.M)
+
+
+def test_the_filter_calls_the_cluster_the_config_names(stack):
+    # The bootstrap names the cluster after the plugin config, so if the
+    # filter called any other cluster, nothing would be limited.
+    gen = stack.generate(LIMITS, cluster="rls-cluster", timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    fleet = stack.fleet(gen, envoys=1)
+    assert "rls-cluster" in fleet.envoys[0].config_path.read_text()
+    harness.ensure_window_room(3600, 60)
+    results = run_sequential(fleet.urls, 5, tenant=unique("tenant"))
+    assert tally(results) == Counter({200: 3, 429: 2}), harness.summary(results)
+    assert fleet.counters()["rls_error"] == 0
+
+
+@pytest.mark.parametrize("limits, field", [
+    ({"x-tenant-id": {"default": {"perhour": -5}}}, "perhour"),
+    ({"x-tenant-id": {"default": {"perweek": 5}}}, "perweek"),
+    ({"x-tenant-id": {"default": {"perhour": "ten"}}}, "perhour"),
+    ({}, ""),
+])
+def test_cli_refuses_a_bad_team_json(tmp_path, limits, field):
+    path = tmp_path / "limits.json"
+    path.write_text(json.dumps(limits))
+    out_dir = tmp_path / "out"
+    proc = run_cli("generate", path, "--domain", "internal-api", "--out", out_dir, check=False)
+    assert proc.returncode != 0, proc
+    assert field in proc.stderr, proc.stderr
+    assert not (out_dir / "plugin-config.json").exists()
+    assert not (out_dir / "ratelimit.yaml").exists()
