@@ -106,8 +106,16 @@ def main() -> int:
 
         expected1 = Counter({200: min(quota, args.requests), 429: max(0, args.requests - quota)})
         ok = harness.tally(run1) == expected1 and harness.tally(run2) == Counter({429: args.requests})
-        print("\nOK: exactly %d admitted across two Envoys, none in the second run" % quota
-              if ok else "\nUNEXPECTED: see the counts above and the logs in " + str(stack.workdir))
+        if ok:
+            print(f"\nOK: exactly {quota} admitted across two Envoys, none in the second run")
+        else:
+            print(f"\nUNEXPECTED: see the counts above and the logs in {stack.workdir}")
+            failed_open = counters.get("failure_mode_allowed", 0)
+            if failed_open:
+                timeout = gen.plugin_config()["rate_limit_service"]["timeout_ms"]
+                print(f"  {failed_open} requests failed open: the service did not answer "
+                      f"within timeout_ms={timeout} (a loaded machine?), and every such "
+                      f"request is an admitted one.")
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted ({str(e) or 'Ctrl-C'}): stopping everything", file=sys.stderr)
         return 130
