@@ -100,7 +100,7 @@ build:
 	@ls -l $(WASM) $(CLI)
 
 # ---------------------------------------------------------------- checks
-lint:
+lint: deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
@@ -115,12 +115,12 @@ unit:
 
 # Every Envoy config the project ships, rendered with dummy ports and the
 # built wasm, must pass `envoy --mode validate`.
-validate:
+validate: deps
 	$(PY) tests/validate_configs.py
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration:
+integration: deps
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps build lint unit validate integration

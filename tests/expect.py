@@ -36,6 +36,8 @@ def limited(r: Result, rule: dict, tightest_window: int | None = None) -> RateLi
     window = _tightest(h, r, tightest_window)
     assert 1 <= h.retry_after <= window, describe(r)
     assert h.reset <= window, describe(r)
+    if tightest_window is not None:
+        _reset_is_the_window_end(h, r, tightest_window)
     return h
 
 
@@ -49,7 +51,19 @@ def admitted(r: Result, rule: dict, tightest_window: int | None = None) -> RateL
     window = _tightest(h, r, tightest_window)
     assert h.reset <= window, describe(r)
     assert h.remaining < h.limit, describe(r)
+    if tightest_window is not None:
+        _reset_is_the_window_end(h, r, tightest_window)
     return h
+
+
+def _reset_is_the_window_end(h: RateLimitHeaders, r: Result, window: int) -> None:
+    """The service answers durationUntilReset = window - now % window (whole
+    seconds), and windows are clock aligned: so reset is the time left in the
+    request's window, give or take the second the request took."""
+    expected = window - int(r.started) % window
+    assert abs(h.reset - expected) <= 2, (
+        f"x-ratelimit-reset {h.reset}, but {expected}s were left in the {window}s window: "
+        f"{describe(r)}")
 
 
 def _parse(r: Result) -> RateLimitHeaders:
