@@ -94,13 +94,13 @@ deps-links: deps-python deps-redis deps-ratelimit
 	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
 
 # ---------------------------------------------------------------- build
-build:
+build: deps-rust
 	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
 	cargo build --release -p ratelimit-config
 	@ls -l $(WASM) $(CLI)
 
 # ---------------------------------------------------------------- checks
-lint: deps-python
+lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
@@ -108,10 +108,10 @@ lint: deps-python
 
 # The pure core's tests run natively and again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
-unit:
+unit: deps-rust deps-node
 	cargo test --workspace
 	CARGO_TARGET_WASM32_WASIP1_RUNNER="node $(CURDIR)/tests/wasm-runner.mjs" \
-	  cargo test -p tenant-ratelimit --target $(WASM_TARGET)
+	  cargo test --workspace --target $(WASM_TARGET)
 
 # Every Envoy config the project ships, rendered with dummy ports and the
 # built wasm, must pass `envoy --mode validate`.
