@@ -213,38 +213,20 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         ),
     };
 
-    match (
-        domain,
-        limits,
-        cluster,
-        timeout_ms,
-        failure_mode_deny,
-        status_on_error,
-        missing_tenant,
-        descriptor_key,
-        headers,
-    ) {
-        (
-            Some(domain),
-            Some(limits),
-            Some(cluster),
-            Some(timeout_ms),
-            Some(failure_mode_deny),
-            Some(status_on_error),
-            Some(missing_tenant),
-            Some(descriptor_key),
-            Some(headers),
-        ) if errors.0.is_empty() => Ok((
+    // Every field was checked, so every problem is reported; build only
+    // when there were none.
+    match (limits, errors.0.is_empty()) {
+        (Some(limits), true) => Ok((
             PluginConfig {
-                domain,
+                domain: domain.unwrap_or_default(),
                 limits,
-                cluster,
-                timeout_ms,
-                failure_mode_deny,
-                status_on_error,
-                missing_tenant,
-                descriptor_key,
-                headers,
+                cluster: cluster.unwrap_or_default(),
+                timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+                failure_mode_deny: failure_mode_deny.unwrap_or(false),
+                status_on_error: status_on_error.unwrap_or(DEFAULT_STATUS_ON_ERROR),
+                missing_tenant: missing_tenant.unwrap_or(MissingTenant::Allow),
+                descriptor_key: descriptor_key.unwrap_or_default(),
+                headers: headers.unwrap_or(HeaderMode::DraftVersion03),
             },
             warnings,
         )),
