@@ -152,15 +152,19 @@ struct Http {
 }
 
 impl Http {
-    fn local_reply(&self, status: u32, headers: &[(&str, &str)], body: &str) {
-        if let Err(e) =
-            hostcalls::send_http_response(status, headers.to_vec(), Some(body.as_bytes()))
-        {
-            log(
-                LogLevel::Error,
-                &format!("cannot send a local reply: {e:?}"),
-            );
-            let _ = hostcalls::resume_http_request();
+    /// Sends a local reply; `Action::Pause` when it went out, else
+    /// `Action::Continue`, so that a host failure lets the request through
+    /// instead of leaving it stuck.
+    fn local_reply(&self, status: u32, headers: &[(&str, &str)], body: &str) -> Action {
+        match hostcalls::send_http_response(status, headers.to_vec(), Some(body.as_bytes())) {
+            Ok(()) => Action::Pause,
+            Err(e) => {
+                log(
+                    LogLevel::Error,
+                    &format!("cannot send a local reply: {e:?}"),
+                );
+                Action::Continue
+            }
         }
     }
 
@@ -177,8 +181,7 @@ impl Http {
                 u32::from(config.status_on_error),
                 &[],
                 "rate limiter unavailable\n",
-            );
-            Action::Pause
+            )
         } else {
             shared.metrics.inc(Counter::FailureModeAllowed);
             Action::Continue
@@ -199,24 +202,24 @@ impl Context for Http {
         } else {
             None
         };
-        match verdict(shared.compiled.config.headers, status_code, body.as_deref()) {
+        let action = match verdict(shared.compiled.config.headers, status_code, body.as_deref()) {
             Verdict::Allow(headers) => {
                 shared.metrics.inc(Counter::Allowed);
                 self.response_headers = headers;
-                let _ = hostcalls::resume_http_request();
+                Action::Continue
             }
             Verdict::OverLimit(headers) => {
                 shared.metrics.inc(Counter::OverLimit);
                 let mut h: Vec<(&str, &str)> =
                     headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
                 h.push(("x-envoy-ratelimited", "true"));
-                self.local_reply(429, &h, "rate limit exceeded\n");
+                self.local_reply(429, &h, "rate limit exceeded\n")
             }
-            Verdict::Error(why) => {
-                if let Action::Continue = self.on_limiter_error(&shared, &why) {
-                    let _ = hostcalls::resume_http_request();
-                }
-            }
+            Verdict::Error(why) => self.on_limiter_error(&shared, &why),
+        };
+        // Paused since the request headers: resume unless a reply went out.
+        if let Action::Continue = action {
+            let _ = hostcalls::resume_http_request();
         }
     }
 }
@@ -243,8 +246,7 @@ impl HttpContext for Http {
             }
             Step::DenyMissingTenant => {
                 shared.metrics.inc(Counter::MissingTenant);
-                self.local_reply(429, &[], "missing tenant header\n");
-                Action::Pause
+                self.local_reply(429, &[], "missing tenant header\n")
             }
             Step::Ask(message) => {
                 let timeout = Duration::from_millis(u64::from(compiled.config.timeout_ms));
