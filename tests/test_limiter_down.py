@@ -32,6 +32,15 @@ def assert_limiting_works(fleet: harness.Fleet) -> None:
     assert [r.status for r in results] == [200] * 5 + [429] * 2, harness.summary(results)
 
 
+def run_while_frozen(fleet: harness.Fleet, n: int) -> list[harness.Result]:
+    """n sequential requests while the service is SIGSTOPped (connections open, nobody answers)."""
+    fleet.ratelimit.freeze()
+    try:
+        return run_sequential(fleet.urls, n, tenant=unique("tenant"))
+    finally:
+        fleet.ratelimit.thaw()
+
+
 def delta(after: Counter, before: Counter, name: str) -> int:
     return after.get(name, 0) - before.get(name, 0)
 
@@ -63,11 +72,7 @@ def test_frozen_service_costs_each_request_at_most_the_timeout(stack):
     assert_limiting_works(fleet)
 
     before = fleet.counters()
-    fleet.ratelimit.freeze()  # SIGSTOP: connections open, nobody answers
-    try:
-        results = run_sequential(fleet.urls, 5, tenant=unique("tenant"))
-    finally:
-        fleet.ratelimit.thaw()
+    results = run_while_frozen(fleet, 5)
     assert tally(results) == Counter({200: 5}), harness.summary(results)
     for r in results:
         assert MIN_LATENCY_S <= r.latency_s < LATENCY_BOUND_S, harness.summary(results)
@@ -87,11 +92,7 @@ def test_failure_mode_deny_replies_status_on_error(stack):
 
     # Hung service: the timeout, then status_on_error.
     before = fleet.counters()
-    fleet.ratelimit.freeze()
-    try:
-        hung = run_sequential(fleet.urls, 3, tenant=unique("tenant"))
-    finally:
-        fleet.ratelimit.thaw()
+    hung = run_while_frozen(fleet, 3)
     assert tally(hung) == Counter({503: 3}), harness.summary(hung)
     for r in hung:
         assert MIN_LATENCY_S <= r.latency_s < LATENCY_BOUND_S, harness.summary(hung)
