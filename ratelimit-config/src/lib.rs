@@ -9,5 +9,7 @@ pub mod service_yaml;
 pub mod validate;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
-pub use plugin::{parse_plugin_config, HeaderMode, MissingTenant, PluginConfig};
+pub use plugin::{
+    parse_plugin_config, BucketParams, HeaderMode, LocalConfig, MissingTenant, PluginConfig,
+};
 pub use validate::{parse_team_limits, ConfigError, Warning};

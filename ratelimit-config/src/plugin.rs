@@ -4,7 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::model::TeamLimits;
+use crate::model::{Group, TeamLimits, Unit};
 use crate::validate::{
     describe, join, parse_team_limits, positive_u32, ConfigError, Errors, Warning,
 };
@@ -13,6 +13,10 @@ pub const DEFAULT_TIMEOUT_MS: u32 = 20;
 pub const DEFAULT_STATUS_ON_ERROR: u16 = 500;
 pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
+/// Slots of the local layer when `local.slots` is not set.
+pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
+/// The most slots `local.slots` may ask for (about 256 MiB of shared data).
+pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
 
 /// What to do with a request that carries no tenant header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +47,53 @@ pub struct PluginConfig {
     pub missing_tenant: MissingTenant,
     pub descriptor_key: String,
     pub headers: HeaderMode,
+    pub local: LocalConfig,
+}
+
+/// A token bucket's parameters: refill rate and capacity, in requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketParams {
+    pub tokens_per_second: u32,
+    pub burst: u32,
+}
+
+/// The local layer (`local`): a token bucket and an over-limit cache per
+/// tenant, in proxy-wasm shared data, in front of the rate-limit service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalConfig {
+    pub enabled: bool,
+    /// Shared-data slots; tenants hash into them, a newcomer takes a slot over.
+    pub slots: u32,
+    /// Per-group bucket overrides (`local.groups.<group>`), by group name.
+    pub groups: Vec<(String, BucketParams)>,
+}
+
+impl Default for LocalConfig {
+    fn default() -> LocalConfig {
+        LocalConfig {
+            enabled: true,
+            slots: DEFAULT_LOCAL_SLOTS,
+            groups: Vec::new(),
+        }
+    }
+}
+
+impl LocalConfig {
+    /// The bucket of a group: its own `local.groups` entry, else its
+    /// per-second limit as both rate and burst, else none (a group without
+    /// a per-second limit has no bucket unless it sets one).
+    pub fn bucket_for(&self, group: &Group) -> Option<BucketParams> {
+        if !self.enabled {
+            return None;
+        }
+        if let Some((_, p)) = self.groups.iter().find(|(name, _)| *name == group.name) {
+            return Some(*p);
+        }
+        group.limits.get(Unit::Second).map(|n| BucketParams {
+            tokens_per_second: n,
+            burst: n,
+        })
+    }
 }
 
 const KEYS: &[&str] = &[
@@ -54,7 +105,10 @@ const KEYS: &[&str] = &[
     "missing_tenant",
     "descriptor_key",
     "headers",
+    "local",
 ];
+const LOCAL_KEYS: &[&str] = &["enabled", "slots", "groups"];
+const BUCKET_KEYS: &[&str] = &["tokens_per_second", "burst"];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 fn unknown_key(errors: &mut Errors, path: String, key: &str, allowed: &[&str]) {
@@ -212,6 +266,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             &mut errors,
         ),
     };
+    let local = local_config(get("local"), limits.as_ref(), &mut errors);
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -227,6 +282,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 missing_tenant: missing_tenant.unwrap_or(MissingTenant::Allow),
                 descriptor_key: descriptor_key.unwrap_or_default(),
                 headers: headers.unwrap_or(HeaderMode::DraftVersion03),
+                local,
             },
             warnings,
         )),
@@ -278,6 +334,98 @@ fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>
     (cluster, timeout)
 }
 
+fn local_config(
+    v: Option<&Value>,
+    limits: Option<&TeamLimits>,
+    errors: &mut Errors,
+) -> LocalConfig {
+    const BASE: &str = "local";
+    let mut local = LocalConfig::default();
+    let Some(v) = v else {
+        return local;
+    };
+    let Value::Object(obj) = v else {
+        errors.push(BASE, format!("must be an object, got {}", describe(v)));
+        return local;
+    };
+    check_keys(obj, BASE, LOCAL_KEYS, errors);
+    if let Some(e) = obj.get("enabled") {
+        local.enabled = boolean(e, &join(BASE, "enabled"), errors).unwrap_or(true);
+    }
+    if let Some(s) = obj.get("slots") {
+        let path = join(BASE, "slots");
+        match positive_u32(s) {
+            Ok(n) if n <= MAX_LOCAL_SLOTS => local.slots = n,
+            Ok(n) => errors.push(path, format!("must be at most {MAX_LOCAL_SLOTS}, got {n}")),
+            Err(m) => errors.push(path, m),
+        }
+    }
+    let Some(groups) = obj.get("groups") else {
+        return local;
+    };
+    let base = join(BASE, "groups");
+    let Value::Object(groups) = groups else {
+        errors.push(base, format!("must be an object, got {}", describe(groups)));
+        return local;
+    };
+    for (name, params) in groups {
+        let path = join(&base, name);
+        // Only checkable when the limits themselves parsed.
+        if let Some(limits) = limits {
+            if !limits.all_groups().any(|g| g.name == *name) {
+                let names: Vec<&str> = limits.all_groups().map(|g| g.name.as_str()).collect();
+                errors.push(
+                    path.clone(),
+                    format!(
+                        "no such group in limits, expected one of {}",
+                        names.join(", ")
+                    ),
+                );
+            }
+        }
+        if let Some(p) = bucket_params(params, &path, errors) {
+            local.groups.push((name.clone(), p));
+        }
+    }
+    local
+}
+
+fn bucket_params(v: &Value, path: &str, errors: &mut Errors) -> Option<BucketParams> {
+    let Value::Object(obj) = v else {
+        errors.push(path, format!("must be an object, got {}", describe(v)));
+        return None;
+    };
+    check_keys(obj, path, BUCKET_KEYS, errors);
+    let mut field = |key: &str| match obj.get(key).map(positive_u32) {
+        None => None,
+        Some(Ok(n)) => Some(Ok(n)),
+        Some(Err(m)) => {
+            errors.push(join(path, key), m);
+            Some(Err(()))
+        }
+    };
+    let rate = field("tokens_per_second");
+    let burst = field("burst");
+    match (rate, burst) {
+        (Some(Ok(r)), Some(Ok(b))) => Some(BucketParams {
+            tokens_per_second: r,
+            burst: b,
+        }),
+        (Some(Ok(r)), None) => Some(BucketParams {
+            tokens_per_second: r,
+            burst: r,
+        }),
+        (None, _) => {
+            errors.push(
+                join(path, "tokens_per_second"),
+                "missing: a group's bucket needs its refill rate",
+            );
+            None
+        }
+        _ => None,
+    }
+}
+
 fn check_keys(obj: &Map<String, Value>, base: &str, allowed: &[&str], errors: &mut Errors) {
     for key in obj.keys() {
         if !allowed.contains(&key.as_str()) {
@@ -306,6 +454,7 @@ pub fn plugin_config_json(team_json: &Value, opts: &PluginOptions<'_>) -> Value 
         "missing_tenant": "allow",
         "descriptor_key": opts.descriptor_key,
         "headers": "draft_version_03",
+        "local": {"enabled": true, "slots": DEFAULT_LOCAL_SLOTS},
     })
 }
 
@@ -334,6 +483,83 @@ mod tests {
         assert_eq!(c.missing_tenant, MissingTenant::Allow);
         assert_eq!(c.descriptor_key, "tenant");
         assert_eq!(c.headers, HeaderMode::DraftVersion03);
+        assert_eq!(c.local, LocalConfig::default());
+    }
+
+    fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
+        let text = format!(
+            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
+                "limits": {{"x-t": {{"default": {{"persecond": 5, "perhour": 30}},
+                                    "gold": {{"perminute": 70, "header_value": ["b"]}},
+                                    "silver": {{"persecond": 9, "header_value": ["c"]}}}}}},
+                "local": {local}}}"#
+        );
+        parse_plugin_config(text.as_bytes())
+            .map(|(c, _)| c)
+            .map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn buckets_default_to_the_per_second_limit_and_groups_override_them() {
+        let c = with_local(r#"{"slots": 64, "groups": {"gold": {"tokens_per_second": 2, "burst": 10}, "silver": {"tokens_per_second": 3}}}"#).unwrap();
+        assert_eq!(c.local.slots, 64);
+        let bucket = |t: &str| c.local.bucket_for(c.limits.group_for(t).unwrap());
+        assert_eq!(
+            bucket("a"),
+            Some(BucketParams {
+                tokens_per_second: 5,
+                burst: 5
+            })
+        );
+        assert_eq!(
+            bucket("b"),
+            Some(BucketParams {
+                tokens_per_second: 2,
+                burst: 10
+            })
+        );
+        assert_eq!(
+            bucket("c"),
+            Some(BucketParams {
+                tokens_per_second: 3,
+                burst: 3
+            })
+        );
+        let plain = with_local("{}").unwrap();
+        // gold has no per-second limit and no override: no bucket.
+        assert_eq!(
+            plain.local.bucket_for(plain.limits.group_for("b").unwrap()),
+            None
+        );
+        let off = with_local(r#"{"enabled": false}"#).unwrap();
+        assert_eq!(
+            off.local.bucket_for(off.limits.group_for("a").unwrap()),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_local_sections_name_their_field() {
+        assert_eq!(
+            with_local(r#"{"slots": 0, "enabled": "yes", "size": 1, "groups": {"bronze": {"burst": 3}, "gold": {"tokens_per_second": 1.5, "burst": -1}}}"#).unwrap_err(),
+            vec![
+                "local.size: unknown key \"size\", expected one of enabled, slots, groups",
+                "local.enabled: must be true or false, got string \"yes\"",
+                "local.slots: must be a positive integer, got 0",
+                "local.groups.bronze: no such group in limits, expected one of default, gold, silver",
+                "local.groups.bronze.tokens_per_second: missing: a group's bucket needs its refill rate",
+                "local.groups.gold.tokens_per_second: must be a positive integer, got 1.5",
+                "local.groups.gold.burst: must be a positive integer, got -1",
+            ]
+        );
+        assert_eq!(
+            with_local(r#"{"slots": 2000000}"#).unwrap_err(),
+            vec!["local.slots: must be at most 1048576, got 2000000"]
+        );
+        assert_eq!(
+            with_local("[]").unwrap_err(),
+            vec!["local: must be an object, got an array"]
+        );
     }
 
     #[test]
@@ -360,7 +586,7 @@ mod tests {
             errs(&format!(
                 r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
             )),
-            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, descriptor_key, headers"]
+            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, descriptor_key, headers, local"]
         );
         assert_eq!(
             errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
