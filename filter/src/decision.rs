@@ -2,8 +2,10 @@
 //! compiled configuration and the request's tenant header, then from the
 //! rate-limit service's answer.
 
+use std::borrow::Cow;
+
 use prost::Message;
-use ratelimit_config::{descriptors, HeaderMode, MissingTenant, PluginConfig};
+use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
 use crate::proto::{
     grpc_upstream, Code, DescriptorStatus, Entry, RateLimitDescriptor, RateLimitRequest,
@@ -26,19 +28,26 @@ impl Compiled {
 
 /// The first step for a request, from its tenant header.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Step {
+pub enum Step<'a> {
     /// Not limited: pass it on.
     Pass,
     /// No tenant header and `missing_tenant: deny`.
     DenyMissingTenant,
-    /// Ask the rate-limit service with this encoded `RateLimitRequest`.
-    Ask(Vec<u8>),
+    /// Limited: through the local layer, then the rate-limit service.
+    Limit(Limited<'a>),
+}
+
+/// A tenant and the group whose limits apply to it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Limited<'a> {
+    pub group: &'a Group,
+    pub tenant: Cow<'a, str>,
 }
 
 /// Decides the first step. `tenant` is the raw header value, if any; a value
 /// that is not UTF-8 is limited as its lossy UTF-8 form, so a hostile byte
 /// string is still a tenant with its own counter, never a way around it.
-pub fn first_step(c: &Compiled, tenant: Option<&[u8]>) -> Step {
+pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
     let tenant = match tenant {
         Some(t) if !t.is_empty() => String::from_utf8_lossy(t),
         _ => {
@@ -48,10 +57,16 @@ pub fn first_step(c: &Compiled, tenant: Option<&[u8]>) -> Step {
             }
         }
     };
-    let Some(group) = c.config.limits.group_for(&tenant) else {
-        return Step::Pass;
-    };
-    let descriptors = descriptors(group, &c.config.descriptor_key, &tenant)
+    match c.config.limits.group_for(&tenant) {
+        Some(group) => Step::Limit(Limited { group, tenant }),
+        None => Step::Pass,
+    }
+}
+
+/// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
+/// unit its group limits.
+pub fn encode_request(c: &Compiled, l: &Limited<'_>) -> Vec<u8> {
+    let descriptors = descriptors(l.group, &c.config.descriptor_key, &l.tenant)
         .map(|(_, entries)| RateLimitDescriptor {
             entries: entries
                 .iter()
@@ -67,7 +82,7 @@ pub fn first_step(c: &Compiled, tenant: Option<&[u8]>) -> Step {
         descriptors,
         hits_addend: 0,
     };
-    Step::Ask(request.encode_to_vec())
+    request.encode_to_vec()
 }
 
 /// Why the service's answer could not be used.
@@ -84,12 +99,13 @@ pub enum RlsError {
 }
 
 /// The decision on a request that the service has answered.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Verdict {
     /// Admitted; add these headers to the upstream response.
     Allow(Vec<(&'static str, String)>),
-    /// Refused: answer 429 with these headers (Retry-After included).
-    OverLimit(Vec<(&'static str, String)>),
+    /// Refused: answer 429 with these headers (Retry-After included); the
+    /// statuses are what the over-limit cache remembers.
+    OverLimit(Vec<(&'static str, String)>, Vec<DescriptorStatus>),
     /// The limiter failed: fail open, or deny with `status_on_error`.
     Error(RlsError),
 }
@@ -165,7 +181,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
         Code::Ok => Verdict::Allow(headers),
         Code::OverLimit => {
             headers.push((RETRY_AFTER, retry_after(&response.statuses).to_string()));
-            Verdict::OverLimit(headers)
+            Verdict::OverLimit(headers, response.statuses)
         }
         Code::Unknown => Verdict::Error(RlsError::UnknownCode),
     }
@@ -187,9 +203,9 @@ mod tests {
         Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0)
     }
 
-    fn asked(step: Step) -> RateLimitRequest {
-        match step {
-            Step::Ask(bytes) => RateLimitRequest::decode(&bytes[..]).unwrap(),
+    fn asked(c: &Compiled, tenant: &[u8]) -> RateLimitRequest {
+        match first_step(c, Some(tenant)) {
+            Step::Limit(l) => RateLimitRequest::decode(&encode_request(c, &l)[..]).unwrap(),
             other => panic!("expected a call, got {other:?}"),
         }
     }
@@ -212,7 +228,7 @@ mod tests {
 
     #[test]
     fn default_tenant_sends_one_descriptor_per_unit() {
-        let r = asked(first_step(&compiled(""), Some(b"tenant-a")));
+        let r = asked(&compiled(""), b"tenant-a");
         assert_eq!(r.domain, "internal-api");
         assert_eq!(
             pairs(&r),
@@ -225,7 +241,7 @@ mod tests {
 
     #[test]
     fn listed_tenant_sends_its_groups_units() {
-        let r = asked(first_step(&compiled(""), Some(b"tenant-b")));
+        let r = asked(&compiled(""), b"tenant-b");
         assert_eq!(
             pairs(&r),
             vec![vec![
@@ -245,7 +261,7 @@ mod tests {
 
     #[test]
     fn hostile_bytes_are_still_a_limited_tenant() {
-        let r = asked(first_step(&compiled(""), Some(&[0xff, 0xfe, b'a', 0])));
+        let r = asked(&compiled(""), &[0xff, 0xfe, b'a', 0]);
         assert_eq!(r.descriptors[0].entries[1].value, "\u{fffd}\u{fffd}a\u{0}");
     }
 
@@ -311,20 +327,25 @@ mod tests {
         );
         assert_eq!(
             verdict(HeaderMode::DraftVersion03, 0, Some(&body)),
-            Verdict::OverLimit(vec![
-                (
-                    X_RATELIMIT_LIMIT,
-                    "5, 5;w=1, 100;w=3600, 1000;w=86400".into()
-                ),
-                (X_RATELIMIT_REMAINING, "0".into()),
-                (X_RATELIMIT_RESET, "1".into()),
-                (RETRY_AFTER, "1200".into()),
-            ])
+            Verdict::OverLimit(
+                vec![
+                    (
+                        X_RATELIMIT_LIMIT,
+                        "5, 5;w=1, 100;w=3600, 1000;w=86400".into()
+                    ),
+                    (X_RATELIMIT_REMAINING, "0".into()),
+                    (X_RATELIMIT_RESET, "1".into()),
+                    (RETRY_AFTER, "1200".into()),
+                ],
+                RateLimitResponse::decode(&body[..]).unwrap().statuses
+            )
         );
-        assert_eq!(
-            verdict(HeaderMode::Off, 0, Some(&body)),
-            Verdict::OverLimit(vec![(RETRY_AFTER, "1200".into())])
-        );
+        match verdict(HeaderMode::Off, 0, Some(&body)) {
+            Verdict::OverLimit(headers, _) => {
+                assert_eq!(headers, vec![(RETRY_AFTER, "1200".into())])
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 
     #[test]
@@ -376,7 +397,7 @@ mod tests {
         fn any_tenant_bytes_give_a_step(tenant in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let c = compiled("");
             match first_step(&c, Some(&tenant)) {
-                Step::Ask(bytes) => { RateLimitRequest::decode(&bytes[..]).unwrap(); }
+                Step::Limit(l) => { RateLimitRequest::decode(&encode_request(&c, &l)[..]).unwrap(); }
                 Step::Pass => proptest::prop_assert!(tenant.is_empty()),
                 Step::DenyMissingTenant => proptest::prop_assert!(false),
             }

@@ -5,14 +5,18 @@
 //! `failure_mode_deny`).
 
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType};
 use ratelimit_config::parse_plugin_config;
 
-use crate::decision::{first_step, verdict, Compiled, RlsError, Step, Verdict};
+use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
+use crate::local::{
+    admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, SlotRef, StoreError,
+    UpdateError, CAS_ATTEMPTS, SLOT_BYTES,
+};
 use crate::proto::{METHOD, SERVICE};
 
 proxy_wasm::main! {{
@@ -40,9 +44,13 @@ enum Counter {
     FailureModeDenied,
     RlsError,
     MissingTenant,
+    LocalOverLimit,
+    CachedOverLimit,
+    CasRetriesExhausted,
+    LocalError,
 }
 
-const COUNTERS: [(Counter, &str); 6] = [
+const COUNTERS: [(Counter, &str); 10] = [
     (Counter::Allowed, "tenant_ratelimit.allowed"),
     (Counter::OverLimit, "tenant_ratelimit.over_limit"),
     (
@@ -55,10 +63,20 @@ const COUNTERS: [(Counter, &str); 6] = [
     ),
     (Counter::RlsError, "tenant_ratelimit.rls_error"),
     (Counter::MissingTenant, "tenant_ratelimit.missing_tenant"),
+    (Counter::LocalOverLimit, "tenant_ratelimit.local_over_limit"),
+    (
+        Counter::CachedOverLimit,
+        "tenant_ratelimit.cached_over_limit",
+    ),
+    (
+        Counter::CasRetriesExhausted,
+        "tenant_ratelimit.cas_retries_exhausted",
+    ),
+    (Counter::LocalError, "tenant_ratelimit.local_error"),
 ];
 
 #[derive(Default)]
-struct Metrics([Option<u32>; 6]);
+struct Metrics([Option<u32>; COUNTERS.len()]);
 
 impl Metrics {
     fn define() -> Metrics {
@@ -83,6 +101,62 @@ impl Metrics {
         if let Some(Some(id)) = self.0.get(c as usize) {
             let _ = hostcalls::increment_metric(*id, 1);
         }
+    }
+}
+
+/// Milliseconds since the Unix epoch, from the host's clock.
+fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The local layer's slots in Envoy's shared data (one map per VM id,
+/// shared by every worker): keys `trl.0` … `trl.<slots-1>`, short enough to
+/// need no allocation of their own in Envoy.
+struct HostSlots;
+
+fn slot_key(index: u32) -> String {
+    format!("trl.{index}")
+}
+
+impl SharedStore for HostSlots {
+    fn get(&self, index: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        hostcalls::get_shared_data(&slot_key(index)).map_err(|e| StoreError::Host(format!("{e:?}")))
+    }
+
+    fn set(&self, index: u32, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(&slot_key(index), Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(proxy_wasm::types::Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(e) => Err(StoreError::Host(format!("{e:?}"))),
+        }
+    }
+}
+
+/// Creates every slot once, zeroed and at full size, so that the shared
+/// data has its final size from the start and never grows with traffic.
+/// Each VM runs this; a slot that exists is left alone.
+fn create_slots(slots: u32) {
+    let zeroed = [0u8; SLOT_BYTES];
+    let mut failed = 0u32;
+    for index in 0..slots {
+        let key = slot_key(index);
+        match hostcalls::get_shared_data(&key) {
+            Ok((Some(_), _)) => {}
+            _ => {
+                if hostcalls::set_shared_data(&key, Some(&zeroed), None).is_err() {
+                    failed += 1;
+                }
+            }
+        }
+    }
+    if failed > 0 {
+        log(
+            LogLevel::Warn,
+            &format!("local layer: {failed} of {slots} slots could not be created"),
+        );
     }
 }
 
@@ -116,6 +190,9 @@ impl RootContext for Root {
                 for w in warnings {
                     log(LogLevel::Warn, &format!("configuration warning: {w}"));
                 }
+                if config.local.enabled {
+                    create_slots(config.local.slots);
+                }
                 self.shared = Some(Rc::new(Shared {
                     compiled: Compiled::new(config),
                     metrics: Metrics::define(),
@@ -135,6 +212,8 @@ impl RootContext for Root {
         Some(Box::new(Http {
             shared: self.shared.clone(),
             response_headers: Vec::new(),
+            slot: None,
+            asked_at_ms: 0,
         }))
     }
 
@@ -149,9 +228,33 @@ struct Http {
     /// X-RateLimit-* headers to add to the upstream response (admitted
     /// requests only: local replies carry their own).
     response_headers: Vec<(&'static str, String)>,
+    /// The tenant's local-layer slot, when the layer is on.
+    slot: Option<SlotRef>,
+    /// When the call to the service went out (for the over-limit cache).
+    asked_at_ms: u64,
 }
 
 impl Http {
+    /// Sends a 429 for the limiter with these headers.
+    fn over_limit_reply(&self, headers: &[(&'static str, String)]) -> Action {
+        let mut h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        h.push(("x-envoy-ratelimited", "true"));
+        self.local_reply(429, &h, "rate limit exceeded\n")
+    }
+
+    /// A failure of the local layer skips it (the service still decides).
+    fn on_local_error(shared: &Shared, e: &UpdateError) {
+        match e {
+            UpdateError::CasRetriesExhausted => shared.metrics.inc(Counter::CasRetriesExhausted),
+            UpdateError::Host(why) => {
+                shared.metrics.inc(Counter::LocalError);
+                if debug_enabled() {
+                    log(LogLevel::Debug, &format!("local layer error: {why}"));
+                }
+            }
+        }
+    }
+
     /// Sends a local reply; `Action::Pause` when it went out, else
     /// `Action::Continue`, so that a host failure lets the request through
     /// instead of leaving it stuck.
@@ -208,12 +311,18 @@ impl Context for Http {
                 self.response_headers = headers;
                 Action::Continue
             }
-            Verdict::OverLimit(headers) => {
+            Verdict::OverLimit(headers, statuses) => {
                 shared.metrics.inc(Counter::OverLimit);
-                let mut h: Vec<(&str, &str)> =
-                    headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                h.push(("x-envoy-ratelimited", "true"));
-                self.local_reply(429, &h, "rate limit exceeded\n")
+                if let Some(at) = self.slot {
+                    let asked_at = self.asked_at_ms;
+                    let remembered = update(&HostSlots, at.index, CAS_ATTEMPTS, |stored| {
+                        ((), remember_over_limit(stored, at, asked_at, &statuses))
+                    });
+                    if let Err(e) = remembered {
+                        Self::on_local_error(&shared, &e);
+                    }
+                }
+                self.over_limit_reply(&headers)
             }
             Verdict::Error(why) => self.on_limiter_error(&shared, &why),
         };
@@ -248,7 +357,31 @@ impl HttpContext for Http {
                 shared.metrics.inc(Counter::MissingTenant);
                 self.local_reply(429, &[], "missing tenant header\n")
             }
-            Step::Ask(message) => {
+            Step::Limit(limited) => {
+                let local = &compiled.config.local;
+                if local.enabled {
+                    let at = slot_for(&limited.group.name, &limited.tenant, local.slots);
+                    let now = now_ms();
+                    let bucket = local.bucket_for(limited.group);
+                    let mode = compiled.config.headers;
+                    match update(&HostSlots, at.index, CAS_ATTEMPTS, |stored| {
+                        admit(stored, at, now, bucket, mode)
+                    }) {
+                        Ok(LocalVerdict::Proceed) => {}
+                        Ok(LocalVerdict::BucketEmpty(headers)) => {
+                            shared.metrics.inc(Counter::LocalOverLimit);
+                            return self.over_limit_reply(&headers);
+                        }
+                        Ok(LocalVerdict::CachedOverLimit(headers)) => {
+                            shared.metrics.inc(Counter::CachedOverLimit);
+                            return self.over_limit_reply(&headers);
+                        }
+                        Err(e) => Self::on_local_error(&shared, &e),
+                    }
+                    self.slot = Some(at);
+                    self.asked_at_ms = now;
+                }
+                let message = encode_request(compiled, &limited);
                 let timeout = Duration::from_millis(u64::from(compiled.config.timeout_ms));
                 match hostcalls::dispatch_grpc_call(
                     &compiled.upstream,

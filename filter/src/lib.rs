@@ -10,6 +10,7 @@
 //! for wasm only.
 
 pub mod decision;
+pub mod local;
 pub mod proto;
 
 #[cfg(all(target_arch = "wasm32", not(test)))]
