@@ -1,0 +1,171 @@
+"""The local layer: a token bucket and an over-limit cache per tenant, in
+shared data, in front of the rate-limit service. What reaches the service is
+read from Redis (the service counts every call it gets, admitted or not) and
+from the service's own Prometheus counters."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+
+import requests
+
+import expect
+import harness
+import load
+from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique
+
+COUNTING = harness.COUNTING_TIMEOUT_MS
+
+
+def test_a_burst_of_200_is_shed_locally_and_never_reaches_the_service(stack):
+    # Bucket from the defaults: rate = burst = the per-second limit (20).
+    # The per-hour rule is there to count, in one Redis key, every call the
+    # service got.
+    rule = {"persecond": 20, "perhour": 100_000}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING)
+    tenant = unique("burst")
+    ensure_window_room(3600, 60)
+
+    t0 = time.time()
+    results = run_concurrent(fleet.urls, 200, clients=50, tenant=tenant)
+    elapsed = time.time() - t0
+
+    statuses = tally(results)
+    assert set(statuses) <= {200, 429} and sum(statuses.values()) == 200, harness.summary(results)
+    c = fleet.counters()
+    assert c["rls_error"] == 0 and c["local_error"] == 0, c
+    reached_service = c["allowed"] + c["over_limit"]
+    refused_locally = c["local_over_limit"] + c["cached_over_limit"]
+    assert reached_service + refused_locally == 200, c
+    # The bucket let at most burst + rate × elapsed through (the Envoy saw
+    # the burst within the client's elapsed time).
+    assert reached_service <= 20 + math.ceil(20 * elapsed), (c, elapsed)
+    assert c["local_over_limit"] > 0, c
+    # What the bucket refused never reached the service: Redis counted
+    # exactly the calls that went out, and so did the service.
+    hour_key = harness.redis_key(fleet.domain, "hour", tenant, t0)
+    assert fleet.redis.get_int(hour_key) == reached_service, c
+    m = fleet.ratelimit.settled_metrics()
+    assert fleet.ratelimit.rule_counter("total_hits", fleet.domain, "hour", metrics=m) \
+        == reached_service
+    # A refusal by the bucket says when the next token is there: 1 s at 20/s.
+    local_429s = [r for r in results if r.status == 429 and "x-ratelimit-limit" not in r.headers]
+    assert local_429s, harness.summary(results)
+    for r in local_429s:
+        assert r.headers.get("retry-after") == "1", expect.describe(r)
+        assert r.headers.get("x-envoy-ratelimited") == "true", expect.describe(r)
+
+
+def test_an_exhausted_tenant_is_refused_from_the_cache_until_its_window_ends(stack):
+    rule = {"perminute": 5}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING)
+    tenant = unique("exhausted")
+    ensure_window_room(60, 30)
+    window_end = harness.window_start(60) + 60
+
+    first = run_sequential(fleet.urls, 6, tenant=tenant)
+    assert [r.status for r in first] == [200] * 5 + [429], harness.summary(first)
+    expect.limited(first[5], rule, tightest_window=60)
+
+    flood = run_concurrent(fleet.urls, 1000, clients=20, tenant=tenant)
+    assert tally(flood) == Counter({429: 1000}), harness.summary(flood)
+    for r in flood:
+        h = expect.limited(r, rule, tightest_window=60)
+        # Retry-After counts down to the end of the minute. The cache takes
+        # the window end from the service's answer, which can put it up to a
+        # second early (never late) when the call crossed a second boundary.
+        done = r.started + r.latency_s
+        assert math.ceil(window_end - done) - 1 <= h.retry_after \
+            <= math.ceil(window_end - r.started), expect.describe(r)
+
+    c = fleet.counters()
+    # One call found the tenant over its limit; at most one per worker more
+    # raced it before the cache was written.
+    assert 1 <= c["over_limit"] <= 3, c
+    assert c["over_limit"] + c["cached_over_limit"] == 1001, c
+    minute_key = harness.redis_key(fleet.domain, "minute", tenant, first[0].started)
+    assert fleet.redis.get_int(minute_key) == 5 + c["over_limit"], c
+
+
+def test_the_cache_lets_the_tenant_back_in_when_the_window_resets(stack):
+    # Per second, so that the reset comes within the test; the bucket is set
+    # far above the limit so that only the service and the cache refuse.
+    rule = {"persecond": 3}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
+                        local={"groups": {"default": {"tokens_per_second": 1000}}})
+    tenant = unique("reset")
+    for attempt in range(5):
+        harness.wait_next_second()
+        second = int(time.time())
+        run = run_sequential(fleet.urls, 6, tenant=tenant)
+        if int(run[-1].started + run[-1].latency_s) == second:
+            break  # all six inside one second
+    else:
+        raise AssertionError("could not send 6 requests within one wall-clock second")
+    assert [r.status for r in run] == [200, 200, 200, 429, 429, 429], harness.summary(run)
+    c = fleet.counters()
+    assert c["cached_over_limit"] >= 2, c
+
+    harness.wait_next_second()
+    again = run_sequential(fleet.urls, 1, tenant=tenant)
+    assert [r.status for r in again] == [200], harness.summary(again)
+
+
+def test_off_means_every_request_is_asked(stack):
+    rule = {"persecond": 2, "perhour": 100_000}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
+                        local={"enabled": False})
+    tenant = unique("off")
+    ensure_window_room(3600, 60)
+    t0 = time.time()
+    results = run_sequential(fleet.urls, 20, tenant=tenant)
+    assert set(tally(results)) <= {200, 429}, harness.summary(results)
+    c = fleet.counters()
+    assert c["local_over_limit"] == 0 and c["cached_over_limit"] == 0, c
+    assert c["allowed"] + c["over_limit"] == 20, c
+    hour_key = harness.redis_key(fleet.domain, "hour", tenant, t0)
+    assert fleet.redis.get_int(hour_key) == 20
+
+
+def _allocated(envoy: harness.Envoy) -> int:
+    return int(requests.get(f"{envoy.admin_url}/memory", timeout=2).json()["allocated"])
+
+
+# What the README states: at most 256 bytes of Envoy heap per slot.
+BYTES_PER_SLOT_BOUND = 256
+
+
+def test_100k_distinct_tenants_stay_within_the_slots_memory_bound(stack):
+    # Many slots, so that their memory stands well above the allocator's
+    # noise; fewer slots than tenants, so that a keyspace growing with the
+    # tenants would show.
+    slots = 65_536
+    limits = {"x-tenant-id": {"default": {"perhour": 1000}}}
+    gen = stack.generate(limits, timeout_ms=COUNTING)
+    redis = stack.redis()
+    rls = stack.ratelimit(redis, gen)
+    upstream = stack.upstream()
+    off = stack.envoy(gen.plugin_config(local={"enabled": False}), rls, upstream, name="envoy-local-off")
+    on = stack.envoy(gen.plugin_config(local={"slots": slots}), rls, upstream, name="envoy-local-on")
+    slots_bytes = _allocated(on) - _allocated(off)
+    off.stop()
+
+    # Warm up connections and pools, then measure the heap across 100,000
+    # tenants that each send one request.
+    warm = load.blast(on.url, 2_000, lambda i: {"x-tenant-id": f"warm-{i}"})
+    assert warm.statuses == Counter({200: 2_000}), warm
+    before = _allocated(on)
+    run = load.blast(on.url, 100_000, lambda i: {"x-tenant-id": f"tenant-{i}"})
+    after = _allocated(on)
+
+    print(f"\n{slots} slots: {slots_bytes} bytes at start "
+          f"({slots_bytes / slots:.0f} B/slot); +{after - before} bytes over 100,000 "
+          f"tenants in {run.elapsed_s:.1f}s ({run.total / run.elapsed_s:.0f} req/s)")
+    assert run.statuses == Counter({200: 100_000}), (run.statuses, run.samples)
+    c = on.filter_counters()
+    assert c["allowed"] == 102_000, c
+    assert c["local_error"] == 0 and c["rls_error"] == 0, c
+    assert slots_bytes + (after - before) <= slots * BYTES_PER_SLOT_BOUND, (
+        slots_bytes, after - before)
