@@ -102,7 +102,8 @@ def main() -> int:
         print(f"\nfilter counters (both Envoys): "
               + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
         print(f"ratelimit service: within_limit={within} for {DOMAIN}.generic_key_per_hour")
-        print(f"redis: {key} = {fleet.redis.get_int(key)} (rejected requests count too)")
+        print(f"redis: {key} = {fleet.redis.get_int(key)} (the calls the service got, "
+              f"refused ones included; cached refusals never reach it)")
 
         expected1 = Counter({200: min(quota, args.requests), 429: max(0, args.requests - quota)})
         ok = harness.tally(run1) == expected1 and harness.tally(run2) == Counter({429: args.requests})

@@ -38,6 +38,8 @@ def test_a_burst_of_200_is_shed_locally_and_never_reaches_the_service(stack):
     assert c["rls_error"] == 0 and c["local_error"] == 0, c
     reached_service = c["allowed"] + c["over_limit"]
     refused_locally = c["local_over_limit"] + c["cached_over_limit"]
+    print(f"\nburst of 200 in {elapsed:.3f}s: {reached_service} reached the service "
+          f"(bound {20 + 20 * elapsed:.1f}), {dict(statuses)}, counters {dict(c)}")
     assert reached_service + refused_locally == 200, c
     # The bucket let at most burst + rate × elapsed through (the Envoy saw
     # the burst within the client's elapsed time).
@@ -81,6 +83,8 @@ def test_an_exhausted_tenant_is_refused_from_the_cache_until_its_window_ends(sta
             <= math.ceil(window_end - r.started), expect.describe(r)
 
     c = fleet.counters()
+    print(f"\nflood of 1000 after exhaustion: service refusals {c['over_limit']}, "
+          f"cached refusals {c['cached_over_limit']}")
     # One call found the tenant over its limit; at most one per worker more
     # raced it before the cache was written.
     assert 1 <= c["over_limit"] <= 3, c
