@@ -795,7 +795,10 @@ mod tests {
 
     #[test]
     fn without_a_bucket_nothing_is_written_until_there_is_something_to_remember() {
-        assert_eq!(admit(None, AT, 0, None, HeaderMode::Off), (LocalVerdict::Proceed, None));
+        assert_eq!(
+            admit(None, AT, 0, None, HeaderMode::Off),
+            (LocalVerdict::Proceed, None)
+        );
     }
 
     #[test]
