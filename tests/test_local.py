@@ -19,15 +19,10 @@ from harness import ensure_window_room, run_concurrent, run_sequential, tally, u
 COUNTING = harness.COUNTING_TIMEOUT_MS
 
 
-def test_a_burst_of_200_is_shed_locally_and_never_reaches_the_service(stack):
-    # Bucket from the defaults: rate = burst = the per-second limit (20).
-    # The per-hour rule is there to count, in one Redis key, every call the
-    # service got.
-    rule = {"persecond": 20, "perhour": 100_000}
-    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING)
-    tenant = unique("burst")
-    ensure_window_room(3600, 60)
-
+def _burst(fleet: harness.Fleet, tenant: str) -> tuple[list[harness.Result], float, Counter]:
+    """200 concurrent requests for one tenant; checks that every refused
+    request was refused locally and never reached the service, and returns
+    the results, the elapsed time and the filter's counters."""
     t0 = time.time()
     results = run_concurrent(fleet.urls, 200, clients=50, tenant=tenant)
     elapsed = time.time() - t0
@@ -41,23 +36,47 @@ def test_a_burst_of_200_is_shed_locally_and_never_reaches_the_service(stack):
     print(f"\nburst of 200 in {elapsed:.3f}s: {reached_service} reached the service "
           f"(bound {20 + 20 * elapsed:.1f}), {dict(statuses)}, counters {dict(c)}")
     assert reached_service + refused_locally == 200, c
+    assert statuses[200] == c["allowed"], c
     # The bucket let at most burst + rate × elapsed through (the Envoy saw
     # the burst within the client's elapsed time).
     assert reached_service <= 20 + math.ceil(20 * elapsed), (c, elapsed)
-    assert c["local_over_limit"] > 0, c
-    # What the bucket refused never reached the service: Redis counted
+    # What was refused locally never reached the service: Redis counted
     # exactly the calls that went out, and so did the service.
     hour_key = harness.redis_key(fleet.domain, "hour", tenant, t0)
     assert fleet.redis.get_int(hour_key) == reached_service, c
     m = fleet.ratelimit.settled_metrics()
     assert fleet.ratelimit.rule_counter("total_hits", fleet.domain, "hour", metrics=m) \
         == reached_service
-    # A refusal by the bucket says when the next token is there: 1 s at 20/s.
-    local_429s = [r for r in results if r.status == 429 and "x-ratelimit-limit" not in r.headers]
-    assert local_429s, harness.summary(results)
-    for r in local_429s:
+    # A refusal by the bucket carries no X-RateLimit-* (it knows no window)
+    # and says when the next token is there: within 1 s at 20 per second.
+    by_bucket = [r for r in results if r.status == 429 and "x-ratelimit-limit" not in r.headers]
+    assert len(by_bucket) == c["local_over_limit"], harness.summary(results)
+    for r in by_bucket:
         assert r.headers.get("retry-after") == "1", expect.describe(r)
         assert r.headers.get("x-envoy-ratelimited") == "true", expect.describe(r)
+    return results, elapsed, c
+
+
+def test_a_burst_of_200_is_shed_by_the_bucket_and_never_reaches_the_service(stack):
+    # A bucket of 20 per second, burst 20, under service limits the burst
+    # cannot reach: every refusal is the bucket's. The per-hour rule counts,
+    # in one Redis key, every call the service got.
+    rule = {"persecond": 1000, "perhour": 100_000}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
+                        local={"groups": {"default": {"tokens_per_second": 20, "burst": 20}}})
+    ensure_window_room(3600, 60)
+    _, _, c = _burst(fleet, unique("burst"))
+    assert c["over_limit"] == 0 and c["cached_over_limit"] == 0, c
+    assert c["local_over_limit"] == 200 - c["allowed"] > 0, c
+
+
+def test_the_default_bucket_is_the_per_second_limit(stack):
+    # rate = burst = 20 from the group's persecond; the service's own
+    # per-second rule may refuse too, and the cache then answers.
+    rule = {"persecond": 20, "perhour": 100_000}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING)
+    ensure_window_room(3600, 60)
+    _burst(fleet, unique("burst-default"))
 
 
 def test_an_exhausted_tenant_is_refused_from_the_cache_until_its_window_ends(stack):
