@@ -6,8 +6,11 @@
 pub mod model;
 pub mod plugin;
 pub mod service_yaml;
+pub mod span;
 pub mod validate;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{parse_plugin_config, HeaderMode, MissingTenant, PluginConfig};
-pub use validate::{parse_team_limits, ConfigError, Warning};
+pub use validate::{
+    diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,
+};

@@ -31,6 +31,21 @@ impl fmt::Display for ConfigError {
 /// A limit that is legal but can never take effect.
 pub type Warning = ConfigError;
 
+/// What an error points at in the source: the value at its path, or the key
+/// that names it (an unknown key, a bad header or group name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    Value,
+    Key,
+}
+
+/// An error with what it points at, for tools that show where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub error: ConfigError,
+    pub anchor: Anchor,
+}
+
 /// Longest tenant value accepted in `header_value`.
 pub const MAX_TENANT_LEN: usize = 256;
 
@@ -44,9 +59,10 @@ pub(crate) fn join(base: &str, key: &str) -> String {
     }
 }
 
-/// Collects errors while walking a document.
+/// Collects errors while walking a document. The second field holds the
+/// indices (into the first) of the errors that point at a key.
 #[derive(Default)]
-pub(crate) struct Errors(pub Vec<ConfigError>);
+pub(crate) struct Errors(pub Vec<ConfigError>, pub Vec<usize>);
 
 impl Errors {
     pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
@@ -54,6 +70,28 @@ impl Errors {
             path: path.into(),
             message: message.into(),
         });
+    }
+
+    /// An error about the key at `path` rather than its value.
+    pub fn push_key(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.1.push(self.0.len());
+        self.push(path, message);
+    }
+
+    fn into_diagnostics(self) -> Vec<Diagnostic> {
+        let keys = self.1;
+        self.0
+            .into_iter()
+            .enumerate()
+            .map(|(i, error)| Diagnostic {
+                error,
+                anchor: if keys.contains(&i) {
+                    Anchor::Key
+                } else {
+                    Anchor::Value
+                },
+            })
+            .collect()
     }
 }
 
@@ -149,6 +187,15 @@ pub fn parse_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<ConfigError>> {
+    diagnose_team_limits(doc, base).map_err(|d| d.into_iter().map(|d| d.error).collect())
+}
+
+/// [`parse_team_limits`], with each error telling whether it points at a
+/// key or at a value (the CLI turns that into a line and column).
+pub fn diagnose_team_limits(
+    doc: &Value,
+    base: &str,
+) -> Result<(TeamLimits, Vec<Warning>), Vec<Diagnostic>> {
     let mut errors = Errors::default();
     let limits = team_limits(doc, base, &mut errors);
     match limits {
@@ -156,7 +203,7 @@ pub fn parse_team_limits(
             let warnings = warnings(&l, base);
             Ok((l, warnings))
         }
-        _ => Err(errors.0),
+        _ => Err(errors.into_diagnostics()),
     }
 }
 
@@ -195,7 +242,7 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
     };
     let header_path = join(base, header);
     if let Some(p) = header_name_problem(header) {
-        errors.push(&header_path, p);
+        errors.push_key(&header_path, p);
     }
     let Value::Object(groups_obj) = groups_value else {
         errors.push(
@@ -221,7 +268,7 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
     for (name, gv) in groups_obj {
         let path = join(&header_path, name);
         if let Some(p) = group_name_problem(name) {
-            errors.push(&path, p);
+            errors.push_key(&path, p);
             continue;
         }
         let is_default = name == DEFAULT_GROUP;
@@ -268,7 +315,7 @@ fn group<'a>(
             }
         } else if key == HEADER_VALUE {
             if is_default {
-                errors.push(
+                errors.push_key(
                     &field,
                     "the default group applies to every tenant not listed in another group; it takes no header_value",
                 );
@@ -276,7 +323,7 @@ fn group<'a>(
             }
             tenants = tenant_list(name, obj_key(obj, key), &field, seen, errors);
         } else {
-            errors.push(
+            errors.push_key(
                 &field,
                 format!(
                     "unknown key {key:?}, expected one of persecond, perminute, perhour, perday{}",
