@@ -3,10 +3,12 @@
 //! that must agree with it (the rate-limit service YAML, the filter's plugin
 //! configuration). No proxy-wasm here: everything is pure and testable natively.
 
+pub mod envoy_rate_limits;
 pub mod model;
 pub mod plugin;
 pub mod service_yaml;
 pub mod span;
+pub mod team_file;
 pub mod validate;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
