@@ -3,9 +3,13 @@
 //! that must agree with it (the rate-limit service YAML, the filter's plugin
 //! configuration). No proxy-wasm here: everything is pure and testable natively.
 
+#[cfg(feature = "cli")]
+pub mod check;
 pub mod envoy_rate_limits;
+pub mod explain;
 pub mod model;
 pub mod plugin;
+pub mod schema;
 pub mod service_yaml;
 pub mod span;
 pub mod team_file;
