@@ -9,8 +9,7 @@ use crate::model::Unit;
 use crate::validate::MAX_TENANT_LEN;
 
 /// The `$id` of the schema.
-pub const SCHEMA_ID: &str =
-    "https://github.com/tenant-ratelimit/tenant-ratelimit/ratelimit-config/team-limits.schema.json";
+pub const SCHEMA_ID: &str = "urn:tenant-ratelimit:team-limits";
 
 pub fn team_limits_schema() -> Value {
     let mut units = serde_json::Map::new();

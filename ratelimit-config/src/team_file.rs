@@ -55,6 +55,25 @@ impl TeamFile {
     }
 }
 
+/// Where a serde_json syntax error is, and what it says (without the
+/// position serde_json appends, in bytes).
+pub fn syntax_error(text: &str, e: &serde_json::Error) -> (Position, ConfigError) {
+    let at = Position {
+        line: e.line(),
+        column: char_column(text, e.line(), e.column()),
+    };
+    let full = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    (
+        at,
+        ConfigError {
+            path: String::new(),
+            message: format!("not valid JSON: {message}"),
+        },
+    )
+}
+
 /// Checks the text of a team limits file; `file` names it in the findings.
 pub fn check_team_file(file: &str, text: &str) -> TeamFile {
     let finding = |at: Position, severity: Severity, error: ConfigError| Finding {
@@ -66,22 +85,9 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
     let doc: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
-            let at = Position {
-                line: e.line(),
-                column: char_column(text, e.line(), e.column()),
-            };
-            let full = e.to_string();
-            let suffix = format!(" at line {} column {}", e.line(), e.column());
-            let message = full.strip_suffix(&suffix).unwrap_or(&full);
+            let (at, error) = syntax_error(text, &e);
             return TeamFile {
-                findings: vec![finding(
-                    at,
-                    Severity::Error,
-                    ConfigError {
-                        path: String::new(),
-                        message: format!("not valid JSON: {message}"),
-                    },
-                )],
+                findings: vec![finding(at, Severity::Error, error)],
                 parsed: None,
             };
         }
