@@ -228,15 +228,13 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
             );
             return None;
         }
-        (Some(_), Some(_)) => {
-            let names: Vec<&String> = top.keys().collect();
-            errors.push(
-                base,
-                format!(
-                    "expected exactly one header name, got {}: {names:?}",
-                    names.len()
-                ),
-            );
+        (Some((first, _)), Some(_)) => {
+            for name in top.keys().skip(1) {
+                errors.push_key(
+                    join(base, name),
+                    format!("a second header name: the file maps exactly one header to its groups, and {first:?} comes first"),
+                );
+            }
             return None;
         }
     };
@@ -525,7 +523,7 @@ mod tests {
         );
         assert_eq!(
             errs(json!({"a": {"default": {"perhour": 1}}, "b": {}})),
-            vec!["expected exactly one header name, got 2: [\"a\", \"b\"]"]
+            vec!["b: a second header name: the file maps exactly one header to its groups, and \"a\" comes first"]
         );
         assert_eq!(
             errs(json!({})),
