@@ -1,6 +1,8 @@
 //! The seed example of the design generates the checked-in files in
 //! tests/golden/, byte for byte. `UPDATE_GOLDEN=1 cargo test` rewrites them
 //! (then read the diff: it is what every user of the generated files gets).
+// A test crate: helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use ratelimit_config::check::{lookup, parse_service_config};
 use ratelimit_config::envoy_rate_limits::envoy_rate_limits_yaml;

@@ -1,6 +1,8 @@
 //! The JSON Schema that `ratelimit-config schema` prints accepts the good
 //! files and refuses the bad ones, except the few a schema cannot see.
 #![cfg(not(target_arch = "wasm32"))]
+// A test crate: helpers outside #[test] functions may fail loudly too.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::fs;
 
