@@ -187,7 +187,7 @@ pub fn parse_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<ConfigError>> {
-    diagnose_team_limits(doc, base).map_err(|d| d.into_iter().map(|d| d.error).collect())
+    walk(doc, base).map_err(|e| e.0)
 }
 
 /// [`parse_team_limits`], with each error telling whether it points at a
@@ -196,6 +196,10 @@ pub fn diagnose_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<Diagnostic>> {
+    walk(doc, base).map_err(Errors::into_diagnostics)
+}
+
+fn walk(doc: &Value, base: &str) -> Result<(TeamLimits, Vec<Warning>), Errors> {
     let mut errors = Errors::default();
     let limits = team_limits(doc, base, &mut errors);
     match limits {
@@ -203,7 +207,7 @@ pub fn diagnose_team_limits(
             let warnings = warnings(&l, base);
             Ok((l, warnings))
         }
-        _ => Err(errors.into_diagnostics()),
+        _ => Err(errors),
     }
 }
 
