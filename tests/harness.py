@@ -913,3 +913,53 @@ def parse_ratelimit_headers(headers: dict[str, str]) -> RateLimitHeaders:
         reset=integer("x-ratelimit-reset"),
         retry_after=integer("retry-after") if retry is not None else None,
     )
+
+
+# ------------------------------------------------------------------ Envoy's own rate-limit filter
+
+NATIVE_TEMPLATE = REPO / "envoy" / "native-ratelimit.yaml.tmpl"
+_RATE_LIMITS_MARKER = re.compile(r"^( *)# RATE_LIMITS:.*$", re.M)
+_DOMAIN_LINE = re.compile(r"^( *)domain: internal-api  # DOMAIN$", re.M)
+
+
+def native_rate_limits(gen: Generated) -> Path:
+    """The rate_limits block `ratelimit-config generate` wrote for Envoy's own filter."""
+    return gen.out_dir / "envoy-rate-limits.yaml"
+
+
+def render_native_envoy_config(rate_limits_yaml: str, domain: str, *, listen_port: int,
+                               admin_port: int, rls_port: int, upstream_port: int,
+                               rls_cluster: str = "ratelimit",
+                               node_id: str = "envoy-native") -> str:
+    """envoy/native-ratelimit.yaml.tmpl with `rate_limits_yaml` (the text of a
+    generated envoy-rate-limits.yaml) pasted under the virtual host, as a
+    user pastes it, and the filter's domain set."""
+    text = render(NATIVE_TEMPLATE, node_id=node_id, bind_address=LOOPBACK,
+                  listen_port=listen_port, admin_port=admin_port, rls_cluster=rls_cluster,
+                  rls_address=LOOPBACK, rls_port=rls_port, upstream_address=LOOPBACK,
+                  upstream_port=upstream_port, cluster_type="STATIC")
+    marker = _RATE_LIMITS_MARKER.search(text)
+    domain_line = _DOMAIN_LINE.search(text)
+    if not marker or not domain_line:
+        raise HarnessError(f"{NATIVE_TEMPLATE}: rate_limits marker or domain line missing")
+    indent = marker.group(1)
+    block = "\n".join(indent + line for line in rate_limits_yaml.splitlines()
+                      if line.strip() and not line.lstrip().startswith("#"))
+    text = text[:marker.start()] + block + text[marker.end():]
+    # A JSON string literal is also a valid YAML double-quoted scalar.
+    return _DOMAIN_LINE.sub(lambda m: f"{m.group(1)}domain: {json.dumps(domain)}", text, count=1)
+
+
+_RLCONFIG_LINE = re.compile(r"^(.+?): unit=(\w+) requests_per_unit=(\d+),")
+
+
+def rlconfig_rules(text: str, domain: str) -> dict[str, tuple[str, int]]:
+    """The rules of `domain` in the service's debug /rlconfig dump:
+    {"<domain>.generic_key_per_hour.tenant_tenant-b": ("HOUR", 100), ...}
+    (an unlimited rule shows as ("UNKNOWN", 0))."""
+    out: dict[str, tuple[str, int]] = {}
+    for line in text.splitlines():
+        m = _RLCONFIG_LINE.match(line.strip())
+        if m and m.group(1).startswith(f"{domain}."):
+            out[m.group(1)] = (m.group(2), int(m.group(3)))
+    return out

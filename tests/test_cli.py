@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections import Counter
 
 import pytest
 
 import harness
-from harness import run_cli, run_sequential, tally, unique
+from harness import REPO, run_cli, run_sequential, tally, unique
+
+FIXTURES = REPO / "ratelimit-config" / "tests" / "fixtures"
 
 LIMITS = {"x-tenant-id": {"default": {"perhour": 3}}}
 
@@ -50,5 +53,31 @@ def test_cli_refuses_a_bad_team_json(tmp_path, limits, field):
     proc = run_cli("generate", path, "--domain", "internal-api", "--out", out_dir, check=False)
     assert proc.returncode != 0, proc
     assert field in proc.stderr, proc.stderr
-    assert not (out_dir / "plugin-config.json").exists()
-    assert not (out_dir / "ratelimit.yaml").exists()
+    for name in ("plugin-config.json", "ratelimit.yaml", "envoy-rate-limits.yaml"):
+        assert not (out_dir / name).exists(), name
+
+
+@pytest.mark.parametrize("kind", ["bad", "warn"])
+def test_the_binary_prints_each_fixtures_expected_output(kind):
+    """The cargo tests check the library against ratelimit-config/tests/fixtures;
+    this checks the installed binary: stderr exactly the .expected file, and
+    exit status 1 for errors, 0 for warnings alone."""
+    cases = sorted((FIXTURES / kind).glob("*.json"))
+    assert len(cases) >= (30 if kind == "bad" else 2)
+    for case in cases:
+        proc = subprocess.run([str(harness.CLI), "validate", case.name], cwd=case.parent,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert proc.stderr == case.with_suffix(".expected").read_text(), case.name
+        assert proc.returncode == (1 if kind == "bad" else 0), case.name
+    # Several files at once: every problem of every file, one status.
+    proc = run_cli("validate", *cases, check=False)
+    assert proc.returncode == (1 if kind == "bad" else 0)
+    assert len(proc.stderr.splitlines()) >= len(cases)
+
+
+def test_help_teaches_the_format():
+    out = run_cli("--help").stdout
+    for s in ['"header_value"', "persecond, perminute, perhour, perday", "<file>:<line>:<col>",
+              "validate", "generate", "explain", "check", "schema"]:
+        assert s in out, s
+    assert "--domain" in run_cli("explain", "--help").stdout

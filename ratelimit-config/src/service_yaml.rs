@@ -10,25 +10,74 @@ use std::fmt::Write;
 
 use crate::model::{Group, TeamLimits, Unit};
 
-/// A YAML double-quoted scalar; JSON string escapes are valid YAML ones.
-fn quoted(s: &str) -> String {
-    serde_json::Value::String(s.to_string()).to_string()
+/// `s` as a YAML scalar that Go's yaml.v2 (YAML 1.1, what the rate-limit
+/// service reads with) and any YAML 1.2 reader both read back as this exact
+/// string: plain when it cannot be taken for anything else (`tenant-b`),
+/// else double-quoted (JSON string escapes are valid YAML ones). Words such
+/// as `yes`, `off` or `null` are quoted: yaml.v2 would read `null` as no
+/// value, and a rule without a value is the default rule.
+pub fn scalar(s: &str) -> String {
+    const WORDS: &[&str] = &["y", "n", "yes", "no", "on", "off", "true", "false", "null"];
+    let plain = s.bytes().next().is_some_and(|b| b.is_ascii_alphabetic())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !WORDS.contains(&s.to_ascii_lowercase().as_str());
+    if plain {
+        s.to_string()
+    } else {
+        serde_json::Value::String(s.to_string()).to_string()
+    }
 }
 
-fn rule(out: &mut String, key: &str, value: Option<&str>, unit: Unit, limit: Option<u32>) {
-    let _ = writeln!(out, "      - key: {}", quoted(key));
-    if let Some(v) = value {
-        let _ = writeln!(out, "        value: {}", quoted(v));
+/// `s` made safe to follow `#` on one line of a comment.
+pub(crate) fn comment_text(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
+pub(crate) fn generated_header(out: &mut String, source: &str) {
+    let _ = writeln!(
+        out,
+        "# generated from {} by ratelimit-config; do not edit",
+        comment_text(source)
+    );
+}
+
+fn rule(
+    out: &mut String,
+    key: &str,
+    value: Option<&str>,
+    group: &str,
+    unit: Unit,
+    limit: Option<u32>,
+) {
+    match value {
+        None => {
+            let _ = writeln!(out, "      - key: {}  # {group}", scalar(key));
+        }
+        Some(v) => {
+            let _ = writeln!(out, "      - key: {}", scalar(key));
+            let _ = writeln!(out, "        value: {}  # {group}", scalar(v));
+        }
     }
     match limit {
         Some(n) => {
-            let _ = writeln!(out, "        rate_limit:");
-            let _ = writeln!(out, "          unit: {}", unit.service_unit());
-            let _ = writeln!(out, "          requests_per_unit: {n}");
+            let _ = writeln!(
+                out,
+                "        rate_limit: {{ unit: {}, requests_per_unit: {n} }}",
+                unit.service_unit()
+            );
         }
         None => {
-            let _ = writeln!(out, "        rate_limit:");
-            let _ = writeln!(out, "          unlimited: true");
+            let _ = writeln!(out, "        rate_limit: {{ unlimited: true }}");
         }
     }
 }
@@ -42,18 +91,17 @@ pub fn service_yaml(
     source: &str,
 ) -> String {
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# generated from {source} by ratelimit-config; do not edit"
-    );
-    let _ = writeln!(out, "domain: {}", quoted(domain));
+    generated_header(&mut out, source);
+    let _ = writeln!(out, "domain: {}", scalar(domain));
     let _ = writeln!(out, "descriptors:");
     for unit in limits.units_in_use() {
         let _ = writeln!(out, "  - key: generic_key");
         let _ = writeln!(out, "    value: {}", unit.descriptor_value());
         let _ = writeln!(out, "    descriptors:");
-        if let Some(limit) = limits.default.as_ref().and_then(|d| d.limits.get(unit)) {
-            rule(&mut out, descriptor_key, None, unit, Some(limit));
+        if let Some(d) = &limits.default {
+            if let Some(limit) = d.limits.get(unit) {
+                rule(&mut out, descriptor_key, None, &d.name, unit, Some(limit));
+            }
         }
         for g in &limits.groups {
             group_rules(&mut out, g, descriptor_key, unit);
@@ -65,7 +113,7 @@ pub fn service_yaml(
 fn group_rules(out: &mut String, g: &Group, descriptor_key: &str, unit: Unit) {
     let limit = g.limits.get(unit);
     for t in &g.tenants {
-        rule(out, descriptor_key, Some(t), unit, limit);
+        rule(out, descriptor_key, Some(t), &g.name, unit, limit);
     }
 }
 
@@ -84,52 +132,66 @@ mod tests {
         let (l, _) = parse_team_limits(&doc, "").unwrap();
         let y = service_yaml(&l, "internal-api", "tenant", "limits.json");
         let expected = r#"# generated from limits.json by ratelimit-config; do not edit
-domain: "internal-api"
+domain: internal-api
 descriptors:
   - key: generic_key
     value: per_second
     descriptors:
-      - key: "tenant"
-        rate_limit:
-          unit: second
-          requests_per_unit: 5
-      - key: "tenant"
-        value: "tenant-b"
-        rate_limit:
-          unit: second
-          requests_per_unit: 50
+      - key: tenant  # default
+        rate_limit: { unit: second, requests_per_unit: 5 }
+      - key: tenant
+        value: tenant-b  # group_1
+        rate_limit: { unit: second, requests_per_unit: 50 }
   - key: generic_key
     value: per_minute
     descriptors:
-      - key: "tenant"
-        rate_limit:
-          unit: minute
-          requests_per_unit: 20
-      - key: "tenant"
-        value: "tenant-b"
-        rate_limit:
-          unlimited: true
+      - key: tenant  # default
+        rate_limit: { unit: minute, requests_per_unit: 20 }
+      - key: tenant
+        value: tenant-b  # group_1
+        rate_limit: { unlimited: true }
   - key: generic_key
     value: per_hour
     descriptors:
-      - key: "tenant"
-        rate_limit:
-          unit: hour
-          requests_per_unit: 30
-      - key: "tenant"
-        value: "tenant-b"
-        rate_limit:
-          unit: hour
-          requests_per_unit: 100
+      - key: tenant  # default
+        rate_limit: { unit: hour, requests_per_unit: 30 }
+      - key: tenant
+        value: tenant-b  # group_1
+        rate_limit: { unit: hour, requests_per_unit: 100 }
   - key: generic_key
     value: per_day
     descriptors:
-      - key: "tenant"
-        value: "tenant-b"
-        rate_limit:
-          unit: day
-          requests_per_unit: 1000
+      - key: tenant
+        value: tenant-b  # group_1
+        rate_limit: { unit: day, requests_per_unit: 1000 }
 "#;
         assert_eq!(y, expected);
+    }
+
+    #[test]
+    fn scalars_that_yaml_could_misread_are_quoted() {
+        assert_eq!(scalar("tenant-b"), "tenant-b");
+        assert_eq!(scalar("Acme_Corp.eu"), "Acme_Corp.eu");
+        for s in [
+            "null",
+            "No",
+            "ON",
+            "y",
+            "123",
+            "1e3",
+            "-x",
+            ".inf",
+            "a b",
+            "a:b",
+            "a#b",
+            "",
+            "\u{e9}t\u{e9}",
+            "x\"y",
+        ] {
+            assert!(scalar(s).starts_with('"'), "{s}");
+            let back: String = serde_json::from_str(&scalar(s)).unwrap();
+            assert_eq!(back, s);
+        }
+        assert_eq!(comment_text("a\nb"), "a\\nb");
     }
 }

@@ -31,6 +31,21 @@ impl fmt::Display for ConfigError {
 /// A limit that is legal but can never take effect.
 pub type Warning = ConfigError;
 
+/// What an error points at in the source: the value at its path, or the key
+/// that names it (an unknown key, a bad header or group name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    Value,
+    Key,
+}
+
+/// An error with what it points at, for tools that show where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub error: ConfigError,
+    pub anchor: Anchor,
+}
+
 /// Longest tenant value accepted in `header_value`.
 pub const MAX_TENANT_LEN: usize = 256;
 
@@ -44,9 +59,10 @@ pub(crate) fn join(base: &str, key: &str) -> String {
     }
 }
 
-/// Collects errors while walking a document.
+/// Collects errors while walking a document. The second field holds the
+/// indices (into the first) of the errors that point at a key.
 #[derive(Default)]
-pub(crate) struct Errors(pub Vec<ConfigError>);
+pub(crate) struct Errors(pub Vec<ConfigError>, pub Vec<usize>);
 
 impl Errors {
     pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
@@ -54,6 +70,28 @@ impl Errors {
             path: path.into(),
             message: message.into(),
         });
+    }
+
+    /// An error about the key at `path` rather than its value.
+    pub fn push_key(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.1.push(self.0.len());
+        self.push(path, message);
+    }
+
+    fn into_diagnostics(self) -> Vec<Diagnostic> {
+        let keys = self.1;
+        self.0
+            .into_iter()
+            .enumerate()
+            .map(|(i, error)| Diagnostic {
+                error,
+                anchor: if keys.contains(&i) {
+                    Anchor::Key
+                } else {
+                    Anchor::Value
+                },
+            })
+            .collect()
     }
 }
 
@@ -149,6 +187,19 @@ pub fn parse_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<ConfigError>> {
+    walk(doc, base).map_err(|e| e.0)
+}
+
+/// [`parse_team_limits`], with each error telling whether it points at a
+/// key or at a value (the CLI turns that into a line and column).
+pub fn diagnose_team_limits(
+    doc: &Value,
+    base: &str,
+) -> Result<(TeamLimits, Vec<Warning>), Vec<Diagnostic>> {
+    walk(doc, base).map_err(Errors::into_diagnostics)
+}
+
+fn walk(doc: &Value, base: &str) -> Result<(TeamLimits, Vec<Warning>), Errors> {
     let mut errors = Errors::default();
     let limits = team_limits(doc, base, &mut errors);
     match limits {
@@ -156,7 +207,7 @@ pub fn parse_team_limits(
             let warnings = warnings(&l, base);
             Ok((l, warnings))
         }
-        _ => Err(errors.0),
+        _ => Err(errors),
     }
 }
 
@@ -181,21 +232,19 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
             );
             return None;
         }
-        (Some(_), Some(_)) => {
-            let names: Vec<&String> = top.keys().collect();
-            errors.push(
-                base,
-                format!(
-                    "expected exactly one header name, got {}: {names:?}",
-                    names.len()
-                ),
-            );
+        (Some((first, _)), Some(_)) => {
+            for name in top.keys().skip(1) {
+                errors.push_key(
+                    join(base, name),
+                    format!("a second header name: the file maps exactly one header to its groups, and {first:?} comes first"),
+                );
+            }
             return None;
         }
     };
     let header_path = join(base, header);
     if let Some(p) = header_name_problem(header) {
-        errors.push(&header_path, p);
+        errors.push_key(&header_path, p);
     }
     let Value::Object(groups_obj) = groups_value else {
         errors.push(
@@ -221,7 +270,7 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
     for (name, gv) in groups_obj {
         let path = join(&header_path, name);
         if let Some(p) = group_name_problem(name) {
-            errors.push(&path, p);
+            errors.push_key(&path, p);
             continue;
         }
         let is_default = name == DEFAULT_GROUP;
@@ -268,7 +317,7 @@ fn group<'a>(
             }
         } else if key == HEADER_VALUE {
             if is_default {
-                errors.push(
+                errors.push_key(
                     &field,
                     "the default group applies to every tenant not listed in another group; it takes no header_value",
                 );
@@ -276,7 +325,7 @@ fn group<'a>(
             }
             tenants = tenant_list(name, obj_key(obj, key), &field, seen, errors);
         } else {
-            errors.push(
+            errors.push_key(
                 &field,
                 format!(
                     "unknown key {key:?}, expected one of persecond, perminute, perhour, perday{}",
@@ -478,7 +527,7 @@ mod tests {
         );
         assert_eq!(
             errs(json!({"a": {"default": {"perhour": 1}}, "b": {}})),
-            vec!["expected exactly one header name, got 2: [\"a\", \"b\"]"]
+            vec!["b: a second header name: the file maps exactly one header to its groups, and \"a\" comes first"]
         );
         assert_eq!(
             errs(json!({})),

@@ -1,0 +1,267 @@
+//! What happens to one tenant's requests: its group, its limits per unit,
+//! the descriptors the filter sends, the service rule each one matches and
+//! the Redis key it is counted under at a given moment. A pure function of
+//! the limits and the time.
+//!
+//! The key is envoyproxy/ratelimit's (`src/limiter/cache_key.go`): the
+//! service's CACHE_KEY_PREFIX (empty unless set), the domain, then `key_value_`
+//! for every descriptor entry, then the window start, `now / unit * unit`.
+
+use std::fmt::Write;
+
+use crate::model::{descriptors, TeamLimits, Unit};
+
+/// The Redis key the service counts `entries` under at `now`.
+pub fn redis_key(
+    prefix: &str,
+    domain: &str,
+    entries: &[(&str, &str)],
+    unit: Unit,
+    now: u64,
+) -> String {
+    let mut key = format!("{prefix}{domain}_");
+    for (k, v) in entries {
+        key.push_str(k);
+        key.push('_');
+        key.push_str(v);
+        key.push('_');
+    }
+    let _ = write!(key, "{}", window_start(unit, now));
+    key
+}
+
+/// Windows align to the clock: the start of the one holding `now`.
+pub fn window_start(unit: Unit, now: u64) -> u64 {
+    now / unit.seconds() * unit.seconds()
+}
+
+/// `2026-12-01T12:00:12Z`.
+pub fn utc(unix: u64) -> String {
+    let days = unix / 86_400;
+    let secs = unix % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Shift to 0000-03-01 so that a leap day ends its 400-year era's year.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+pub struct ExplainOptions<'a> {
+    pub domain: &'a str,
+    pub descriptor_key: &'a str,
+    /// The service's CACHE_KEY_PREFIX.
+    pub key_prefix: &'a str,
+}
+
+/// The explanation, as the CLI prints it.
+pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "tenant:  {tenant:?} (header {})", limits.header);
+    let Some(group) = limits.group_for(tenant) else {
+        let _ = writeln!(
+            out,
+            "group:   none: no named group lists it and there is no default group, so the filter sends no descriptor and it is not limited"
+        );
+        return out;
+    };
+    let listed = limits.groups.iter().any(|g| g.name == group.name);
+    let why = if listed {
+        "listed in its header_value"
+    } else {
+        "not listed in any named group"
+    };
+    let _ = writeln!(out, "group:   {} ({why})", group.name);
+    let _ = writeln!(out, "domain:  {}", opts.domain);
+    let _ = writeln!(out, "at:      {now} = {}", utc(now));
+    for (unit, entries) in descriptors(group, opts.descriptor_key, tenant) {
+        let limit = group.limits.get(unit).unwrap_or_default();
+        let start = window_start(unit, now);
+        let rule_tail = if listed {
+            format!("{}_{tenant}", opts.descriptor_key)
+        } else {
+            format!(
+                "{} (the default rule; the counter is still this tenant's own)",
+                opts.descriptor_key
+            )
+        };
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{}: {limit} per {}",
+            unit.json_key(),
+            unit.service_unit()
+        );
+        let shown: Vec<String> = entries
+            .iter()
+            .map(|(k, v)| format!("({k:?}, {v:?})"))
+            .collect();
+        let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
+        let _ = writeln!(
+            out,
+            "  rule:       {}.generic_key_{}.{rule_tail}",
+            opts.domain,
+            unit.descriptor_value()
+        );
+        let _ = writeln!(
+            out,
+            "  redis key:  {}",
+            redis_key(opts.key_prefix, opts.domain, &entries, unit, now)
+        );
+        let _ = writeln!(
+            out,
+            "  window:     {} to {} ({start} + {}s)",
+            utc(start),
+            utc(start + unit.seconds()),
+            unit.seconds()
+        );
+    }
+    let unset: Vec<&str> = limits
+        .units_in_use()
+        .into_iter()
+        .filter(|u| group.limits.get(*u).is_none())
+        .map(Unit::json_key)
+        .collect();
+    if !unset.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "not limited: {} ({} sets none; the filter sends no descriptor for it)",
+            unset.join(", "),
+            group.name
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::parse_team_limits;
+    use serde_json::json;
+
+    #[test]
+    fn the_design_key_example() {
+        // 10:00 to 10:59:59 UTC, 6 Dec 2022.
+        let now = 1_670_320_800 + 1234;
+        assert_eq!(utc(now), "2022-12-06T10:20:34Z");
+        assert_eq!(
+            redis_key(
+                "",
+                "internal-api",
+                &[("generic_key", "per_hour"), ("tenant", "tenant-a")],
+                Unit::Hour,
+                now
+            ),
+            "internal-api_generic_key_per_hour_tenant_tenant-a_1670320800"
+        );
+        assert_eq!(
+            redis_key(
+                "p:",
+                "d",
+                &[("generic_key", "per_minute"), ("tenant", "t")],
+                Unit::Minute,
+                119
+            ),
+            "p:d_generic_key_per_minute_tenant_t_60"
+        );
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(4_102_444_799), "2099-12-31T23:59:59Z");
+        assert_eq!(utc(u64::MAX).len(), "584554051223-11-09T07:00:15Z".len());
+    }
+
+    fn seed() -> TeamLimits {
+        let doc = json!({"x-tenant-id": {
+            "default": {"persecond": 5, "perminute": 20, "perhour": 30},
+            "group_1": {"persecond": 50, "perminute": 70, "perhour": 100, "perday": 1000,
+                        "header_value": ["tenant-b", "tenant-c"]}}});
+        parse_team_limits(&doc, "").unwrap().0
+    }
+
+    const OPTS: ExplainOptions<'static> = ExplainOptions {
+        domain: "internal-api",
+        descriptor_key: "tenant",
+        key_prefix: "",
+    };
+
+    #[test]
+    fn a_default_tenant() {
+        let text = explain(&seed(), &OPTS, "tenant-a", 1_670_320_834);
+        assert_eq!(
+            text,
+            r#"tenant:  "tenant-a" (header x-tenant-id)
+group:   default (not listed in any named group)
+domain:  internal-api
+at:      1670320834 = 2022-12-06T10:00:34Z
+
+persecond: 5 per second
+  descriptor: [("generic_key", "per_second"), ("tenant", "tenant-a")]
+  rule:       internal-api.generic_key_per_second.tenant (the default rule; the counter is still this tenant's own)
+  redis key:  internal-api_generic_key_per_second_tenant_tenant-a_1670320834
+  window:     2022-12-06T10:00:34Z to 2022-12-06T10:00:35Z (1670320834 + 1s)
+
+perminute: 20 per minute
+  descriptor: [("generic_key", "per_minute"), ("tenant", "tenant-a")]
+  rule:       internal-api.generic_key_per_minute.tenant (the default rule; the counter is still this tenant's own)
+  redis key:  internal-api_generic_key_per_minute_tenant_tenant-a_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T10:01:00Z (1670320800 + 60s)
+
+perhour: 30 per hour
+  descriptor: [("generic_key", "per_hour"), ("tenant", "tenant-a")]
+  rule:       internal-api.generic_key_per_hour.tenant (the default rule; the counter is still this tenant's own)
+  redis key:  internal-api_generic_key_per_hour_tenant_tenant-a_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T11:00:00Z (1670320800 + 3600s)
+
+not limited: perday (default sets none; the filter sends no descriptor for it)
+"#
+        );
+    }
+
+    #[test]
+    fn a_listed_tenant_and_an_unlimited_one() {
+        let text = explain(&seed(), &OPTS, "tenant-c", 1_670_371_199);
+        assert!(
+            text.contains("group:   group_1 (listed in its header_value)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  rule:       internal-api.generic_key_per_day.tenant_tenant-c\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  redis key:  internal-api_generic_key_per_day_tenant_tenant-c_1670284800\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("not limited"), "{text}");
+
+        let doc = json!({"x-t": {"gold": {"perhour": 1, "header_value": ["a"]}}});
+        let l = parse_team_limits(&doc, "").unwrap().0;
+        assert_eq!(
+            explain(&l, &OPTS, "b", 0),
+            "tenant:  \"b\" (header x-t)\ngroup:   none: no named group lists it and there is no default group, so the filter sends no descriptor and it is not limited\n"
+        );
+    }
+}

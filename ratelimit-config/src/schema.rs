@@ -1,0 +1,93 @@
+//! A JSON Schema (draft 2020-12) of the team limits file, for editors to
+//! check files as people type. It says what a schema can: shapes, types,
+//! ranges, names. What it cannot, the validator still checks: a tenant
+//! listed in two groups, a key given twice, limits that can never bind.
+
+use serde_json::{json, Value};
+
+use crate::model::Unit;
+use crate::validate::MAX_TENANT_LEN;
+
+/// The `$id` of the schema.
+pub const SCHEMA_ID: &str = "urn:tenant-ratelimit:team-limits";
+
+pub fn team_limits_schema() -> Value {
+    let mut units = serde_json::Map::new();
+    for u in Unit::ALL {
+        units.insert(
+            u.json_key().to_string(),
+            json!({
+                "description": format!("Requests allowed per {} (clock-aligned window). Left out: not limited per {}.", u.service_unit(), u.service_unit()),
+                "$ref": "#/$defs/limit"
+            }),
+        );
+    }
+    let unit_keys: Vec<&str> = Unit::ALL.iter().map(|u| u.json_key()).collect();
+    let at_least_one_unit: Vec<Value> =
+        unit_keys.iter().map(|k| json!({"required": [k]})).collect();
+    let mut named_props = units.clone();
+    named_props.insert(
+        "header_value".into(),
+        json!({
+            "description": "The tenant values (header values) in this group.",
+            "type": "array",
+            "minItems": 1,
+            "uniqueItems": true,
+            "items": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_TENANT_LEN,
+                // No control character, no whitespace at either end.
+                "pattern": "^[^\\s\\x00-\\x1f\\x7f-\\x9f](?:[^\\x00-\\x1f\\x7f-\\x9f]*[^\\s\\x00-\\x1f\\x7f-\\x9f])?$"
+            }
+        }),
+    );
+    let mut reserved = unit_keys.clone();
+    reserved.push("header_value");
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "tenant-ratelimit team limits",
+        "description": "One request header mapping to groups of per-tenant limits: \"default\" for every tenant not listed elsewhere, and named groups listing their tenants in header_value. Check with `ratelimit-config validate`, which also finds what a schema cannot (a tenant in two groups, a key given twice, limits that can never bind).",
+        "examples": [{"x-tenant-id": {
+            "default": {"persecond": 5, "perminute": 20, "perhour": 30},
+            "group_1": {"persecond": 50, "perminute": 70, "perhour": 100, "header_value": ["tenant-b", "tenant-c"]}
+        }}],
+        "type": "object",
+        "minProperties": 1,
+        "maxProperties": 1,
+        "propertyNames": {
+            "description": "The request header carrying the tenant: a lowercase HTTP header name.",
+            "pattern": "^[a-z0-9!#$%&'*+.^_`|~-]+$"
+        },
+        "additionalProperties": {"$ref": "#/$defs/groups"},
+        "$defs": {
+            "limit": {"type": "integer", "minimum": 1, "maximum": u32::MAX},
+            "groups": {
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": {
+                    "pattern": "^[A-Za-z0-9_-]+$",
+                    "not": {"enum": reserved}
+                },
+                "properties": {"default": {"$ref": "#/$defs/default_group"}},
+                "additionalProperties": {"$ref": "#/$defs/named_group"}
+            },
+            "default_group": {
+                "description": "Limits of every tenant not listed in a named group; each tenant still has its own counter.",
+                "type": "object",
+                "properties": units,
+                "additionalProperties": false,
+                "anyOf": at_least_one_unit
+            },
+            "named_group": {
+                "description": "Limits of the tenants listed in header_value.",
+                "type": "object",
+                "properties": named_props,
+                "required": ["header_value"],
+                "additionalProperties": false,
+                "anyOf": at_least_one_unit
+            }
+        }
+    })
+}

@@ -1,0 +1,191 @@
+//! A team limits file as the CLI sees it: its text checked at once, every
+//! problem rendered as `<file>:<line>:<col>: <path>: <message>`.
+//!
+//! The rules are those of [`crate::validate`], which the filter runs too;
+//! what only the text shows (a syntax error's position, a key given twice)
+//! is added here.
+
+use std::fmt;
+
+use serde_json::Value;
+
+use crate::model::TeamLimits;
+use crate::span::{char_column, scan, Position};
+use crate::validate::{diagnose_team_limits, Anchor, ConfigError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One problem of a file, with its place.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub file: String,
+    pub at: Position,
+    pub severity: Severity,
+    pub error: ConfigError,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: ", self.file, self.at.line, self.at.column)?;
+        if self.severity == Severity::Warning {
+            f.write_str("warning: ")?;
+        }
+        write!(f, "{}", self.error)
+    }
+}
+
+/// What checking one file found.
+#[derive(Clone, Debug)]
+pub struct TeamFile {
+    pub findings: Vec<Finding>,
+    /// The document and its model, when there was no error.
+    pub parsed: Option<(Value, TeamLimits)>,
+}
+
+impl TeamFile {
+    pub fn errors(&self) -> usize {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+            .count()
+    }
+}
+
+/// Where a serde_json syntax error is, and what it says (without the
+/// position serde_json appends, in bytes).
+pub fn syntax_error(text: &str, e: &serde_json::Error) -> (Position, ConfigError) {
+    let at = Position {
+        line: e.line(),
+        column: char_column(text, e.line(), e.column()),
+    };
+    let full = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    (
+        at,
+        ConfigError {
+            path: String::new(),
+            message: format!("not valid JSON: {message}"),
+        },
+    )
+}
+
+/// Checks the text of a team limits file; `file` names it in the findings.
+pub fn check_team_file(file: &str, text: &str) -> TeamFile {
+    let finding = |at: Position, severity: Severity, error: ConfigError| Finding {
+        file: file.to_string(),
+        at,
+        severity,
+        error,
+    };
+    let doc: Value = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            let (at, error) = syntax_error(text, &e);
+            return TeamFile {
+                findings: vec![finding(at, Severity::Error, error)],
+                parsed: None,
+            };
+        }
+    };
+    let map = scan(text);
+    let mut findings: Vec<Finding> = map
+        .duplicates()
+        .iter()
+        .map(|d| {
+            finding(
+                d.at,
+                Severity::Error,
+                ConfigError {
+                    path: d.path.clone(),
+                    message: format!(
+                        "duplicate key {:?} (first at {}:{}): JSON keeps only the last one",
+                        d.key, d.first.line, d.first.column
+                    ),
+                },
+            )
+        })
+        .collect();
+    let parsed = match diagnose_team_limits(&doc, "") {
+        Ok((limits, warnings)) => {
+            findings.extend(warnings.into_iter().map(|w| {
+                let at = map.locate(&w.path, false);
+                finding(at, Severity::Warning, w)
+            }));
+            Some((doc, limits))
+        }
+        Err(diagnostics) => {
+            findings.extend(diagnostics.into_iter().map(|d| {
+                let at = map.locate(&d.error.path, d.anchor == Anchor::Key);
+                finding(at, Severity::Error, d.error)
+            }));
+            None
+        }
+    };
+    let ok = findings.iter().all(|f| f.severity == Severity::Warning);
+    TeamFile {
+        findings,
+        parsed: parsed.filter(|_| ok),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        check_team_file("limits.json", text)
+            .findings
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn errors_carry_file_line_and_column() {
+        let text = r#"{
+  "x-tenant-id": {
+    "default": { "persecond": 5, "perminute": 20, "perhour": 30 },
+    "group_1": { "persecond": 50, "perminute": -5, "perhour": 100,
+                 "header_value": ["tenant-b"], "perweek": 1 }
+  }
+}"#;
+        assert_eq!(
+            lines(text),
+            vec![
+                "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
+                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, header_value",
+            ]
+        );
+    }
+
+    #[test]
+    fn syntax_errors_and_duplicate_keys() {
+        assert_eq!(
+            lines("{\n  \"x-t\": {\"default\": {\"perhour\": 1,}}\n}"),
+            vec!["limits.json:2:36: not valid JSON: trailing comma"]
+        );
+        assert_eq!(
+            lines("{\"x-t\": {\"default\": {\"perhour\": 1,\n \"perhour\": 2}}}"),
+            vec!["limits.json:2:2: x-t.default.perhour: duplicate key \"perhour\" (first at 1:22): JSON keeps only the last one"]
+        );
+    }
+
+    #[test]
+    fn warnings_do_not_fail_a_file() {
+        let f = check_team_file(
+            "l.json",
+            r#"{"x-t": {"default": {"persecond": 1, "perminute": 60}}}"#,
+        );
+        assert_eq!(f.errors(), 0);
+        assert!(f.parsed.is_some());
+        assert_eq!(
+            f.findings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            vec!["l.json:1:51: warning: x-t.default.perminute: can never bind: persecond 1 allows 60 per minute already"]
+        );
+    }
+}
