@@ -34,6 +34,10 @@ def _bad_missing_tenant(cfg):
     cfg["missing_tenant"] = "sometimes"
 
 
+def _local_unknown_group(cfg):
+    cfg["local"] = {"groups": {"gold": {"tokens_per_second": 10}}}
+
+
 # (mutation of a generated plugin-config.json, strings the Envoy log must contain)
 BAD_CONFIGS = {
     "unknown-key": (_unknown_key, ["invalid configuration", '"bogus"']),
@@ -42,6 +46,8 @@ BAD_CONFIGS = {
     "no-limits": (_no_limits, ["invalid configuration", "limits"]),
     "empty-limits": (_empty_limits, ["invalid configuration", "limits"]),
     "bad-missing-tenant": (_bad_missing_tenant, ["invalid configuration", "missing_tenant"]),
+    "local-unknown-group": (_local_unknown_group,
+                            ["invalid configuration", "local.groups.gold: no such group"]),
 }
 
 

@@ -136,6 +136,29 @@ def test_the_cache_lets_the_tenant_back_in_when_the_window_resets(stack):
     assert [r.status for r in again] == [200], harness.summary(again)
 
 
+def test_a_tenant_that_loses_its_slot_is_asked_about_again_never_admitted(stack):
+    # One slot for every tenant: each newcomer with something to keep (here
+    # its bucket, from the per-second limit) takes it over.
+    rule = {"persecond": 100, "perminute": 2}
+    fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
+                        local={"slots": 1})
+    a, b = unique("a"), unique("b")
+    ensure_window_room(60, 20)
+
+    first = run_sequential(fleet.urls, 4, tenant=a)
+    assert [r.status for r in first] == [200, 200, 429, 429], harness.summary(first)
+    c = fleet.counters()
+    assert (c["over_limit"], c["cached_over_limit"]) == (1, 1), c
+
+    # b takes the slot: a's cached refusal is gone, so a's next request is
+    # asked about again, and the service still refuses it.
+    assert [r.status for r in run_sequential(fleet.urls, 1, tenant=b)] == [200]
+    again = run_sequential(fleet.urls, 2, tenant=a)
+    assert [r.status for r in again] == [429, 429], harness.summary(again)
+    c = fleet.counters()
+    assert (c["over_limit"], c["cached_over_limit"]) == (2, 2), c
+
+
 def test_off_means_every_request_is_asked(stack):
     rule = {"persecond": 2, "perhour": 100_000}
     fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
