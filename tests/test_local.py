@@ -136,9 +136,10 @@ def test_the_cache_lets_the_tenant_back_in_when_the_window_resets(stack):
     assert [r.status for r in again] == [200], harness.summary(again)
 
 
-def test_a_tenant_that_loses_its_slot_is_asked_about_again_never_admitted(stack):
-    # One slot for every tenant: each newcomer with something to keep (here
-    # its bucket, from the per-second limit) takes it over.
+def test_a_tenant_whose_slot_is_in_use_is_asked_about_and_the_holder_keeps_it(stack):
+    # One slot for every tenant. A tenant whose cached refusal has not ended
+    # keeps the slot: a newcomer on it has no local state, so each of its
+    # requests is asked about, and the holder stays refused from the cache.
     rule = {"persecond": 100, "perminute": 2}
     fleet = stack.fleet({"x-tenant-id": {"default": rule}}, envoys=1, timeout_ms=COUNTING,
                         local={"slots": 1})
@@ -150,13 +151,17 @@ def test_a_tenant_that_loses_its_slot_is_asked_about_again_never_admitted(stack)
     c = fleet.counters()
     assert (c["over_limit"], c["cached_over_limit"]) == (1, 1), c
 
-    # b takes the slot: a's cached refusal is gone, so a's next request is
-    # asked about again, and the service still refuses it.
-    assert [r.status for r in run_sequential(fleet.urls, 1, tenant=b)] == [200]
+    newcomer = run_sequential(fleet.urls, 3, tenant=b)
+    assert [r.status for r in newcomer] == [200, 200, 429], harness.summary(newcomer)
+    c = fleet.counters()
+    # b's two admissions and its refusal all came from the service; its
+    # refusal is not remembered, since a's still holds the slot.
+    assert (c["slot_contended"], c["allowed"], c["over_limit"]) == (3, 4, 2), c
+
     again = run_sequential(fleet.urls, 2, tenant=a)
     assert [r.status for r in again] == [429, 429], harness.summary(again)
     c = fleet.counters()
-    assert (c["over_limit"], c["cached_over_limit"]) == (2, 2), c
+    assert (c["over_limit"], c["cached_over_limit"]) == (2, 3), c
 
 
 def test_off_means_every_request_is_asked(stack):

@@ -48,9 +48,10 @@ enum Counter {
     CachedOverLimit,
     CasRetriesExhausted,
     LocalError,
+    SlotContended,
 }
 
-const COUNTERS: [(Counter, &str); 10] = [
+const COUNTERS: [(Counter, &str); 11] = [
     (Counter::Allowed, "tenant_ratelimit.allowed"),
     (Counter::OverLimit, "tenant_ratelimit.over_limit"),
     (
@@ -73,6 +74,7 @@ const COUNTERS: [(Counter, &str); 10] = [
         "tenant_ratelimit.cas_retries_exhausted",
     ),
     (Counter::LocalError, "tenant_ratelimit.local_error"),
+    (Counter::SlotContended, "tenant_ratelimit.slot_contended"),
 ];
 
 #[derive(Default)]
@@ -368,6 +370,7 @@ impl HttpContext for Http {
                         admit(stored, at, now, bucket, mode)
                     }) {
                         Ok(LocalVerdict::Proceed) => {}
+                        Ok(LocalVerdict::Contended) => shared.metrics.inc(Counter::SlotContended),
                         Ok(LocalVerdict::BucketEmpty(headers)) => {
                             shared.metrics.inc(Counter::LocalOverLimit);
                             return self.over_limit_reply(&headers);

@@ -136,7 +136,46 @@ impl Slot {
             _ => Slot::empty(fingerprint),
         }
     }
+
+    /// Whether a refusal is cached that has not ended at `now_ms`.
+    fn refusing(&self, now_ms: u64) -> bool {
+        self.over_limit
+            .as_ref()
+            .is_some_and(|o| now_ms < o.until_ms)
+    }
+
+    /// Whether the slot's state still matters at `now_ms`: a cached refusal
+    /// that has not ended, or a bucket that took a token less than
+    /// `SLOT_HOLD_MS` ago.
+    fn in_use(&self, now_ms: u64) -> bool {
+        self.refusing(now_ms)
+            || self
+                .bucket
+                .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
+    }
+
+    /// The slot's state for `fingerprint`, for a request: `None` when
+    /// another tenant holds the slot and still uses it (see `SLOT_HOLD_MS`).
+    pub fn claim(stored: Option<&[u8]>, fingerprint: u64, now_ms: u64) -> Option<Slot> {
+        match stored.and_then(Slot::decode) {
+            Some(s) if s.fingerprint == fingerprint => Some(s),
+            Some(s) if s.fingerprint != 0 && s.in_use(now_ms) => None,
+            _ => Some(Slot::empty(fingerprint)),
+        }
+    }
 }
+
+/// Two tenants whose fingerprints map to the same slot must not take it from
+/// each other on every request: each takeover starts the newcomer with a
+/// full bucket, so two busy tenants taking turns would each be shed by
+/// neither bucket. A slot stays with its tenant while that tenant's cached
+/// refusal lasts and for this long after its bucket last took a token (a
+/// tenant being shed takes one at least every second: rates are at least 1
+/// per second). Meanwhile a colliding tenant has no local state and every
+/// request of it is asked about (`slot_contended`). A refusal to remember is
+/// worth more than a bucket: it takes the slot unless the holder's own
+/// refusal is still cached.
+pub const SLOT_HOLD_MS: u64 = 2_000;
 
 const VERSION: u8 = 1;
 const HAS_BUCKET: u8 = 1;
@@ -278,6 +317,9 @@ pub enum LocalVerdict {
     /// The service refused this tenant and its window has not ended: 429
     /// with these headers, no call.
     CachedOverLimit(Vec<(&'static str, String)>),
+    /// The tenant's slot is in use by another tenant: ask the service,
+    /// with no local state for this tenant.
+    Contended,
 }
 
 /// Decides a request from the stored slot; returns what to write back, if
@@ -289,7 +331,9 @@ pub fn admit(
     bucket: Option<BucketParams>,
     mode: HeaderMode,
 ) -> (LocalVerdict, Option<Slot>) {
-    let mut slot = Slot::for_tenant(stored, at.fingerprint);
+    let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms) else {
+        return (LocalVerdict::Contended, None);
+    };
     let unchanged = slot.clone();
     if let Some(o) = &slot.over_limit {
         if now_ms < o.until_ms {
@@ -365,7 +409,10 @@ pub fn remember_over_limit(
     if until_ms <= asked_at_ms {
         return None;
     }
-    let mut slot = Slot::for_tenant(stored, at.fingerprint);
+    let mut slot = match stored.and_then(Slot::decode) {
+        Some(s) if s.fingerprint != at.fingerprint && s.refusing(asked_at_ms) => return None,
+        _ => Slot::for_tenant(stored, at.fingerprint),
+    };
     slot.over_limit = Some(OverLimit {
         until_ms,
         statuses: snapshots,
@@ -650,6 +697,83 @@ mod tests {
         };
         let mine = Slot::for_tenant(Some(&theirs.encode()), 2);
         assert_eq!(mine, Slot::empty(2));
+    }
+
+    const OTHER: SlotRef = SlotRef {
+        index: 0,
+        fingerprint: 7,
+    };
+
+    #[test]
+    fn a_slot_stays_with_a_tenant_that_uses_it_and_passes_on_when_it_goes_quiet() {
+        let p = params(100, 100);
+        let mode = HeaderMode::Off;
+        // AT takes a token at 10 s.
+        let (_, write) = admit(None, AT, 10_000, Some(p), mode);
+        let held = write.unwrap().encode();
+        // Another tenant on the same slot, while AT's bucket was used less
+        // than SLOT_HOLD_MS ago: asked about, nothing written, AT keeps it.
+        let last = 10_000 + SLOT_HOLD_MS - 1;
+        assert_eq!(
+            admit(Some(&held), OTHER, last, Some(p), mode),
+            (LocalVerdict::Contended, None)
+        );
+        // AT's clock read out of order (before its own write): still held.
+        assert_eq!(
+            admit(Some(&held), OTHER, 9_990, Some(p), mode),
+            (LocalVerdict::Contended, None)
+        );
+        // Once AT has been quiet that long, the other tenant takes the slot
+        // with a full bucket of its own.
+        let (v, write) = admit(Some(&held), OTHER, last + 1, Some(p), mode);
+        assert_eq!(v, LocalVerdict::Proceed);
+        let taken = write.unwrap();
+        assert_eq!(taken.fingerprint, OTHER.fingerprint);
+        assert_eq!(taken.bucket.unwrap().milli_tokens, 99_000);
+    }
+
+    #[test]
+    fn two_busy_tenants_on_one_slot_do_not_reset_each_others_bucket() {
+        // Before the hold, alternating tenants took the slot from each other
+        // and each started with a full bucket every time: neither was shed.
+        let p = params(1, 5);
+        let mode = HeaderMode::Off;
+        let mut stored: Option<Vec<u8>> = None;
+        let (mut refused, mut contended) = (0, 0);
+        for i in 0..100u64 {
+            let who = if i % 2 == 0 { AT } else { OTHER };
+            let (v, write) = admit(stored.as_deref(), who, 1_000 + i, Some(p), mode);
+            match v {
+                LocalVerdict::BucketEmpty(_) => refused += 1,
+                LocalVerdict::Contended => contended += 1,
+                _ => {}
+            }
+            if let Some(s) = write {
+                stored = Some(s.encode());
+            }
+        }
+        // AT came first and keeps the slot: 5 tokens, then refusals; OTHER
+        // is asked about every time.
+        assert_eq!((refused, contended), (45, 50));
+    }
+
+    #[test]
+    fn a_refusal_to_remember_takes_a_slot_unless_one_is_already_cached() {
+        let statuses = [status(Code::OverLimit, RateLimitUnit::Minute, 5, 0, 30)];
+        // A bucket in use gives way to a refusal (it saves more calls).
+        let (_, write) = admit(None, AT, 1_000, Some(params(5, 5)), HeaderMode::Off);
+        let bucket_held = write.unwrap().encode();
+        let slot = remember_over_limit(Some(&bucket_held), OTHER, 1_000, &statuses).unwrap();
+        assert_eq!(slot.fingerprint, OTHER.fingerprint);
+        // A cached refusal that has not ended stays.
+        let refusal_held = slot.encode();
+        assert_eq!(
+            remember_over_limit(Some(&refusal_held), AT, 2_000, &statuses),
+            None
+        );
+        // After it ends, the next refusal takes the slot.
+        let later = remember_over_limit(Some(&refusal_held), AT, 31_000, &statuses).unwrap();
+        assert_eq!(later.fingerprint, AT.fingerprint);
     }
 
     #[test]
