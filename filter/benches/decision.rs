@@ -8,9 +8,11 @@
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
+    use std::alloc::{GlobalAlloc, Layout, System};
     use std::cell::RefCell;
     use std::collections::HashSet;
     use std::hint::black_box;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
     use criterion::Criterion;
     use ratelimit_config::parse_plugin_config;
@@ -26,6 +28,50 @@ mod native {
     const SLOTS: u32 = 4_096;
     /// 2023-11-14T22:13:20Z, a whole second.
     const EPOCH_MS: u64 = 1_700_000_000_000;
+
+    /// Counts allocations while `COUNTING` is on (never while timing), to
+    /// report how many one request makes.
+    struct CountingAlloc;
+
+    static COUNTING: AtomicBool = AtomicBool::new(false);
+    static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+    // SAFETY: every call is passed on to the system allocator unchanged.
+    unsafe impl GlobalAlloc for CountingAlloc {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            if COUNTING.load(Relaxed) {
+                ALLOCATIONS.fetch_add(1, Relaxed);
+            }
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.alloc(layout) }
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.dealloc(ptr, layout) }
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            if COUNTING.load(Relaxed) {
+                ALLOCATIONS.fetch_add(1, Relaxed);
+            }
+            // SAFETY: the caller's contract, passed on.
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    #[global_allocator]
+    static GLOBAL: CountingAlloc = CountingAlloc;
+
+    /// Allocations (and reallocations) made by `f`, once.
+    fn allocations<T>(f: impl FnOnce() -> T) -> usize {
+        ALLOCATIONS.store(0, Relaxed);
+        COUNTING.store(true, Relaxed);
+        let out = f();
+        COUNTING.store(false, Relaxed);
+        drop(black_box(out));
+        ALLOCATIONS.load(Relaxed)
+    }
 
     /// The proxy-wasm shared data of one VM id: every slot created zeroed
     /// up front (as the glue's `create_slots` does), a CAS token per slot.
@@ -227,6 +273,9 @@ mod native {
             let store = MemStore::new(SLOTS);
             expect_all(&cfg, &store, &tenants, EPOCH_MS, "call");
             let (mut i, mut now) = (0usize, EPOCH_MS);
+            let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
+            let n = allocations(|| decide(&cfg, &store, t, EPOCH_MS + 1_000));
+            println!("decision/allowed: {n} allocations a request");
             group.bench_function("allowed", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
@@ -246,6 +295,9 @@ mod native {
             let now = EPOCH_MS + 10_250;
             expect_all(&cfg, &store, &tenants, now, "cached_over_limit");
             let mut i = 0usize;
+            let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
+            let n = allocations(|| decide(&cfg, &store, t, now));
+            println!("decision/cached_over_limit: {n} allocations a request");
             group.bench_function("cached_over_limit", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
@@ -266,6 +318,9 @@ mod native {
             let now = EPOCH_MS + 500;
             expect_all(&cfg, &store, &tenants, now, "bucket_empty");
             let mut i = 0usize;
+            let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
+            let n = allocations(|| decide(&cfg, &store, t, now));
+            println!("decision/bucket_empty: {n} allocations a request");
             group.bench_function("bucket_empty", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
