@@ -18,8 +18,8 @@ mod native {
     use ratelimit_config::parse_plugin_config;
     use tenant_ratelimit::decision::{encode_request, first_step, Compiled, Step, RETRY_AFTER};
     use tenant_ratelimit::local::{
-        admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, StoreError,
-        CAS_ATTEMPTS, SLOT_BYTES,
+        admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, SlotKey,
+        StoreError, CAS_ATTEMPTS, SLOT_BYTES,
     };
     use tenant_ratelimit::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 
@@ -88,13 +88,13 @@ mod native {
     }
 
     /// The key the glue's `HostSlots` names a slot by, on every host call.
-    fn host_key(index: u32) -> String {
-        format!("trl.{index}")
+    fn host_key(index: u32) -> SlotKey {
+        SlotKey::new(index)
     }
 
     impl SharedStore for MemStore {
         fn get(&self, index: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-            black_box(host_key(index));
+            black_box(host_key(index).as_str());
             let slots = self.slots.borrow();
             Ok(match slots.get(index as usize) {
                 Some((value, cas)) => (Some(value.clone()), Some(*cas)),
@@ -103,7 +103,7 @@ mod native {
         }
 
         fn set(&self, index: u32, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-            black_box(host_key(index));
+            black_box(host_key(index).as_str());
             let mut slots = self.slots.borrow_mut();
             let Some((stored, token)) = slots.get_mut(index as usize) else {
                 return Err(StoreError::Host("NotFound".into()));
@@ -353,7 +353,7 @@ mod native {
             group.bench_function("slot_key", |b| {
                 b.iter(|| {
                     index = (index + 1) % SLOTS;
-                    host_key(black_box(index))
+                    host_key(black_box(index)).as_str().len()
                 })
             });
         }

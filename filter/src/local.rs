@@ -268,6 +268,53 @@ pub fn slot_for(group: &str, tenant: &str, slots: u32) -> SlotRef {
     }
 }
 
+/// The shared-data key of a slot, `trl.<index>`, formatted on the stack:
+/// it is named twice per request (read, then write).
+#[derive(Clone, Copy)]
+pub struct SlotKey {
+    buf: [u8; SlotKey::CAPACITY],
+    len: usize,
+}
+
+impl SlotKey {
+    const PREFIX: &'static [u8] = b"trl.";
+    /// The prefix and the ten digits of `u32::MAX`.
+    const CAPACITY: usize = 14;
+
+    pub fn new(index: u32) -> SlotKey {
+        let mut digits = [0u8; 10];
+        let mut n = index;
+        let mut count = 0;
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+            count += 1;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut buf = [0u8; SlotKey::CAPACITY];
+        let prefix = SlotKey::PREFIX.len();
+        put(&mut buf, 0, SlotKey::PREFIX);
+        put(
+            &mut buf,
+            prefix,
+            digits.get(digits.len() - count..).unwrap_or_default(),
+        );
+        SlotKey {
+            buf,
+            len: prefix + count,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(..self.len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// What the local layer decided for a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LocalVerdict {
@@ -650,6 +697,13 @@ mod tests {
         };
         let mine = Slot::for_tenant(Some(&theirs.encode()), 2);
         assert_eq!(mine, Slot::empty(2));
+    }
+
+    #[test]
+    fn slot_keys_are_the_prefix_and_the_index() {
+        for i in [0, 7, 10, 99, 4_095, 1_048_575, u32::MAX] {
+            assert_eq!(SlotKey::new(i).as_str(), format!("trl.{i}"));
+        }
     }
 
     #[test]
