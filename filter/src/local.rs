@@ -165,7 +165,12 @@ impl Slot {
     /// The fixed-size encoding: version, flags, fingerprint, bucket,
     /// over-limit deadline and up to four descriptor statuses.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; SLOT_BYTES];
+        self.encode_fixed().to_vec()
+    }
+
+    /// `encode`, on the stack (what a write of the slot sends).
+    pub fn encode_fixed(&self) -> [u8; SLOT_BYTES] {
+        let mut b = [0u8; SLOT_BYTES];
         let mut flags = 0;
         put(&mut b, 2, &self.fingerprint.to_le_bytes());
         if let Some(t) = self.bucket {
@@ -337,7 +342,7 @@ pub fn admit(
     mode: HeaderMode,
 ) -> (LocalVerdict, Option<Slot>) {
     let mut slot = Slot::for_tenant(stored, at.fingerprint);
-    let unchanged = slot.clone();
+    let mut expired = false;
     if let Some(o) = &slot.over_limit {
         if now_ms < o.until_ms {
             return (
@@ -346,6 +351,7 @@ pub fn admit(
             );
         }
         slot.over_limit = None;
+        expired = true;
     }
     if let Some(p) = bucket {
         let current = slot.bucket.unwrap_or_else(|| TokenBucket::full(p, now_ms));
@@ -360,7 +366,7 @@ pub fn admit(
         }
     }
     // Without a bucket, a tenant with nothing cached needs no write.
-    let write = (slot != unchanged || slot.bucket.is_some()).then_some(slot);
+    let write = (expired || slot.bucket.is_some()).then_some(slot);
     (LocalVerdict::Proceed, write)
 }
 
@@ -513,7 +519,7 @@ where
         let Some(slot) = write else {
             return Ok(result);
         };
-        match store.set(index, &slot.encode(), cas) {
+        match store.set(index, &slot.encode_fixed(), cas) {
             Ok(()) => return Ok(result),
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Host(e)) => return Err(UpdateError::Host(e)),
