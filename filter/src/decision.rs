@@ -8,8 +8,8 @@ use prost::Message;
 use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
 use crate::proto::{
-    grpc_upstream, Code, DescriptorStatus, Entry, RateLimitDescriptor, RateLimitRequest,
-    RateLimitResponse, RateLimitUnit,
+    encode_rate_limit_request, grpc_upstream, Code, DescriptorStatus, RateLimitResponse,
+    RateLimitUnit,
 };
 
 /// The configuration compiled once per VM in `on_configure`.
@@ -66,23 +66,9 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
 /// unit its group limits.
 pub fn encode_request(c: &Compiled, l: &Limited<'_>) -> Vec<u8> {
-    let descriptors = descriptors(l.group, &c.config.descriptor_key, &l.tenant)
-        .map(|(_, entries)| RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).to_string(),
-                    value: (*v).to_string(),
-                })
-                .collect(),
-        })
-        .collect();
-    let request = RateLimitRequest {
-        domain: c.config.domain.clone(),
-        descriptors,
-        hits_addend: 0,
-    };
-    request.encode_to_vec()
+    encode_rate_limit_request(&c.config.domain, || {
+        descriptors(l.group, &c.config.descriptor_key, &l.tenant).map(|(_, entries)| entries)
+    })
 }
 
 /// Why the service's answer could not be used.
@@ -190,7 +176,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Duration, RateLimit};
+    use crate::proto::{Duration, RateLimit, RateLimitRequest};
     use ratelimit_config::parse_plugin_config;
 
     fn compiled(extra: &str) -> Compiled {
