@@ -433,11 +433,16 @@ pub fn remember_over_limit(
 pub fn cached_headers(o: &OverLimit, now_ms: u64, mode: HeaderMode) -> Vec<(&'static str, String)> {
     let mut headers = match mode {
         HeaderMode::DraftVersion03 => {
-            let now_statuses: Vec<DescriptorStatus> =
-                o.statuses.iter().map(|s| status_at(s, now_ms)).collect();
-            draft03_headers(&now_statuses)
+            // A slot holds at most MAX_STATUSES; built on the stack.
+            let mut now_statuses: [DescriptorStatus; MAX_STATUSES] = Default::default();
+            let mut n = 0;
+            for (to, s) in now_statuses.iter_mut().zip(&o.statuses) {
+                *to = status_at(s, now_ms);
+                n += 1;
+            }
+            draft03_headers(now_statuses.get(..n).unwrap_or_default())
         }
-        HeaderMode::Off => Vec::new(),
+        HeaderMode::Off => Vec::with_capacity(1),
     };
     let retry_ms = o.until_ms.saturating_sub(now_ms);
     headers.push((RETRY_AFTER, retry_ms.div_ceil(1_000).max(1).to_string()));
