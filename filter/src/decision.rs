@@ -3,13 +3,14 @@
 //! rate-limit service's answer.
 
 use std::borrow::Cow;
+use std::fmt::Write;
 
 use prost::Message;
 use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
 use crate::proto::{
-    grpc_upstream, Code, DescriptorStatus, Entry, RateLimitDescriptor, RateLimitRequest,
-    RateLimitResponse, RateLimitUnit,
+    encode_rate_limit_request, grpc_upstream, Code, DescriptorStatus, RateLimitResponse,
+    RateLimitUnit,
 };
 
 /// The configuration compiled once per VM in `on_configure`.
@@ -66,23 +67,9 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
 /// unit its group limits.
 pub fn encode_request(c: &Compiled, l: &Limited<'_>) -> Vec<u8> {
-    let descriptors = descriptors(l.group, &c.config.descriptor_key, &l.tenant)
-        .map(|(_, entries)| RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).to_string(),
-                    value: (*v).to_string(),
-                })
-                .collect(),
-        })
-        .collect();
-    let request = RateLimitRequest {
-        domain: c.config.domain.clone(),
-        descriptors,
-        hits_addend: 0,
-    };
-    request.encode_to_vec()
+    encode_rate_limit_request(&c.config.domain, || {
+        descriptors(l.group, &c.config.descriptor_key, &l.tenant).map(|(_, entries)| entries)
+    })
 }
 
 /// Why the service's answer could not be used.
@@ -120,37 +107,37 @@ pub const RETRY_AFTER: &str = "retry-after";
 /// the limit, remaining and reset; every descriptor with a known window adds
 /// `<limit>;w=<seconds>` to the limit header.
 pub fn draft03_headers(statuses: &[DescriptorStatus]) -> Vec<(&'static str, String)> {
-    let mut tightest: Option<&DescriptorStatus> = None;
-    let mut policies = String::new();
+    let mut tightest: Option<(&DescriptorStatus, u32)> = None;
     for s in statuses {
         let Some(limit) = &s.current_limit else {
             continue;
         };
-        if tightest.is_none_or(|t| s.limit_remaining < t.limit_remaining) {
-            tightest = Some(s);
+        if tightest.is_none_or(|(t, _)| s.limit_remaining < t.limit_remaining) {
+            tightest = Some((s, limit.requests_per_unit));
         }
+    }
+    let Some((t, limit)) = tightest else {
+        return Vec::new();
+    };
+    // Written into one string (a write to a String cannot fail).
+    let mut limits = String::with_capacity(64);
+    let _ = write!(limits, "{limit}");
+    for limit in statuses.iter().filter_map(|s| s.current_limit.as_ref()) {
         let unit = RateLimitUnit::try_from(limit.unit).unwrap_or(RateLimitUnit::Unknown);
         let window = unit.window_seconds();
         if window > 0 {
-            policies.push_str(&format!(", {};w={}", limit.requests_per_unit, window));
+            let _ = write!(limits, ", {};w={}", limit.requests_per_unit, window);
             if !limit.name.is_empty() {
-                policies.push_str(&format!(";name=\"{}\"", limit.name));
+                let _ = write!(limits, ";name=\"{}\"", limit.name);
             }
         }
     }
-    let Some(t) = tightest else {
-        return Vec::new();
-    };
-    let limit = t
-        .current_limit
-        .as_ref()
-        .map(|l| l.requests_per_unit)
-        .unwrap_or(0);
-    vec![
-        (X_RATELIMIT_LIMIT, format!("{limit}{policies}")),
-        (X_RATELIMIT_REMAINING, t.limit_remaining.to_string()),
-        (X_RATELIMIT_RESET, t.reset_seconds().to_string()),
-    ]
+    // Room for the Retry-After of a refusal.
+    let mut headers = Vec::with_capacity(4);
+    headers.push((X_RATELIMIT_LIMIT, limits));
+    headers.push((X_RATELIMIT_REMAINING, t.limit_remaining.to_string()));
+    headers.push((X_RATELIMIT_RESET, t.reset_seconds().to_string()));
+    headers
 }
 
 /// Seconds a refused client should wait: until every window it is over has
@@ -190,7 +177,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Duration, RateLimit};
+    use crate::proto::{Duration, RateLimit, RateLimitRequest};
     use ratelimit_config::parse_plugin_config;
 
     fn compiled(extra: &str) -> Compiled {

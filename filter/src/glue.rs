@@ -14,8 +14,8 @@ use ratelimit_config::parse_plugin_config;
 
 use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
 use crate::local::{
-    admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, SlotRef, StoreError,
-    UpdateError, CAS_ATTEMPTS, SLOT_BYTES,
+    admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, SlotKey, SlotRef,
+    StoreError, UpdateError, CAS_ATTEMPTS, SLOT_BYTES,
 };
 use crate::proto::{METHOD, SERVICE};
 
@@ -119,17 +119,14 @@ fn now_ms() -> u64 {
 /// need no allocation of their own in Envoy.
 struct HostSlots;
 
-fn slot_key(index: u32) -> String {
-    format!("trl.{index}")
-}
-
 impl SharedStore for HostSlots {
     fn get(&self, index: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        hostcalls::get_shared_data(&slot_key(index)).map_err(|e| StoreError::Host(format!("{e:?}")))
+        hostcalls::get_shared_data(SlotKey::new(index).as_str())
+            .map_err(|e| StoreError::Host(format!("{e:?}")))
     }
 
     fn set(&self, index: u32, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        match hostcalls::set_shared_data(&slot_key(index), Some(value), cas) {
+        match hostcalls::set_shared_data(SlotKey::new(index).as_str(), Some(value), cas) {
             Ok(()) => Ok(()),
             Err(proxy_wasm::types::Status::CasMismatch) => Err(StoreError::CasMismatch),
             Err(e) => Err(StoreError::Host(format!("{e:?}"))),
@@ -144,11 +141,11 @@ fn create_slots(slots: u32) {
     let zeroed = [0u8; SLOT_BYTES];
     let mut failed = 0u32;
     for index in 0..slots {
-        let key = slot_key(index);
-        match hostcalls::get_shared_data(&key) {
+        let key = SlotKey::new(index);
+        match hostcalls::get_shared_data(key.as_str()) {
             Ok((Some(_), _)) => {}
             _ => {
-                if hostcalls::set_shared_data(&key, Some(&zeroed), None).is_err() {
+                if hostcalls::set_shared_data(key.as_str(), Some(&zeroed), None).is_err() {
                     failed += 1;
                 }
             }

@@ -204,7 +204,12 @@ impl Slot {
     /// The fixed-size encoding: version, flags, fingerprint, bucket,
     /// over-limit deadline and up to four descriptor statuses.
     pub fn encode(&self) -> Vec<u8> {
-        let mut b = vec![0u8; SLOT_BYTES];
+        self.encode_fixed().to_vec()
+    }
+
+    /// `encode`, on the stack (what a write of the slot sends).
+    pub fn encode_fixed(&self) -> [u8; SLOT_BYTES] {
+        let mut b = [0u8; SLOT_BYTES];
         let mut flags = 0;
         put(&mut b, 2, &self.fingerprint.to_le_bytes());
         if let Some(t) = self.bucket {
@@ -307,6 +312,53 @@ pub fn slot_for(group: &str, tenant: &str, slots: u32) -> SlotRef {
     }
 }
 
+/// The shared-data key of a slot, `trl.<index>`, formatted on the stack:
+/// it is named twice per request (read, then write).
+#[derive(Clone, Copy)]
+pub struct SlotKey {
+    buf: [u8; SlotKey::CAPACITY],
+    len: usize,
+}
+
+impl SlotKey {
+    const PREFIX: &'static [u8] = b"trl.";
+    /// The prefix and the ten digits of `u32::MAX`.
+    const CAPACITY: usize = 14;
+
+    pub fn new(index: u32) -> SlotKey {
+        let mut digits = [0u8; 10];
+        let mut n = index;
+        let mut count = 0;
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+            count += 1;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut buf = [0u8; SlotKey::CAPACITY];
+        let prefix = SlotKey::PREFIX.len();
+        put(&mut buf, 0, SlotKey::PREFIX);
+        put(
+            &mut buf,
+            prefix,
+            digits.get(digits.len() - count..).unwrap_or_default(),
+        );
+        SlotKey {
+            buf,
+            len: prefix + count,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(..self.len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// What the local layer decided for a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LocalVerdict {
@@ -334,7 +386,7 @@ pub fn admit(
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms) else {
         return (LocalVerdict::Contended, None);
     };
-    let unchanged = slot.clone();
+    let mut expired = false;
     if let Some(o) = &slot.over_limit {
         if now_ms < o.until_ms {
             return (
@@ -343,6 +395,7 @@ pub fn admit(
             );
         }
         slot.over_limit = None;
+        expired = true;
     }
     if let Some(p) = bucket {
         let current = slot.bucket.unwrap_or_else(|| TokenBucket::full(p, now_ms));
@@ -357,7 +410,7 @@ pub fn admit(
         }
     }
     // Without a bucket, a tenant with nothing cached needs no write.
-    let write = (slot != unchanged || slot.bucket.is_some()).then_some(slot);
+    let write = (expired || slot.bucket.is_some()).then_some(slot);
     (LocalVerdict::Proceed, write)
 }
 
@@ -427,11 +480,16 @@ pub fn remember_over_limit(
 pub fn cached_headers(o: &OverLimit, now_ms: u64, mode: HeaderMode) -> Vec<(&'static str, String)> {
     let mut headers = match mode {
         HeaderMode::DraftVersion03 => {
-            let now_statuses: Vec<DescriptorStatus> =
-                o.statuses.iter().map(|s| status_at(s, now_ms)).collect();
-            draft03_headers(&now_statuses)
+            // A slot holds at most MAX_STATUSES; built on the stack.
+            let mut now_statuses: [DescriptorStatus; MAX_STATUSES] = Default::default();
+            let mut n = 0;
+            for (to, s) in now_statuses.iter_mut().zip(&o.statuses) {
+                *to = status_at(s, now_ms);
+                n += 1;
+            }
+            draft03_headers(now_statuses.get(..n).unwrap_or_default())
         }
-        HeaderMode::Off => Vec::new(),
+        HeaderMode::Off => Vec::with_capacity(1),
     };
     let retry_ms = o.until_ms.saturating_sub(now_ms);
     headers.push((RETRY_AFTER, retry_ms.div_ceil(1_000).max(1).to_string()));
@@ -513,7 +571,7 @@ where
         let Some(slot) = write else {
             return Ok(result);
         };
-        match store.set(index, &slot.encode(), cas) {
+        match store.set(index, &slot.encode_fixed(), cas) {
             Ok(()) => return Ok(result),
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Host(e)) => return Err(UpdateError::Host(e)),
@@ -774,6 +832,13 @@ mod tests {
         // After it ends, the next refusal takes the slot.
         let later = remember_over_limit(Some(&refusal_held), AT, 31_000, &statuses).unwrap();
         assert_eq!(later.fingerprint, AT.fingerprint);
+    }
+
+    #[test]
+    fn slot_keys_are_the_prefix_and_the_index() {
+        for i in [0, 7, 10, 99, 4_095, 1_048_575, u32::MAX] {
+            assert_eq!(SlotKey::new(i).as_str(), format!("trl.{i}"));
+        }
     }
 
     #[test]
