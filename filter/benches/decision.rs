@@ -142,7 +142,7 @@ mod native {
             match update(store, at.index, CAS_ATTEMPTS, |stored| {
                 admit(stored, at, now_ms, bucket, mode)
             }) {
-                Ok(LocalVerdict::Proceed) | Err(_) => {}
+                Ok(LocalVerdict::Proceed | LocalVerdict::Contended) | Err(_) => {}
                 Ok(LocalVerdict::BucketEmpty(h)) => return Outcome::Refuse("bucket_empty", h),
                 Ok(LocalVerdict::CachedOverLimit(h)) => {
                     return Outcome::Refuse("cached_over_limit", h)
