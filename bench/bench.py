@@ -55,6 +55,8 @@ EXTRA_CONFIGS = {
     "wasm_noop": "the wasm filter, configured for a header no request carries",
     # This filter without its local layer: every request goes to the service.
     "filter_no_local": "this filter with local.enabled false",
+    # Another build of this filter (--alt-wasm), e.g. before a change.
+    "filter_alt": "this filter, built from --alt-wasm",
 }
 TIMEOUT_MS = 1000  # both filters: the native template's `timeout: 1s`
 RLS_CACHE_BYTES = 64 * 1024 * 1024
@@ -273,6 +275,8 @@ def main() -> int:
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated, in the order they take turns: "
                          + ", ".join((*CONFIGS, *EXTRA_CONFIGS)))
+    ap.add_argument("--alt-wasm", type=Path,
+                    help="the .wasm of the filter_alt configuration")
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
                     help="comma-separated subset of: " + ", ".join(s.name for s in SCENARIOS))
     ap.add_argument("--out", type=Path, default=REPO / "bench-results",
@@ -289,6 +293,8 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
     if unknown or not configs:
         ap.error(f"unknown configuration(s) {unknown}")
+    if "filter_alt" in configs and (args.alt_wasm is None or not args.alt_wasm.is_file()):
+        ap.error("filter_alt needs --alt-wasm FILE")
     if not chosen:
         ap.error(f"no scenario among {args.scenarios!r}")
     if shutil.which("wrk") is None:
@@ -334,6 +340,9 @@ def main() -> int:
             elif cfg == "filter_no_local":
                 no_local = dict(plugin_cfg, local=dict(plugin_cfg["local"], enabled=False))
                 text = h.render_envoy_config(no_local, node_id=cfg, **ports)
+            elif cfg == "filter_alt":
+                text = h.render_envoy_config(plugin_cfg, node_id=cfg,
+                                             wasm_path=args.alt_wasm.resolve(), **ports)
             else:
                 text = h.render_envoy_config(plugin_cfg, node_id="filter", **ports)
             parts[cfg] = start(cfg, text, listen, admin)

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
-                 "wasm_noop": "wasm, no-op", "filter_no_local": "this filter, no local layer"}
+                 "wasm_noop": "wasm, no-op", "filter_no_local": "this filter, no local layer",
+                 "filter_alt": "this filter, --alt-wasm build"}
 
 
 def summarise(results: dict) -> dict[str, dict[str, dict]]:
@@ -53,11 +54,22 @@ def status_mix(s: dict) -> str:
     return ", ".join(parts) or "none"
 
 
-def ratios(per_cfg: dict) -> tuple[float | None, float | None]:
-    f, n = per_cfg.get("filter"), per_cfg.get("native")
-    if not f or not n or not n["rps_median"] or not n["p99_median"]:
-        return None, None
-    return f["rps_median"] / n["rps_median"], f["p99_median"] / n["p99_median"]
+def paired_ratios(results: dict, scenario: str, a: str = "filter",
+                  b: str = "native") -> tuple[float, float, float, float] | None:
+    """Median and range of `a`/`b` throughput and p99 over repetitions, each
+    repetition's runs taken together: they ran one after the other, so a
+    machine that is slower for a while slows both."""
+    by_rep: dict[int, dict[str, dict]] = {}
+    for run in results["runs"]:
+        if run["scenario"] == scenario and run["config"] in (a, b):
+            by_rep.setdefault(run["rep"], {})[run["config"]] = run
+    pairs = [(r[a], r[b]) for r in by_rep.values() if a in r and b in r]
+    pairs = [(x, y) for x, y in pairs if y["rps"] and y["latency_ms"]["p99"]]
+    if not pairs:
+        return None
+    rps = [x["rps"] / y["rps"] for x, y in pairs]
+    p99 = [x["latency_ms"]["p99"] / y["latency_ms"]["p99"] for x, y in pairs]
+    return statistics.median(rps), min(rps), statistics.median(p99), max(p99)
 
 
 def markdown(results: dict) -> str:
@@ -84,11 +96,13 @@ def markdown(results: dict) -> str:
                 f"| {name} | {CONFIG_LABELS[cfg]} | {s['rps_median']:,.0f} "
                 f"| {s['p50_median']:.2f} | {s['p99_median']:.2f} | {status_mix(s)} "
                 f"| {s['calls_per_request']:.4f} |")
-    lines += ["", "| Scenario | this filter / native: throughput | p99 |", "|---|---:|---:|"]
-    for name, per_cfg in summary.items():
-        rps, p99 = ratios(per_cfg)
-        if rps is not None:
-            lines.append(f"| {name} | {rps:.2f}x | {p99:.2f}x |")
+    lines += ["", "This filter / Envoy native, per repetition (the two runs of a repetition ran "
+              "one after the other), median (worst):", "",
+              "| Scenario | throughput | p99 latency |", "|---|---:|---:|"]
+    for name in summary:
+        r = paired_ratios(results, name)
+        if r is not None:
+            lines.append(f"| {name} | {r[0]:.2f}x ({r[1]:.2f}x) | {r[2]:.2f}x ({r[3]:.2f}x) |")
     return "\n".join(lines) + "\n"
 
 
@@ -102,7 +116,8 @@ def chart(results: dict, path: Path) -> None:
     configs = [c for c in results.get("configs", CONFIG_LABELS)
                if any(c in summary[s] for s in scenarios)]
     colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",
-              "wasm_noop": "#2ca02c", "filter_no_local": "#d62728"}
+              "wasm_noop": "#2ca02c", "filter_no_local": "#d62728",
+              "filter_alt": "#9467bd"}
     width = 0.8 / max(len(configs), 1)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     for ax, key, runs_key, label in (

@@ -169,6 +169,10 @@ struct Root {
     shared: Option<Rc<Shared>>,
 }
 
+// The built .wasm exports only the callbacks implemented in this file
+// (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
+// skips a callback that is not exported. Implementing another one here
+// means adding its export there, or Envoy never calls it.
 impl Context for Root {}
 
 impl RootContext for Root {
