@@ -153,7 +153,7 @@ test: deps build lint unit validate integration
 # ---------------------------------------------------------------- bench
 # The load benchmark (bench/bench.py: results, table and chart under
 # bench-results/<time>/, bench-results/latest), then the pure core's
-# micro-benchmark. BENCH_ARGS passes options, e.g. BENCH_ARGS="--reps 5".
+# micro-benchmark. BENCH_ARGS passes options, e.g. BENCH_ARGS="--reps 3".
 bench: deps build bench-core
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
