@@ -129,7 +129,9 @@ impl Slot {
 
     /// The slot's state for `fingerprint`: what is stored when it is that
     /// tenant's, a fresh state when the slot is empty, unreadable or held by
-    /// another tenant (which is then taken over).
+    /// another tenant, regardless of whether that tenant still uses it
+    /// (requests go through `claim`, refusals through `remember_over_limit`).
+    #[cfg(test)]
     pub fn for_tenant(stored: Option<&[u8]>, fingerprint: u64) -> Slot {
         match stored.and_then(Slot::decode) {
             Some(s) if s.fingerprint == fingerprint => s,
@@ -463,8 +465,9 @@ pub fn remember_over_limit(
         return None;
     }
     let mut slot = match stored.and_then(Slot::decode) {
-        Some(s) if s.fingerprint != at.fingerprint && s.refusing(asked_at_ms) => return None,
-        _ => Slot::for_tenant(stored, at.fingerprint),
+        Some(s) if s.fingerprint == at.fingerprint => s,
+        Some(s) if s.refusing(asked_at_ms) => return None,
+        _ => Slot::empty(at.fingerprint),
     };
     slot.over_limit = Some(OverLimit {
         until_ms,
