@@ -1,33 +1,33 @@
-//! Micro-benchmark of one request's decision in the pure core, natively:
-//! what `on_http_request_headers` does between reading the tenant header and
-//! the host calls that carry the decision out (dispatching the gRPC call, or
-//! sending the 429). Shared data is an in-memory store with Envoy's CAS
-//! semantics; time is passed in, from a fake clock.
+//! Micro-benchmark of one request's decision, natively: the real request
+//! flow (`flow::Stream::on_request_headers`) over the in-memory host
+//! (`testing::MemHost`, counting what the flow does instead of keeping it):
+//! the tenant header, the clock, the slot in shared data with Envoy's CAS
+//! semantics, then the gRPC call dispatched or the 429 sent.
 //!
 //!     cargo bench -p tenant-ratelimit --bench decision
 
 #[cfg(not(target_arch = "wasm32"))]
 mod native {
     use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::RefCell;
     use std::collections::HashSet;
     use std::hint::black_box;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
     use criterion::Criterion;
     use ratelimit_config::parse_plugin_config;
-    use tenant_ratelimit::decision::{encode_request, first_step, Compiled, Step, RETRY_AFTER};
-    use tenant_ratelimit::local::{
-        admit, remember_over_limit, slot_for, update, LocalVerdict, SharedStore, SlotKey,
-        StoreError, CAS_ATTEMPTS, SLOT_BYTES,
-    };
+    use tenant_ratelimit::counters::Counter;
+    use tenant_ratelimit::decision::{first_step, Compiled, Step};
+    use tenant_ratelimit::flow::{Next, Stream};
+    use tenant_ratelimit::local::{remember_over_limit, slot_for, update, SlotKey, CAS_ATTEMPTS};
     use tenant_ratelimit::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
+    use tenant_ratelimit::testing::MemHost;
 
     const TENANTS: usize = 1_000;
     const GOLD_TENANTS: usize = 100;
     const SLOTS: u32 = 4_096;
     /// 2023-11-14T22:13:20Z, a whole second.
     const EPOCH_MS: u64 = 1_700_000_000_000;
+    const HEADER: &str = "x-tenant-id";
 
     /// Counts allocations while `COUNTING` is on (never while timing), to
     /// report how many one request makes.
@@ -73,83 +73,38 @@ mod native {
         ALLOCATIONS.load(Relaxed)
     }
 
-    /// The proxy-wasm shared data of one VM id: every slot created zeroed
-    /// up front (as the glue's `create_slots` does), a CAS token per slot.
-    struct MemStore {
-        slots: RefCell<Vec<(Vec<u8>, u32)>>,
-    }
-
-    impl MemStore {
-        fn new(slots: u32) -> MemStore {
-            MemStore {
-                slots: RefCell::new(vec![(vec![0; SLOT_BYTES], 1); slots as usize]),
-            }
-        }
-    }
-
-    /// The key the glue's `HostSlots` names a slot by, on every host call.
-    fn host_key(index: u32) -> SlotKey {
-        SlotKey::new(index)
-    }
-
-    impl SharedStore for MemStore {
-        fn get(&self, index: u32) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-            black_box(host_key(index).as_str());
-            let slots = self.slots.borrow();
-            Ok(match slots.get(index as usize) {
-                Some((value, cas)) => (Some(value.clone()), Some(*cas)),
-                None => (None, None),
-            })
-        }
-
-        fn set(&self, index: u32, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-            black_box(host_key(index).as_str());
-            let mut slots = self.slots.borrow_mut();
-            let Some((stored, token)) = slots.get_mut(index as usize) else {
-                return Err(StoreError::Host("NotFound".into()));
-            };
-            if cas.is_some_and(|c| c != *token) {
-                return Err(StoreError::CasMismatch);
-            }
-            stored.clear();
-            stored.extend_from_slice(value);
-            *token = token.wrapping_add(1);
-            Ok(())
-        }
-    }
-
-    /// What the glue does after deciding.
+    /// What the flow did with one request.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum Outcome {
         /// Not limited.
         Pass,
-        /// Ask the service with this `RateLimitRequest`.
-        Call(Vec<u8>),
-        /// Answer 429 with these headers.
-        Refuse(&'static str, Vec<(&'static str, String)>),
+        /// Asked the service.
+        Call,
+        /// Answered 429 (from the bucket or the cache).
+        Refuse,
     }
 
-    /// One request, as `on_http_request_headers` decides it.
-    fn decide(c: &Compiled, store: &MemStore, tenant: &[u8], now_ms: u64) -> Outcome {
-        let limited = match first_step(c, Some(tenant)) {
-            Step::Limit(l) => l,
-            Step::Pass | Step::DenyMissingTenant => return Outcome::Pass,
-        };
-        let local = &c.config.local;
-        if local.enabled {
-            let at = slot_for(&limited.group.name, &limited.tenant, local.slots);
-            let bucket = local.bucket_for(limited.group);
-            let mode = c.config.headers;
-            match update(store, at.index, CAS_ATTEMPTS, |stored| {
-                admit(stored, at, now_ms, bucket, mode)
-            }) {
-                Ok(LocalVerdict::Proceed | LocalVerdict::Contended) | Err(_) => {}
-                Ok(LocalVerdict::BucketEmpty(h)) => return Outcome::Refuse("bucket_empty", h),
-                Ok(LocalVerdict::CachedOverLimit(h)) => {
-                    return Outcome::Refuse("cached_over_limit", h)
-                }
-            }
+    /// One request through the real flow, up to its first answer: the
+    /// tenant header, then `on_request_headers` with a fresh stream, as
+    /// Envoy creates one per request.
+    fn decide(c: &Compiled, host: &MemHost, tenant: &[u8], now_ms: u64) -> Next {
+        host.set_request_header(HEADER, tenant);
+        host.set_now_ms(now_ms);
+        let mut stream = Stream::default();
+        stream.on_request_headers(c, host)
+    }
+
+    /// What the last `decide` did, from what the host saw.
+    fn outcome(host: &MemHost, next: Next, calls: u64, replies: u64) -> Outcome {
+        match (
+            next,
+            host.call_count() - calls,
+            host.reply_count() - replies,
+        ) {
+            (Next::Pause, 1, 0) => Outcome::Call,
+            (Next::Pause, 0, 1) => Outcome::Refuse,
+            _ => Outcome::Pass,
         }
-        Outcome::Call(encode_request(c, &limited))
     }
 
     /// 1,000 tenants, 100 of them in the named group, each in a slot of its
@@ -202,18 +157,19 @@ mod native {
 
     /// Every tenant's decision at `now_ms` must be `expected`, before the
     /// case is timed.
-    fn expect_all(c: &Compiled, store: &MemStore, tenants: &[String], now_ms: u64, expected: &str) {
+    fn expect_all(
+        c: &Compiled,
+        host: &MemHost,
+        tenants: &[String],
+        now_ms: u64,
+        expected: Outcome,
+    ) {
         for t in tenants {
-            let got = match decide(c, store, t.as_bytes(), now_ms) {
-                Outcome::Pass => "pass",
-                Outcome::Call(message) if !message.is_empty() => "call",
-                Outcome::Refuse(why, headers) if headers.iter().any(|(k, _)| *k == RETRY_AFTER) => {
-                    why
-                }
-                _ => "a malformed outcome",
-            };
+            let (calls, replies) = (host.call_count(), host.reply_count());
+            let next = decide(c, host, t.as_bytes(), now_ms);
+            let got = outcome(host, next, calls, replies);
             if got != expected {
-                fail(&format!("{t}: expected {expected}, got {got}"));
+                fail(&format!("{t}: expected {expected:?}, got {got:?}"));
             }
         }
     }
@@ -242,7 +198,7 @@ mod native {
 
     /// The service refused every tenant: under its per-second limit, over
     /// its longer one for the next 1,800 s.
-    fn remember_all_over_limit(c: &Compiled, store: &MemStore, tenants: &[String], asked_at: u64) {
+    fn remember_all_over_limit(c: &Compiled, store: &MemHost, tenants: &[String], asked_at: u64) {
         for t in tenants {
             let Step::Limit(l) = first_step(c, Some(t.as_bytes())) else {
                 fail(&format!("{t} is not limited"));
@@ -261,6 +217,21 @@ mod native {
         }
     }
 
+    /// Every tenant's refusal was counted as `c`.
+    fn expect_counted(host: &MemHost, c: Counter) {
+        if host.counter(c) != TENANTS as u64 {
+            fail(&format!("{c:?} counted {} times", host.counter(c)));
+        }
+    }
+
+    /// The shared data of one VM id, every slot created zeroed up front
+    /// (as the glue does).
+    fn new_host() -> MemHost {
+        let host = MemHost::counting();
+        host.create_slots(SLOTS);
+        host
+    }
+
     pub fn benches(c: &mut Criterion) {
         let (tenants, gold) = tenants();
         let mut group = c.benchmark_group("decision");
@@ -270,8 +241,8 @@ mod native {
         // its bucket (1,000/s or more) refilled.
         {
             let cfg = compiled(&gold, "");
-            let store = MemStore::new(SLOTS);
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, "call");
+            let store = new_host();
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
             let (mut i, mut now) = (0usize, EPOCH_MS);
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
             let n = allocations(|| decide(&cfg, &store, t, EPOCH_MS + 1_000));
@@ -290,10 +261,11 @@ mod native {
         // stand now.
         {
             let cfg = compiled(&gold, "");
-            let store = MemStore::new(SLOTS);
+            let store = new_host();
             remember_all_over_limit(&cfg, &store, &tenants, EPOCH_MS);
             let now = EPOCH_MS + 10_250;
-            expect_all(&cfg, &store, &tenants, now, "cached_over_limit");
+            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_counted(&store, Counter::CachedOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
             let n = allocations(|| decide(&cfg, &store, t, now));
@@ -313,10 +285,11 @@ mod native {
             let one = r#", "groups": {"default": {"tokens_per_second": 1, "burst": 1},
                                        "gold": {"tokens_per_second": 1, "burst": 1}}"#;
             let cfg = compiled(&gold, one);
-            let store = MemStore::new(SLOTS);
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, "call");
+            let store = new_host();
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
             let now = EPOCH_MS + 500;
-            expect_all(&cfg, &store, &tenants, now, "bucket_empty");
+            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_counted(&store, Counter::LocalOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
             let n = allocations(|| decide(&cfg, &store, t, now));
@@ -353,7 +326,7 @@ mod native {
             group.bench_function("slot_key", |b| {
                 b.iter(|| {
                     index = (index + 1) % SLOTS;
-                    host_key(black_box(index)).as_str().len()
+                    SlotKey::new(black_box(index)).as_str().len()
                 })
             });
         }

@@ -1,6 +1,6 @@
-//! What the filter does with a request, decided without proxy-wasm: from the
-//! compiled configuration and the request's tenant header, then from the
-//! rate-limit service's answer.
+//! The two decisions the request flow (`flow`) takes from data alone: the
+//! first step, from the compiled configuration and the tenant header; the
+//! verdict, from the rate-limit service's answer (with its headers).
 
 use std::borrow::Cow;
 use std::fmt::Write;
@@ -30,10 +30,14 @@ impl Compiled {
 /// The first step for a request, from its tenant header.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step<'a> {
-    /// Not limited: pass it on.
-    Pass,
-    /// No tenant header and `missing_tenant: deny`.
+    /// No tenant header (or an empty one) and `missing_tenant: allow`:
+    /// pass it on.
+    AllowMissingTenant,
+    /// No tenant header (or an empty one) and `missing_tenant: deny`.
     DenyMissingTenant,
+    /// A tenant that no group limits (there is no `default` group): pass it
+    /// on.
+    NotLimited,
     /// Limited: through the local layer, then the rate-limit service.
     Limit(Limited<'a>),
 }
@@ -53,14 +57,14 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
         Some(t) if !t.is_empty() => String::from_utf8_lossy(t),
         _ => {
             return match c.config.missing_tenant {
-                MissingTenant::Allow => Step::Pass,
+                MissingTenant::Allow => Step::AllowMissingTenant,
                 MissingTenant::Deny => Step::DenyMissingTenant,
             }
         }
     };
     match c.config.limits.group_for(&tenant) {
         Some(group) => Step::Limit(Limited { group, tenant }),
-        None => Step::Pass,
+        None => Step::NotLimited,
     }
 }
 
@@ -179,6 +183,8 @@ mod tests {
     use super::*;
     use crate::proto::{Duration, RateLimit, RateLimitRequest};
     use ratelimit_config::parse_plugin_config;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn compiled(extra: &str) -> Compiled {
         let text = format!(
@@ -240,10 +246,23 @@ mod tests {
 
     #[test]
     fn missing_or_empty_tenant_follows_the_policy() {
-        assert_eq!(first_step(&compiled(""), None), Step::Pass);
-        assert_eq!(first_step(&compiled(""), Some(b"")), Step::Pass);
+        assert_eq!(first_step(&compiled(""), None), Step::AllowMissingTenant);
+        assert_eq!(
+            first_step(&compiled(""), Some(b"")),
+            Step::AllowMissingTenant
+        );
         let deny = compiled(r#", "missing_tenant": "deny""#);
         assert_eq!(first_step(&deny, None), Step::DenyMissingTenant);
+    }
+
+    #[test]
+    fn a_tenant_no_group_limits_is_not_limited() {
+        let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "c"},
+            "limits": {"x-tenant-id": {"gold": {"perminute": 70, "header_value": ["tenant-b"]}}}}"#;
+        let c = Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0);
+        assert_eq!(first_step(&c, Some(b"tenant-a")), Step::NotLimited);
+        assert!(matches!(first_step(&c, Some(b"tenant-b")), Step::Limit(_)));
+        assert_eq!(first_step(&c, None), Step::AllowMissingTenant);
     }
 
     #[test]
@@ -385,8 +404,8 @@ mod tests {
             let c = compiled("");
             match first_step(&c, Some(&tenant)) {
                 Step::Limit(l) => { RateLimitRequest::decode(&encode_request(&c, &l)[..]).unwrap(); }
-                Step::Pass => proptest::prop_assert!(tenant.is_empty()),
-                Step::DenyMissingTenant => proptest::prop_assert!(false),
+                Step::AllowMissingTenant => proptest::prop_assert!(tenant.is_empty()),
+                Step::NotLimited | Step::DenyMissingTenant => proptest::prop_assert!(false),
             }
         }
     }

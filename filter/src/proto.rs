@@ -240,6 +240,8 @@ impl DescriptorStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn request_encodes_byte_for_byte() {

@@ -1,0 +1,93 @@
+//! The filter's counters, as Envoy stats (`wasmcustom.tenant_ratelimit.*`).
+//!
+//! One table gives each counter its variant, its position and its stat name:
+//! `counters!` writes the enum and the name array from the same list, so a
+//! counter cannot be shown under another one's name, whatever the order.
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
+        /// A counter the request flow increments.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl Counter {
+            /// Every counter, in table order (`ALL[c.index()] == c`).
+            pub const ALL: &'static [Counter] = &[$(Counter::$variant,)+];
+
+            /// The stat name Envoy shows, after `wasmcustom.`.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Counter::$variant => $name,)+
+                }
+            }
+
+            /// The counter's position in the table (its id in the glue's
+            /// array of metric ids).
+            pub const fn index(self) -> usize {
+                self as usize
+            }
+        }
+    };
+}
+
+counters! {
+    /// Admitted by the rate-limit service.
+    Allowed => "tenant_ratelimit.allowed",
+    /// Refused by the rate-limit service.
+    OverLimit => "tenant_ratelimit.over_limit",
+    /// The limiter failed and the request was let through.
+    FailureModeAllowed => "tenant_ratelimit.failure_mode_allowed",
+    /// The limiter failed and the request was refused (`failure_mode_deny`).
+    FailureModeDenied => "tenant_ratelimit.failure_mode_denied",
+    /// The call failed, timed out, or its answer was unusable.
+    RlsError => "tenant_ratelimit.rls_error",
+    /// No tenant header (or an empty one), allowed or denied by the policy.
+    MissingTenant => "tenant_ratelimit.missing_tenant",
+    /// Refused by the token bucket, no call.
+    LocalOverLimit => "tenant_ratelimit.local_over_limit",
+    /// Refused from the over-limit cache, no call.
+    CachedOverLimit => "tenant_ratelimit.cached_over_limit",
+    /// Local layer skipped: every CAS attempt lost its race.
+    CasRetriesExhausted => "tenant_ratelimit.cas_retries_exhausted",
+    /// Local layer skipped: shared data failed.
+    LocalError => "tenant_ratelimit.local_error",
+    /// Local layer skipped: another tenant uses the slot.
+    SlotContended => "tenant_ratelimit.slot_contended",
+}
+
+/// How many counters there are.
+pub const COUNTERS: usize = Counter::ALL.len();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn names_are_unique_and_ids_match_positions() {
+        let mut names: Vec<&str> = Counter::ALL.iter().map(|c| c.name()).collect();
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), COUNTERS);
+    }
+
+    #[test]
+    fn names_are_what_dashboards_read() {
+        // The README lists these; renaming one breaks every dashboard.
+        assert_eq!(Counter::Allowed.name(), "tenant_ratelimit.allowed");
+        assert_eq!(
+            Counter::SlotContended.name(),
+            "tenant_ratelimit.slot_contended"
+        );
+        assert!(Counter::ALL
+            .iter()
+            .all(|c| c.name().starts_with("tenant_ratelimit.")));
+        assert_eq!(COUNTERS, 11);
+    }
+}

@@ -1,0 +1,465 @@
+//! The whole flow against the in-memory host, one path each.
+
+use prost::Message;
+use ratelimit_config::parse_plugin_config;
+
+use super::{Next, Stream};
+use crate::counters::Counter;
+use crate::decision::Compiled;
+use crate::local::{slot_for, Slot, SlotKey};
+use crate::proto::{
+    Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse,
+    RateLimitUnit, METHOD, SERVICE,
+};
+use crate::testing::{HostCall, MemHost};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const HEADER: &str = "x-tenant-id";
+/// 2023-11-14T22:13:20.250Z.
+const NOW: u64 = 1_700_000_000_250;
+
+/// The seed's groups (tenant-b is gold), plus `extra` top-level keys.
+fn config(extra: &str) -> Compiled {
+    config_with_limits(
+        r#"{"x-tenant-id": {
+            "default": {"persecond": 5, "perminute": 20, "perhour": 30},
+            "gold": {"persecond": 50, "perhour": 100, "header_value": ["tenant-b"]}}}"#,
+        extra,
+    )
+}
+
+fn config_with_limits(limits: &str, extra: &str) -> Compiled {
+    let text = format!(
+        r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
+            "limits": {limits}{extra}}}"#
+    );
+    match parse_plugin_config(text.as_bytes()) {
+        Ok((config, _)) => Compiled::new(config),
+        Err(e) => panic!("test configuration: {e:?}"),
+    }
+}
+
+fn host(c: &Compiled) -> MemHost {
+    let h = MemHost::new();
+    h.create_slots(c.config.local.slots);
+    h.set_now_ms(NOW);
+    h
+}
+
+/// A request of `tenant` (None: without the header) up to its first answer.
+fn request(c: &Compiled, h: &MemHost, tenant: Option<&str>) -> (Stream, Next) {
+    match tenant {
+        Some(t) => h.set_request_header(HEADER, t.as_bytes()),
+        None => h.remove_request_header(HEADER),
+    }
+    let mut s = Stream::default();
+    let next = s.on_request_headers(c, h);
+    (s, next)
+}
+
+fn status(
+    code: Code,
+    limit: u32,
+    unit: RateLimitUnit,
+    remaining: u32,
+    reset_s: i64,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: limit,
+            unit: unit as i32,
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(Duration {
+            seconds: reset_s,
+            nanos: 0,
+        }),
+    }
+}
+
+/// The service's answer reaches the stream.
+fn answer(c: &Compiled, h: &MemHost, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
+    let body = RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+    }
+    .encode_to_vec();
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    s.on_rls_answer(c, h, 0, size);
+}
+
+fn ok_answer() -> Vec<DescriptorStatus> {
+    vec![
+        status(Code::Ok, 5, RateLimitUnit::Second, 4, 1),
+        status(Code::Ok, 20, RateLimitUnit::Minute, 3, 40),
+        status(Code::Ok, 30, RateLimitUnit::Hour, 9, 1_000),
+    ]
+}
+
+fn over_limit_answer() -> Vec<DescriptorStatus> {
+    vec![
+        status(Code::Ok, 5, RateLimitUnit::Second, 4, 1),
+        status(Code::OverLimit, 20, RateLimitUnit::Minute, 0, 40),
+        status(Code::Ok, 30, RateLimitUnit::Hour, 9, 1_000),
+    ]
+}
+
+fn counted(h: &MemHost) -> Vec<(&'static str, u64)> {
+    h.counted()
+}
+
+fn n(c: Counter, times: u64) -> (&'static str, u64) {
+    (c.name(), times)
+}
+
+#[test]
+fn a_missing_tenant_is_allowed_and_counted() {
+    let c = config("");
+    let h = host(&c);
+    let (_, next) = request(&c, &h, None);
+    assert_eq!(next, Next::Continue);
+    // An empty header is no tenant either.
+    let (_, next) = request(&c, &h, Some(""));
+    assert_eq!(next, Next::Continue);
+    assert_eq!(counted(&h), vec![n(Counter::MissingTenant, 2)]);
+    assert_eq!((h.call_count(), h.reply_count()), (0, 0));
+}
+
+#[test]
+fn a_missing_tenant_is_denied_with_the_deny_policy() {
+    let c = config(r#", "missing_tenant": "deny""#);
+    let h = host(&c);
+    let (_, next) = request(&c, &h, None);
+    assert_eq!(next, Next::Pause);
+    let replies = h.replies();
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].status, 429);
+    assert_eq!(replies[0].body, "missing tenant header\n");
+    assert_eq!(counted(&h), vec![n(Counter::MissingTenant, 1)]);
+    assert_eq!(h.call_count(), 0);
+}
+
+#[test]
+fn a_tenant_no_group_limits_passes_uncounted() {
+    let c = config_with_limits(
+        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
+        "",
+    );
+    let h = host(&c);
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    // Not a missing tenant: nothing is counted, nothing asked.
+    assert_eq!(counted(&h), vec![]);
+    assert_eq!((h.call_count(), h.reply_count()), (0, 0));
+    assert!(h.added_headers().is_empty());
+}
+
+#[test]
+fn an_admitted_request_asks_once_and_carries_the_headers() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!(
+        (call.service.as_str(), call.method.as_str()),
+        (SERVICE, METHOD)
+    );
+    assert_eq!(call.upstream, c.upstream);
+    assert_eq!(call.timeout_ms, 25);
+    let asked = RateLimitRequest::decode(&call.message[..]).unwrap();
+    assert_eq!(asked.domain, "internal-api");
+    let units: Vec<&str> = asked
+        .descriptors
+        .iter()
+        .map(|d| d.entries[0].value.as_str())
+        .collect();
+    assert_eq!(units, ["per_second", "per_minute", "per_hour"]);
+    assert!(asked
+        .descriptors
+        .iter()
+        .all(|d| d.entries[1].key == "tenant" && d.entries[1].value == "tenant-a"));
+
+    answer(&c, &h, &mut s, Code::Ok, ok_answer());
+    assert_eq!(h.resumed(), 1);
+    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    assert_eq!(
+        h.added_headers(),
+        vec![
+            (
+                "x-ratelimit-limit".into(),
+                "20, 5;w=1, 20;w=60, 30;w=3600".into()
+            ),
+            ("x-ratelimit-remaining".into(), "3".into()),
+            ("x-ratelimit-reset".into(), "40".into()),
+        ]
+    );
+    assert_eq!(counted(&h), vec![n(Counter::Allowed, 1)]);
+    assert_eq!(h.reply_count(), 0);
+}
+
+#[test]
+fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    // Not resumed: the 429 went out instead.
+    assert_eq!(h.resumed(), 0);
+    let replies = h.replies();
+    assert_eq!(replies.len(), 1);
+    let r = &replies[0];
+    assert_eq!(r.status, 429);
+    assert_eq!(r.body, "rate limit exceeded\n");
+    assert_eq!(r.header("retry-after"), Some("40"));
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(counted(&h), vec![n(Counter::OverLimit, 1)]);
+    // Its own headers are on the reply, none is added to it again.
+    s.on_response_headers(&h);
+    assert!(h.added_headers().is_empty());
+    // The tenant's slot remembers the refusal until the minute's window
+    // ends: asked at 20.25 s past a whole second, 40 s left.
+    let group = &c.config.limits.group_for("tenant-a").unwrap().name;
+    let at = slot_for(group, "tenant-a", c.config.local.slots);
+    let stored = h.shared_value(&SlotKey::new(at.index)).unwrap();
+    let slot = Slot::decode(&stored).unwrap();
+    assert_eq!(slot.fingerprint, at.fingerprint);
+    assert_eq!(slot.over_limit.unwrap().until_ms, NOW - 250 + 40_000);
+}
+
+#[test]
+fn a_cached_refusal_answers_without_a_call_until_the_window_ends() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    h.set_now_ms(NOW + 10_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.call_count(), 1);
+    let replies = h.replies();
+    assert_eq!(replies.len(), 2);
+    assert_eq!(replies[1].status, 429);
+    assert_eq!(replies[1].header("retry-after"), Some("30"));
+    assert_eq!(replies[1].header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::OverLimit, 1), n(Counter::CachedOverLimit, 1)]
+    );
+    // Another tenant is still asked about.
+    let (_, next) = request(&c, &h, Some("tenant-c"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 2));
+    // When the window has ended, the tenant is asked about again.
+    h.set_now_ms(NOW - 250 + 40_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 3));
+}
+
+#[test]
+fn an_empty_bucket_refuses_without_a_call() {
+    let c = config(r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 2}}}"#);
+    let h = host(&c);
+    for _ in 0..2 {
+        let (mut s, next) = request(&c, &h, Some("tenant-a"));
+        assert_eq!(next, Next::Pause);
+        answer(&c, &h, &mut s, Code::Ok, ok_answer());
+    }
+    h.set_now_ms(NOW + 100);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.call_count(), 2);
+    let r = &h.replies()[0];
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::Allowed, 2), n(Counter::LocalOverLimit, 1)]
+    );
+    // A token later, the tenant is asked about again.
+    h.set_now_ms(NOW + 1_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 3));
+}
+
+#[test]
+fn a_tenant_whose_slot_another_uses_is_asked_about_and_counted() {
+    // One slot for everyone: tenant-a takes a token and holds it.
+    let c = config(r#", "local": {"slots": 1}"#);
+    let h = host(&c);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    let (_, next) = request(&c, &h, Some("tenant-c"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.call_count(), 2);
+    assert_eq!(counted(&h), vec![n(Counter::SlotContended, 1)]);
+}
+
+#[test]
+fn a_failed_call_fails_open_by_default() {
+    let c = config("");
+    let h = host(&c);
+    // A timeout and a refused connection both arrive as UNAVAILABLE (14).
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    s.on_rls_answer(&c, &h, 14, 0);
+    assert_eq!(h.resumed(), 1);
+    assert_eq!(h.reply_count(), 0);
+    s.on_response_headers(&h);
+    assert!(h.added_headers().is_empty());
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
+    );
+}
+
+#[test]
+fn a_failed_call_fails_closed_with_failure_mode_deny() {
+    let c = config(r#", "failure_mode_deny": true, "status_on_error": 503"#);
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    s.on_rls_answer(&c, &h, 4, 0);
+    assert_eq!(h.resumed(), 0);
+    let r = &h.replies()[0];
+    assert_eq!(
+        (r.status, r.body.as_str()),
+        (503, "rate limiter unavailable\n")
+    );
+    assert!(r.headers.is_empty());
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::FailureModeDenied, 1), n(Counter::RlsError, 1)]
+    );
+}
+
+#[test]
+fn an_undecodable_answer_is_a_limiter_error() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    h.set_grpc_response(Some(vec![0x12, 0x05, 0x08]));
+    s.on_rls_answer(&c, &h, 0, 3);
+    assert_eq!(h.resumed(), 1);
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
+    );
+    // So is an answer whose body cannot be read.
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    h.fail(HostCall::GrpcResponse);
+    s.on_rls_answer(&c, &h, 0, 3);
+    assert_eq!(h.resumed(), 2);
+    assert_eq!(h.counter(Counter::RlsError), 2);
+}
+
+#[test]
+fn a_header_that_cannot_be_read_is_a_limiter_error() {
+    let c = config("");
+    let h = host(&c);
+    h.fail(HostCall::RequestHeader);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!(h.call_count(), 0);
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
+    );
+    // Failing closed, it is refused.
+    let c = config(r#", "failure_mode_deny": true"#);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.replies()[0].status, 500);
+}
+
+#[test]
+fn shared_data_failures_skip_the_local_layer() {
+    let c = config("");
+    for broken in [HostCall::GetShared, HostCall::SetShared] {
+        let h = host(&c);
+        h.fail(broken);
+        let (mut s, next) = request(&c, &h, Some("tenant-a"));
+        // The service still decides.
+        assert_eq!(next, Next::Pause, "{broken:?}");
+        assert_eq!(h.call_count(), 1);
+        assert_eq!(counted(&h), vec![n(Counter::LocalError, 1)]);
+        // Its refusal cannot be remembered: still a 429.
+        answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+        assert_eq!(h.replies()[0].status, 429);
+        assert_eq!(
+            counted(&h),
+            vec![n(Counter::OverLimit, 1), n(Counter::LocalError, 2)]
+        );
+    }
+}
+
+#[test]
+fn lost_cas_races_skip_the_local_layer() {
+    let c = config("");
+    let h = host(&c);
+    // Another worker writes between every read and write.
+    h.interfere(u32::MAX, |stored| {
+        stored.map(<[u8]>::to_vec).unwrap_or_default()
+    });
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.call_count(), 1);
+    assert_eq!(counted(&h), vec![n(Counter::CasRetriesExhausted, 1)]);
+}
+
+#[test]
+fn a_failed_dispatch_fails_open_or_closed() {
+    let c = config("");
+    let h = host(&c);
+    h.fail(HostCall::Dispatch);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!(
+        counted(&h),
+        vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
+    );
+    let c = config(r#", "failure_mode_deny": true"#);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.replies()[0].status, 500);
+    assert_eq!(h.counter(Counter::FailureModeDenied), 1);
+}
+
+#[test]
+fn a_local_reply_that_fails_lets_the_request_through() {
+    // Refused locally: nothing can be sent, so the request goes on rather
+    // than hang.
+    let c = config(r#", "missing_tenant": "deny""#);
+    let h = host(&c);
+    h.fail(HostCall::Reply);
+    let (_, next) = request(&c, &h, None);
+    assert_eq!(next, Next::Continue);
+    // Refused by the service: resumed.
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(h.resumed(), 1);
+    assert_eq!(h.reply_count(), 0);
+}
+
+#[test]
+fn without_the_local_layer_nothing_is_read_or_written() {
+    let c = config(r#", "local": {"enabled": false}"#);
+    let h = MemHost::new();
+    h.set_now_ms(NOW);
+    // Any shared-data call would fail: none is made.
+    h.fail(HostCall::GetShared);
+    h.fail(HostCall::SetShared);
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(counted(&h), vec![n(Counter::OverLimit, 1)]);
+    // The next request is asked about again.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 2));
+}

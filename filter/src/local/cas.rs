@@ -1,0 +1,162 @@
+//! The read-modify-write of a slot in shared data, under Envoy's CAS: every
+//! worker of an Envoy shares the slots, and a write is only taken when no
+//! other worker wrote in between.
+
+use crate::host::{SharedData, SharedDataError};
+use crate::local::slot::{Slot, SlotKey};
+
+/// How many times a read-modify-write of a slot is tried before the local
+/// layer gives up on that request (and lets it through to the service).
+pub const CAS_ATTEMPTS: u32 = 8;
+
+/// Why a read-modify-write of a slot did not complete.
+#[derive(Debug, PartialEq, Eq)]
+pub enum UpdateError {
+    /// Every attempt lost its CAS race.
+    CasRetriesExhausted,
+    /// The host failed to read or write the slot.
+    Host(String),
+}
+
+/// Reads slot `index`, computes, and writes the result back under the CAS
+/// token of the read, retrying up to `attempts` times when another worker
+/// wrote in between. `step` gets the stored bytes and returns its result and
+/// the slot to write, if any; a result with nothing to write needs no CAS.
+pub fn update<S, T, F>(store: &S, index: u32, attempts: u32, mut step: F) -> Result<T, UpdateError>
+where
+    S: SharedData + ?Sized,
+    F: FnMut(Option<&[u8]>) -> (T, Option<Slot>),
+{
+    let key = SlotKey::new(index);
+    for _ in 0..attempts {
+        let (stored, cas) = store.get_shared(key.as_str()).map_err(|e| match e {
+            SharedDataError::Host(e) => UpdateError::Host(e.0),
+            SharedDataError::CasMismatch => UpdateError::Host("CasMismatch on a read".into()),
+        })?;
+        let (result, write) = step(stored.as_deref());
+        let Some(slot) = write else {
+            return Ok(result);
+        };
+        match store.set_shared(key.as_str(), &slot.encode_fixed(), cas) {
+            Ok(()) => return Ok(result),
+            Err(SharedDataError::CasMismatch) => continue,
+            Err(SharedDataError::Host(e)) => return Err(UpdateError::Host(e.0)),
+        }
+    }
+    Err(UpdateError::CasRetriesExhausted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::slot::{SlotRef, SLOT_BYTES};
+    use crate::local::{admit, LocalVerdict};
+    use crate::testing::{HostCall, MemHost};
+    use proptest::prelude::*;
+    use ratelimit_config::{BucketParams, HeaderMode};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const AT: SlotRef = SlotRef {
+        index: 0,
+        fingerprint: 42,
+    };
+
+    const BIG: BucketParams = BucketParams {
+        tokens_per_second: 1,
+        burst: 100_000,
+    };
+
+    const FULL: u64 = 100_000_000;
+
+    /// Shared data with every slot created, and other workers that each
+    /// take a token between a read and a write, `times` times.
+    fn store(times: u32) -> MemHost {
+        let host = MemHost::new();
+        host.create_slots(1);
+        host.interfere(times, |stored| {
+            let (_, w) = admit(stored, AT, 1_000, Some(BIG), HeaderMode::Off);
+            w.map(|s| s.encode()).unwrap_or_default()
+        });
+        host
+    }
+
+    fn take_one(store: &MemHost) -> Result<LocalVerdict, UpdateError> {
+        update(store, AT.index, CAS_ATTEMPTS, |stored| {
+            admit(stored, AT, 1_000, Some(BIG), HeaderMode::Off)
+        })
+    }
+
+    fn tokens(store: &MemHost) -> u64 {
+        let stored = store.shared_value(&SlotKey::new(AT.index)).unwrap();
+        assert_eq!(stored.len(), SLOT_BYTES);
+        Slot::decode(&stored).unwrap().bucket.unwrap().milli_tokens
+    }
+
+    #[test]
+    fn a_lost_cas_race_is_retried_and_no_token_is_lost() {
+        let store = store(0);
+        assert_eq!(take_one(&store), Ok(LocalVerdict::Proceed));
+        assert_eq!(tokens(&store), FULL - 1_000);
+        // Three other workers write in between: three retries, and every
+        // token taken is accounted for (1 + 3 + 1).
+        store.set_interference(3);
+        assert_eq!(take_one(&store), Ok(LocalVerdict::Proceed));
+        assert_eq!(tokens(&store), FULL - 5_000);
+    }
+
+    #[test]
+    fn cas_retries_run_out() {
+        let store = store(CAS_ATTEMPTS);
+        assert_eq!(take_one(&store), Err(UpdateError::CasRetriesExhausted));
+        // The others' writes stand; ours was never applied.
+        assert_eq!(tokens(&store), FULL - u64::from(CAS_ATTEMPTS) * 1_000);
+        // One fewer interference and the last attempt succeeds.
+        store.set_interference(CAS_ATTEMPTS - 1);
+        assert_eq!(take_one(&store), Ok(LocalVerdict::Proceed));
+    }
+
+    proptest! {
+        /// Whatever the interleaving of interfering writers, every admitted
+        /// request took exactly one token.
+        #[test]
+        fn cas_updates_never_lose_or_double_count(interference in prop::collection::vec(0u32..10, 1..30)) {
+            let store = store(0);
+            let mut taken = 0u64;
+            for i in interference {
+                store.set_interference(i);
+                let r = take_one(&store);
+                taken += u64::from(i - store.interference_left());
+                match r {
+                    Ok(LocalVerdict::Proceed) => taken += 1,
+                    Err(UpdateError::CasRetriesExhausted) => {}
+                    other => prop_assert!(false, "unexpected {:?}", other),
+                }
+                store.set_interference(0);
+                prop_assert_eq!(tokens(&store), FULL - taken * 1_000);
+            }
+        }
+    }
+
+    #[test]
+    fn host_errors_end_the_update() {
+        let store = store(0);
+        store.fail(HostCall::SetShared);
+        assert_eq!(
+            take_one(&store),
+            Err(UpdateError::Host("set_shared failed".into()))
+        );
+        store.heal(HostCall::SetShared);
+        store.fail(HostCall::GetShared);
+        assert!(matches!(take_one(&store), Err(UpdateError::Host(_))));
+    }
+
+    #[test]
+    fn nothing_to_write_takes_no_cas() {
+        let store = store(CAS_ATTEMPTS);
+        // A step that writes nothing returns after one read, even while
+        // others keep writing.
+        assert_eq!(update(&store, AT.index, CAS_ATTEMPTS, |_| (7, None)), Ok(7));
+        assert_eq!(store.interference_left(), CAS_ATTEMPTS - 1);
+    }
+}

@@ -1,0 +1,402 @@
+//! One tenant's state in one shared-data slot: the fixed-size binary
+//! encoding, where a tenant lives (index and fingerprint), the slot's key,
+//! and who owns a slot (`Slot::claim`, the one place that decides it).
+
+use crate::local::bucket::TokenBucket;
+use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
+
+/// One tenant's state in one shared-data slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub fingerprint: u64,
+    pub bucket: Option<TokenBucket>,
+    pub over_limit: Option<OverLimit>,
+}
+
+/// Why a tenant claims a slot; the two give way to a holder differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// A request: takes a slot whose holder no longer uses it.
+    Request,
+    /// A refusal from the service, to remember: worth more than a bucket,
+    /// it takes a slot unless the holder's own refusal is still cached.
+    Refusal,
+}
+
+impl Slot {
+    pub fn empty(fingerprint: u64) -> Slot {
+        Slot {
+            fingerprint,
+            bucket: None,
+            over_limit: None,
+        }
+    }
+
+    /// Who owns the slot, decided here and nowhere else: the slot's state
+    /// for `fingerprint` at `now_ms`. What is stored when it is that
+    /// tenant's; a fresh state when the slot is empty, unreadable, or held
+    /// by a tenant that no longer needs it for this kind of claim; `None`
+    /// when the holder keeps it (see `SLOT_HOLD_MS`).
+    pub fn claim(stored: Option<&[u8]>, fingerprint: u64, now_ms: u64, why: Claim) -> Option<Slot> {
+        match stored.and_then(Slot::decode) {
+            Some(s) if s.fingerprint == fingerprint => Some(s),
+            Some(s) if s.fingerprint != 0 && s.held_against(why, now_ms) => None,
+            _ => Some(Slot::empty(fingerprint)),
+        }
+    }
+
+    fn held_against(&self, why: Claim, now_ms: u64) -> bool {
+        match why {
+            Claim::Request => self.in_use(now_ms),
+            Claim::Refusal => self.refusing(now_ms),
+        }
+    }
+
+    /// Whether a refusal is cached that has not ended at `now_ms`.
+    pub fn refusing(&self, now_ms: u64) -> bool {
+        self.over_limit
+            .as_ref()
+            .is_some_and(|o| now_ms < o.until_ms)
+    }
+
+    /// Whether the slot's state still matters at `now_ms`: a cached refusal
+    /// that has not ended, or a bucket that took a token less than
+    /// `SLOT_HOLD_MS` ago.
+    fn in_use(&self, now_ms: u64) -> bool {
+        self.refusing(now_ms)
+            || self
+                .bucket
+                .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
+    }
+}
+
+/// Two tenants whose fingerprints map to the same slot must not take it from
+/// each other on every request: each takeover starts the newcomer with a
+/// full bucket, so two busy tenants taking turns would each be shed by
+/// neither bucket. A slot stays with its tenant while that tenant's cached
+/// refusal lasts and for this long after its bucket last took a token (a
+/// tenant being shed takes one at least every second: rates are at least 1
+/// per second). Meanwhile a colliding tenant has no local state and every
+/// request of it is asked about (`slot_contended`). A refusal to remember is
+/// worth more than a bucket: it takes the slot unless the holder's own
+/// refusal is still cached.
+pub const SLOT_HOLD_MS: u64 = 2_000;
+
+const VERSION: u8 = 1;
+const HAS_BUCKET: u8 = 1;
+const HAS_OVER_LIMIT: u8 = 2;
+const HEADER_BYTES: usize = 36;
+const STATUS_BYTES: usize = 20;
+/// Every slot value has this size, so the shared data never grows after the
+/// slots are created.
+pub const SLOT_BYTES: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+
+fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+    if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
+        dst.copy_from_slice(bytes);
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
+}
+
+impl Slot {
+    /// The fixed-size encoding: version, flags, fingerprint, bucket,
+    /// over-limit deadline and up to four descriptor statuses.
+    pub fn encode(&self) -> Vec<u8> {
+        self.encode_fixed().to_vec()
+    }
+
+    /// `encode`, on the stack (what a write of the slot sends).
+    pub fn encode_fixed(&self) -> [u8; SLOT_BYTES] {
+        let mut b = [0u8; SLOT_BYTES];
+        let mut flags = 0;
+        put(&mut b, 2, &self.fingerprint.to_le_bytes());
+        if let Some(t) = self.bucket {
+            flags |= HAS_BUCKET;
+            put(&mut b, 10, &t.milli_tokens.to_le_bytes());
+            put(&mut b, 18, &t.updated_ms.to_le_bytes());
+        }
+        if let Some(o) = &self.over_limit {
+            flags |= HAS_OVER_LIMIT;
+            put(&mut b, 26, &o.until_ms.to_le_bytes());
+            let n = o.statuses.len().min(MAX_STATUSES);
+            put(&mut b, 34, &[n as u8]);
+            for (i, s) in o.statuses.iter().take(MAX_STATUSES).enumerate() {
+                let at = HEADER_BYTES + i * STATUS_BYTES;
+                put(&mut b, at, &s.requests_per_unit.to_le_bytes());
+                let unit = u8::try_from(s.unit).unwrap_or(0);
+                put(&mut b, at + 4, &[unit, u8::from(s.over_limit), 0, 0]);
+                put(&mut b, at + 8, &s.remaining.to_le_bytes());
+                put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
+            }
+        }
+        put(&mut b, 0, &[VERSION, flags]);
+        b
+    }
+
+    /// None for anything that is not a slot of this version (including the
+    /// zeroed value a slot is created with).
+    pub fn decode(b: &[u8]) -> Option<Slot> {
+        if b.len() != SLOT_BYTES || *b.first()? != VERSION {
+            return None;
+        }
+        let flags = *b.get(1)?;
+        let bucket = if flags & HAS_BUCKET != 0 {
+            Some(TokenBucket {
+                milli_tokens: u64_at(b, 10)?,
+                updated_ms: u64_at(b, 18)?,
+            })
+        } else {
+            None
+        };
+        let over_limit = if flags & HAS_OVER_LIMIT != 0 {
+            let n = usize::from(*b.get(34)?).min(MAX_STATUSES);
+            let mut statuses = Vec::with_capacity(n);
+            for i in 0..n {
+                let at = HEADER_BYTES + i * STATUS_BYTES;
+                statuses.push(StatusSnapshot {
+                    requests_per_unit: u32_at(b, at)?,
+                    unit: i32::from(*b.get(at + 4)?),
+                    over_limit: *b.get(at + 5)? != 0,
+                    remaining: u32_at(b, at + 8)?,
+                    reset_at_ms: u64_at(b, at + 12)?,
+                });
+            }
+            Some(OverLimit {
+                until_ms: u64_at(b, 26)?,
+                statuses,
+            })
+        } else {
+            None
+        };
+        Some(Slot {
+            fingerprint: u64_at(b, 2)?,
+            bucket,
+            over_limit,
+        })
+    }
+}
+
+/// Where a tenant lives: a slot index and the fingerprint that says the
+/// slot is that tenant's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotRef {
+    pub index: u32,
+    pub fingerprint: u64,
+}
+
+/// 64-bit FNV-1a with a final avalanche, over the group name and the tenant
+/// (a tenant that moves to another group starts afresh).
+fn fingerprint(group: &str, tenant: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in group.bytes().chain([0xff]).chain(tenant.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    // 0 marks an empty slot.
+    h.max(1)
+}
+
+pub fn slot_for(group: &str, tenant: &str, slots: u32) -> SlotRef {
+    let fp = fingerprint(group, tenant);
+    let index = u32::try_from((fp >> 32) % u64::from(slots.max(1))).unwrap_or(0);
+    SlotRef {
+        index,
+        fingerprint: fp,
+    }
+}
+
+/// The shared-data key of a slot, `trl.<index>`, formatted on the stack:
+/// it is named on every request (a read, and a write when one is needed).
+#[derive(Clone, Copy)]
+pub struct SlotKey {
+    buf: [u8; SlotKey::CAPACITY],
+    len: usize,
+}
+
+impl SlotKey {
+    const PREFIX: &'static [u8] = b"trl.";
+    /// The prefix and the ten digits of `u32::MAX`.
+    const CAPACITY: usize = 14;
+
+    pub fn new(index: u32) -> SlotKey {
+        let mut digits = [0u8; 10];
+        let mut n = index;
+        let mut count = 0;
+        for d in digits.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+            count += 1;
+            if n == 0 {
+                break;
+            }
+        }
+        let mut buf = [0u8; SlotKey::CAPACITY];
+        let prefix = SlotKey::PREFIX.len();
+        put(&mut buf, 0, SlotKey::PREFIX);
+        put(
+            &mut buf,
+            prefix,
+            digits.get(digits.len() - count..).unwrap_or_default(),
+        );
+        SlotKey {
+            buf,
+            len: prefix + count,
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.buf
+            .get(..self.len)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn holding(fingerprint: u64, bucket_at: Option<u64>, refused_until: Option<u64>) -> Vec<u8> {
+        Slot {
+            fingerprint,
+            bucket: bucket_at.map(|t| TokenBucket {
+                milli_tokens: 0,
+                updated_ms: t,
+            }),
+            over_limit: refused_until.map(|until_ms| OverLimit {
+                until_ms,
+                statuses: Vec::new(),
+            }),
+        }
+        .encode()
+    }
+
+    proptest! {
+        #[test]
+        fn slots_round_trip(
+            fp in 1u64..,
+            tokens in any::<u64>(),
+            updated in any::<u64>(),
+            until in any::<u64>(),
+            n in 0usize..=4,
+            remaining in any::<u32>(),
+        ) {
+            let slot = Slot {
+                fingerprint: fp,
+                bucket: Some(TokenBucket { milli_tokens: tokens, updated_ms: updated }),
+                over_limit: Some(OverLimit {
+                    until_ms: until,
+                    statuses: (0..n).map(|i| StatusSnapshot {
+                        requests_per_unit: i as u32 + 1,
+                        unit: i as i32 + 1,
+                        remaining,
+                        over_limit: i % 2 == 0,
+                        reset_at_ms: until / 2,
+                    }).collect(),
+                }),
+            };
+            let bytes = slot.encode();
+            prop_assert_eq!(bytes.len(), SLOT_BYTES);
+            prop_assert_eq!(Slot::decode(&bytes), Some(slot));
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panicking(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            let _ = Slot::decode(&bytes);
+            let _ = Slot::claim(Some(&bytes), 7, 0, Claim::Request);
+            let _ = Slot::claim(Some(&bytes), 7, u64::MAX, Claim::Refusal);
+        }
+    }
+
+    #[test]
+    fn a_zeroed_slot_is_empty_and_free() {
+        assert_eq!(Slot::decode(&[0u8; SLOT_BYTES]), None);
+        for why in [Claim::Request, Claim::Refusal] {
+            assert_eq!(
+                Slot::claim(Some(&[0u8; SLOT_BYTES]), 2, 0, why),
+                Some(Slot::empty(2))
+            );
+            assert_eq!(Slot::claim(None, 2, 0, why), Some(Slot::empty(2)));
+        }
+    }
+
+    #[test]
+    fn a_tenant_gets_its_own_state_back() {
+        let mine = holding(2, Some(5), Some(10));
+        let slot = Slot::claim(Some(&mine), 2, 1_000_000, Claim::Request).unwrap();
+        assert_eq!(slot.encode(), mine);
+    }
+
+    #[test]
+    fn a_request_waits_for_the_holder_to_go_quiet() {
+        // The holder's bucket took a token at 10 s.
+        let theirs = holding(1, Some(10_000), None);
+        let last = 10_000 + SLOT_HOLD_MS - 1;
+        assert_eq!(Slot::claim(Some(&theirs), 2, last, Claim::Request), None);
+        assert_eq!(
+            Slot::claim(Some(&theirs), 2, last + 1, Claim::Request),
+            Some(Slot::empty(2))
+        );
+        // A cached refusal holds the slot until it ends, for requests too.
+        let refused = holding(1, None, Some(60_000));
+        assert_eq!(Slot::claim(Some(&refused), 2, 59_999, Claim::Request), None);
+        assert!(Slot::claim(Some(&refused), 2, 60_000, Claim::Request).is_some());
+    }
+
+    #[test]
+    fn a_refusal_takes_a_slot_from_a_bucket_but_not_from_a_refusal() {
+        let bucket_held = holding(1, Some(10_000), None);
+        assert_eq!(
+            Slot::claim(Some(&bucket_held), 2, 10_000, Claim::Refusal),
+            Some(Slot::empty(2))
+        );
+        let refusal_held = holding(1, None, Some(60_000));
+        assert_eq!(
+            Slot::claim(Some(&refusal_held), 2, 59_999, Claim::Refusal),
+            None
+        );
+        assert_eq!(
+            Slot::claim(Some(&refusal_held), 2, 60_000, Claim::Refusal),
+            Some(Slot::empty(2))
+        );
+    }
+
+    #[test]
+    fn slot_keys_are_the_prefix_and_the_index() {
+        for i in [0, 7, 10, 99, 4_095, 1_048_575, u32::MAX] {
+            assert_eq!(SlotKey::new(i).as_str(), format!("trl.{i}"));
+        }
+    }
+
+    #[test]
+    fn slots_spread_and_stay_in_range() {
+        let slots = 64;
+        let mut used = std::collections::HashSet::new();
+        for i in 0..10_000 {
+            let r = slot_for("default", &format!("tenant-{i}"), slots);
+            assert!(r.index < slots);
+            used.insert(r.index);
+        }
+        assert_eq!(used.len(), 64);
+        assert_ne!(
+            slot_for("default", "a", slots).fingerprint,
+            slot_for("gold", "a", slots).fingerprint
+        );
+        assert_eq!(slot_for("g", "t", 0).index, 0);
+    }
+}

@@ -1,0 +1,445 @@
+//! An in-memory host for the flow's tests and the criterion benchmark:
+//! Envoy's shared data with its CAS semantics, a settable clock, request
+//! headers, and a record of what the flow did (local replies, gRPC calls,
+//! response headers, counters, resumes). Every host call can be made to
+//! fail (`fail`), and other workers can be made to write between a read and
+//! a write (`interfere`).
+//!
+//! Compiled for tests and for native builds (the benchmark) only, never
+//! into the `.wasm`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+use crate::counters::{Counter, COUNTERS};
+use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::local::{SlotKey, SLOT_BYTES};
+
+/// A host call, to make it fail.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCall {
+    RequestHeader,
+    GetShared,
+    SetShared,
+    Dispatch,
+    GrpcResponse,
+    Reply,
+    Resume,
+    AddHeader,
+}
+
+impl HostCall {
+    fn bit(self) -> u16 {
+        1 << self as u16
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            HostCall::RequestHeader => "request_header",
+            HostCall::GetShared => "get_shared",
+            HostCall::SetShared => "set_shared",
+            HostCall::Dispatch => "dispatch_grpc",
+            HostCall::GrpcResponse => "grpc_response",
+            HostCall::Reply => "send_reply",
+            HostCall::Resume => "resume_request",
+            HostCall::AddHeader => "add_response_header",
+        }
+    }
+}
+
+/// A local reply the flow sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    /// The value of header `name`, if the reply has it.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A gRPC call the flow dispatched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub upstream: String,
+    pub service: String,
+    pub method: String,
+    pub message: Vec<u8>,
+    pub timeout_ms: u32,
+}
+
+type Writer = Box<dyn FnMut(Option<&[u8]>) -> Vec<u8>>;
+
+/// The in-memory host. Single-threaded, like a proxy-wasm VM.
+pub struct MemHost {
+    now_ms: Cell<u64>,
+    request_headers: RefCell<Vec<(String, Vec<u8>)>>,
+    shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    last_cas: Cell<u32>,
+    failing: Cell<u16>,
+    interference_left: Cell<u32>,
+    interference: RefCell<Option<Writer>>,
+    grpc_body: RefCell<Option<Vec<u8>>>,
+    /// Off: replies, calls and headers are counted, not kept (the
+    /// benchmark's host, which runs millions of requests).
+    keep: bool,
+    replies: RefCell<Vec<Reply>>,
+    calls: RefCell<Vec<Call>>,
+    added: RefCell<Vec<(String, String)>>,
+    reply_count: Cell<u64>,
+    call_count: Cell<u64>,
+    added_count: Cell<u64>,
+    resumed: Cell<u64>,
+    counters: [Cell<u64>; COUNTERS],
+}
+
+impl Default for MemHost {
+    fn default() -> MemHost {
+        MemHost::new()
+    }
+}
+
+impl MemHost {
+    /// A host that keeps everything the flow does, at time 0.
+    pub fn new() -> MemHost {
+        MemHost {
+            now_ms: Cell::new(0),
+            request_headers: RefCell::new(Vec::new()),
+            shared: RefCell::new(HashMap::new()),
+            last_cas: Cell::new(0),
+            failing: Cell::new(0),
+            interference_left: Cell::new(0),
+            interference: RefCell::new(None),
+            grpc_body: RefCell::new(None),
+            keep: true,
+            replies: RefCell::new(Vec::new()),
+            calls: RefCell::new(Vec::new()),
+            added: RefCell::new(Vec::new()),
+            reply_count: Cell::new(0),
+            call_count: Cell::new(0),
+            added_count: Cell::new(0),
+            resumed: Cell::new(0),
+            counters: Default::default(),
+        }
+    }
+
+    /// A host that only counts what the flow does (for the benchmark).
+    pub fn counting() -> MemHost {
+        MemHost {
+            keep: false,
+            ..MemHost::new()
+        }
+    }
+
+    pub fn set_now_ms(&self, now_ms: u64) {
+        self.now_ms.set(now_ms);
+    }
+
+    /// Sets (or replaces) a request header, reusing its buffer.
+    pub fn set_request_header(&self, name: &str, value: &[u8]) {
+        let mut headers = self.request_headers.borrow_mut();
+        match headers.iter_mut().find(|(k, _)| k == name) {
+            Some((_, v)) => {
+                v.clear();
+                v.extend_from_slice(value);
+            }
+            None => headers.push((name.to_string(), value.to_vec())),
+        }
+    }
+
+    pub fn remove_request_header(&self, name: &str) {
+        self.request_headers.borrow_mut().retain(|(k, _)| k != name);
+    }
+
+    /// What `grpc_response` returns: the body of the service's answer.
+    pub fn set_grpc_response(&self, body: Option<Vec<u8>>) {
+        *self.grpc_body.borrow_mut() = body;
+    }
+
+    /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, as the glue does.
+    pub fn create_slots(&self, slots: u32) {
+        for index in 0..slots {
+            let key = SlotKey::new(index);
+            let _ = self.set_shared(key.as_str(), &[0; SLOT_BYTES], None);
+        }
+    }
+
+    /// The value stored under a slot's key.
+    pub fn shared_value(&self, key: &SlotKey) -> Option<Vec<u8>> {
+        self.shared
+            .borrow()
+            .get(key.as_str())
+            .map(|(v, _)| v.clone())
+    }
+
+    /// Makes every later call of this kind fail.
+    pub fn fail(&self, call: HostCall) {
+        self.failing.set(self.failing.get() | call.bit());
+    }
+
+    pub fn heal(&self, call: HostCall) {
+        self.failing.set(self.failing.get() & !call.bit());
+    }
+
+    fn check(&self, call: HostCall) -> Result<(), HostError> {
+        if self.failing.get() & call.bit() != 0 {
+            Err(HostError(format!("{} failed", call.name())))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// After each of the next `times` reads of shared data, another worker
+    /// writes what `write` makes of the value read (which changes its CAS
+    /// token, so the reader's write fails with `CasMismatch`).
+    pub fn interfere(&self, times: u32, write: impl FnMut(Option<&[u8]>) -> Vec<u8> + 'static) {
+        *self.interference.borrow_mut() = Some(Box::new(write));
+        self.interference_left.set(times);
+    }
+
+    pub fn set_interference(&self, times: u32) {
+        self.interference_left.set(times);
+    }
+
+    pub fn interference_left(&self) -> u32 {
+        self.interference_left.get()
+    }
+
+    fn write(&self, key: &str, value: &[u8]) {
+        // Envoy's CAS tokens are never 0 (0 means "no CAS").
+        let cas = self.last_cas.get().wrapping_add(1).max(1);
+        self.last_cas.set(cas);
+        let mut shared = self.shared.borrow_mut();
+        match shared.get_mut(key) {
+            Some(entry) => {
+                entry.0.clear();
+                entry.0.extend_from_slice(value);
+                entry.1 = cas;
+            }
+            None => {
+                shared.insert(key.to_string(), (value.to_vec(), cas));
+            }
+        }
+    }
+
+    /// The local replies sent, in order (empty for a `counting` host).
+    pub fn replies(&self) -> Vec<Reply> {
+        self.replies.borrow().clone()
+    }
+
+    /// The gRPC calls dispatched, in order (empty for a `counting` host).
+    pub fn calls(&self) -> Vec<Call> {
+        self.calls.borrow().clone()
+    }
+
+    /// The headers added to the response, in order.
+    pub fn added_headers(&self) -> Vec<(String, String)> {
+        self.added.borrow().clone()
+    }
+
+    pub fn reply_count(&self) -> u64 {
+        self.reply_count.get()
+    }
+
+    pub fn call_count(&self) -> u64 {
+        self.call_count.get()
+    }
+
+    pub fn added_count(&self) -> u64 {
+        self.added_count.get()
+    }
+
+    /// How many times a paused request was resumed.
+    pub fn resumed(&self) -> u64 {
+        self.resumed.get()
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(c.index()).map_or(0, Cell::get)
+    }
+
+    /// The counters that are not 0, by name.
+    pub fn counted(&self) -> Vec<(&'static str, u64)> {
+        Counter::ALL
+            .iter()
+            .map(|c| (c.name(), self.counter(*c)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+}
+
+impl SharedData for MemHost {
+    fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
+        self.check(HostCall::GetShared)
+            .map_err(SharedDataError::Host)?;
+        let read = match self.shared.borrow().get(key) {
+            Some((v, cas)) => (Some(v.clone()), Some(*cas)),
+            None => (None, None),
+        };
+        let left = self.interference_left.get();
+        if left > 0 {
+            self.interference_left.set(left - 1);
+            let written = self
+                .interference
+                .borrow_mut()
+                .as_mut()
+                .map(|w| w(read.0.as_deref()));
+            if let Some(value) = written {
+                self.write(key, &value);
+            }
+        }
+        Ok(read)
+    }
+
+    fn set_shared(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError> {
+        self.check(HostCall::SetShared)
+            .map_err(SharedDataError::Host)?;
+        // Envoy: a stale token on an existing key is a mismatch; no token, or
+        // a key that does not exist yet, writes.
+        let current = self.shared.borrow().get(key).map(|(_, c)| *c);
+        if let (Some(want), Some(have)) = (cas, current) {
+            if want != have {
+                return Err(SharedDataError::CasMismatch);
+            }
+        }
+        self.write(key, value);
+        Ok(())
+    }
+}
+
+impl Host for MemHost {
+    fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::RequestHeader)?;
+        Ok(self
+            .request_headers
+            .borrow()
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone()))
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.now_ms.get()
+    }
+
+    fn dispatch_grpc(
+        &self,
+        upstream: &str,
+        service: &str,
+        method: &str,
+        message: &[u8],
+        timeout_ms: u32,
+    ) -> Result<(), HostError> {
+        self.check(HostCall::Dispatch)?;
+        self.call_count.set(self.call_count.get() + 1);
+        if self.keep {
+            self.calls.borrow_mut().push(Call {
+                upstream: upstream.to_string(),
+                service: service.to_string(),
+                method: method.to_string(),
+                message: message.to_vec(),
+                timeout_ms,
+            });
+        }
+        Ok(())
+    }
+
+    fn grpc_response(&self, size: usize) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::GrpcResponse)?;
+        Ok(self
+            .grpc_body
+            .borrow()
+            .as_ref()
+            .map(|b| b.iter().take(size).copied().collect()))
+    }
+
+    fn send_reply(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<(), HostError> {
+        self.check(HostCall::Reply)?;
+        self.reply_count.set(self.reply_count.get() + 1);
+        if self.keep {
+            self.replies.borrow_mut().push(Reply {
+                status,
+                headers: headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                body: body.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        self.check(HostCall::Resume)?;
+        self.resumed.set(self.resumed.get() + 1);
+        Ok(())
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.check(HostCall::AddHeader)?;
+        self.added_count.set(self.added_count.get() + 1);
+        if self.keep {
+            self.added
+                .borrow_mut()
+                .push((name.to_string(), value.to_string()));
+        }
+        Ok(())
+    }
+
+    fn count(&self, counter: Counter) {
+        if let Some(c) = self.counters.get(counter.index()) {
+            c.set(c.get() + 1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn shared_data_has_envoys_cas_semantics() {
+        let h = MemHost::new();
+        assert_eq!(h.get_shared("k"), Ok((None, None)));
+        // A key that does not exist is written, with or without a token.
+        assert_eq!(h.set_shared("k", b"a", Some(7)), Ok(()));
+        let (v, cas) = h.get_shared("k").unwrap();
+        assert_eq!(v.as_deref(), Some(&b"a"[..]));
+        let cas = cas.unwrap();
+        assert_ne!(cas, 0);
+        // The token read writes once; after that it is stale.
+        assert_eq!(h.set_shared("k", b"b", Some(cas)), Ok(()));
+        assert_eq!(
+            h.set_shared("k", b"c", Some(cas)),
+            Err(SharedDataError::CasMismatch)
+        );
+        // No token always writes.
+        assert_eq!(h.set_shared("k", b"d", None), Ok(()));
+        assert_eq!(h.get_shared("k").unwrap().0.as_deref(), Some(&b"d"[..]));
+    }
+
+    #[test]
+    fn a_failing_call_fails_until_healed() {
+        let h = MemHost::new();
+        h.fail(HostCall::Reply);
+        assert!(h.send_reply(429, &[], "").is_err());
+        assert_eq!(h.reply_count(), 0);
+        h.heal(HostCall::Reply);
+        assert!(h.send_reply(429, &[("a", "b")], "x").is_ok());
+        assert_eq!(h.replies()[0].header("a"), Some("b"));
+    }
+}
