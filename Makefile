@@ -40,6 +40,12 @@ WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,pro
 proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete
 CLI         := target/release/ratelimit-config
+# The filter's tests also run as wasm32-unknown-unknown under Node through
+# wasm-bindgen-test-runner, pinned to the wasm-bindgen of Cargo.lock.
+WASM_TEST_TARGET      := wasm32-unknown-unknown
+WASM_BINDGEN_VERSION  := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version = "\(.*\)"/\1/p;}' Cargo.lock)
+WASM_BINDGEN_ROOT     := $(DEPS)/cargo
+WASM_BINDGEN_RUNNER   := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
 # Where tests/ and e2e/ find their binaries (tests/harness.py reads these).
 export TRL_ENVOY        := $(BIN)/envoy
@@ -53,7 +59,7 @@ BENCH_ARGS  ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
 WRK_VERSION := 4.1.0-3+b2
 
-.PHONY: all deps deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links \
+.PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
         build lint unit validate integration test demo bench bench-core compose-config \
         clean clean-deps
 
@@ -70,7 +76,21 @@ deps-rust:
 	  rustup component list --installed | grep -q "^$$c" || rustup component add $$c; \
 	done
 
-# Node >= 20 runs the wasm32 unit tests (node:wasi preview1).
+# wasm-bindgen-test-runner, the version of wasm-bindgen in Cargo.lock, into
+# .deps/cargo. --locked first; when the registry cannot serve one of the
+# versions its lockfile pins, the same runner version built with what the
+# registry has (its wasm-bindgen crates are pinned exactly either way).
+deps-wasm-bindgen: deps-rust
+	@rustup target list --installed | grep -qx '$(WASM_TEST_TARGET)' || rustup target add $(WASM_TEST_TARGET)
+	@if ! $(WASM_BINDGEN_RUNNER) --version 2>/dev/null | grep -qF ' $(WASM_BINDGEN_VERSION)'; then \
+	  [ -n '$(WASM_BINDGEN_VERSION)' ] || { echo "no wasm-bindgen in Cargo.lock" >&2; exit 1; }; \
+	  echo "cargo install wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)"; \
+	  cargo install --quiet wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION) --locked --root $(WASM_BINDGEN_ROOT) \
+	  || cargo install --quiet wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION) --root $(WASM_BINDGEN_ROOT); \
+	fi
+
+# Node >= 20 runs the wasm32 unit tests (node:wasi preview1, and
+# wasm-bindgen-test-runner).
 deps-node:
 	@if ! command -v node >/dev/null; then \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -131,12 +151,16 @@ lint: deps-rust deps-python
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
 	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py
 
-# The pure core's tests run natively and again as wasm32-wasip1 under Node's
-# WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
-unit: deps-rust deps-node
+# The pure core's tests run natively, again as wasm32-wasip1 under Node's
+# WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap), and the
+# filter's once more as wasm32-unknown-unknown under Node through
+# wasm-bindgen-test-runner (its tests are #[wasm_bindgen_test] there).
+unit: deps-rust deps-node deps-wasm-bindgen
 	cargo test --workspace
 	CARGO_TARGET_WASM32_WASIP1_RUNNER="node $(CURDIR)/tests/wasm-runner.mjs" \
 	  cargo test --workspace --exclude trim-exports --target $(WASM_TARGET)
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=$(WASM_BINDGEN_RUNNER) \
+	  cargo test -p tenant-ratelimit --target $(WASM_TEST_TARGET)
 
 # Every Envoy config the project ships, rendered with dummy ports and the
 # built wasm, must pass `envoy --mode validate`.
