@@ -19,8 +19,8 @@ mod native {
     use tenant_ratelimit::decision::{first_step, Compiled, Step};
     use tenant_ratelimit::flow::{Next, Stream};
     use tenant_ratelimit::local::{remember_over_limit, slot_for, update, SlotKey, CAS_ATTEMPTS};
-    use tenant_ratelimit::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
-    use tenant_ratelimit::testing::MemHost;
+    use tenant_ratelimit::proto::{Code, RateLimitUnit};
+    use tenant_ratelimit::testing::{status, MemHost};
 
     const TENANTS: usize = 1_000;
     const GOLD_TENANTS: usize = 100;
@@ -171,28 +171,6 @@ mod native {
             if got != expected {
                 fail(&format!("{t}: expected {expected:?}, got {got:?}"));
             }
-        }
-    }
-
-    fn status(
-        code: Code,
-        limit: u32,
-        unit: RateLimitUnit,
-        remaining: u32,
-        reset_s: i64,
-    ) -> DescriptorStatus {
-        DescriptorStatus {
-            code: code as i32,
-            current_limit: Some(RateLimit {
-                name: String::new(),
-                requests_per_unit: limit,
-                unit: unit as i32,
-            }),
-            limit_remaining: remaining,
-            duration_until_reset: Some(Duration {
-                seconds: reset_s,
-                nanos: 0,
-            }),
         }
     }
 

@@ -181,7 +181,8 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Duration, RateLimit, RateLimitRequest};
+    use crate::proto::RateLimitRequest;
+    use crate::testing::{answer, status};
     use ratelimit_config::parse_plugin_config;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -271,39 +272,9 @@ mod tests {
         assert_eq!(r.descriptors[0].entries[1].value, "\u{fffd}\u{fffd}a\u{0}");
     }
 
-    fn status(
-        code: Code,
-        limit: u32,
-        unit: RateLimitUnit,
-        remaining: u32,
-        reset: i64,
-    ) -> DescriptorStatus {
-        DescriptorStatus {
-            code: code as i32,
-            current_limit: Some(RateLimit {
-                name: String::new(),
-                requests_per_unit: limit,
-                unit: unit as i32,
-            }),
-            limit_remaining: remaining,
-            duration_until_reset: Some(Duration {
-                seconds: reset,
-                nanos: 0,
-            }),
-        }
-    }
-
-    fn encode(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
-        RateLimitResponse {
-            overall_code: code as i32,
-            statuses,
-        }
-        .encode_to_vec()
-    }
-
     #[test]
     fn ok_answer_carries_the_tightest_window() {
-        let body = encode(
+        let body = answer(
             Code::Ok,
             vec![
                 status(Code::Ok, 5, RateLimitUnit::Second, 4, 1),
@@ -323,7 +294,7 @@ mod tests {
 
     #[test]
     fn over_limit_waits_for_the_longest_window_it_is_over() {
-        let body = encode(
+        let body = answer(
             Code::OverLimit,
             vec![
                 status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 1),
@@ -377,7 +348,7 @@ mod tests {
             verdict(HeaderMode::DraftVersion03, 0, Some(&[0xff, 0xff])),
             Verdict::Error(RlsError::Undecodable)
         );
-        let unknown = encode(Code::Unknown, vec![]);
+        let unknown = answer(Code::Unknown, vec![]);
         assert_eq!(
             verdict(HeaderMode::DraftVersion03, 0, Some(&unknown)),
             Verdict::Error(RlsError::UnknownCode)

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use crate::counters::{Counter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::{SlotKey, SLOT_BYTES};
+use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitResponse, RateLimitUnit};
 
 /// A host call, to make it fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +74,38 @@ pub struct Call {
     pub method: String,
     pub message: Vec<u8>,
     pub timeout_ms: u32,
+}
+
+/// One descriptor's status in a `RateLimitResponse`: `limit` per `unit`,
+/// `remaining` left, the window resetting in `reset_s` seconds.
+pub fn status(
+    code: Code,
+    limit: u32,
+    unit: RateLimitUnit,
+    remaining: u32,
+    reset_s: i64,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            name: String::new(),
+            requests_per_unit: limit,
+            unit: unit as i32,
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(Duration {
+            seconds: reset_s,
+            nanos: 0,
+        }),
+    }
+}
+
+/// The encoded answer of the service.
+pub fn answer(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
+    prost::Message::encode_to_vec(&RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+    })
 }
 
 type Writer = Box<dyn FnMut(Option<&[u8]>) -> Vec<u8>>;

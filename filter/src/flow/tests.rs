@@ -7,11 +7,8 @@ use super::{Next, Stream};
 use crate::counters::Counter;
 use crate::decision::Compiled;
 use crate::local::{slot_for, Slot, SlotKey};
-use crate::proto::{
-    Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse,
-    RateLimitUnit, METHOD, SERVICE,
-};
-use crate::testing::{HostCall, MemHost};
+use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
+use crate::testing::{status, HostCall, MemHost};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -58,35 +55,9 @@ fn request(c: &Compiled, h: &MemHost, tenant: Option<&str>) -> (Stream, Next) {
     (s, next)
 }
 
-fn status(
-    code: Code,
-    limit: u32,
-    unit: RateLimitUnit,
-    remaining: u32,
-    reset_s: i64,
-) -> DescriptorStatus {
-    DescriptorStatus {
-        code: code as i32,
-        current_limit: Some(RateLimit {
-            name: String::new(),
-            requests_per_unit: limit,
-            unit: unit as i32,
-        }),
-        limit_remaining: remaining,
-        duration_until_reset: Some(Duration {
-            seconds: reset_s,
-            nanos: 0,
-        }),
-    }
-}
-
 /// The service's answer reaches the stream.
-fn answer(c: &Compiled, h: &MemHost, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
-    let body = RateLimitResponse {
-        overall_code: code as i32,
-        statuses,
-    }
-    .encode_to_vec();
+fn respond(c: &Compiled, h: &MemHost, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
+    let body = crate::testing::answer(code, statuses);
     let size = body.len();
     h.set_grpc_response(Some(body));
     s.on_rls_answer(c, h, 0, size);
@@ -187,7 +158,7 @@ fn an_admitted_request_asks_once_and_carries_the_headers() {
         .iter()
         .all(|d| d.entries[1].key == "tenant" && d.entries[1].value == "tenant-a"));
 
-    answer(&c, &h, &mut s, Code::Ok, ok_answer());
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
     assert_eq!(h.resumed(), 1);
     assert_eq!(s.on_response_headers(&h), Next::Continue);
     assert_eq!(
@@ -210,7 +181,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
     let c = config("");
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
     // Not resumed: the 429 went out instead.
     assert_eq!(h.resumed(), 0);
     let replies = h.replies();
@@ -240,7 +211,7 @@ fn a_cached_refusal_answers_without_a_call_until_the_window_ends() {
     let c = config("");
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
     h.set_now_ms(NOW + 10_000);
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
@@ -270,7 +241,7 @@ fn an_empty_bucket_refuses_without_a_call() {
     for _ in 0..2 {
         let (mut s, next) = request(&c, &h, Some("tenant-a"));
         assert_eq!(next, Next::Pause);
-        answer(&c, &h, &mut s, Code::Ok, ok_answer());
+        respond(&c, &h, &mut s, Code::Ok, ok_answer());
     }
     h.set_now_ms(NOW + 100);
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -390,7 +361,7 @@ fn shared_data_failures_skip_the_local_layer() {
         assert_eq!(h.call_count(), 1);
         assert_eq!(counted(&h), vec![n(Counter::LocalError, 1)]);
         // Its refusal cannot be remembered: still a 429.
-        answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+        respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
         assert_eq!(h.replies()[0].status, 429);
         assert_eq!(
             counted(&h),
@@ -442,7 +413,7 @@ fn a_local_reply_that_fails_lets_the_request_through() {
     assert_eq!(next, Next::Continue);
     // Refused by the service: resumed.
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
     assert_eq!(h.resumed(), 1);
     assert_eq!(h.reply_count(), 0);
 }
@@ -457,7 +428,7 @@ fn without_the_local_layer_nothing_is_read_or_written() {
     h.fail(HostCall::SetShared);
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
-    answer(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
     assert_eq!(counted(&h), vec![n(Counter::OverLimit, 1)]);
     // The next request is asked about again.
     let (_, next) = request(&c, &h, Some("tenant-a"));

@@ -92,7 +92,8 @@ pub fn admit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
+    use crate::proto::{Code, RateLimitUnit};
+    use crate::testing::status;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -168,7 +169,7 @@ mod tests {
 
     #[test]
     fn a_refusal_to_remember_takes_a_slot_unless_one_is_already_cached() {
-        let statuses = [status(Code::OverLimit, RateLimitUnit::Minute, 5, 0, 30)];
+        let statuses = [status(Code::OverLimit, 5, RateLimitUnit::Minute, 0, 30)];
         // A bucket in use gives way to a refusal (it saves more calls).
         let (_, write) = admit(None, AT, 1_000, Some(params(5, 5)), HeaderMode::Off);
         let bucket_held = write.unwrap().encode();
@@ -183,28 +184,6 @@ mod tests {
         // After it ends, the next refusal takes the slot.
         let later = remember_over_limit(Some(&refusal_held), AT, 31_000, &statuses).unwrap();
         assert_eq!(later.fingerprint, AT.fingerprint);
-    }
-
-    fn status(
-        code: Code,
-        unit: RateLimitUnit,
-        limit: u32,
-        remaining: u32,
-        reset_s: i64,
-    ) -> DescriptorStatus {
-        DescriptorStatus {
-            code: code as i32,
-            current_limit: Some(RateLimit {
-                requests_per_unit: limit,
-                unit: unit as i32,
-                ..RateLimit::default()
-            }),
-            limit_remaining: remaining,
-            duration_until_reset: Some(Duration {
-                seconds: reset_s,
-                nanos: 0,
-            }),
-        }
     }
 
     #[test]

@@ -146,31 +146,10 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
 mod tests {
     use super::*;
     use crate::local::{admit, LocalVerdict};
+    use crate::testing::status;
     use ratelimit_config::BucketParams;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn status(
-        code: Code,
-        unit: RateLimitUnit,
-        limit: u32,
-        remaining: u32,
-        reset_s: i64,
-    ) -> DescriptorStatus {
-        DescriptorStatus {
-            code: code as i32,
-            current_limit: Some(RateLimit {
-                requests_per_unit: limit,
-                unit: unit as i32,
-                ..RateLimit::default()
-            }),
-            limit_remaining: remaining,
-            duration_until_reset: Some(Duration {
-                seconds: reset_s,
-                nanos: 0,
-            }),
-        }
-    }
 
     const AT: SlotRef = SlotRef {
         index: 0,
@@ -181,9 +160,9 @@ mod tests {
     fn the_cache_refuses_until_every_over_limit_window_has_reset() {
         // Asked at 100.7 s: over the minute (resets in 20 s) and the second.
         let statuses = [
-            status(Code::OverLimit, RateLimitUnit::Second, 5, 0, 1),
-            status(Code::OverLimit, RateLimitUnit::Minute, 20, 0, 20),
-            status(Code::Ok, RateLimitUnit::Hour, 30, 9, 3_500),
+            status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 1),
+            status(Code::OverLimit, 20, RateLimitUnit::Minute, 0, 20),
+            status(Code::Ok, 30, RateLimitUnit::Hour, 9, 3_500),
         ];
         let slot = remember_over_limit(None, AT, 100_700, &statuses).unwrap();
         let o = slot.over_limit.clone().unwrap();
@@ -235,7 +214,7 @@ mod tests {
         // The call went out at 9.999 s; the service read its clock at 10.001
         // s and said "resets in 1 s" (at 11 s). The cache ends at 10 s: a
         // second early (one more call), never late.
-        let statuses = [status(Code::OverLimit, RateLimitUnit::Second, 5, 0, 1)];
+        let statuses = [status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 1)];
         let o = remember_over_limit(None, AT, 9_999, &statuses)
             .unwrap()
             .over_limit
@@ -247,7 +226,7 @@ mod tests {
                 None,
                 AT,
                 9_999,
-                &[status(Code::OverLimit, RateLimitUnit::Second, 5, 0, 0)]
+                &[status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 0)]
             ),
             None
         );
@@ -257,7 +236,7 @@ mod tests {
                 None,
                 AT,
                 0,
-                &[status(Code::Ok, RateLimitUnit::Second, 5, 1, 1)]
+                &[status(Code::Ok, 5, RateLimitUnit::Second, 1, 1)]
             ),
             None
         );
@@ -272,7 +251,7 @@ mod tests {
         let (v, write) = admit(None, AT, 1_000, Some(p), HeaderMode::Off);
         assert_eq!(v, LocalVerdict::Proceed);
         let stored = write.unwrap().encode();
-        let statuses = [status(Code::OverLimit, RateLimitUnit::Minute, 5, 0, 30)];
+        let statuses = [status(Code::OverLimit, 5, RateLimitUnit::Minute, 0, 30)];
         let slot = remember_over_limit(Some(&stored), AT, 1_000, &statuses).unwrap();
         assert_eq!(slot.bucket.unwrap().milli_tokens, 4_000);
     }
