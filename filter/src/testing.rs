@@ -10,6 +10,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counters::{Counter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
@@ -108,13 +109,38 @@ pub fn answer(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
     })
 }
 
+/// FNV-1a: shared-data keys are short, and SipHash would make the
+/// benchmark measure the map more than the flow.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+}
+
+type SharedMap = HashMap<String, (Vec<u8>, u32), BuildHasherDefault<Fnv>>;
+
 type Writer = Box<dyn FnMut(Option<&[u8]>) -> Vec<u8>>;
 
 /// The in-memory host. Single-threaded, like a proxy-wasm VM.
 pub struct MemHost {
     now_ms: Cell<u64>,
     request_headers: RefCell<Vec<(String, Vec<u8>)>>,
-    shared: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    shared: RefCell<SharedMap>,
     last_cas: Cell<u32>,
     failing: Cell<u16>,
     interference_left: Cell<u32>,
@@ -145,7 +171,7 @@ impl MemHost {
         MemHost {
             now_ms: Cell::new(0),
             request_headers: RefCell::new(Vec::new()),
-            shared: RefCell::new(HashMap::new()),
+            shared: RefCell::new(SharedMap::default()),
             last_cas: Cell::new(0),
             failing: Cell::new(0),
             interference_left: Cell::new(0),
@@ -245,21 +271,31 @@ impl MemHost {
         self.interference_left.get()
     }
 
-    fn write(&self, key: &str, value: &[u8]) {
-        // Envoy's CAS tokens are never 0 (0 means "no CAS").
-        let cas = self.last_cas.get().wrapping_add(1).max(1);
-        self.last_cas.set(cas);
+    /// Writes `key` if `cas` is None or its current token, as Envoy does:
+    /// a stale token on an existing key is a mismatch; no token, or a key
+    /// that does not exist yet, writes.
+    fn write(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError> {
         let mut shared = self.shared.borrow_mut();
-        match shared.get_mut(key) {
-            Some(entry) => {
-                entry.0.clear();
-                entry.0.extend_from_slice(value);
-                entry.1 = cas;
-            }
-            None => {
-                shared.insert(key.to_string(), (value.to_vec(), cas));
+        let entry = shared.get_mut(key);
+        if let (Some(want), Some((_, have))) = (cas, &entry) {
+            if want != *have {
+                return Err(SharedDataError::CasMismatch);
             }
         }
+        // Envoy's CAS tokens are never 0 (0 means "no CAS").
+        let next = self.last_cas.get().wrapping_add(1).max(1);
+        self.last_cas.set(next);
+        match entry {
+            Some((stored, token)) => {
+                stored.clear();
+                stored.extend_from_slice(value);
+                *token = next;
+            }
+            None => {
+                shared.insert(key.to_string(), (value.to_vec(), next));
+            }
+        }
+        Ok(())
     }
 
     /// The local replies sent, in order (empty for a `counting` host).
@@ -325,7 +361,7 @@ impl SharedData for MemHost {
                 .as_mut()
                 .map(|w| w(read.0.as_deref()));
             if let Some(value) = written {
-                self.write(key, &value);
+                self.write(key, &value, None)?;
             }
         }
         Ok(read)
@@ -334,16 +370,7 @@ impl SharedData for MemHost {
     fn set_shared(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError> {
         self.check(HostCall::SetShared)
             .map_err(SharedDataError::Host)?;
-        // Envoy: a stale token on an existing key is a mismatch; no token, or
-        // a key that does not exist yet, writes.
-        let current = self.shared.borrow().get(key).map(|(_, c)| *c);
-        if let (Some(want), Some(have)) = (cas, current) {
-            if want != have {
-                return Err(SharedDataError::CasMismatch);
-            }
-        }
-        self.write(key, value);
-        Ok(())
+        self.write(key, value, cas)
     }
 }
 
