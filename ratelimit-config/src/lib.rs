@@ -9,6 +9,7 @@
 //! positions, writing YAML and JSON, `explain`, `check`, `schema`) sits
 //! behind the `cli` feature.
 
+pub mod json_text;
 pub mod model;
 pub mod plugin;
 pub mod validate;

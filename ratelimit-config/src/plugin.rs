@@ -4,6 +4,7 @@
 
 use serde_json::{Map, Value};
 
+use crate::json_text::duplicate_keys;
 use crate::model::{Group, TeamLimits, Unit};
 use crate::validate::{
     describe, join, parse_team_limits, positive_u32, ConfigError, Errors, Warning,
@@ -242,6 +243,14 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         }]);
     };
     let mut errors = Errors::default();
+    // serde_json keeps the last of two equal keys without a word: a group
+    // pasted twice would silently replace the first. The text says where.
+    // (It parsed as JSON, so it is UTF-8.)
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        for d in duplicate_keys(text) {
+            errors.push(d.path.clone(), d.message(true));
+        }
+    }
     check_keys(obj, "", KEYS, &mut errors);
     let get = |k: &str| obj.get(k);
 
@@ -691,6 +700,16 @@ mod tests {
             ]
         );
         assert_eq!(errs("[1]"), vec!["must be a JSON object, got an array"]);
+        assert_eq!(
+            errs(&format!(
+                "{{\"domain\": \"d\", \"limits\": {LIMITS}, \"rate_limit_service\": {{\"cluster\": \"rl\"}},\n \"domain\": \"e\"}}"
+            )),
+            vec!["domain: duplicate key \"domain\" at 2:2 (first at 1:2): JSON keeps only the last one"]
+        );
+        assert_eq!(
+            errs(r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1, "perhour": 2}}}, "rate_limit_service": {"cluster": "rl"}}"#),
+            vec!["limits.x-t.default.perhour: duplicate key \"perhour\" at 1:62 (first at 1:48): JSON keeps only the last one"]
+        );
         assert!(errs("{").first().unwrap().starts_with("not valid JSON: "));
     }
 }

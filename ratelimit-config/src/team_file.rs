@@ -102,10 +102,7 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
                 Severity::Error,
                 ConfigError {
                     path: d.path.clone(),
-                    message: format!(
-                        "duplicate key {:?} (first at {}:{}): JSON keeps only the last one",
-                        d.key, d.first.line, d.first.column
-                    ),
+                    message: d.message(false),
                 },
             )
         })
