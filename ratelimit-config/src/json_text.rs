@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::validate::join;
+use crate::validate::{excerpt, join};
 
 /// A place in the text: 1-based line, and 1-based column counted in
 /// characters (a tab is one).
@@ -42,8 +42,10 @@ impl DuplicateKey {
             String::new()
         };
         format!(
-            "duplicate key {:?}{at} (first at {}:{}): JSON keeps only the last one",
-            self.key, self.first.line, self.first.column
+            "duplicate key {}{at} (first at {}:{}): JSON keeps only the last one",
+            excerpt(&self.key),
+            self.first.line,
+            self.first.column
         )
     }
 }

@@ -7,7 +7,8 @@ use serde_json::{Map, Value};
 use crate::json_text::duplicate_keys;
 use crate::model::{Group, TeamLimits, Unit};
 use crate::validate::{
-    describe, join, parse_team_limits, positive_u32, ConfigError, Errors, Warning,
+    describe, excerpt, join, parse_team_limits, positive_u32, starts_with_bom, ConfigError, Errors,
+    Warning, BOM_MESSAGE,
 };
 
 // Every default of the plugin configuration, written once: the parser
@@ -171,7 +172,8 @@ fn unknown_key(errors: &mut Errors, path: String, key: &str, allowed: &[&str]) {
     errors.push(
         path,
         format!(
-            "unknown key {key:?}, expected one of {}",
+            "unknown key {}, expected one of {}",
+            excerpt(key),
             allowed.join(", ")
         ),
     );
@@ -227,6 +229,12 @@ fn or_default<T>(v: Option<&Value>, default: T, parse: impl FnOnce(&Value) -> Op
 /// Parses the plugin configuration. On success also returns the warnings of
 /// its team limits.
 pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>), Vec<ConfigError>> {
+    if starts_with_bom(bytes) {
+        return Err(vec![ConfigError {
+            path: String::new(),
+            message: BOM_MESSAGE.into(),
+        }]);
+    }
     let doc: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
@@ -700,6 +708,14 @@ mod tests {
             ]
         );
         assert_eq!(errs("[1]"), vec!["must be a JSON object, got an array"]);
+        assert_eq!(
+            errs("\u{feff}{}"),
+            vec!["starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM"]
+        );
+        let long = "d".repeat(1 << 20);
+        let out = errs(&format!(r#"{{"domain": 7, "missing_tenant": "{long}"}}"#));
+        assert!(out.iter().all(|l| l.len() < 300), "{out:?}");
+        assert!(out.contains(&format!("missing_tenant: must be one of \"allow\", \"deny\", got string \"{}\"… (1048576 bytes)", &long[..64])), "{out:?}");
         assert_eq!(
             errs(&format!(
                 "{{\"domain\": \"d\", \"limits\": {LIMITS}, \"rate_limit_service\": {{\"cluster\": \"rl\"}},\n \"domain\": \"e\"}}"

@@ -18,8 +18,9 @@ use ratelimit_config::team_file::{check_team_file, Severity, TeamFile};
 use ratelimit_config::ConfigError;
 use serde_json::{json, Value};
 
-/// Not JSON at all: the filter refuses them with serde_json's message.
-const NOT_JSON: &[&str] = &["malformed-json"];
+/// Not JSON: the filter refuses them on its own text (a BOM in the middle
+/// of a configuration is no BOM; `plugin.rs` tests one at its start).
+const NOT_JSON: &[&str] = &["malformed-json", "bom"];
 
 /// The plugin configuration's text with `team` in it verbatim, as `limits`:
 /// its lines are the team file's, and its first line is shifted by

@@ -24,6 +24,7 @@ pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig}
 use crate::model::{descriptors, Group};
 use crate::plugin::PluginConfig;
 use crate::span::Position;
+use crate::validate::excerpt;
 
 /// What `check` found.
 #[derive(Debug, Default)]
@@ -57,14 +58,14 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
     let service = match matching.as_slice() {
         [one] => *one,
         [] => {
-            let found: Vec<String> = services.iter().map(|s| format!("{:?}", s.domain)).collect();
+            let found: Vec<String> = services.iter().map(|s| excerpt(&s.domain)).collect();
             for s in services {
                 report.problems.push(Problem {
                     file: s.file.clone(),
                     at: s.domain_at,
                     message: format!(
-                        "domain {:?} is not the filter's domain {domain:?}; no service config has that one (found {}), and the service answers OK to an unknown domain, so nothing is limited",
-                        s.domain,
+                        "domain {} is not the filter's domain {domain:?}; no service config has that one (found {}), and the service answers OK to an unknown domain, so nothing is limited",
+                        excerpt(&s.domain),
                         found.join(", ")
                     ),
                 });
@@ -105,10 +106,10 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
                     // The shortest value the pattern matches stands for all.
                     let sample = v.replace('*', "");
                     if !listed.contains(sample.as_str()) {
-                        t.push((sample, format!("tenants matching {v:?}")));
+                        t.push((sample, format!("tenants matching {}", excerpt(&v))));
                     }
                 } else if !listed.contains(v.as_str()) {
-                    t.push((v.clone(), format!("tenant {v:?}")));
+                    t.push((v.clone(), format!("tenant {}", excerpt(&v))));
                 }
             }
             t

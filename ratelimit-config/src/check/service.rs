@@ -3,6 +3,7 @@
 
 use super::yaml_tree::{load_yaml, Marked, Node};
 use crate::span::Position;
+use crate::validate::excerpt;
 
 /// The keys envoyproxy/ratelimit accepts anywhere in its YAML; any other
 /// makes it refuse the file.
@@ -98,7 +99,7 @@ impl Reader<'_> {
                     if !VALID_KEYS.contains(&k.as_str()) {
                         self.problem(
                             *at,
-                            format!("unknown key {k:?}: the service refuses this file"),
+                            format!("unknown key {}: the service refuses this file", excerpt(k)),
                         );
                     }
                 }
@@ -203,7 +204,10 @@ impl Reader<'_> {
             if out.iter().any(|r| r.composite == composite) {
                 self.problem(
                     item.at,
-                    format!("duplicate descriptor {full:?}: the service refuses this file"),
+                    format!(
+                        "duplicate descriptor {}: the service refuses this file",
+                        excerpt(&full)
+                    ),
                 );
                 continue;
             }
@@ -256,8 +260,8 @@ impl Reader<'_> {
             self.problem(
                 limit.unit_at,
                 format!(
-                    "invalid rate limit unit {:?}: the service refuses this file",
-                    limit.unit
+                    "invalid rate limit unit {}: the service refuses this file",
+                    excerpt(&limit.unit)
                 ),
             );
         }
