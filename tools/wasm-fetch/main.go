@@ -7,7 +7,7 @@
 //
 //	wasm-fetch -cache DIR -out FILE [-insecure HOST:PORT] [-checksum HEX] oci://HOST:PORT/REPO:TAG
 //
-// On success it prints one JSON object: {"module": FILE, "sha256": <hex of
+// On success it prints (after the fetcher's own log lines) one JSON object: {"module": FILE, "sha256": <hex of
 // the module>}. On failure it prints the fetcher's error on stderr and exits 1.
 package main
 
@@ -45,6 +45,9 @@ func run(url, cacheDir, out, insecure, checksum string, timeout time.Duration) e
 	opts := wasm.Options{InsecureRegistries: sets.New[string]()}
 	if insecure != "" {
 		opts.InsecureRegistries.Insert(insecure)
+	}
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return err
 	}
 	cache := wasm.NewLocalFileCache(cacheDir, opts)
 	defer cache.Cleanup()
