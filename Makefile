@@ -184,7 +184,7 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
 
 # The pure core's tests run natively and again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
@@ -243,11 +243,15 @@ oci-push: oci $(GOBIN_DIR)/crane
 compose-demo: deps deps-ship build
 	$(PY) e2e/compose_demo.py
 
-# deploy/ rendered by kustomize into .run/deploy.yaml.
-deploy-render: deps-ship
-	@mkdir -p .run
-	$(GOBIN_DIR)/kustomize build deploy > .run/deploy.yaml
-	@echo .run/deploy.yaml
+# deploy/: the generated files (deploy/render.py: rules and Envoy bootstrap
+# from e2e/limits.json, the built .wasm), then each variant through kustomize
+# into .run/deploy/<variant>.yaml.
+deploy-render: deps-python build $(GOBIN_DIR)/kustomize
+	$(PY) deploy/render.py
+	@mkdir -p .run/deploy
+	@for v in sidecar istio envoy-gateway; do \
+	  $(GOBIN_DIR)/kustomize build deploy/$$v > .run/deploy/$$v.yaml; echo .run/deploy/$$v.yaml; \
+	done
 
 # The aarch64 Envoy of the same wheel under qemu-user (not part of make test).
 arm-attempt: deps build
