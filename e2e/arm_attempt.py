@@ -59,13 +59,15 @@ def arm_envoy() -> Path:
     return binary
 
 
-def main() -> int:
+def attempt(say=print) -> dict:
+    """Run it; returns {"version": ..., "statuses": [...], "ready_s": ...}."""
     if not shutil.which(QEMU) or not (SYSROOT / "lib" / "ld-linux-aarch64.so.1").exists():
         apt_install("qemu-user", "libc6-arm64-cross")
     envoy_bin = arm_envoy()
     version = subprocess.run([QEMU, "-L", str(SYSROOT), str(envoy_bin), "--version"],
                              capture_output=True, text=True, timeout=120)
-    print(f"aarch64 envoy --version under {QEMU}: {version.stdout.strip() or version.stderr.strip()}")
+    report: dict = {"version": (version.stdout.strip() or version.stderr.strip()), "statuses": []}
+    say(f"aarch64 envoy --version under {QEMU}: {report['version']}")
 
     workdir = REPO / ".run" / "arm"
     shutil.rmtree(workdir, ignore_errors=True)
@@ -87,24 +89,31 @@ def main() -> int:
             harness.wait_until(lambda: harness.http_ok(f"http://{harness.LOOPBACK}:{admin}/ready"),
                                "aarch64 envoy /ready", STARTUP_DEADLINE_S, process=proc)
         except harness.StartupError as e:
-            print(f"FAILED: {e}")
-            return 1
-        print(f"aarch64 envoy ready after {time.monotonic() - started:.1f}s")
+            say(f"FAILED: {e}")
+            report["error"] = str(e)
+            return report
+        report["ready_s"] = time.monotonic() - started
+        say(f"aarch64 envoy ready after {report['ready_s']:.1f}s")
         tenant = harness.unique("tenant-arm")
         harness.ensure_window_room(3600, 120)
         results = [harness.send(envoy_url, tenant=tenant, timeout=60) for _ in range(2)]
-        statuses = [r.status for r in results]
+        report["statuses"] = [r.status for r in results]
         for r in results:
-            print(f"  status {r.status} in {r.latency_s * 1000:.0f} ms"
-                  f"  x-ratelimit-remaining={r.headers.get('x-ratelimit-remaining')}")
+            say(f"  status {r.status} in {r.latency_s * 1000:.0f} ms"
+                f"  x-ratelimit-remaining={r.headers.get('x-ratelimit-remaining')}")
         lines = [ln for ln in proc.log_text().splitlines()
                  if "wasm" in ln.lower() and "server.cc:467" not in ln]
         if lines:
-            print("envoy's wasm log lines:\n  " + "\n  ".join(ln[:240] for ln in lines[:8]))
-        ok = statuses == [200, 429]
-        print(("OK" if ok else "FAILED") + f": aarch64 Envoy {WHEEL_VERSION} with the same .wasm "
-              f"answered {statuses} (want [200, 429])")
-        return 0 if ok else 1
+            say("envoy's wasm log lines:\n  " + "\n  ".join(ln[:240] for ln in lines[:8]))
+    return report
+
+
+def main() -> int:
+    report = attempt()
+    ok = report["statuses"] == [200, 429]
+    print(("OK" if ok else "FAILED") + f": aarch64 Envoy {WHEEL_VERSION} with the same .wasm "
+          f"answered {report['statuses']} (want [200, 429])")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
