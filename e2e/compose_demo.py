@@ -184,6 +184,8 @@ def leftovers(d: Dockerd | None, before_ifaces: set[str]) -> list[str]:
             found.append(f"processes: {procs}")
         if d.exec_root.exists():
             found.append(f"exec root {d.exec_root}")
+        if d.side_leftovers():
+            found.append(f"files: {d.side_leftovers()}")
     return found
 
 

@@ -27,6 +27,10 @@ sys.path.insert(0, str(REPO / "tests"))
 import harness  # noqa: E402
 
 DATA_ROOT = REPO / ".deps" / "docker"
+# What dockerd 20.10 and its containerd create outside their roots whatever
+# the flags: removed after a run when that run created them (and dirs are empty).
+SIDE_PATHS = (Path("/etc/docker/key.json"), Path("/run/docker/plugins"), Path("/run/docker"),
+              Path("/run/containerd/s"), Path("/run/containerd"))
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 
@@ -43,6 +47,7 @@ class Dockerd:
         self.socket = self.exec_root / "d.sock"
         self.host = f"unix://{self.socket}"
         self.log_dir = log_dir
+        self.side_paths_before = {p for p in SIDE_PATHS if p.exists()}
         DATA_ROOT.mkdir(parents=True, exist_ok=True)
         argv = [
             "dockerd",
@@ -85,7 +90,17 @@ class Dockerd:
         while our_processes(self.exec_root) and time.monotonic() < end:
             time.sleep(0.1)
         shutil.rmtree(self.exec_root, ignore_errors=True)
+        for p in SIDE_PATHS:
+            if p in self.side_paths_before or not p.exists():
+                continue
+            try:
+                p.rmdir() if p.is_dir() else p.unlink()
+            except OSError:
+                pass  # not empty: something else uses it; reported by leftovers()
         return code
+
+    def side_leftovers(self) -> list[str]:
+        return [str(p) for p in SIDE_PATHS if p.exists() and p not in self.side_paths_before]
 
 
 def our_processes(marker: Path) -> list[str]:
