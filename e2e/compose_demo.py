@@ -16,7 +16,8 @@
    sequential requests for tenant-a alternating between the two Envoys,
    twice. Exactly 100 must be admitted, then none.
 5. `docker-compose down -v`, stops dockerd, and checks that nothing is left:
-   no container, no network, no network interface, no process of that dockerd.
+   no container, no network, no network interface, no iptables rule or chain,
+   no change to net.ipv4.ip_forward, no process or file of that dockerd.
 """
 
 from __future__ import annotations
@@ -170,9 +171,29 @@ def interfaces() -> set[str]:
     return {p.name for p in Path("/sys/class/net").iterdir()}
 
 
-def leftovers(d: Dockerd | None, before_ifaces: set[str]) -> list[str]:
+def iptables_rules() -> set[str]:
+    """Every iptables rule and chain (filter and nat), when iptables is there."""
+    rules: set[str] = set()
+    if not shutil.which("iptables"):
+        return rules
+    for table in ("filter", "nat"):
+        out = subprocess.run(["iptables", "-t", table, "-S"], capture_output=True, text=True)
+        rules.update(f"{table}: {line}" for line in out.stdout.splitlines())
+    return rules
+
+
+def ip_forward() -> str:
+    return Path("/proc/sys/net/ipv4/ip_forward").read_text().strip()
+
+
+def leftovers(d: Dockerd | None, before_ifaces: set[str], before_rules: set[str] | None = None,
+              before_forward: str | None = None) -> list[str]:
     """What a run left behind (call after dockerd stopped; `d` for its exec root)."""
     found = []
+    if before_rules is not None and iptables_rules() != before_rules:
+        found.append(f"iptables: {sorted(iptables_rules() ^ before_rules)}")
+    if before_forward is not None and ip_forward() != before_forward:
+        found.append(f"net.ipv4.ip_forward changed from {before_forward} to {ip_forward()}")
     new_ifaces = interfaces() - before_ifaces
     if new_ifaces:
         found.append(f"network interfaces: {sorted(new_ifaces)}")
@@ -209,7 +230,7 @@ def seed_run(urls: list[str], say=print) -> list[Counter]:
 def run_demo(say=print) -> dict:
     """The whole run; returns what the tests assert on. Always cleans up."""
     report: dict = {"ok": False}
-    before_ifaces = interfaces()
+    before_ifaces, before_rules, before_forward = interfaces(), iptables_rules(), ip_forward()
     render_compose_configs(RUN_DIR, timeout_ms=harness.COUNTING_TIMEOUT_MS)
     t_start = time.monotonic()
     d = Dockerd(REPO / ".run" / "compose-logs")
@@ -251,7 +272,7 @@ def run_demo(say=print) -> dict:
             report["networks_after_down"] = d.docker(
                 "network", "ls", "--format", "{{.Name}}", check=False).stdout.split()
         d.stop()
-        report["leftovers"] = leftovers(d, before_ifaces)
+        report["leftovers"] = leftovers(d, before_ifaces, before_rules, before_forward)
     runs = report.get("runs", [])
     report["ok"] = (len(runs) == 2 and runs[0] == Counter({200: LIMIT, 429: REQUESTS - LIMIT})
                     and runs[1] == Counter({429: REQUESTS}) and not report["leftovers"]
