@@ -1,0 +1,253 @@
+"""Scaled out: 3 Envoys, 2 rate-limit service replicas, a 3-master Redis
+Cluster with a replica per master, and a per-second Redis (tests/cluster.py).
+
+- "Exactly N" holds for tenants whose counters live on different masters.
+- Per-second counters go to the per-second Redis, the others to the cluster.
+- A master crashes mid-window and its replica takes over: no 5xx, every
+  admission the service did not decide is counted as a failure, limiting
+  resumes, and what was admitted beyond the quota is measured.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import cluster as cl
+import expect
+import harness
+from harness import ensure_window_room, run_sequential, send, tally, unique, wait_next_second
+
+QUOTA = 100
+RULE = {"perhour": QUOTA}
+LIMITS = {"x-tenant-id": {"default": RULE}}
+HOUR_ROOM_S = 180
+# Where the failover test writes what it measured (the README quotes it);
+# TRL_CLUSTER_FIGURES overrides the path.
+FIGURES = Path(os.environ.get("TRL_CLUSTER_FIGURES", "")) if os.environ.get(
+    "TRL_CLUSTER_FIGURES") else None
+
+
+def test_exactly_100_per_tenant_across_3_envoys_2_services_and_3_masters(stack):
+    fleet = cl.scaled_fleet(stack, LIMITS, envoys=3, services_n=2,
+                            timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    ensure_window_room(3600, HOUR_ROOM_S)
+    tenants = cl.tenants_on_distinct_masters(fleet.cluster, fleet.domain, "hour", "spread")
+    keys = {t: harness.redis_key(fleet.domain, "hour", t) for t in tenants}
+    homes = {t: fleet.cluster.master_of(keys[t]) for t in tenants}
+    assert len({n.port for n in homes.values()}) == 3, "the tenants share a master"
+
+    # 400 requests per tenant, the tenants interleaved, over the 3 Envoys, 30 at a time.
+    plan = [(tenants[i % 3], i % len(fleet.urls)) for i in range(1200)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=30) as pool:
+        futures = [pool.submit(send, fleet.urls[e], t, None, 10.0, e) for t, e in plan]
+        results = [f.result() for f in futures]
+    by_tenant: dict[str, list[harness.Result]] = {t: [] for t in tenants}
+    for (t, _), r in zip(plan, results):
+        by_tenant[t].append(r)
+
+    for t in tenants:
+        rs = by_tenant[t]
+        assert tally(rs) == Counter({200: QUOTA, 429: 400 - QUOTA}), (t, harness.summary(rs))
+        # Every remaining value 99 … 0 was handed out once: one counter, shared.
+        assert sorted(harness.parse_ratelimit_headers(r.headers).remaining
+                      for r in rs if r.status == 200) == list(range(QUOTA))
+        for r in rs:
+            if r.status == 200:
+                expect.admitted(r, RULE, tightest_window=3600)
+            else:
+                expect.limited(r, RULE, tightest_window=3600)
+
+    # Each counter lives on its own master, and only there.
+    calls = sum(fleet.service_calls())
+    counted = 0
+    for t in tenants:
+        home = homes[t]
+        value = int(home.command("GET", keys[t]))
+        assert value >= QUOTA + 1, (t, value)  # the 101st call was counted too
+        counted += value
+        for other in fleet.cluster.masters():
+            if other is not home:
+                assert keys[t] not in other.command("KEYS", f"{fleet.domain}_*")
+    # One INCRBY per call (one descriptor each): the cluster counted every call once.
+    assert counted == calls, (counted, calls)
+    # Both service replicas took calls, and none failed.
+    assert all(n > 0 for n in fleet.service_calls()), fleet.service_calls()
+    c = fleet.counters()
+    assert c["allowed"] == 3 * QUOTA, c
+    assert c["failure_mode_allowed"] == 0 and c["rls_error"] == 0, c
+
+
+PS_RULE = {"persecond": 5, "perminute": 20}
+PS_LIMITS = {"x-tenant-id": {"default": PS_RULE}}
+BURST = 12
+
+
+def test_per_second_counted_in_the_per_second_redis_and_minute_in_the_cluster(stack):
+    fleet = cl.scaled_fleet(stack, PS_LIMITS, envoys=3, services_n=2, persecond=True,
+                            timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    assert fleet.persecond is not None
+    ensure_window_room(60, 20)
+    minute = harness.window_start(60)
+
+    for attempt in range(5):
+        tenant = unique("split")  # fresh counters for every attempt
+        wait_next_second()
+        t0 = time.time()
+        results = run_sequential(fleet.urls, BURST, tenant=tenant)
+        if int(t0) == int(time.time()):
+            break
+        # The burst straddled a second boundary; redo it with a new tenant.
+    else:
+        raise AssertionError(f"no burst of {BURST} fit in one second in 5 tries")
+    assert harness.window_start(60) == minute, "the run left its minute window"
+
+    statuses = [r.status for r in results]
+    assert statuses == [200] * 5 + [429] * (BURST - 5), statuses
+    for r in results[5:]:
+        h = expect.limited(r, PS_RULE, tightest_window=1)
+        assert h.limit == 5
+
+    second_key = harness.redis_key(fleet.domain, "second", tenant, t0)
+    minute_key = harness.redis_key(fleet.domain, "minute", tenant, t0)
+    # The per-second counter is in the per-second Redis, and only there.
+    assert fleet.persecond.keys(f"{fleet.domain}_*{tenant}*") == [second_key]
+    assert fleet.cluster.keys(f"{fleet.domain}_*{tenant}*") == [minute_key]
+    # Both counted the same calls (each call carries both descriptors).
+    per_second = fleet.persecond.get_int(second_key)
+    per_minute = fleet.cluster.get_int(minute_key)
+    assert per_second == per_minute, (per_second, per_minute)
+    assert per_second is not None and per_second >= 6  # 5 admitted, then the refusal
+    assert sum(fleet.service_calls()) == per_second
+
+
+FAILOVER_QUOTA = 200
+FAILOVER_LIMITS = {"x-tenant-id": {"default": {"perhour": FAILOVER_QUOTA}}}
+PACE_PER_S = 50  # requests per second, kept up through the failover
+LOAD_DEADLINE_S = 120.0
+MAX_IN_FLIGHT = 100  # a request stuck until the 1 s timeout does not slow the pace
+
+
+class PacedLoad:
+    """One tenant's requests at a fixed pace, round robin over the Envoys,
+    from a thread pool (open loop: a slow answer does not delay the next
+    request), until stopped or LOAD_DEADLINE_S: bounded in count and time."""
+
+    def __init__(self, urls: list[str], tenant: str, rate: float):
+        self.urls, self.tenant, self.rate = urls, tenant, rate
+        self.results: list[harness.Result] = []
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _one(self, i: int) -> None:
+        r = send(self.urls[i % len(self.urls)], self.tenant, target=i % len(self.urls))
+        with self._lock:
+            self.results.append(r)
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=MAX_IN_FLIGHT) as pool:
+            for i in range(int(LOAD_DEADLINE_S * self.rate)):
+                delay = t0 + i / self.rate - time.monotonic()
+                if delay > 0 and self.stop.wait(delay):  # pacing, not a readiness wait
+                    break
+                if self.stop.is_set():
+                    break
+                pool.submit(self._one, i)
+
+    def snapshot(self) -> list[harness.Result]:
+        with self._lock:
+            return list(self.results)
+
+    def admitted(self) -> int:
+        return sum(1 for r in self.snapshot() if r.status == 200)
+
+
+def refused_tail(results: list[harness.Result], since: float) -> list[harness.Result]:
+    """The requests sent after `since` from which on (in sending order) every one was refused."""
+    tail: list[harness.Result] = []
+    for r in sorted(results, key=lambda r: r.started):
+        if r.started <= since or r.status != 429:
+            tail = []
+        else:
+            tail.append(r)
+    return tail
+
+
+def test_a_master_crashes_mid_window_and_its_replica_takes_over(stack):
+    fleet = cl.scaled_fleet(stack, FAILOVER_LIMITS, envoys=3, services_n=2,
+                            timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    ensure_window_room(3600, HOUR_ROOM_S)
+    tenant = unique("failover")
+    key = harness.redis_key(fleet.domain, "hour", tenant)
+    master = fleet.cluster.master_of(key)
+    (replica,) = fleet.cluster.replicas_of(master)
+
+    load = PacedLoad(fleet.urls, tenant, PACE_PER_S)
+    load.thread.start()
+    try:
+        # Half the quota admitted, then the master holding the counter crashes.
+        harness.wait_until(lambda: load.admitted() >= FAILOVER_QUOTA // 2,
+                           "half the quota admitted", 30)
+        killed_at = time.time()
+        fleet.cluster.kill(master)
+        promoted_at = fleet.cluster.wait_failover(master, replica)
+        # Limiting resumes: from some request on, sent after the promotion,
+        # every request is refused, for at least a second of traffic (each
+        # service replica finds the new master on its own; each Envoy then
+        # remembers the refusal).
+        harness.wait_until(lambda: len(refused_tail(load.snapshot(), promoted_at)) >= PACE_PER_S,
+                           "a second of refusals after the promotion", LOAD_DEADLINE_S - 20)
+    finally:
+        load.stop.set()
+        load.thread.join(timeout=30)
+
+    results = load.snapshot()  # every request answered: the pool has drained
+    statuses = tally(results)
+    # No 5xx, no request left without an answer: failures fail open.
+    assert set(statuses) <= {200, 429}, harness.summary(results)
+    tail = refused_tail(results, promoted_at)
+    assert len(tail) >= PACE_PER_S, harness.summary(results)
+    resumed_at = tail[0].started
+
+    c = fleet.counters()
+    admitted = statuses[200]
+    # Every admission is either the service's OK or a failure let through and counted.
+    assert c["allowed"] + c["failure_mode_allowed"] == admitted, (c, statuses)
+    assert c["failure_mode_allowed"] == c["rls_error"] > 0, c
+    # The counter now lives on the promoted replica, and reached the quota there.
+    assert fleet.cluster.master_of(key) is replica
+    final = fleet.cluster.get_int(key)
+    assert final is not None and final >= FAILOVER_QUOTA, final
+    # What the replica missed: calls the service answered minus what the
+    # counter holds (each call is one INCRBY; a failed call may or may not
+    # have reached the old master).
+    answered = c["allowed"] + c["over_limit"]
+    figures = {
+        "quota": FAILOVER_QUOTA,
+        "pace_per_s": PACE_PER_S,
+        "requests": len(results),
+        "admitted": admitted,
+        "admitted_beyond_quota": admitted - FAILOVER_QUOTA,
+        "failed_open": c["failure_mode_allowed"],
+        "service_admitted_beyond_quota": c["allowed"] - FAILOVER_QUOTA,
+        "answered_calls": answered,
+        "final_counter": final,
+        "increments_lost": answered - final,
+        "promotion_s": round(promoted_at - killed_at, 2),
+        "limiting_resumed_s": round(resumed_at - killed_at, 2),
+        "last_admitted_s": round(max(r.started for r in results if r.status == 200)
+                                 - killed_at, 2),
+        "filter_counters": dict(c),
+    }
+    print("failover figures: " + json.dumps(figures))
+    if FIGURES is not None:
+        FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
+    # The service admitted beyond the quota exactly what the replica missed.
+    assert c["allowed"] - FAILOVER_QUOTA == answered - final, figures
