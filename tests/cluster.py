@@ -64,7 +64,11 @@ class ClusterNode(Redis):
              # long ago it last heard from it.
              "--cluster-replica-validity-factor", "0",
              # A replica's first full sync starts at once, not after 5 s.
-             "--repl-diskless-sync-delay", "0"],
+             "--repl-diskless-sync-delay", "0",
+             # CLUSTER SLOTS lists a replica only once its replication offset
+             # is not 0, and an idle master's offset moves with its pings to
+             # the replicas: every second, not every 10.
+             "--repl-ping-replica-period", "1"],
         )
         wait_until(lambda: self.command("PING") == "PONG", f"redis node {index} PING",
                    process=self.process)
