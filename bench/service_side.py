@@ -57,9 +57,11 @@ def pin(process: h.Process, cpu: int) -> None:
 
 
 def commandstats(nodes: list) -> dict[str, int]:
+    """INFO commandstats summed over the masters (a replica counts the
+    commands it applies again, as INCRBY and PEXPIREAT)."""
     total: dict[str, int] = {}
     for n in nodes:
-        if not n.process.alive():
+        if not n.process.alive() or cl.info(n, "replication").get("role") != "master":
             continue
         for k, v in cl.commandstats(n).items():
             total[k] = total.get(k, 0) + v
@@ -107,12 +109,14 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
                 calls0 = sum(s.settled_metrics().get(RLS_CALLS, 0) for s in rls)
                 svc_cpu0 = sum(cpu_seconds(s.process.pid) for s in rls)
                 redis_cpu0 = sum(cpu_seconds(r.process.pid) for r in redises)
+                envoy_cpu0 = cpu_seconds(envoys[cfg].process.pid)
                 cmd0 = commandstats(redises)
                 result = wrk(envoys[cfg].url, scenario, header, args.threads,
                              args.connections, args.duration)
                 calls = sum(s.settled_metrics().get(RLS_CALLS, 0) for s in rls) - calls0
                 svc_cpu = sum(cpu_seconds(s.process.pid) for s in rls) - svc_cpu0
                 redis_cpu = sum(cpu_seconds(r.process.pid) for r in redises) - redis_cpu0
+                envoy_cpu = cpu_seconds(envoys[cfg].process.pid) - envoy_cpu0
                 cmd1 = commandstats(redises)
                 cmds = {k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0)}
                 n = result["requests"]
@@ -127,6 +131,8 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
                     "rls_calls_per_s": calls / secs if secs else 0.0,
                     "service_cpu_s": round(svc_cpu, 3),
                     "redis_cpu_s": round(redis_cpu, 3),
+                    "envoy_cpu_s": round(envoy_cpu, 3),
+                    "envoy_cpu_us_per_request": 1e6 * envoy_cpu / n if n else 0.0,
                     "service_cpu_us_per_call": 1e6 * svc_cpu / calls if calls else 0.0,
                     "redis_cpu_us_per_call": 1e6 * redis_cpu / calls if calls else 0.0,
                     "redis_commands": cmds,
@@ -137,6 +143,7 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
                       f"p99 {r['latency_ms']['p99']:.2f} ms  calls/s {r['rls_calls_per_s']:.0f}  "
                       f"service {r['service_cpu_us_per_call']:.0f} µs/call  "
                       f"redis {r['redis_cpu_us_per_call']:.0f} µs/call  "
+                      f"envoy {r['envoy_cpu_us_per_request']:.0f} µs/req  "
                       f"redis cmds/call {r['redis_data_commands_per_call']:.2f}  "
                       f"statuses {r['statuses']}", flush=True)
     return {
@@ -145,7 +152,8 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
         "configs": list(CONFIGS),
         "labels": LABELS,
         "pinned_service_cpu": args.pin_service_cpu,
-        "redis_cluster": "3 masters, 1 replica each (redis-server, cluster mode, loopback)",
+        "redis_cluster": "3 masters, 1 replica each (redis-server, cluster mode, loopback); "
+                         "Redis CPU counts all 6 nodes, commands only the masters",
         "service_redis_settings": {"single": env_single, "cluster": {
             k: v for k, v in env_cluster.items() if k != "REDIS_URL"}},
         "runs": runs,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -302,3 +304,23 @@ def stuck_calls(service: harness.RateLimitService) -> int:
         if "useSharedConn" in block and "ShouldRateLimit" in block and head.isdigit():
             total += int(head)
     return total
+
+
+def test_bench_service_side_smoke(tmp_path):
+    """`make bench`'s service-side scenario, run tiny (one 1-second run per
+    configuration) so that it cannot rot: every configuration took calls and
+    admitted everything; no figure is asserted."""
+    proc = subprocess.run(
+        [sys.executable, str(harness.REPO / "bench" / "bench.py"), "--smoke",
+         "--service-side", "only", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "latest" / "results.json").read_text())
+    runs = {r["config"]: r for r in results["service_side"]["runs"]}
+    assert set(runs) == {"svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster"}
+    for cfg, run in runs.items():
+        assert run["requests"] > 0 and set(run["statuses"]) == {"200"}, (cfg, run)
+        assert run["rls_calls"] >= run["requests"], (cfg, run)
+        # bench/limits.json's default group has 3 units: INCRBY + EXPIRE each.
+        assert run["redis_commands"].get("incrby", 0) == 3 * run["rls_calls"], (cfg, run)
+    assert "| 2 services, Redis Cluster |" in (tmp_path / "latest" / "table.md").read_text()
