@@ -220,6 +220,13 @@ integration: deps deps-ship
 
 test: deps deps-ship build lint unit validate integration
 
+# Only the scaled-out tests (tests/test_cluster.py: a Redis Cluster, a
+# per-second Redis, 2 service replicas, 3 Envoys, a master crash). They are
+# part of `make integration` (and so of `make test`) too.
+.PHONY: cluster-test
+cluster-test: deps
+	cd tests && $(PY) -m pytest -ra test_cluster.py $(PYTEST_ARGS)
+
 # ---------------------------------------------------------------- bench
 # The load benchmark (bench/bench.py: results, table and chart under
 # bench-results/<time>/, bench-results/latest), then the pure core's

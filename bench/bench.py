@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import harness as h  # noqa: E402
 import report  # noqa: E402
+import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
@@ -284,7 +285,16 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="one 1-second run per scenario and configuration, 2 connections: "
                          "checks the harness works, measures nothing")
+    ap.add_argument("--service-side", choices=("on", "off", "only"),
+                    help="the service-side scenario (bench/service_side.py: the allowed path "
+                         "with 1 or 2 service replicas, one Redis or a Redis Cluster): "
+                         "on (default), off (default with --smoke), only")
+    ap.add_argument("--pin-service-cpu", type=int, metavar="CPU",
+                    help="service-side scenario: pin every service replica to this CPU "
+                         "(taskset) with GOMAXPROCS=1")
     args = ap.parse_args()
+    if args.service_side is None:
+        args.service_side = "off" if args.smoke else "on"
     if args.smoke:
         args.duration, args.reps, args.warmup = 1, 1, 0
         args.connections, args.threads = 2, 1
@@ -297,6 +307,8 @@ def main() -> int:
         ap.error("filter_alt needs --alt-wasm FILE")
     if not chosen:
         ap.error(f"no scenario among {args.scenarios!r}")
+    if args.service_side == "only":
+        chosen, configs = [], []
     if shutil.which("wrk") is None:
         print("wrk not found: `make deps` installs it (Debian package wrk)", file=sys.stderr)
         return 1
@@ -373,6 +385,10 @@ def main() -> int:
         "configs": configs,
         "runs": runs,
     }
+    if args.service_side != "off":
+        allowed = next(s for s in SCENARIOS if s.name == "allowed")
+        results["service_side"] = service_side.run(args, out, wrk, allowed, header, limits)
+        results["wall_s"] = round(time.time() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)
     (out / "table.md").write_text(table)

@@ -194,6 +194,16 @@ class Process:
             except ProcessLookupError:
                 pass
 
+    def kill(self) -> int | None:
+        """SIGKILL, as a crash: no shutdown work (a Redis master then hands
+        nothing more to its replicas). Waits until it is reaped."""
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.popen.wait(timeout=STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        return self.popen.returncode
+
     def freeze(self) -> None:
         """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers."""
         self._signal_group(signal.SIGSTOP)
@@ -300,7 +310,7 @@ class RateLimitService:
     generated: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml.
     """
 
-    def __init__(self, stack: "Stack", redis: Redis, config_files: Iterable[Path],
+    def __init__(self, stack: "Stack", redis: Redis | None, config_files: Iterable[Path],
                  log_level: str | None = None, extra_env: dict[str, str] | None = None):
         self.stack = stack
         self.extra_env = dict(extra_env or {})
@@ -334,7 +344,8 @@ class RateLimitService:
             "DEBUG_HOST": LOOPBACK,
             "DEBUG_PORT": str(self.debug_port),
             "REDIS_SOCKET_TYPE": "tcp",
-            "REDIS_URL": f"{LOOPBACK}:{self.redis.port}",
+            # Without `redis`, extra_env gives REDIS_URL (e.g. a Redis Cluster: tests/cluster.py).
+            **({"REDIS_URL": f"{LOOPBACK}:{self.redis.port}"} if self.redis is not None else {}),
             # The debug port's /stats shows only Go expvars; the service's own
             # counters (within_limit, over_limit, ...) reach an HTTP endpoint
             # only through the Prometheus sink, flushed every STATS_FLUSH_INTERVAL.
