@@ -54,6 +54,9 @@ def render_all(work: Path) -> list[Path]:
             text = harness.render_upstream_config(listen_port=10000, admin_port=10001)
         elif tmpl == ecds.ECDS_TEMPLATE:
             # The ECDS bootstrap, with the filter's resource file it watches.
+            # Validate mode checks the bootstrap and that the file exists, not
+            # the resource in it (a bad plugin configuration there passes);
+            # tests/test_live_config.py has Envoy load it for real.
             ecds_path = work / "ecds" / "tenant_ratelimit.yaml"
             ecds_path.parent.mkdir(parents=True, exist_ok=True)
             ecds.write_atomically(ecds_path, ecds.ecds_resource(cfg, "1"))
