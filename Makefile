@@ -167,13 +167,17 @@ bench-core: deps-rust
 # ratelimit-config/tests/fuzz_corpus.rs). `make fuzz` runs each target for
 # FUZZ_SECONDS, writing what it finds to fuzz/work/<target>/ (git-ignored)
 # and crashes to fuzz/artifacts/<target>/; `make fuzz-cmin` merges
-# fuzz/work/ into the committed corpora, minimised.
+# fuzz/work/ into the committed corpora, minimised. Built with debug
+# assertions and overflow checks (cargo-fuzz's default) but without
+# AddressSanitizer: the code under test is safe Rust, and ASan slows every
+# execution (FUZZ_BUILD_FLAGS= turns it back on).
 FUZZ_TOOLCHAIN     := nightly-2026-05-19
 CARGO_FUZZ_VERSION := 0.13.2
 CARGO_FUZZ         := $(DEPS)/cargo/bin/cargo-fuzz
 FUZZ_TARGETS       ?= plugin_config team_file verdict slot
 FUZZ_SECONDS       ?= 60
 FUZZ_NICE          ?= nice -n 19
+FUZZ_BUILD_FLAGS   ?= --sanitizer none
 FUZZ_RUN           := RUSTUP_TOOLCHAIN=$(FUZZ_TOOLCHAIN) $(FUZZ_NICE) $(CARGO_FUZZ) fuzz
 
 .PHONY: deps-fuzz fuzz fuzz-cmin
@@ -188,7 +192,7 @@ fuzz: deps-fuzz
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz/work/$$t; \
 	  echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
-	  $(FUZZ_RUN) run --fuzz-dir fuzz $$t fuzz/work/$$t fuzz/corpus/$$t -- \
+	  $(FUZZ_RUN) run --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/work/$$t fuzz/corpus/$$t -- \
 	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
 	done
 
@@ -196,7 +200,7 @@ fuzz-cmin: deps-fuzz
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz/work/$$t fuzz/corpus/$$t; \
 	  cp -n fuzz/work/$$t/* fuzz/corpus/$$t/ 2>/dev/null || true; \
-	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $$t fuzz/corpus/$$t; \
+	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/corpus/$$t; \
 	done
 
 # ---------------------------------------------------------------- demo
