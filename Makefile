@@ -167,7 +167,8 @@ bench-core: deps-rust
 # ratelimit-config/tests/fuzz_corpus.rs). `make fuzz` runs each target for
 # FUZZ_SECONDS, writing what it finds to fuzz/work/<target>/ (git-ignored)
 # and crashes to fuzz/artifacts/<target>/; `make fuzz-cmin` merges
-# fuzz/work/ into the committed corpora, minimised. Built with debug
+# fuzz/work/ into the committed corpora, minimised to a small set that
+# keeps every edge covered (hit counts ignored). Built with debug
 # assertions and overflow checks (cargo-fuzz's default) but without
 # AddressSanitizer: the code under test is safe Rust, and ASan slows every
 # execution (FUZZ_BUILD_FLAGS= turns it back on).
@@ -200,7 +201,8 @@ fuzz-cmin: deps-fuzz
 	@for t in $(FUZZ_TARGETS); do \
 	  mkdir -p fuzz/work/$$t fuzz/corpus/$$t; \
 	  cp -n fuzz/work/$$t/* fuzz/corpus/$$t/ 2>/dev/null || true; \
-	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/corpus/$$t; \
+	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/corpus/$$t -- \
+	    -set_cover_merge=1 -use_counters=0; \
 	done
 
 # ---------------------------------------------------------------- demo
