@@ -237,6 +237,51 @@ bench: deps build bench-core
 bench-core: deps-rust
 	cargo bench -p tenant-ratelimit --bench decision
 
+# ---------------------------------------------------------------- fuzz
+# cargo-fuzz targets (fuzz/, a crate outside the workspace) on a pinned
+# nightly; not part of `make test`, which replays the committed corpora
+# fuzz/corpus/<target>/ on stable (filter/tests/fuzz_corpus.rs,
+# ratelimit-config/tests/fuzz_corpus.rs). `make fuzz` runs each target for
+# FUZZ_SECONDS, writing what it finds to fuzz/work/<target>/ (git-ignored)
+# and crashes to fuzz/artifacts/<target>/; `make fuzz-cmin` merges
+# fuzz/work/ into the committed corpora, minimised to a small set that
+# keeps every edge covered (hit counts ignored). Built with debug
+# assertions and overflow checks (cargo-fuzz's default) but without
+# AddressSanitizer: the code under test is safe Rust, and ASan slows every
+# execution (FUZZ_BUILD_FLAGS= turns it back on).
+FUZZ_TOOLCHAIN     := nightly-2026-05-19
+CARGO_FUZZ_VERSION := 0.13.2
+CARGO_FUZZ         := $(DEPS)/cargo/bin/cargo-fuzz
+FUZZ_TARGETS       ?= plugin_config team_file verdict slot
+FUZZ_SECONDS       ?= 60
+FUZZ_NICE          ?= nice -n 19
+FUZZ_BUILD_FLAGS   ?= --sanitizer none
+FUZZ_RUN           := RUSTUP_TOOLCHAIN=$(FUZZ_TOOLCHAIN) $(FUZZ_NICE) $(CARGO_FUZZ) fuzz
+
+.PHONY: deps-fuzz fuzz fuzz-cmin
+
+deps-fuzz: deps-rust
+	@rustup toolchain list | grep -q '^$(FUZZ_TOOLCHAIN)' || \
+	  rustup toolchain install $(FUZZ_TOOLCHAIN) --profile minimal
+	@$(CARGO_FUZZ) --version 2>/dev/null | grep -qx 'cargo-fuzz $(CARGO_FUZZ_VERSION)' || \
+	  cargo install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked --root $(DEPS)/cargo
+
+fuzz: deps-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/work/$$t; \
+	  echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_RUN) run --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/work/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
+	done
+
+fuzz-cmin: deps-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/work/$$t fuzz/corpus/$$t; \
+	  cp -n fuzz/work/$$t/* fuzz/corpus/$$t/ 2>/dev/null || true; \
+	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/corpus/$$t -- \
+	    -set_cover_merge=1 -use_counters=0; \
+	done
+
 # ---------------------------------------------------------------- demo
 demo: deps build
 	$(PY) e2e/demo.py
