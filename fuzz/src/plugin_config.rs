@@ -34,7 +34,10 @@ pub fn check(data: &[u8]) {
         descriptor_key: &config.descriptor_key,
     };
     let limits = doc.get("limits").unwrap_or(&serde_json::Value::Null);
-    let generated = plugin_config_json(limits, &opts).to_string();
+    let generated = match serde_json::to_string(&plugin_config_json(limits, &opts)) {
+        Ok(text) => text,
+        Err(e) => unreachable!("the generated configuration does not serialise: {e}"),
+    };
     match parse_plugin_config(generated.as_bytes()) {
         Ok((again, _)) => assert_eq!(again.limits, config.limits),
         Err(e) => unreachable!("the generated configuration is refused: {e:?}"),
