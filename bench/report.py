@@ -103,7 +103,51 @@ def markdown(results: dict) -> str:
         r = paired_ratios(results, name)
         if r is not None:
             lines.append(f"| {name} | {r[0]:.2f}x ({r[1]:.2f}x) | {r[2]:.2f}x ({r[3]:.2f}x) |")
+    if "service_side" in results:
+        lines += ["", *service_side_markdown(results["service_side"])]
     return "\n".join(lines) + "\n"
+
+
+def service_side_markdown(ss: dict) -> list[str]:
+    """The service-side scenario (bench/service_side.py): medians per
+    configuration, and each configuration's throughput against one service
+    on one Redis, per repetition (median, worst)."""
+    by_cfg: dict[str, list[dict]] = {}
+    for run in ss["runs"]:
+        by_cfg.setdefault(run["config"], []).append(run)
+    pinned = ss.get("pinned_service_cpu")
+    lines = [
+        f"Service side: {ss['title']}; the service scaled out"
+        + (f" (every replica pinned to CPU {pinned}, GOMAXPROCS=1)" if pinned is not None else "")
+        + ". CPU per call is the CPU time the replicas (or the Redis servers) used "
+        "during the run over the calls they answered.",
+        "",
+        "| Configuration | req/s | p99 ms | service calls/s | Envoy CPU µs/request "
+        "| service CPU µs/call | Redis CPU µs/call | Redis INCRBY+EXPIRE / call "
+        "| req/s vs 1 service, one Redis |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = {r["rep"]: r for r in by_cfg.get(ss["configs"][0], [])}
+
+    def med(runs: list[dict], key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    for cfg in ss["configs"]:
+        runs = by_cfg.get(cfg, [])
+        if not runs:
+            continue
+        ratios = [r["rps"] / base[r["rep"]]["rps"] for r in runs
+                  if r["rep"] in base and base[r["rep"]]["rps"]]
+        ratio = (f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}x)" if ratios else "")
+        lines.append(
+            f"| {ss['labels'][cfg]} | {med(runs, 'rps'):,.0f} "
+            f"| {statistics.median(r['latency_ms']['p99'] for r in runs):.2f} "
+            f"| {med(runs, 'rls_calls_per_s'):,.0f} "
+            f"| {statistics.median(r.get('envoy_cpu_us_per_request', 0.0) for r in runs):.0f} "
+            f"| {med(runs, 'service_cpu_us_per_call'):.0f} "
+            f"| {med(runs, 'redis_cpu_us_per_call'):.0f} "
+            f"| {med(runs, 'redis_data_commands_per_call'):.2f} | {ratio} |")
+    return lines
 
 
 def chart(results: dict, path: Path) -> None:
@@ -113,6 +157,8 @@ def chart(results: dict, path: Path) -> None:
 
     summary = summarise(results)
     scenarios = list(summary)
+    if not scenarios:  # a service-side-only run: nothing to draw
+        return
     configs = [c for c in results.get("configs", CONFIG_LABELS)
                if any(c in summary[s] for s in scenarios)]
     colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",

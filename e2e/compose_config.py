@@ -31,8 +31,12 @@ CONTAINER_WASM = "/etc/envoy/tenant_ratelimit.wasm"
 ENVOYS = ("envoy-1", "envoy-2")
 
 
-def render_compose_configs(out: Path, wasm_path: str | Path = CONTAINER_WASM) -> list[Path]:
-    """Write every compose config into `out`; return the Envoy bootstraps written."""
+def render_compose_configs(out: Path, wasm_path: str | Path = CONTAINER_WASM,
+                           timeout_ms: int | None = None) -> list[Path]:
+    """Write every compose config into `out`; return the Envoy bootstraps written.
+
+    `timeout_ms`: the filter's gRPC timeout, when not the generated default.
+    """
     out.mkdir(parents=True, exist_ok=True)
     gen = harness.generate(json.loads(LIMITS.read_text()), out / "generated", DOMAIN)
     config_dir = out / "ratelimit" / "config"
@@ -43,7 +47,7 @@ def render_compose_configs(out: Path, wasm_path: str | Path = CONTAINER_WASM) ->
     for name in ENVOYS:
         path = out / f"{name}.yaml"
         path.write_text(harness.render_envoy_config(
-            gen.plugin_config(), listen_port=LISTEN_PORT, admin_port=ADMIN_PORT,
+            gen.plugin_config(timeout_ms=timeout_ms), listen_port=LISTEN_PORT, admin_port=ADMIN_PORT,
             rls_port=RLS_GRPC_PORT, upstream_port=UPSTREAM_PORT, wasm_path=wasm_path,
             bind_address="0.0.0.0", rls_address="ratelimit", upstream_address="upstream",
             cluster_type="STRICT_DNS", node_id=name))

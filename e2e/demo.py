@@ -76,7 +76,9 @@ def main() -> int:
     try:
         gen = stack.generate(limits, DOMAIN)
         quota = gen.limits["x-tenant-id"]["default"]["perhour"]
-        fleet = stack.fleet(gen, envoys=2)
+        # Redis as shipped: append-only file, fsync every second (a restart
+        # keeps the counts; README "Failure behaviour").
+        fleet = stack.fleet(gen, envoys=2, redis_persist=True)
         print(f"tenant-ratelimit demo: quota {quota}/hour for {args.tenant} "
               f"(default rule of {LIMITS.relative_to(REPO)}), domain {DOMAIN}")
         print(f"  redis      127.0.0.1:{fleet.redis.port}")

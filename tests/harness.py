@@ -194,6 +194,16 @@ class Process:
             except ProcessLookupError:
                 pass
 
+    def kill(self) -> int | None:
+        """SIGKILL, as a crash: no shutdown work (a Redis master then hands
+        nothing more to its replicas). Waits until it is reaped."""
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.popen.wait(timeout=STOP_DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        return self.popen.returncode
+
     def freeze(self) -> None:
         """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers."""
         self._signal_group(signal.SIGSTOP)
@@ -236,17 +246,64 @@ class RespError(HarnessError):
     pass
 
 
-class Redis:
-    """redis-server on a loopback port, and a minimal RESP client for it."""
+# What the project ships for Redis (e2e/demo.py, and what README "Failure
+# behaviour" tells deployments to set): an append-only file written on every
+# command and fsynced once a second, so a restarted Redis (or a killed one:
+# the file is written before the reply goes out, only fsync waits) comes back
+# with its counters, and a crashed host loses at most the last second.
+# No RDB snapshots: the AOF is the record.
+REDIS_PERSISTENCE_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+REDIS_NO_PERSISTENCE_ARGS = ["--appendonly", "no", "--save", ""]
 
-    def __init__(self, stack: "Stack"):
+
+class Redis:
+    """redis-server on a loopback port, and a minimal RESP client for it.
+
+    `persist=True` runs it with the shipped persistence settings
+    (REDIS_PERSISTENCE_ARGS), its files in its own directory under the
+    stack's workdir; `kill()`/`stop()` and `start()` restart it on the same
+    port and directory, as a supervisor would.
+    """
+
+    def __init__(self, stack: "Stack", persist: bool = False):
+        self.stack = stack
         self.port = free_port()
-        self.process = stack.spawn(
+        self.persist = persist
+        self.dir = stack.workdir / f"redis-{self.port}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.process: Process | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart, on the same port and directory) and wait for PING."""
+        if self.process is not None and self.process.alive():
+            raise HarnessError("redis already running")
+        persistence = REDIS_PERSISTENCE_ARGS if self.persist else REDIS_NO_PERSISTENCE_ARGS
+        self.process = self.stack.spawn(
             "redis",
-            [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice"],
+            [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--dir", self.dir,
+             *persistence, "--daemonize", "no", "--loglevel", "notice"],
         )
         wait_until(lambda: self.command("PING") == "PONG", "redis PING", process=self.process)
+
+    def kill(self) -> None:
+        """SIGKILL, as the OOM killer or a crash would: no shutdown, no final save."""
+        if self.process is not None:
+            self.process._signal_group(signal.SIGKILL)
+            self.process.stop()
+
+    def stop(self) -> None:
+        """SIGTERM: Redis's own shutdown (which flushes the AOF when persisting)."""
+        if self.process is not None:
+            self.process.stop()
+
+    def freeze(self) -> None:
+        if self.process is not None:
+            self.process.freeze()
+
+    def thaw(self) -> None:
+        if self.process is not None:
+            self.process.thaw()
 
     def command(self, *args: str | int, timeout: float = 2.0):
         payload = [f"*{len(args)}\r\n".encode()]
@@ -293,6 +350,15 @@ def _read_resp(f):
 
 # ------------------------------------------------------------------ ratelimit service
 
+# The service's Redis settings the project ships. REDIS_TIMEOUT is the only
+# Redis timeout envoyproxy/ratelimit has, and it bounds only the dial (its
+# default is 10 s): a call waits for a pooled connection with no deadline
+# (README "Known issues"), so a dead Redis costs each call the filter's
+# timeout_ms whatever this is. 1 s keeps a reconnect to a blackholed
+# address from tying up the pool for 10 s.
+RATELIMIT_REDIS_ENV = {"REDIS_TIMEOUT": "1s"}
+
+
 class RateLimitService:
     """envoyproxy/ratelimit (service_cmd), counting in `redis`.
 
@@ -300,7 +366,7 @@ class RateLimitService:
     generated: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config/*.yaml.
     """
 
-    def __init__(self, stack: "Stack", redis: Redis, config_files: Iterable[Path],
+    def __init__(self, stack: "Stack", redis: Redis | None, config_files: Iterable[Path],
                  log_level: str | None = None, extra_env: dict[str, str] | None = None):
         self.stack = stack
         self.extra_env = dict(extra_env or {})
@@ -334,7 +400,9 @@ class RateLimitService:
             "DEBUG_HOST": LOOPBACK,
             "DEBUG_PORT": str(self.debug_port),
             "REDIS_SOCKET_TYPE": "tcp",
-            "REDIS_URL": f"{LOOPBACK}:{self.redis.port}",
+            # Without `redis`, extra_env gives REDIS_URL (e.g. a Redis Cluster: tests/cluster.py).
+            **({"REDIS_URL": f"{LOOPBACK}:{self.redis.port}"} if self.redis is not None else {}),
+            **RATELIMIT_REDIS_ENV,
             # The debug port's /stats shows only Go expvars; the service's own
             # counters (within_limit, over_limit, ...) reach an HTTP endpoint
             # only through the Prometheus sink, flushed every STATS_FLUSH_INTERVAL.
@@ -572,13 +640,14 @@ class Envoy:
     """One Envoy process; `ready` means admin /ready answered 200."""
 
     def __init__(self, stack: "Stack", name: str, config_text: str, listen_port: int,
-                 admin_port: int, concurrency: int = 2, wait: bool = True):
+                 admin_port: int, concurrency: int = 2, wait: bool = True,
+                 extra_args: Iterable[str] = ()):
         self.name = name
         self.listen_port = listen_port
         self.admin_port = admin_port
         self.config_path = stack.workdir / f"{name}.yaml"
         self.config_path.write_text(config_text)
-        self.process = stack.spawn(name, envoy_argv(self.config_path, concurrency))
+        self.process = stack.spawn(name, envoy_argv(self.config_path, concurrency, extra_args))
         if wait:
             self.wait_ready()
 
@@ -696,8 +765,8 @@ class Stack:
         return "\n\n".join(p.tail(lines) for p in self.processes)
 
     # -- components
-    def redis(self) -> Redis:
-        return Redis(self)
+    def redis(self, persist: bool = False) -> Redis:
+        return Redis(self, persist=persist)
 
     def ratelimit(self, redis: Redis, *generated: Generated | Path,
                   log_level: str | None = None,
@@ -725,15 +794,18 @@ class Stack:
         return generate(limits, self.workdir / "generated" / domain, domain, **kw)
 
     def fleet(self, limits: dict | Generated, envoys: int = 2, domain: str | None = None,
-              timeout_ms: int | None = None, **plugin_overrides) -> Fleet:
-        """The whole stack for one team JSON (generated here, `--timeout-ms` if given)."""
+              timeout_ms: int | None = None, redis_persist: bool = False,
+              **plugin_overrides) -> Fleet:
+        """The whole stack for one team JSON (generated here, `--timeout-ms` if given).
+
+        `redis_persist=True`: Redis with the shipped persistence settings."""
         if isinstance(limits, Generated):
             gen = limits
             if timeout_ms is not None:
                 plugin_overrides["timeout_ms"] = timeout_ms
         else:
             gen = self.generate(limits, domain, timeout_ms=timeout_ms)
-        redis = self.redis()
+        redis = self.redis(persist=redis_persist)
         rls = self.ratelimit(redis, gen)
         upstream = self.upstream()
         cfg = gen.plugin_config(**plugin_overrides)

@@ -4,6 +4,7 @@ non-zero during startup; it never serves half-configured)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -85,3 +86,83 @@ def test_envoy_validate_mode_refuses_a_bad_plugin_configuration(stack, case):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert all(s in out for s in expected_in_log), out[-3000:]
+
+
+# ------------------------------------------------------------------ raw text
+# What a dict cannot hold: a key given twice, a byte order mark, a huge value.
+# The plugin configuration is written as text, so the test knows the place
+# of each key and checks that the log names it.
+
+def _place(text: str, needle: str, nth: int) -> str:
+    """line:column (1-based, in characters) of the nth occurrence of needle."""
+    at = -1
+    for _ in range(nth):
+        at = text.index(needle, at + 1)
+    line_start = text.rfind("\n", 0, at) + 1
+    return f"{text.count(chr(10), 0, at) + 1}:{at - line_start + 1}"
+
+
+def _duplicate_domain(cfg: dict) -> tuple[str, str]:
+    text = json.dumps(cfg, indent=2)
+    # A second "domain", as a hand edit would leave it: JSON keeps the last.
+    text = text.replace('\n  "limits":', '\n  "domain": "other-domain",\n  "limits":', 1)
+    first, second = _place(text, '"domain"', 1), _place(text, '"domain"', 2)
+    return text, f'domain: duplicate key "domain" at {second} (first at {first})'
+
+
+def _duplicate_in_limits(cfg: dict) -> tuple[str, str]:
+    text = json.dumps(cfg, indent=2)
+    # The default group pasted twice inside limits, the second one looser.
+    text = text.replace('"default": {', '"default": {"perhour": 1000},\n      "default": {', 1)
+    first, second = _place(text, '"default"', 1), _place(text, '"default"', 2)
+    return text, (f'limits.x-tenant-id.default: duplicate key "default" at {second} '
+                  f'(first at {first})')
+
+
+def _bom(cfg: dict) -> tuple[str, str]:
+    return "\ufeff" + json.dumps(cfg), "starts with a UTF-8 byte order mark (BOM)"
+
+
+def _huge_value(cfg: dict) -> tuple[str, str]:
+    cfg["missing_tenant"] = "x" * (1 << 20)
+    shown = "x" * 64
+    return json.dumps(cfg), ('missing_tenant: must be one of "allow", "deny", '
+                             f'got string "{shown}"… (1048576 bytes)')
+
+
+RAW_CONFIGS = {
+    "duplicate-key": _duplicate_domain,
+    "duplicate-key-in-limits": _duplicate_in_limits,
+    "bom": _bom,
+    "huge-value": _huge_value,
+}
+
+
+def _envoy_with_config_text(stack, text: str) -> harness.Envoy:
+    placeholder = {"rate_limit_service": {"cluster": "ratelimit"}}
+    listen, admin = free_port(), free_port()
+    yaml = harness.render_envoy_config(placeholder, listen_port=listen, admin_port=admin,
+                                       rls_port=free_port(), upstream_port=free_port())
+    literal = json.dumps(json.dumps(placeholder, separators=(",", ":")))
+    assert yaml.count(literal) == 1
+    # A JSON string literal is also a valid YAML double-quoted scalar.
+    yaml = yaml.replace(literal, json.dumps(text))
+    return harness.Envoy(stack, "envoy", yaml, listen, admin, wait=False)
+
+
+@pytest.mark.parametrize("case", sorted(RAW_CONFIGS))
+def test_envoy_refuses_what_only_the_text_shows(stack, case):
+    cfg = stack.generate(GOOD_LIMITS).plugin_config()
+    text, expected = RAW_CONFIGS[case](cfg)
+    envoy = _envoy_with_config_text(stack, text)
+    outcome = envoy.outcome(deadline_s=30)
+    log = envoy.process.log_text()
+    assert outcome.startswith("exited "), f"{outcome}\n{envoy.process.tail()}"
+    assert envoy.process.returncode != 0
+    assert "Unable to create Wasm plugin" in log, envoy.process.tail()
+    config_lines = [line for line in log.splitlines() if "invalid configuration" in line]
+    assert [line for line in config_lines if expected in line], (expected, config_lines)
+    # Only that: the rest of the configuration is good.
+    assert len(config_lines) == 1, config_lines
+    # Envoy may log the configuration elsewhere; the filter's own line stays short.
+    assert all(len(line) < 600 for line in config_lines), [len(x) for x in config_lines]

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "e2e"))
 
 import compose_config  # noqa: E402
+import ecds  # noqa: E402
 import harness  # noqa: E402
 
 DUMMY = dict(listen_port=10000, admin_port=10001, rls_port=10002, upstream_port=10003)
@@ -43,7 +44,7 @@ def render_all(work: Path) -> list[Path]:
     cfg = gen.plugin_config()
     rendered: list[Path] = []
     templates = sorted((REPO / "envoy").rglob("*.yaml.tmpl"))
-    known = {harness.ENVOY_TEMPLATE, harness.UPSTREAM_TEMPLATE}
+    known = {harness.ENVOY_TEMPLATE, harness.UPSTREAM_TEMPLATE, ecds.ECDS_TEMPLATE}
     for tmpl in templates:
         out = work / "local" / tmpl.relative_to(REPO / "envoy").with_suffix("")
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -51,6 +52,15 @@ def render_all(work: Path) -> list[Path]:
             text = harness.render_envoy_config(cfg, **DUMMY)
         elif tmpl == harness.UPSTREAM_TEMPLATE:
             text = harness.render_upstream_config(listen_port=10000, admin_port=10001)
+        elif tmpl == ecds.ECDS_TEMPLATE:
+            # The ECDS bootstrap, with the filter's resource file it watches.
+            # Validate mode checks the bootstrap and that the file exists, not
+            # the resource in it (a bad plugin configuration there passes);
+            # tests/test_live_config.py has Envoy load it for real.
+            ecds_path = work / "ecds" / "tenant_ratelimit.yaml"
+            ecds_path.parent.mkdir(parents=True, exist_ok=True)
+            ecds.write_atomically(ecds_path, ecds.ecds_resource(cfg, "1"))
+            text = ecds.render_ecds_config(ecds_path=ecds_path, **DUMMY)
         else:
             # A template this script does not know yet: the union of the
             # placeholders the known ones take.

@@ -2,18 +2,32 @@
 //! the CLI: the model, its validation, and generation of the configurations
 //! that must agree with it (the rate-limit service YAML, the filter's plugin
 //! configuration). No proxy-wasm here: everything is pure and testable natively.
+//!
+//! The filter depends on this crate without default features: it links the
+//! model, the validation and the plugin configuration's parser, nothing
+//! else. What only the `ratelimit-config` binary needs (reading files with
+//! positions, writing YAML and JSON, `explain`, `check`, `schema`) sits
+//! behind the `cli` feature.
+
+pub mod json_text;
+pub mod model;
+pub mod plugin;
+pub mod validate;
 
 #[cfg(feature = "cli")]
 pub mod check;
+#[cfg(feature = "cli")]
 pub mod envoy_rate_limits;
+#[cfg(feature = "cli")]
 pub mod explain;
-pub mod model;
-pub mod plugin;
+#[cfg(feature = "cli")]
 pub mod schema;
+#[cfg(feature = "cli")]
 pub mod service_yaml;
+#[cfg(feature = "cli")]
 pub mod span;
+#[cfg(feature = "cli")]
 pub mod team_file;
-pub mod validate;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{

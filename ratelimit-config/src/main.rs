@@ -16,6 +16,7 @@ use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::scan;
 use ratelimit_config::team_file::{check_team_file, syntax_error};
+use ratelimit_config::validate::{starts_with_bom, BOM_MESSAGE};
 use ratelimit_config::{parse_plugin_config, PluginConfig, TeamLimits};
 use serde_json::Value;
 
@@ -137,6 +138,10 @@ fn load_team(path: &Path) -> Option<(Value, TeamLimits)> {
 fn load_plugin(path: &Path) -> Option<PluginConfig> {
     let text = read(path)?;
     let shown = path.display();
+    if starts_with_bom(text.as_bytes()) {
+        eprintln!("{shown}:1:1: {BOM_MESSAGE}");
+        return None;
+    }
     if let Err(e) = serde_json::from_str::<Value>(&text) {
         let (at, error) = syntax_error(&text, &e);
         eprintln!("{shown}:{}:{}: {error}", at.line, at.column);

@@ -2,24 +2,44 @@
 //! filter (`configuration`), parsed and validated once per VM. Unknown keys
 //! are errors, never silent defaults.
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
+use crate::json_text::duplicate_keys;
 use crate::model::{Group, TeamLimits, Unit};
 use crate::validate::{
-    describe, join, parse_team_limits, positive_u32, ConfigError, Errors, Warning,
+    describe, excerpt, join, parse_team_limits, positive_u32, starts_with_bom, ConfigError, Errors,
+    Warning, BOM_MESSAGE,
 };
 
+// Every default of the plugin configuration, written once: the parser
+// takes them for a key left out, `generate` writes them out, and the CLI's
+// flags default to them.
 pub const DEFAULT_TIMEOUT_MS: u32 = 20;
+pub const DEFAULT_FAILURE_MODE_DENY: bool = false;
 pub const DEFAULT_STATUS_ON_ERROR: u16 = 500;
+pub const DEFAULT_MISSING_TENANT: MissingTenant = MissingTenant::Allow;
 pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
-pub const MAX_TIMEOUT_MS: u32 = 60_000;
+pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
+pub const DEFAULT_LOCAL_ENABLED: bool = true;
 /// Slots of the local layer when `local.slots` is not set.
 pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
+pub const MAX_TIMEOUT_MS: u32 = 60_000;
 /// The most slots `local.slots` may ask for (about 256 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
 
+/// An option whose value is one of a few names.
+trait Named: Copy + 'static {
+    const ALL: &'static [Self];
+    fn name(self) -> &'static str;
+}
+
 /// What to do with a request that carries no tenant header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "cli",
+    derive(serde::Serialize),
+    serde(into = "&'static str")
+)]
 pub enum MissingTenant {
     /// Not limited (the behaviour of Envoy's own `request_headers` action).
     Allow,
@@ -27,13 +47,50 @@ pub enum MissingTenant {
     Deny,
 }
 
+impl Named for MissingTenant {
+    const ALL: &'static [Self] = &[MissingTenant::Allow, MissingTenant::Deny];
+    fn name(self) -> &'static str {
+        match self {
+            MissingTenant::Allow => "allow",
+            MissingTenant::Deny => "deny",
+        }
+    }
+}
+
 /// Which rate-limit headers the filter adds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "cli",
+    derive(serde::Serialize),
+    serde(into = "&'static str")
+)]
 pub enum HeaderMode {
     /// `X-RateLimit-*` as Envoy's `DRAFT_VERSION_03`, plus `Retry-After` on 429.
     DraftVersion03,
     /// Only `Retry-After` on 429.
     Off,
+}
+
+impl Named for HeaderMode {
+    const ALL: &'static [Self] = &[HeaderMode::DraftVersion03, HeaderMode::Off];
+    fn name(self) -> &'static str {
+        match self {
+            HeaderMode::DraftVersion03 => "draft_version_03",
+            HeaderMode::Off => "off",
+        }
+    }
+}
+
+impl From<MissingTenant> for &'static str {
+    fn from(m: MissingTenant) -> &'static str {
+        m.name()
+    }
+}
+
+impl From<HeaderMode> for &'static str {
+    fn from(h: HeaderMode) -> &'static str {
+        h.name()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,7 +128,7 @@ pub struct LocalConfig {
 impl Default for LocalConfig {
     fn default() -> LocalConfig {
         LocalConfig {
-            enabled: true,
+            enabled: DEFAULT_LOCAL_ENABLED,
             slots: DEFAULT_LOCAL_SLOTS,
             groups: Vec::new(),
         }
@@ -115,7 +172,8 @@ fn unknown_key(errors: &mut Errors, path: String, key: &str, allowed: &[&str]) {
     errors.push(
         path,
         format!(
-            "unknown key {key:?}, expected one of {}",
+            "unknown key {}, expected one of {}",
+            excerpt(key),
             allowed.join(", ")
         ),
     );
@@ -148,26 +206,35 @@ fn boolean(v: &Value, path: &str, errors: &mut Errors) -> Option<bool> {
     }
 }
 
-fn one_of<T: Copy>(v: &Value, path: &str, choices: &[(&str, T)], errors: &mut Errors) -> Option<T> {
+fn one_of<T: Named>(v: &Value, path: &str, errors: &mut Errors) -> Option<T> {
     let found = v
         .as_str()
-        .and_then(|s| choices.iter().find(|(name, _)| *name == s));
-    match found {
-        Some((_, t)) => Some(*t),
-        None => {
-            let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
-            errors.push(
-                path,
-                format!("must be one of {}, got {}", names.join(", "), describe(v)),
-            );
-            None
-        }
+        .and_then(|s| T::ALL.iter().copied().find(|t| t.name() == s));
+    if found.is_none() {
+        let names: Vec<String> = T::ALL.iter().map(|t| format!("{:?}", t.name())).collect();
+        errors.push(
+            path,
+            format!("must be one of {}, got {}", names.join(", "), describe(v)),
+        );
     }
+    found
+}
+
+/// The value of an optional key: its default when it is left out, and also
+/// when it is invalid (the error is recorded, and no configuration is built).
+fn or_default<T>(v: Option<&Value>, default: T, parse: impl FnOnce(&Value) -> Option<T>) -> T {
+    v.and_then(parse).unwrap_or(default)
 }
 
 /// Parses the plugin configuration. On success also returns the warnings of
 /// its team limits.
 pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>), Vec<ConfigError>> {
+    if starts_with_bom(bytes) {
+        return Err(vec![ConfigError {
+            path: String::new(),
+            message: BOM_MESSAGE.into(),
+        }]);
+    }
     let doc: Value = match serde_json::from_slice(bytes) {
         Ok(v) => v,
         Err(e) => {
@@ -184,11 +251,15 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         }]);
     };
     let mut errors = Errors::default();
-    for key in obj.keys() {
-        if !KEYS.contains(&key.as_str()) {
-            unknown_key(&mut errors, key.clone(), key, KEYS);
+    // serde_json keeps the last of two equal keys without a word: a group
+    // pasted twice would silently replace the first. The text says where.
+    // (It parsed as JSON, so it is UTF-8.)
+    if let Ok(text) = std::str::from_utf8(bytes) {
+        for d in duplicate_keys(text) {
+            errors.push(d.path.clone(), d.message(true));
         }
     }
+    check_keys(obj, "", KEYS, &mut errors);
     let get = |k: &str| obj.get(k);
 
     let domain = match get("domain") {
@@ -219,53 +290,36 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         }
     };
     let (cluster, timeout_ms) = rate_limit_service(get("rate_limit_service"), &mut errors);
-    let failure_mode_deny = get("failure_mode_deny")
-        .map(|v| boolean(v, "failure_mode_deny", &mut errors))
-        .unwrap_or(Some(false));
-    let status_on_error = match get("status_on_error") {
-        None => Some(DEFAULT_STATUS_ON_ERROR),
-        Some(v) => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
-            Some(n) if (200..=599).contains(&n) => Some(n),
-            _ => {
-                errors.push(
-                    "status_on_error",
-                    format!(
-                        "must be an HTTP status from 200 to 599, got {}",
-                        describe(v)
-                    ),
-                );
-                None
-            }
-        },
-    };
-    let missing_tenant = match get("missing_tenant") {
-        None => Some(MissingTenant::Allow),
-        Some(v) => one_of(
-            v,
-            "missing_tenant",
-            &[
-                ("allow", MissingTenant::Allow),
-                ("deny", MissingTenant::Deny),
-            ],
-            &mut errors,
-        ),
-    };
-    let descriptor_key = match get("descriptor_key") {
-        None => Some(DEFAULT_DESCRIPTOR_KEY.to_string()),
-        Some(v) => non_empty_string(v, "descriptor_key", &mut errors),
-    };
-    let headers = match get("headers") {
-        None => Some(HeaderMode::DraftVersion03),
-        Some(v) => one_of(
-            v,
-            "headers",
-            &[
-                ("draft_version_03", HeaderMode::DraftVersion03),
-                ("off", HeaderMode::Off),
-            ],
-            &mut errors,
-        ),
-    };
+    let failure_mode_deny = or_default(get("failure_mode_deny"), DEFAULT_FAILURE_MODE_DENY, |v| {
+        boolean(v, "failure_mode_deny", &mut errors)
+    });
+    let status_on_error = or_default(get("status_on_error"), DEFAULT_STATUS_ON_ERROR, |v| match v
+        .as_u64()
+        .and_then(|n| u16::try_from(n).ok())
+    {
+        Some(n) if (200..=599).contains(&n) => Some(n),
+        _ => {
+            errors.push(
+                "status_on_error",
+                format!(
+                    "must be an HTTP status from 200 to 599, got {}",
+                    describe(v)
+                ),
+            );
+            None
+        }
+    });
+    let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
+        one_of(v, "missing_tenant", &mut errors)
+    });
+    let descriptor_key = or_default(
+        get("descriptor_key"),
+        DEFAULT_DESCRIPTOR_KEY.to_string(),
+        |v| non_empty_string(v, "descriptor_key", &mut errors),
+    );
+    let headers = or_default(get("headers"), DEFAULT_HEADERS, |v| {
+        one_of(v, "headers", &mut errors)
+    });
     let local = local_config(get("local"), limits.as_ref(), &mut errors);
 
     // Every field was checked, so every problem is reported; build only
@@ -276,12 +330,12 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 domain: domain.unwrap_or_default(),
                 limits,
                 cluster: cluster.unwrap_or_default(),
-                timeout_ms: timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
-                failure_mode_deny: failure_mode_deny.unwrap_or(false),
-                status_on_error: status_on_error.unwrap_or(DEFAULT_STATUS_ON_ERROR),
-                missing_tenant: missing_tenant.unwrap_or(MissingTenant::Allow),
-                descriptor_key: descriptor_key.unwrap_or_default(),
-                headers: headers.unwrap_or(HeaderMode::DraftVersion03),
+                timeout_ms,
+                failure_mode_deny,
+                status_on_error,
+                missing_tenant,
+                descriptor_key,
+                headers,
                 local,
             },
             warnings,
@@ -290,18 +344,18 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     }
 }
 
-fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, Option<u32>) {
+fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {
     const BASE: &str = "rate_limit_service";
     let Some(v) = v else {
         errors.push(
             BASE,
             "missing: {\"cluster\": <name of the Envoy cluster of the rate-limit service>} is required",
         );
-        return (None, None);
+        return (None, DEFAULT_TIMEOUT_MS);
     };
     let Value::Object(obj) = v else {
         errors.push(BASE, format!("must be an object, got {}", describe(v)));
-        return (None, None);
+        return (None, DEFAULT_TIMEOUT_MS);
     };
     check_keys(obj, BASE, SERVICE_KEYS, errors);
     let cluster = match obj.get("cluster") {
@@ -314,9 +368,10 @@ fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>
             None
         }
     };
-    let timeout = match obj.get("timeout_ms") {
-        None => Some(DEFAULT_TIMEOUT_MS),
-        Some(t) => match positive_u32(t) {
+    let timeout = or_default(
+        obj.get("timeout_ms"),
+        DEFAULT_TIMEOUT_MS,
+        |t| match positive_u32(t) {
             Ok(n) if n <= MAX_TIMEOUT_MS => Some(n),
             Ok(n) => {
                 errors.push(
@@ -330,7 +385,7 @@ fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>
                 None
             }
         },
-    };
+    );
     (cluster, timeout)
 }
 
@@ -350,7 +405,7 @@ fn local_config(
     };
     check_keys(obj, BASE, LOCAL_KEYS, errors);
     if let Some(e) = obj.get("enabled") {
-        local.enabled = boolean(e, &join(BASE, "enabled"), errors).unwrap_or(true);
+        local.enabled = boolean(e, &join(BASE, "enabled"), errors).unwrap_or(DEFAULT_LOCAL_ENABLED);
     }
     if let Some(s) = obj.get("slots") {
         let path = join(BASE, "slots");
@@ -435,6 +490,7 @@ fn check_keys(obj: &Map<String, Value>, base: &str, allowed: &[&str], errors: &m
 }
 
 /// Options for the generated plugin configuration.
+#[cfg(feature = "cli")]
 pub struct PluginOptions<'a> {
     pub domain: &'a str,
     pub cluster: &'a str,
@@ -442,20 +498,60 @@ pub struct PluginOptions<'a> {
     pub descriptor_key: &'a str,
 }
 
+/// The plugin configuration `generate` writes, in the order of its fields.
+#[cfg(feature = "cli")]
+#[derive(serde::Serialize)]
+pub struct PluginConfigJson<'a> {
+    pub domain: &'a str,
+    /// The team file, verbatim.
+    pub limits: &'a Value,
+    pub rate_limit_service: RateLimitServiceJson<'a>,
+    pub failure_mode_deny: bool,
+    pub status_on_error: u16,
+    pub missing_tenant: MissingTenant,
+    pub descriptor_key: &'a str,
+    pub headers: HeaderMode,
+    pub local: LocalJson,
+}
+
+#[cfg(feature = "cli")]
+#[derive(serde::Serialize)]
+pub struct RateLimitServiceJson<'a> {
+    pub cluster: &'a str,
+    pub timeout_ms: u32,
+}
+
+#[cfg(feature = "cli")]
+#[derive(serde::Serialize)]
+pub struct LocalJson {
+    pub enabled: bool,
+    pub slots: u32,
+}
+
 /// The plugin configuration for a team limits document, with every default
 /// written out so that operators see what is in force.
-pub fn plugin_config_json(team_json: &Value, opts: &PluginOptions<'_>) -> Value {
-    json!({
-        "domain": opts.domain,
-        "limits": team_json,
-        "rate_limit_service": {"cluster": opts.cluster, "timeout_ms": opts.timeout_ms},
-        "failure_mode_deny": false,
-        "status_on_error": DEFAULT_STATUS_ON_ERROR,
-        "missing_tenant": "allow",
-        "descriptor_key": opts.descriptor_key,
-        "headers": "draft_version_03",
-        "local": {"enabled": true, "slots": DEFAULT_LOCAL_SLOTS},
-    })
+#[cfg(feature = "cli")]
+pub fn plugin_config_json<'a>(
+    team_json: &'a Value,
+    opts: &PluginOptions<'a>,
+) -> PluginConfigJson<'a> {
+    PluginConfigJson {
+        domain: opts.domain,
+        limits: team_json,
+        rate_limit_service: RateLimitServiceJson {
+            cluster: opts.cluster,
+            timeout_ms: opts.timeout_ms,
+        },
+        failure_mode_deny: DEFAULT_FAILURE_MODE_DENY,
+        status_on_error: DEFAULT_STATUS_ON_ERROR,
+        missing_tenant: DEFAULT_MISSING_TENANT,
+        descriptor_key: opts.descriptor_key,
+        headers: DEFAULT_HEADERS,
+        local: LocalJson {
+            enabled: DEFAULT_LOCAL_ENABLED,
+            slots: DEFAULT_LOCAL_SLOTS,
+        },
+    }
 }
 
 #[cfg(test)]
@@ -562,6 +658,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn generated_config_round_trips() {
         let team: Value = serde_json::from_str(LIMITS).unwrap();
@@ -574,10 +671,16 @@ mod tests {
                 descriptor_key: "tenant",
             },
         );
-        let (c, _) = parse_plugin_config(v.to_string().as_bytes()).unwrap();
+        let text = serde_json::to_string(&v).unwrap();
+        let (c, _) = parse_plugin_config(text.as_bytes()).unwrap();
         assert_eq!(c.domain, "internal-api");
         assert_eq!(c.cluster, "ratelimit");
         assert_eq!(c.timeout_ms, 25);
+        // Every default written out is the one the parser takes.
+        let minimal = format!(
+            r#"{{"domain": "internal-api", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}}}}"#
+        );
+        assert_eq!(c, parse_plugin_config(minimal.as_bytes()).unwrap().0);
     }
 
     #[test]
@@ -605,6 +708,24 @@ mod tests {
             ]
         );
         assert_eq!(errs("[1]"), vec!["must be a JSON object, got an array"]);
+        assert_eq!(
+            errs("\u{feff}{}"),
+            vec!["starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM"]
+        );
+        let long = "d".repeat(1 << 20);
+        let out = errs(&format!(r#"{{"domain": 7, "missing_tenant": "{long}"}}"#));
+        assert!(out.iter().all(|l| l.len() < 300), "{out:?}");
+        assert!(out.contains(&format!("missing_tenant: must be one of \"allow\", \"deny\", got string \"{}\"… (1048576 bytes)", &long[..64])), "{out:?}");
+        assert_eq!(
+            errs(&format!(
+                "{{\"domain\": \"d\", \"limits\": {LIMITS}, \"rate_limit_service\": {{\"cluster\": \"rl\"}},\n \"domain\": \"e\"}}"
+            )),
+            vec!["domain: duplicate key \"domain\" at 2:2 (first at 1:2): JSON keeps only the last one"]
+        );
+        assert_eq!(
+            errs(r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1, "perhour": 2}}}, "rate_limit_service": {"cluster": "rl"}}"#),
+            vec!["limits.x-t.default.perhour: duplicate key \"perhour\" at 1:62 (first at 1:48): JSON keeps only the last one"]
+        );
         assert!(errs("{").first().unwrap().starts_with("not valid JSON: "));
     }
 }

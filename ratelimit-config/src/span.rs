@@ -11,19 +11,8 @@
 
 use std::collections::HashMap;
 
-use crate::validate::join;
-
-/// A place in the text: 1-based line, and 1-based column counted in
-/// characters (a tab is one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Position {
-    pub line: usize,
-    pub column: usize,
-}
-
-impl Position {
-    pub const START: Position = Position { line: 1, column: 1 };
-}
+use crate::json_text::{walk, Visit};
+pub use crate::json_text::{DuplicateKey, Position, MAX_DEPTH};
 
 /// Where a value starts, and where the key naming it starts (object
 /// members only).
@@ -32,21 +21,6 @@ pub struct Span {
     pub key: Option<Position>,
     pub value: Position,
 }
-
-/// A key given a second time in the same object.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DuplicateKey {
-    /// JSON path of the member.
-    pub path: String,
-    pub key: String,
-    /// The later occurrence, the one serde_json keeps.
-    pub at: Position,
-    /// The earlier occurrence, the one serde_json drops.
-    pub first: Position,
-}
-
-/// Deeper than this the scan stops (serde_json refuses past 128 levels too).
-pub const MAX_DEPTH: usize = 128;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SourceMap {
@@ -94,165 +68,24 @@ fn parent(path: &str) -> &str {
 
 /// Scans `text` for the position of every value.
 pub fn scan(text: &str) -> SourceMap {
-    let mut s = Scanner {
-        text,
-        pos: 0,
-        line: 1,
-        column: 1,
-        map: SourceMap::default(),
-    };
-    s.value("", None, 0);
-    s.map
+    let mut map = SourceMap::default();
+    walk(text, &mut map);
+    map
 }
 
-struct Scanner<'a> {
-    text: &'a str,
-    pos: usize,
-    line: usize,
-    column: usize,
-    map: SourceMap,
-}
-
-impl Scanner<'_> {
-    fn peek(&self) -> Option<char> {
-        self.text.get(self.pos..)?.chars().next()
+impl Visit for SourceMap {
+    fn value(&mut self, path: &str, key: Option<Position>, value: Position) {
+        self.spans.insert(path.to_string(), Span { key, value });
     }
 
-    fn bump(&mut self) -> Option<char> {
-        let c = self.peek()?;
-        self.pos += c.len_utf8();
-        if c == '\n' {
-            self.line += 1;
-            self.column = 1;
-        } else {
-            self.column += 1;
-        }
-        Some(c)
-    }
-
-    fn here(&self) -> Position {
-        Position {
-            line: self.line,
-            column: self.column,
-        }
-    }
-
-    fn skip_ws(&mut self) {
-        while matches!(self.peek(), Some(' ' | '\t' | '\n' | '\r')) {
-            self.bump();
-        }
-    }
-
-    fn eat(&mut self, c: char) -> Option<()> {
-        if self.peek() == Some(c) {
-            self.bump();
-            Some(())
-        } else {
-            None
-        }
-    }
-
-    /// Scans one value at `path`; `None` when the text is not JSON.
-    fn value(&mut self, path: &str, key: Option<Position>, depth: usize) -> Option<()> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.skip_ws();
-        let value = self.here();
-        self.map.spans.insert(path.to_string(), Span { key, value });
-        match self.peek()? {
-            '{' => self.object(path, depth),
-            '[' => self.array(path, depth),
-            '"' => self.string().map(drop),
-            _ => {
-                let start = self.pos;
-                while self.peek().is_some_and(|c| {
-                    !matches!(c, ',' | ']' | '}' | ':' | '"') && !c.is_whitespace()
-                }) {
-                    self.bump();
-                }
-                (self.pos > start).then_some(())
-            }
-        }
-    }
-
-    fn object(&mut self, path: &str, depth: usize) -> Option<()> {
-        self.eat('{')?;
-        self.skip_ws();
-        if self.eat('}').is_some() {
-            return Some(());
-        }
-        let mut keys: HashMap<String, Position> = HashMap::new();
-        loop {
-            self.skip_ws();
-            let at = self.here();
-            let key = self.string()?;
-            self.skip_ws();
-            self.eat(':')?;
-            let child = join(path, &key);
-            if let Some(&first) = keys.get(&key) {
-                // serde_json keeps the last value: forget the first one's.
-                self.forget(&child);
-                self.map.duplicates.push(DuplicateKey {
-                    path: child.clone(),
-                    key: key.clone(),
-                    at,
-                    first,
-                });
-            }
-            keys.insert(key, at);
-            self.value(&child, Some(at), depth + 1)?;
-            self.skip_ws();
-            match self.bump()? {
-                ',' => continue,
-                '}' => return Some(()),
-                _ => return None,
-            }
-        }
-    }
-
-    fn array(&mut self, path: &str, depth: usize) -> Option<()> {
-        self.eat('[')?;
-        self.skip_ws();
-        if self.eat(']').is_some() {
-            return Some(());
-        }
-        let mut i = 0usize;
-        loop {
-            self.value(&format!("{path}[{i}]"), None, depth + 1)?;
-            i += 1;
-            self.skip_ws();
-            match self.bump()? {
-                ',' => continue,
-                ']' => return Some(()),
-                _ => return None,
-            }
-        }
-    }
-
-    /// A string literal, decoded exactly as serde_json decodes it.
-    fn string(&mut self) -> Option<String> {
-        let start = self.pos;
-        self.eat('"')?;
-        loop {
-            match self.bump()? {
-                '\\' => {
-                    self.bump()?;
-                }
-                '"' => break,
-                _ => {}
-            }
-        }
-        serde_json::from_str(self.text.get(start..self.pos)?).ok()
-    }
-
-    /// Drops `path` and everything under it.
-    fn forget(&mut self, path: &str) {
-        let dot = format!("{path}.");
-        let bracket = format!("{path}[");
-        self.map
-            .spans
-            .retain(|p, _| p != path && !p.starts_with(&dot) && !p.starts_with(&bracket));
+    fn duplicate(&mut self, d: DuplicateKey) {
+        // serde_json keeps the last value: forget the first one's, and
+        // everything under it.
+        let dot = format!("{}.", d.path);
+        let bracket = format!("{}[", d.path);
+        self.spans
+            .retain(|p, _| p != &d.path && !p.starts_with(&dot) && !p.starts_with(&bracket));
+        self.duplicates.push(d);
     }
 }
 
@@ -273,6 +106,7 @@ pub fn char_column(text: &str, line: usize, byte_column: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::validate::join;
     use proptest::prelude::*;
     use serde_json::Value;
 

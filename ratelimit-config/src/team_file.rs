@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::model::TeamLimits;
 use crate::span::{char_column, scan, Position};
-use crate::validate::{diagnose_team_limits, Anchor, ConfigError};
+use crate::validate::{diagnose_team_limits, starts_with_bom, Anchor, ConfigError, BOM_MESSAGE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
@@ -82,6 +82,16 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
         severity,
         error,
     };
+    if starts_with_bom(text.as_bytes()) {
+        let error = ConfigError {
+            path: String::new(),
+            message: BOM_MESSAGE.into(),
+        };
+        return TeamFile {
+            findings: vec![finding(Position::START, Severity::Error, error)],
+            parsed: None,
+        };
+    }
     let doc: Value = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(e) => {
@@ -102,10 +112,7 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
                 Severity::Error,
                 ConfigError {
                     path: d.path.clone(),
-                    message: format!(
-                        "duplicate key {:?} (first at {}:{}): JSON keeps only the last one",
-                        d.key, d.first.line, d.first.column
-                    ),
+                    message: d.message(false),
                 },
             )
         })
@@ -172,6 +179,30 @@ mod tests {
         assert_eq!(
             lines("{\"x-t\": {\"default\": {\"perhour\": 1,\n \"perhour\": 2}}}"),
             vec!["limits.json:2:2: x-t.default.perhour: duplicate key \"perhour\" (first at 1:22): JSON keeps only the last one"]
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        assert_eq!(
+            lines("\u{feff}{\"x-t\": {\"default\": {\"perhour\": 1}}}"),
+            vec!["limits.json:1:1: starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM"]
+        );
+    }
+
+    #[test]
+    fn long_values_are_cut_in_messages() {
+        let long = "a".repeat(1 << 20);
+        let out = lines(&format!(
+            "{{\"x-t\": {{\"default\": {{\"perhour\": \"{long}\", \"{long}\": 1}}}}}}"
+        ));
+        let a64 = "a".repeat(64);
+        assert_eq!(
+            out,
+            vec![
+                format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday"),
+            ]
         );
     }
 

@@ -23,7 +23,8 @@ impl fmt::Display for ConfigError {
         if self.path.is_empty() {
             f.write_str(&self.message)
         } else {
-            write!(f, "{}: {}", self.path, self.message)
+            write_path(f, &self.path)?;
+            write!(f, ": {}", self.message)
         }
     }
 }
@@ -95,13 +96,67 @@ impl Errors {
     }
 }
 
+/// The most characters of a value (a key, a name, a string) that a message
+/// shows; a longer one is cut, and the message gives its full length.
+pub const EXCERPT_CHARS: usize = 64;
+
+/// `s`, or its first [`EXCERPT_CHARS`] characters and `true` when it is longer.
+fn cut(s: &str) -> (&str, bool) {
+    match s.char_indices().nth(EXCERPT_CHARS) {
+        Some((end, _)) => (s.get(..end).unwrap_or(s), true),
+        None => (s, false),
+    }
+}
+
+/// `s` quoted for a message (`"tenant-b"`, escapes as Rust writes them),
+/// bounded: `"aaaa…"… (1048576 bytes)` for a long one, so that a 1 MB
+/// value still gives a short line.
+pub fn excerpt(s: &str) -> String {
+    match cut(s) {
+        (shown, false) => format!("{shown:?}"),
+        (shown, true) => format!("{shown:?}… ({} bytes)", s.len()),
+    }
+}
+
+/// A JSON path for a message: any key in it longer than [`EXCERPT_CHARS`]
+/// is cut (`x-t.aaaa….perhour`).
+fn write_path(f: &mut fmt::Formatter<'_>, path: &str) -> fmt::Result {
+    for (i, segment) in path.split('.').enumerate() {
+        if i > 0 {
+            f.write_str(".")?;
+        }
+        let (shown, was_cut) = cut(segment);
+        f.write_str(shown)?;
+        if was_cut {
+            f.write_str("…")?;
+        }
+    }
+    Ok(())
+}
+
+/// What a text that starts with a UTF-8 byte order mark is told; serde_json
+/// would say "expected value at line 1 column 1".
+pub const BOM_MESSAGE: &str = "starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM";
+
+/// Whether `bytes` start with the UTF-8 byte order mark (EF BB BF).
+pub fn starts_with_bom(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"\xEF\xBB\xBF")
+}
+
 /// A short description of a JSON value for error messages.
 pub(crate) fn describe(v: &Value) -> String {
     match v {
         Value::Null => "null".into(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
-        Value::String(s) => format!("string {}", Value::String(s.clone())),
+        Value::String(s) => {
+            let (shown, cut) = cut(s);
+            let quoted = Value::String(shown.to_string());
+            match cut {
+                false => format!("string {quoted}"),
+                true => format!("string {quoted}… ({} bytes)", s.len()),
+            }
+        }
         Value::Array(_) => "an array".into(),
         Value::Object(_) => "an object".into(),
     }
@@ -126,15 +181,15 @@ fn header_name_problem(name: &str) -> Option<String> {
     }
     if name.bytes().any(|b| b.is_ascii_uppercase()) {
         return Some(format!(
-            "header name {:?} must be lowercase (Envoy matches header names in lowercase)",
-            name
+            "header name {} must be lowercase (Envoy matches header names in lowercase)",
+            excerpt(name)
         ));
     }
     let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
     if !name.bytes().all(tchar) {
         return Some(format!(
-            "header name {:?} is not a valid HTTP header name",
-            name
+            "header name {} is not a valid HTTP header name",
+            excerpt(name)
         ));
     }
     None
@@ -143,7 +198,8 @@ fn header_name_problem(name: &str) -> Option<String> {
 fn group_name_problem(name: &str) -> Option<String> {
     if Unit::from_json_key(name).is_some() || name == HEADER_VALUE {
         return Some(format!(
-            "{name:?} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")"
+            "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
+            excerpt(name)
         ));
     }
     let ok = !name.is_empty()
@@ -152,7 +208,8 @@ fn group_name_problem(name: &str) -> Option<String> {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !ok {
         return Some(format!(
-            "group name {name:?} must be made of letters, digits, '_' and '-'"
+            "group name {} must be made of letters, digits, '_' and '-'",
+            excerpt(name)
         ));
     }
     None
@@ -170,12 +227,14 @@ fn tenant_value_problem(value: &str) -> Option<String> {
     }
     if value.chars().any(char::is_control) {
         return Some(format!(
-            "tenant value {value:?} contains a control character"
+            "tenant value {} contains a control character",
+            excerpt(value)
         ));
     }
     if value.trim() != value {
         return Some(format!(
-            "tenant value {value:?} has leading or trailing whitespace, which Envoy strips from header values, so it could never match"
+            "tenant value {} has leading or trailing whitespace, which Envoy strips from header values, so it could never match",
+            excerpt(value)
         ));
     }
     None
@@ -236,7 +295,7 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
             for name in top.keys().skip(1) {
                 errors.push_key(
                     join(base, name),
-                    format!("a second header name: the file maps exactly one header to its groups, and {first:?} comes first"),
+                    format!("a second header name: the file maps exactly one header to its groups, and {} comes first", excerpt(first)),
                 );
             }
             return None;
@@ -328,7 +387,8 @@ fn group<'a>(
             errors.push_key(
                 &field,
                 format!(
-                    "unknown key {key:?}, expected one of persecond, perminute, perhour, perday{}",
+                    "unknown key {}, expected one of persecond, perminute, perhour, perday{}",
+                    excerpt(key),
                     if is_default { "" } else { ", header_value" }
                 ),
             );
@@ -393,12 +453,19 @@ fn tenant_list<'a>(
         }
         match seen.get(t.as_str()) {
             Some(&other) if other == group => {
-                errors.push(&item_path, format!("{t:?} is listed twice in this group"));
+                errors.push(
+                    &item_path,
+                    format!("{} is listed twice in this group", excerpt(t)),
+                );
             }
             Some(&other) => {
                 errors.push(
                     &item_path,
-                    format!("{t:?} is already listed in group {other:?}"),
+                    format!(
+                        "{} is already listed in group {}",
+                        excerpt(t),
+                        excerpt(other)
+                    ),
                 );
             }
             None => {

@@ -1,0 +1,127 @@
+//! The service YAML as a tree of nodes that remember where they start
+//! (yaml-rust2's event parser; its own loader keeps no positions).
+
+use yaml_rust2::parser::{MarkedEventReceiver, Parser};
+use yaml_rust2::scanner::{Marker, TScalarStyle};
+use yaml_rust2::Event;
+
+use crate::span::Position;
+
+/// A YAML node with where it starts; scalars keep their text as written.
+#[derive(Clone, Debug)]
+pub(super) enum Node {
+    Scalar { text: String, plain: bool },
+    Map(Vec<(String, Position, Marked)>),
+    Seq(Vec<Marked>),
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Marked {
+    pub at: Position,
+    pub node: Node,
+}
+
+enum Frame {
+    Map {
+        at: Position,
+        entries: Vec<(String, Position, Marked)>,
+        key: Option<(String, Position)>,
+    },
+    Seq {
+        at: Position,
+        items: Vec<Marked>,
+    },
+}
+
+#[derive(Default)]
+struct Builder {
+    stack: Vec<Frame>,
+    root: Option<Marked>,
+    error: Option<(Position, String)>,
+}
+
+fn position(m: &Marker) -> Position {
+    Position {
+        line: m.line(),
+        column: m.col() + 1,
+    }
+}
+
+impl Builder {
+    fn fail(&mut self, at: Position, message: &str) {
+        if self.error.is_none() {
+            self.error = Some((at, message.to_string()));
+        }
+    }
+
+    fn add(&mut self, value: Marked) {
+        match self.stack.last_mut() {
+            None => {
+                if self.root.is_none() {
+                    self.root = Some(value);
+                }
+            }
+            Some(Frame::Seq { items, .. }) => items.push(value),
+            Some(Frame::Map { entries, key, .. }) => match key.take() {
+                Some((k, at)) => entries.push((k, at, value)),
+                None => match value.node {
+                    Node::Scalar { text, .. } => *key = Some((text, value.at)),
+                    _ => self.fail(value.at, "a key that is not a string"),
+                },
+            },
+        }
+    }
+}
+
+impl MarkedEventReceiver for Builder {
+    fn on_event(&mut self, ev: Event, mark: Marker) {
+        let at = position(&mark);
+        match ev {
+            Event::Scalar(text, style, _, _) => self.add(Marked {
+                at,
+                node: Node::Scalar {
+                    text,
+                    plain: style == TScalarStyle::Plain,
+                },
+            }),
+            Event::MappingStart(..) => self.stack.push(Frame::Map {
+                at,
+                entries: Vec::new(),
+                key: None,
+            }),
+            Event::SequenceStart(..) => self.stack.push(Frame::Seq {
+                at,
+                items: Vec::new(),
+            }),
+            Event::MappingEnd | Event::SequenceEnd => match self.stack.pop() {
+                Some(Frame::Map { at, entries, .. }) => self.add(Marked {
+                    // A block mapping is where its first key is.
+                    at: entries.first().map_or(at, |(_, k, _)| *k),
+                    node: Node::Map(entries),
+                }),
+                Some(Frame::Seq { at, items }) => self.add(Marked {
+                    at,
+                    node: Node::Seq(items),
+                }),
+                None => self.fail(at, "unbalanced document"),
+            },
+            Event::Alias(_) => self.fail(at, "aliases (*name) are not supported here"),
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, String)> {
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    parser.load(&mut builder, false).map_err(|e| {
+        (
+            position(e.marker()),
+            format!("not valid YAML: {}", e.info()),
+        )
+    })?;
+    match builder.error {
+        Some(e) => Err(e),
+        None => Ok(builder.root),
+    }
+}

@@ -1,0 +1,74 @@
+"""Helpers of the shipping tests (test_oci.py, test_compose.py, test_deploy.py):
+the pinned Go tools `make deps-ship` installs, and the source directories of
+the pinned Go modules the schemas are read from."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import harness
+
+REPO = harness.REPO
+GOBIN = REPO / ".deps" / "gobin"
+
+CRANE = harness._tool("TRL_CRANE", ".deps/gobin/crane")
+KUSTOMIZE = harness._tool("TRL_KUSTOMIZE", ".deps/gobin/kustomize")
+OCI_WASM = harness._tool("TRL_OCI_WASM", ".deps/gobin/oci-wasm")
+WASM_FETCH = harness._tool("TRL_WASM_FETCH", ".deps/gobin/wasm-fetch")
+
+# The same pins as the Makefile's (it exports them; these are for a bare pytest run).
+ISTIO_MODULE = os.environ.get("TRL_ISTIO_MODULE", "istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad")
+EG_MODULE = os.environ.get("TRL_EG_MODULE", "github.com/envoyproxy/gateway@v1.9.1")
+K8S_MODULE = os.environ.get("TRL_K8S_MODULE", "k8s.io/kubernetes@v1.36.3")
+
+
+def run(argv: list, timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=timeout, **kw)
+    if check and proc.returncode != 0:
+        raise harness.HarnessError(
+            f"{' '.join(map(str, argv))} exited {proc.returncode}\n"
+            f"stdout: {proc.stdout}\nstderr: {proc.stderr}")
+    return proc
+
+
+def module_dir(module_at_version: str) -> Path:
+    """Where the Go module cache holds a pinned module's files (downloads it if needed)."""
+    out = run(["go", "mod", "download", "-json", module_at_version], timeout=600)
+    info = json.loads(out.stdout)
+    if info.get("Error"):
+        raise harness.HarnessError(f"go mod download {module_at_version}: {info['Error']}")
+    return Path(info["Dir"])
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class FileServer:
+    """A loopback HTTP server handing out one directory (Envoy's `remote` code source)."""
+
+    def __init__(self, directory: Path):
+        handler = lambda *a, **kw: _QuietHandler(*a, directory=str(directory), **kw)  # noqa: E731
+        self.server = http.server.ThreadingHTTPServer((harness.LOOPBACK, 0), handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    requests_seen: list[str] = []
+
+    def log_message(self, fmt, *args):  # keep pytest's output clean
+        _QuietHandler.requests_seen.append(self.path)
