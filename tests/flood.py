@@ -52,6 +52,12 @@ def wrk_flood(envoy: harness.Envoy, n: int, prefix: str, threads: int = 2,
         if p.poll() is None:
             p.send_signal(signal.SIGINT)  # wrk's own way to end a run early: it prints
         out, err = p.communicate(timeout=60)
+    # Requests wrk left in flight when it stopped are still decided by the
+    # filter after wrk has gone: wait until Envoy has none, so that the
+    # counters read next include them all (and the next run's none of them).
+    harness.wait_until(lambda: envoy.stats(r"^http\.ingress\.downstream_rq_active$")
+                       .get("http.ingress.downstream_rq_active", 1) == 0,
+                       "Envoy finishes the requests wrk left in flight", deadline_s=30)
     line = next((ln for ln in out.splitlines() if ln.startswith("TRL-WRK ")), None)
     if p.returncode != 0 or line is None:
         raise harness.HarnessError(f"wrk failed ({p.returncode}): {' '.join(argv)}\n"
