@@ -238,6 +238,19 @@ impl MemHost {
             .map(|(v, _)| v.clone())
     }
 
+    /// Every shared-data key and value, sorted by key (to see that nothing
+    /// was written).
+    pub fn shared_snapshot(&self) -> Vec<(String, Vec<u8>)> {
+        let mut all: Vec<(String, Vec<u8>)> = self
+            .shared
+            .borrow()
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect();
+        all.sort();
+        all
+    }
+
     /// Makes every later call of this kind fail.
     pub fn fail(&self, call: HostCall) {
         self.failing.set(self.failing.get() | call.bit());
