@@ -22,6 +22,57 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
+/// `log`'s macros, to Envoy's log. Not the SDK's logger: its `log()` unwraps
+/// the host's answer (a failed log call would trap the VM, and Envoy would
+/// then fail every request of this worker), and it costs about 3 KB more.
+/// The SDK's panic hook goes with it: the filter denies panics, and std's
+/// own hook already writes a panic's message to stderr, which Envoy logs.
+struct HostLogger;
+
+static LOGGER: HostLogger = HostLogger;
+
+impl log::Log for HostLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let level = match record.level() {
+            log::Level::Trace => LogLevel::Trace,
+            log::Level::Debug => LogLevel::Debug,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Error => LogLevel::Error,
+        };
+        // A failed log call is dropped: there is nowhere else to say so.
+        let _ = match record.args().as_str() {
+            Some(literal) => hostcalls::log(level, literal),
+            None => hostcalls::log(level, &record.args().to_string()),
+        };
+    }
+
+    fn flush(&self) {}
+}
+
+/// Installs the logger (once per VM: a second call keeps the first) at the
+/// level Envoy runs the wasm logger with, read once per VM: the level check
+/// on the request path is then a comparison with `log::max_level()`.
+fn init_logging() {
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(match hostcalls::get_log_level().unwrap_or(LogLevel::Info) {
+        LogLevel::Trace => log::LevelFilter::Trace,
+        LogLevel::Debug => log::LevelFilter::Debug,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Error => log::LevelFilter::Error,
+        // We log nothing at critical.
+        LogLevel::Critical => log::LevelFilter::Off,
+    });
+}
+
 fn host_error(e: Status) -> HostError {
     HostError(format!("{e:?}"))
 }
@@ -171,10 +222,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        // `log`'s macros go to Envoy through the SDK's logger, at the level
-        // Envoy runs the wasm logger with, read once per VM: the level
-        // check on the request path is then a static comparison.
-        proxy_wasm::set_log_level(hostcalls::get_log_level().unwrap_or(LogLevel::Info));
+        init_logging();
         let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(Some(b)) => b,
             Ok(None) => Vec::new(),
