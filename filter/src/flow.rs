@@ -78,7 +78,8 @@ impl Stream {
         };
         let local = &c.config.local;
         if local.enabled {
-            let at = slot_for(&limited.group.name, &limited.tenant, local.slots);
+            let key = host.slot_secret();
+            let at = slot_for(&key, &limited.group.name, &limited.tenant, local.slots);
             let now = host.now_ms();
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;

@@ -6,6 +6,7 @@ use ratelimit_config::parse_plugin_config;
 use super::{Next, Stream};
 use crate::counters::Counter;
 use crate::decision::Compiled;
+use crate::host::Host;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
 use crate::testing::{status, HostCall, MemHost};
@@ -199,7 +200,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
     // The tenant's slot remembers the refusal until the minute's window
     // ends: asked at 20.25 s past a whole second, 40 s left.
     let group = &c.config.limits.group_for("tenant-a").unwrap().name;
-    let at = slot_for(group, "tenant-a", c.config.local.slots);
+    let at = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
     let stored = h.shared_value(&SlotKey::new(at.index)).unwrap();
     let slot = Slot::decode(&stored).unwrap();
     assert_eq!(slot.fingerprint, at.fingerprint);
@@ -514,4 +515,43 @@ fn a_long_tenant_is_refused_even_where_no_group_would_limit_it() {
     assert_eq!(next, Next::Pause);
     assert_eq!((h.call_count(), h.reply_count()), (1, 1));
     assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
+}
+
+#[test]
+fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
+    // One shared-data store, as every VM of one Envoy has. Bucket: the
+    // default group's 5 per second.
+    let c = config("");
+    let h = host(&c);
+    for _ in 0..5 {
+        assert_eq!(request(&c, &h, Some("tenant-a")).1, Next::Pause);
+    }
+    assert_eq!(h.call_count(), 5);
+    // Another VM with the same secret finds the same bucket, empty.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 5));
+    assert_eq!(counted(&h), vec![n(Counter::LocalOverLimit, 1)]);
+    // A VM with another secret would look elsewhere and find a full
+    // bucket: what `local::secret::agree` prevents.
+    let used = h.shared_snapshot();
+    h.set_slot_secret(crate::local::SlotSecret::from_bytes([42; 16]));
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 6));
+    let after = h.shared_snapshot();
+    let changed: Vec<&String> = after
+        .iter()
+        .zip(&used)
+        .filter(|(now, before)| now != before)
+        .map(|(now, _)| &now.0)
+        .collect();
+    let group = "default";
+    let original = slot_for(
+        &crate::local::SlotSecret::from_bytes(crate::testing::MEMHOST_SECRET),
+        group,
+        "tenant-a",
+        c.config.local.slots,
+    );
+    let other = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
+    assert_ne!(original.index, other.index);
+    assert_eq!(changed, vec![SlotKey::new(other.index).as_str()]);
 }
