@@ -38,14 +38,7 @@ pub enum Agreed {
     Stored,
     /// Shared data failed: this VM uses the secret it drew, alone; its
     /// local layer does not share state with the other VMs'.
-    Unshared(String),
-}
-
-fn why(e: &SharedDataError) -> String {
-    match e {
-        SharedDataError::CasMismatch => "CAS mismatch".to_string(),
-        SharedDataError::Host(h) => h.0.clone(),
-    }
+    Unshared(&'static str),
 }
 
 /// The secret stored in shared data, drawing and storing one (`draw`) if
@@ -62,45 +55,37 @@ pub fn agree<S: SharedData + ?Sized>(
             None => cas,
         },
         Ok((None, _)) => None,
-        Err(e) => return (draw(), Agreed::Unshared(why(&e))),
+        Err(_) => return (draw(), Agreed::Unshared("reading it failed")),
     };
     let drawn = draw();
     let cas = match stored_cas {
         Some(cas) => Some(cas),
         None => match claim_token(shared) {
-            Ok(token) => Some(token),
-            Err(e) => return (drawn, Agreed::Unshared(why(&e))),
+            Some(token) => Some(token),
+            None => return (drawn, Agreed::Unshared("taking a CAS token failed")),
         },
     };
     match shared.set_shared(SECRET_KEY, &drawn.to_bytes(), cas) {
         Ok(()) | Err(SharedDataError::CasMismatch) => {}
-        Err(e) => return (drawn, Agreed::Unshared(why(&e))),
+        Err(_) => return (drawn, Agreed::Unshared("writing it failed")),
     }
     // Whoever won, what is stored now is the secret.
     match shared.get_shared(SECRET_KEY) {
         Ok((Some(v), _)) => match SlotSecret::from_slice(&v) {
             Some(s) if s == drawn => (s, Agreed::Stored),
             Some(s) => (s, Agreed::Found),
-            None => (
-                drawn,
-                Agreed::Unshared("not a secret after writing one".into()),
-            ),
+            None => (drawn, Agreed::Unshared("not a secret after writing one")),
         },
-        Ok((None, _)) => (drawn, Agreed::Unshared("gone after writing it".into())),
-        Err(e) => (drawn, Agreed::Unshared(why(&e))),
+        Ok((None, _)) => (drawn, Agreed::Unshared("gone after writing it")),
+        Err(_) => (drawn, Agreed::Unshared("reading it back failed")),
     }
 }
 
 /// A CAS token of a write to `CLAIM_KEY`: never the token of a write to
 /// `SECRET_KEY`.
-fn claim_token<S: SharedData + ?Sized>(shared: &S) -> Result<u32, SharedDataError> {
-    shared.set_shared(CLAIM_KEY, &[], None)?;
-    match shared.get_shared(CLAIM_KEY)? {
-        (_, Some(token)) => Ok(token),
-        (_, None) => Err(SharedDataError::Host(crate::host::HostError(
-            "no CAS token on the claim".into(),
-        ))),
-    }
+fn claim_token<S: SharedData + ?Sized>(shared: &S) -> Option<u32> {
+    shared.set_shared(CLAIM_KEY, &[], None).ok()?;
+    shared.get_shared(CLAIM_KEY).ok()?.1
 }
 
 #[cfg(test)]
