@@ -39,6 +39,10 @@ def _local_unknown_group(cfg):
     cfg["local"] = {"groups": {"gold": {"tokens_per_second": 10}}}
 
 
+def _max_tenant_length_too_big(cfg):
+    cfg["max_tenant_length"] = 5000
+
+
 # (mutation of a generated plugin-config.json, strings the Envoy log must contain)
 BAD_CONFIGS = {
     "unknown-key": (_unknown_key, ["invalid configuration", '"bogus"']),
@@ -49,6 +53,9 @@ BAD_CONFIGS = {
     "bad-missing-tenant": (_bad_missing_tenant, ["invalid configuration", "missing_tenant"]),
     "local-unknown-group": (_local_unknown_group,
                             ["invalid configuration", "local.groups.gold: no such group"]),
+    "max-tenant-length-too-big": (_max_tenant_length_too_big,
+                                  ["invalid configuration",
+                                   "max_tenant_length: must be at most 4096 (bytes), got 5000"]),
 }
 
 

@@ -18,7 +18,14 @@ mod native {
     use tenant_ratelimit::counters::Counter;
     use tenant_ratelimit::decision::{first_step, Compiled, Step};
     use tenant_ratelimit::flow::{Next, Stream};
-    use tenant_ratelimit::local::{remember_over_limit, slot_for, update, SlotKey, CAS_ATTEMPTS};
+    use tenant_ratelimit::local::{
+        remember_over_limit, slot_for, update, SlotKey, SlotSecret, CAS_ATTEMPTS,
+    };
+    use tenant_ratelimit::testing::MEMHOST_SECRET;
+
+    /// The key MemHost hashes with, so that the tenants picked here are
+    /// where the flow looks for them.
+    const KEY: SlotSecret = SlotSecret::from_bytes(MEMHOST_SECRET);
     use tenant_ratelimit::proto::{Code, RateLimitUnit};
     use tenant_ratelimit::testing::{status, MemHost};
 
@@ -115,7 +122,7 @@ mod native {
         let mut pick = |group: &str, prefix: &str, n: usize| -> Vec<String> {
             (0..)
                 .map(|i| format!("{prefix}-{i:05}"))
-                .filter(|t| used.insert(slot_for(group, t, SLOTS).index))
+                .filter(|t| used.insert(slot_for(&KEY, group, t, SLOTS).index))
                 .take(n)
                 .collect()
         };
@@ -181,7 +188,7 @@ mod native {
             let Step::Limit(l) = first_step(c, Some(t.as_bytes())) else {
                 fail(&format!("{t} is not limited"));
             };
-            let at = slot_for(&l.group.name, &l.tenant, c.config.local.slots);
+            let at = slot_for(&KEY, &l.group.name, &l.tenant, c.config.local.slots);
             let statuses = [
                 status(Code::Ok, 1000, RateLimitUnit::Second, 999, 1),
                 status(Code::OverLimit, 3600, RateLimitUnit::Hour, 0, 1_800),
@@ -297,7 +304,7 @@ mod native {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
                     let t = tenants.get(i).map_or("", String::as_str);
-                    slot_for(black_box("default"), black_box(t), black_box(SLOTS))
+                    slot_for(&KEY, black_box("default"), black_box(t), black_box(SLOTS))
                 })
             });
             let mut index = 0u32;

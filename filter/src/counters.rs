@@ -55,6 +55,12 @@ counters! {
     LocalError => "tenant_ratelimit.local_error",
     /// Local layer skipped: another tenant uses the slot.
     SlotContended => "tenant_ratelimit.slot_contended",
+    /// Refused (431): the tenant header value is longer than
+    /// `max_tenant_length`; no call.
+    TenantTooLong => "tenant_ratelimit.tenant_too_long",
+    /// WASI `random_get` failed when the slot secret was drawn: the secret
+    /// came from the host's clock (counted once, by the VM that drew it).
+    SlotSecretFallback => "tenant_ratelimit.slot_secret_fallback",
 }
 
 /// How many counters there are.
@@ -88,6 +94,6 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 11);
+        assert_eq!(COUNTERS, 13);
     }
 }

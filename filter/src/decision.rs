@@ -18,12 +18,19 @@ pub struct Compiled {
     pub config: PluginConfig,
     /// What `dispatch_grpc_call` is given as its upstream.
     pub upstream: String,
+    /// `config.max_tenant_length`, as a length.
+    pub max_tenant_length: usize,
 }
 
 impl Compiled {
     pub fn new(config: PluginConfig) -> Compiled {
         let upstream = grpc_upstream(&config.cluster);
-        Compiled { config, upstream }
+        let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
+        Compiled {
+            config,
+            upstream,
+            max_tenant_length,
+        }
     }
 }
 
@@ -35,6 +42,9 @@ pub enum Step<'a> {
     AllowMissingTenant,
     /// No tenant header (or an empty one) and `missing_tenant: deny`.
     DenyMissingTenant,
+    /// A tenant value longer than `max_tenant_length` bytes: refused (431),
+    /// never sent to the service, whatever group it would fall in.
+    TenantTooLong,
     /// A tenant that no group limits (there is no `default` group): pass it
     /// on.
     NotLimited,
@@ -49,11 +59,15 @@ pub struct Limited<'a> {
     pub tenant: Cow<'a, str>,
 }
 
-/// Decides the first step. `tenant` is the raw header value, if any; a value
-/// that is not UTF-8 is limited as its lossy UTF-8 form, so a hostile byte
-/// string is still a tenant with its own counter, never a way around it.
+/// Decides the first step. `tenant` is the raw header value, if any. Its
+/// length is checked on these raw bytes, before anything else is done with
+/// it: a long value would otherwise become a long counter key in Redis (and
+/// its lossy form can be up to three times longer). A value that is not
+/// UTF-8 is limited as its lossy UTF-8 form, so a hostile byte string is
+/// still a tenant with its own counter, never a way around it.
 pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
     let tenant = match tenant {
+        Some(t) if t.len() > c.max_tenant_length => return Step::TenantTooLong,
         Some(t) if !t.is_empty() => String::from_utf8_lossy(t),
         _ => {
             return match c.config.missing_tenant {
@@ -374,8 +388,14 @@ mod tests {
         fn any_tenant_bytes_give_a_step(tenant in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let c = compiled("");
             match first_step(&c, Some(&tenant)) {
-                Step::Limit(l) => { RateLimitRequest::decode(&encode_request(&c, &l)[..]).unwrap(); }
+                Step::Limit(l) => {
+                    // Never more than max_tenant_length raw bytes reach the
+                    // service (the lossy form may be longer).
+                    proptest::prop_assert!(tenant.len() <= 128);
+                    RateLimitRequest::decode(&encode_request(&c, &l)[..]).unwrap();
+                }
                 Step::AllowMissingTenant => proptest::prop_assert!(tenant.is_empty()),
+                Step::TenantTooLong => proptest::prop_assert!(tenant.len() > 128),
                 Step::NotLimited | Step::DenyMissingTenant => proptest::prop_assert!(false),
             }
         }

@@ -4,8 +4,9 @@
 //! Envoy calls the filter three times per request, and each call is one
 //! method of `Stream` here:
 //!
-//! 1. `on_request_headers`: read the tenant header; a missing tenant is
-//!    allowed or refused (`missing_tenant`); a tenant no group limits
+//! 1. `on_request_headers`: read the tenant header; a value longer than
+//!    `max_tenant_length` is refused with 431 (`tenant_too_long`); a missing
+//!    tenant is allowed or refused (`missing_tenant`); a tenant no group limits
 //!    passes; a limited one goes through the local layer (over-limit cache,
 //!    token bucket: a refusal there is a 429 with no call), then the request
 //!    is paused and one `ShouldRateLimit` call goes to the rate-limit
@@ -68,12 +69,17 @@ impl Stream {
                 host.count(Counter::MissingTenant);
                 return local_reply(host, 429, &[], "missing tenant header\n");
             }
+            Step::TenantTooLong => {
+                host.count(Counter::TenantTooLong);
+                return local_reply(host, 431, &[], "tenant header value too long\n");
+            }
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
         let local = &c.config.local;
         if local.enabled {
-            let at = slot_for(&limited.group.name, &limited.tenant, local.slots);
+            let key = host.slot_secret();
+            let at = slot_for(&key, &limited.group.name, &limited.tenant, local.slots);
             let now = host.now_ms();
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;

@@ -16,11 +16,62 @@ use crate::counters::{Counter, COUNTERS};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
-use crate::local::{SlotKey, SLOT_BYTES};
+use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
 
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
+
+/// `log`'s macros, to Envoy's log. Not the SDK's logger: its `log()` unwraps
+/// the host's answer (a failed log call would trap the VM, and Envoy would
+/// then fail every request of this worker), and it costs about 3 KB more.
+/// The SDK's panic hook goes with it: the filter denies panics, and std's
+/// own hook already writes a panic's message to stderr, which Envoy logs.
+struct HostLogger;
+
+static LOGGER: HostLogger = HostLogger;
+
+impl log::Log for HostLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::max_level()
+    }
+
+    fn log(&self, record: &log::Record) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let level = match record.level() {
+            log::Level::Trace => LogLevel::Trace,
+            log::Level::Debug => LogLevel::Debug,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Error => LogLevel::Error,
+        };
+        // A failed log call is dropped: there is nowhere else to say so.
+        let _ = match record.args().as_str() {
+            Some(literal) => hostcalls::log(level, literal),
+            None => hostcalls::log(level, &record.args().to_string()),
+        };
+    }
+
+    fn flush(&self) {}
+}
+
+/// Installs the logger (once per VM: a second call keeps the first) at the
+/// level Envoy runs the wasm logger with, read once per VM: the level check
+/// on the request path is then a comparison with `log::max_level()`.
+fn init_logging() {
+    let _ = log::set_logger(&LOGGER);
+    log::set_max_level(match hostcalls::get_log_level().unwrap_or(LogLevel::Info) {
+        LogLevel::Trace => log::LevelFilter::Trace,
+        LogLevel::Debug => log::LevelFilter::Debug,
+        LogLevel::Info => log::LevelFilter::Info,
+        LogLevel::Warn => log::LevelFilter::Warn,
+        LogLevel::Error => log::LevelFilter::Error,
+        // We log nothing at critical.
+        LogLevel::Critical => log::LevelFilter::Off,
+    });
+}
 
 fn host_error(e: Status) -> HostError {
     HostError(format!("{e:?}"))
@@ -40,11 +91,47 @@ impl Metrics {
         }
         Metrics(ids)
     }
+
+    fn count(&self, counter: Counter) {
+        if let Some(Some(id)) = self.0.get(counter.index()) {
+            let _ = hostcalls::increment_metric(*id, 1);
+        }
+    }
+}
+
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    /// WASI's `random_get`: Envoy's proxy-wasm host fills the buffer with
+    /// BoringSSL's `RAND_bytes` and answers 0 (an error only for a buffer
+    /// over 64 KiB or outside memory). Called directly rather than through
+    /// std, which panics when it fails, or the getrandom crate.
+    fn random_get(buf: *mut u8, buf_len: usize) -> i32;
+}
+
+/// 128 random bits for the slot secret; if `random_get` fails, a warning,
+/// `slot_secret_fallback`, and the host's clock in nanoseconds instead,
+/// which someone outside could only guess by knowing, to the nanosecond,
+/// when this Envoy configured the filter.
+fn draw_secret(metrics: &Metrics) -> SlotSecret {
+    let mut buf = [0u8; SlotSecret::BYTES];
+    // SAFETY: the host writes at most `buf.len()` bytes into `buf`.
+    let errno = unsafe { random_get(buf.as_mut_ptr(), buf.len()) };
+    if errno == 0 {
+        return SlotSecret::from_bytes(buf);
+    }
+    log::warn!("random_get failed (WASI errno {errno}): the slot secret comes from the clock");
+    metrics.count(Counter::SlotSecretFallback);
+    let nanos = hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    SlotSecret::from_bytes(nanos.to_le_bytes())
 }
 
 /// `Host` for one stream, through proxy-wasm hostcalls.
 struct Envoy<'a> {
     metrics: &'a Metrics,
+    slot_secret: SlotSecret,
 }
 
 impl SharedData for Envoy<'_> {
@@ -117,9 +204,11 @@ impl Host for Envoy<'_> {
     }
 
     fn count(&self, counter: Counter) {
-        if let Some(Some(id)) = self.metrics.0.get(counter.index()) {
-            let _ = hostcalls::increment_metric(*id, 1);
-        }
+        self.metrics.count(counter);
+    }
+
+    fn slot_secret(&self) -> SlotSecret {
+        self.slot_secret
     }
 }
 
@@ -148,14 +237,32 @@ fn create_slots(slots: u32) {
 struct Shared {
     compiled: Compiled,
     metrics: Metrics,
+    slot_secret: SlotSecret,
 }
 
 impl Shared {
     fn host(&self) -> Envoy<'_> {
         Envoy {
             metrics: &self.metrics,
+            slot_secret: self.slot_secret,
         }
     }
+}
+
+/// The slot secret every VM of this Envoy uses (`local::secret`).
+fn slot_secret(metrics: &Metrics) -> SlotSecret {
+    let shared = Envoy {
+        metrics,
+        slot_secret: SlotSecret::from_bytes([0; SlotSecret::BYTES]),
+    };
+    let (secret, agreed) = agree(&shared, || draw_secret(metrics));
+    match agreed {
+        Agreed::Found | Agreed::Stored => {}
+        Agreed::Unshared(why) => log::warn!(
+            "local layer: the slot secret could not be shared ({why}): this worker's buckets are its own"
+        ),
+    }
+    secret
 }
 
 #[derive(Default)]
@@ -171,10 +278,7 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        // `log`'s macros go to Envoy through the SDK's logger, at the level
-        // Envoy runs the wasm logger with, read once per VM: the level
-        // check on the request path is then a static comparison.
-        proxy_wasm::set_log_level(hostcalls::get_log_level().unwrap_or(LogLevel::Info));
+        init_logging();
         let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
             Ok(Some(b)) => b,
             Ok(None) => Vec::new(),
@@ -188,12 +292,17 @@ impl RootContext for Root {
                 for w in warnings {
                     log::warn!("configuration warning: {w}");
                 }
-                if config.local.enabled {
+                let metrics = Metrics::define();
+                let slot_secret = if config.local.enabled {
                     create_slots(config.local.slots);
-                }
+                    slot_secret(&metrics)
+                } else {
+                    SlotSecret::from_bytes([0; SlotSecret::BYTES])
+                };
                 self.shared = Some(Rc::new(Shared {
                     compiled: Compiled::new(config),
-                    metrics: Metrics::define(),
+                    metrics,
+                    slot_secret,
                 }));
                 true
             }

@@ -4,6 +4,7 @@
 //! panicking; the flow decides what a failure means (see `flow`).
 
 use crate::counters::Counter;
+use crate::local::SlotSecret;
 
 /// A host call that failed: what the host said, for the debug log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,4 +71,8 @@ pub trait Host: SharedData {
 
     /// Adds one to a counter (a failure to count is not worth failing for).
     fn count(&self, counter: Counter);
+
+    /// The key of the slot hash, agreed at configure (`local::secret`):
+    /// no host call.
+    fn slot_secret(&self) -> SlotSecret;
 }

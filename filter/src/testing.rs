@@ -14,7 +14,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counters::{Counter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
-use crate::local::{SlotKey, SLOT_BYTES};
+use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
+
+/// The slot secret of every `MemHost` until `set_slot_secret`.
+pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitResponse, RateLimitUnit};
 
 /// A host call, to make it fail.
@@ -157,6 +160,7 @@ pub struct MemHost {
     added_count: Cell<u64>,
     resumed: Cell<u64>,
     counters: [Cell<u64>; COUNTERS],
+    slot_secret: Cell<SlotSecret>,
 }
 
 impl Default for MemHost {
@@ -186,6 +190,7 @@ impl MemHost {
             added_count: Cell::new(0),
             resumed: Cell::new(0),
             counters: Default::default(),
+            slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
         }
     }
 
@@ -236,6 +241,23 @@ impl MemHost {
             .borrow()
             .get(key.as_str())
             .map(|(v, _)| v.clone())
+    }
+
+    pub fn set_slot_secret(&self, key: SlotSecret) {
+        self.slot_secret.set(key);
+    }
+
+    /// Every shared-data key and value, sorted by key (to see that nothing
+    /// was written).
+    pub fn shared_snapshot(&self) -> Vec<(String, Vec<u8>)> {
+        let mut all: Vec<(String, Vec<u8>)> = self
+            .shared
+            .borrow()
+            .iter()
+            .map(|(k, (v, _))| (k.clone(), v.clone()))
+            .collect();
+        all.sort();
+        all
     }
 
     /// Makes every later call of this kind fail.
@@ -462,6 +484,10 @@ impl Host for MemHost {
         if let Some(c) = self.counters.get(counter.index()) {
             c.set(c.get() + 1);
         }
+    }
+
+    fn slot_secret(&self) -> SlotSecret {
+        self.slot_secret.get()
     }
 }
 

@@ -23,6 +23,12 @@ pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
 pub const DEFAULT_LOCAL_ENABLED: bool = true;
 /// Slots of the local layer when `local.slots` is not set.
 pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
+/// Longest tenant header value, in bytes, when `max_tenant_length` is not
+/// set: a longer one is refused with 431 and never reaches the service.
+pub const DEFAULT_MAX_TENANT_LENGTH: u32 = 128;
+/// The most `max_tenant_length` may be (Envoy's own default header limit is
+/// 60 KiB; no tenant needs more than this).
+pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
 /// The most slots `local.slots` may ask for (about 256 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
@@ -102,6 +108,8 @@ pub struct PluginConfig {
     pub failure_mode_deny: bool,
     pub status_on_error: u16,
     pub missing_tenant: MissingTenant,
+    /// A tenant header value longer than this many bytes is refused (431).
+    pub max_tenant_length: u32,
     pub descriptor_key: String,
     pub headers: HeaderMode,
     pub local: LocalConfig,
@@ -160,6 +168,7 @@ const KEYS: &[&str] = &[
     "failure_mode_deny",
     "status_on_error",
     "missing_tenant",
+    "max_tenant_length",
     "descriptor_key",
     "headers",
     "local",
@@ -312,6 +321,30 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
         one_of(v, "missing_tenant", &mut errors)
     });
+    let max_tenant_length = match get("max_tenant_length") {
+        None => limits
+            .as_ref()
+            .map_or(DEFAULT_MAX_TENANT_LENGTH, default_max_tenant_length),
+        Some(v) => match positive_u32(v) {
+            Ok(n) if n <= MAX_MAX_TENANT_LENGTH => {
+                if let Some(limits) = &limits {
+                    listed_tenants_fit(limits, n, &mut errors);
+                }
+                n
+            }
+            Ok(n) => {
+                errors.push(
+                    "max_tenant_length",
+                    format!("must be at most {MAX_MAX_TENANT_LENGTH} (bytes), got {n}"),
+                );
+                DEFAULT_MAX_TENANT_LENGTH
+            }
+            Err(m) => {
+                errors.push("max_tenant_length", m);
+                DEFAULT_MAX_TENANT_LENGTH
+            }
+        },
+    };
     let descriptor_key = or_default(
         get("descriptor_key"),
         DEFAULT_DESCRIPTOR_KEY.to_string(),
@@ -334,6 +367,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 failure_mode_deny,
                 status_on_error,
                 missing_tenant,
+                max_tenant_length,
                 descriptor_key,
                 headers,
                 local,
@@ -341,6 +375,47 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             warnings,
         )),
         _ => Err(errors.0),
+    }
+}
+
+/// `max_tenant_length` when it is left out: the default, or the longest
+/// tenant value listed in `header_value` when that is longer (a team file may
+/// list values up to 256 bytes), so that limits the CLI accepts are never
+/// refused by the filter.
+pub fn default_max_tenant_length(limits: &TeamLimits) -> u32 {
+    let longest = limits
+        .groups
+        .iter()
+        .flat_map(|g| g.tenants.iter())
+        .map(String::len)
+        .max()
+        .unwrap_or(0);
+    u32::try_from(longest)
+        .unwrap_or(u32::MAX)
+        .clamp(DEFAULT_MAX_TENANT_LENGTH, MAX_MAX_TENANT_LENGTH)
+}
+
+/// A tenant listed in `header_value` that is longer than `max_tenant_length`
+/// could never be served: every request carrying it would be refused (431).
+fn listed_tenants_fit(limits: &TeamLimits, max: u32, errors: &mut Errors) {
+    let max_len = usize::try_from(max).unwrap_or(usize::MAX);
+    for g in &limits.groups {
+        for (i, t) in g.tenants.iter().enumerate() {
+            if t.len() > max_len {
+                let path = join(
+                    &join(&join("limits", &limits.header), &g.name),
+                    "header_value",
+                );
+                errors.push(
+                    format!("{path}[{i}]"),
+                    format!(
+                        "tenant value {} is {} bytes, longer than max_tenant_length ({max}): its requests would all be refused with 431; raise max_tenant_length",
+                        excerpt(t),
+                        t.len()
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -509,6 +584,7 @@ pub struct PluginConfigJson<'a> {
     pub failure_mode_deny: bool,
     pub status_on_error: u16,
     pub missing_tenant: MissingTenant,
+    pub max_tenant_length: u32,
     pub descriptor_key: &'a str,
     pub headers: HeaderMode,
     pub local: LocalJson,
@@ -528,6 +604,27 @@ pub struct LocalJson {
     pub slots: u32,
 }
 
+/// `default_max_tenant_length`, from the team file's JSON (what `generate`
+/// has): the parser takes the same value for a key left out.
+#[cfg(feature = "cli")]
+fn max_tenant_length_for(team_json: &Value) -> u32 {
+    let longest = team_json
+        .as_object()
+        .into_iter()
+        .flat_map(|o| o.values())
+        .filter_map(Value::as_object)
+        .flat_map(|groups| groups.values())
+        .filter_map(|g| g.get("header_value")?.as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::len)
+        .max()
+        .unwrap_or(0);
+    u32::try_from(longest)
+        .unwrap_or(u32::MAX)
+        .clamp(DEFAULT_MAX_TENANT_LENGTH, MAX_MAX_TENANT_LENGTH)
+}
+
 /// The plugin configuration for a team limits document, with every default
 /// written out so that operators see what is in force.
 #[cfg(feature = "cli")]
@@ -545,6 +642,7 @@ pub fn plugin_config_json<'a>(
         failure_mode_deny: DEFAULT_FAILURE_MODE_DENY,
         status_on_error: DEFAULT_STATUS_ON_ERROR,
         missing_tenant: DEFAULT_MISSING_TENANT,
+        max_tenant_length: max_tenant_length_for(team_json),
         descriptor_key: opts.descriptor_key,
         headers: DEFAULT_HEADERS,
         local: LocalJson {
@@ -577,6 +675,7 @@ mod tests {
         assert!(!c.failure_mode_deny);
         assert_eq!(c.status_on_error, 500);
         assert_eq!(c.missing_tenant, MissingTenant::Allow);
+        assert_eq!(c.max_tenant_length, 128);
         assert_eq!(c.descriptor_key, "tenant");
         assert_eq!(c.headers, HeaderMode::DraftVersion03);
         assert_eq!(c.local, LocalConfig::default());
@@ -634,6 +733,78 @@ mod tests {
         );
     }
 
+    fn with_max_tenant_length(v: &str, tenant: &str) -> Result<PluginConfig, Vec<String>> {
+        let text = format!(
+            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}}, "max_tenant_length": {v},
+                "limits": {{"x-t": {{"default": {{"perhour": 30}}, "gold": {{"perhour": 70, "header_value": ["{tenant}"]}}}}}}}}"#
+        );
+        parse_plugin_config(text.as_bytes())
+            .map(|(c, _)| c)
+            .map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn max_tenant_length_is_bytes_from_1_to_4096() {
+        assert_eq!(
+            with_max_tenant_length("1", "b").unwrap().max_tenant_length,
+            1
+        );
+        assert_eq!(
+            with_max_tenant_length("4096", "b")
+                .unwrap()
+                .max_tenant_length,
+            4096
+        );
+        assert_eq!(
+            with_max_tenant_length("0", "b").unwrap_err(),
+            vec!["max_tenant_length: must be a positive integer, got 0"]
+        );
+        assert_eq!(
+            with_max_tenant_length("4097", "b").unwrap_err(),
+            vec!["max_tenant_length: must be at most 4096 (bytes), got 4097"]
+        );
+        assert_eq!(
+            with_max_tenant_length("\"128\"", "b").unwrap_err(),
+            vec!["max_tenant_length: must be a positive integer, got string \"128\""]
+        );
+        // A listed tenant longer than the cap could never be served. Bytes,
+        // not characters: "é" is two.
+        assert_eq!(
+            with_max_tenant_length("3", "ééé").unwrap_err(),
+            vec!["limits.x-t.gold.header_value[0]: tenant value \"ééé\" is 6 bytes, longer than max_tenant_length (3): its requests would all be refused with 431; raise max_tenant_length"]
+        );
+        assert!(with_max_tenant_length("6", "ééé").is_ok());
+    }
+
+    #[cfg(feature = "cli")]
+    #[test]
+    fn generate_writes_a_max_tenant_length_every_listed_tenant_fits() {
+        let opts = PluginOptions {
+            domain: "d",
+            cluster: "rl",
+            timeout_ms: 20,
+            descriptor_key: "tenant",
+        };
+        let short: Value = serde_json::from_str(LIMITS).unwrap();
+        assert_eq!(
+            plugin_config_json(&short, &opts).max_tenant_length,
+            DEFAULT_MAX_TENANT_LENGTH
+        );
+        let long_tenant = "t".repeat(200);
+        let long: Value = serde_json::json!({"x-t": {"default": {"perhour": 1},
+            "gold": {"perhour": 2, "header_value": ["a", long_tenant]}}});
+        let generated = plugin_config_json(&long, &opts);
+        assert_eq!(generated.max_tenant_length, 200);
+        let text = serde_json::to_string(&generated).unwrap();
+        let (with_key, _) = parse_plugin_config(text.as_bytes()).unwrap();
+        // Left out, the parser takes the same value.
+        let mut without = serde_json::to_value(&generated).unwrap();
+        without.as_object_mut().unwrap().remove("max_tenant_length");
+        let (without_key, _) = parse_plugin_config(without.to_string().as_bytes()).unwrap();
+        assert_eq!(with_key, without_key);
+        assert_eq!(without_key.max_tenant_length, 200);
+    }
+
     #[test]
     fn bad_local_sections_name_their_field() {
         assert_eq!(
@@ -689,7 +860,7 @@ mod tests {
             errs(&format!(
                 r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
             )),
-            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, descriptor_key, headers, local"]
+            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local"]
         );
         assert_eq!(
             errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),

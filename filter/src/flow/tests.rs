@@ -6,6 +6,7 @@ use ratelimit_config::parse_plugin_config;
 use super::{Next, Stream};
 use crate::counters::Counter;
 use crate::decision::Compiled;
+use crate::host::Host;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
 use crate::testing::{status, HostCall, MemHost};
@@ -199,7 +200,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
     // The tenant's slot remembers the refusal until the minute's window
     // ends: asked at 20.25 s past a whole second, 40 s left.
     let group = &c.config.limits.group_for("tenant-a").unwrap().name;
-    let at = slot_for(group, "tenant-a", c.config.local.slots);
+    let at = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
     let stored = h.shared_value(&SlotKey::new(at.index)).unwrap();
     let slot = Slot::decode(&stored).unwrap();
     assert_eq!(slot.fingerprint, at.fingerprint);
@@ -433,4 +434,124 @@ fn without_the_local_layer_nothing_is_read_or_written() {
     // The next request is asked about again.
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!((next, h.call_count()), (Next::Pause, 2));
+}
+
+const DEFAULT_ONLY: &str = r#"{"x-tenant-id": {"default": {"perhour": 30}}}"#;
+
+#[test]
+fn a_tenant_longer_than_max_tenant_length_is_a_431_never_asked_and_never_stored() {
+    let c = config(r#", "max_tenant_length": 16"#);
+    let h = host(&c);
+    let slots_before = h.shared_snapshot();
+    // 17 bytes: one more than allowed.
+    let (mut s, next) = request(&c, &h, Some("tenant-aaaaaaaaaa"));
+    assert_eq!(next, Next::Pause);
+    let replies = h.replies();
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].status, 431);
+    assert_eq!(replies[0].body, "tenant header value too long\n");
+    assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
+    // Never sent to the service, and the local layer was not touched.
+    assert_eq!(h.call_count(), 0);
+    assert_eq!(h.shared_snapshot(), slots_before);
+    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    assert!(h.added_headers().is_empty());
+}
+
+#[test]
+fn a_tenant_of_exactly_max_tenant_length_is_limited_as_before() {
+    let c = config(r#", "max_tenant_length": 16"#);
+    let h = host(&c);
+    let (_, next) = request(&c, &h, Some("tenant-aaaaaaaaa"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!((h.call_count(), h.reply_count()), (1, 0));
+    assert_eq!(counted(&h), vec![]);
+}
+
+#[test]
+fn the_length_is_counted_in_raw_bytes_not_in_lossy_characters() {
+    let c = config_with_limits(DEFAULT_ONLY, r#", "max_tenant_length": 4"#);
+    let h = host(&c);
+    // Four bytes that are not UTF-8 (four replacement characters, twelve
+    // bytes, once lossy): within the cap, limited.
+    h.set_request_header(HEADER, &[0xff; 4]);
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&c, &h), Next::Pause);
+    assert_eq!(h.call_count(), 1);
+    // Five: refused.
+    h.set_request_header(HEADER, &[0xff; 5]);
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&c, &h), Next::Pause);
+    assert_eq!(h.call_count(), 1);
+    assert_eq!(h.replies()[0].status, 431);
+    assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
+}
+
+#[test]
+fn a_431_that_cannot_be_sent_lets_the_request_through_unasked() {
+    // The reply failing is a host failure: the request goes on rather than
+    // hang (as for every local reply); it still never reaches the service.
+    let c = config_with_limits(DEFAULT_ONLY, r#", "max_tenant_length": 4"#);
+    let h = host(&c);
+    h.fail(HostCall::Reply);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!(h.call_count(), 0);
+    assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
+}
+
+#[test]
+fn a_long_tenant_is_refused_even_where_no_group_would_limit_it() {
+    // The length is decided before the group: one documented outcome.
+    let c = config_with_limits(
+        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
+        r#", "max_tenant_length": 8"#,
+    );
+    let h = host(&c);
+    let (_, next) = request(&c, &h, Some("tenant-bb"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.replies()[0].status, 431);
+    let (_, next) = request(&c, &h, Some("tenant-b"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!((h.call_count(), h.reply_count()), (1, 1));
+    assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
+}
+
+#[test]
+fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
+    // One shared-data store, as every VM of one Envoy has. Bucket: the
+    // default group's 5 per second.
+    let c = config("");
+    let h = host(&c);
+    for _ in 0..5 {
+        assert_eq!(request(&c, &h, Some("tenant-a")).1, Next::Pause);
+    }
+    assert_eq!(h.call_count(), 5);
+    // Another VM with the same secret finds the same bucket, empty.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 5));
+    assert_eq!(counted(&h), vec![n(Counter::LocalOverLimit, 1)]);
+    // A VM with another secret would look elsewhere and find a full
+    // bucket: what `local::secret::agree` prevents.
+    let used = h.shared_snapshot();
+    h.set_slot_secret(crate::local::SlotSecret::from_bytes([42; 16]));
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 6));
+    let after = h.shared_snapshot();
+    let changed: Vec<&String> = after
+        .iter()
+        .zip(&used)
+        .filter(|(now, before)| now != before)
+        .map(|(now, _)| &now.0)
+        .collect();
+    let group = "default";
+    let original = slot_for(
+        &crate::local::SlotSecret::from_bytes(crate::testing::MEMHOST_SECRET),
+        group,
+        "tenant-a",
+        c.config.local.slots,
+    );
+    let other = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
+    assert_ne!(original.index, other.index);
+    assert_eq!(changed, vec![SlotKey::new(other.index).as_str()]);
 }

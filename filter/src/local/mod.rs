@@ -4,7 +4,10 @@
 //!
 //! Shared data is never deleted, so the keyspace is fixed: `slots` keys,
 //! created once, each holding one tenant's state and a fingerprint of that
-//! tenant. A tenant that hashes to a slot held by another takes it over
+//! tenant. The slot and the fingerprint come from a keyed hash (SipHash-2-4)
+//! whose 128-bit key is drawn when the first VM configures
+//! (`secret`), so nobody outside can choose tenants that land on a given
+//! slot. A tenant that hashes to a slot held by another takes it over
 //! (with a full bucket and no cached refusal) once the holder no longer
 //! uses it (`slot::Slot::claim`). Losing a slot that way only costs calls
 //! to the rate-limit service: the local layer refuses, it never admits on
@@ -17,12 +20,14 @@
 //! - `slot`: a slot's binary encoding, where a tenant lives, and who owns a
 //!   slot (decided in one place, `Slot::claim`);
 //! - `over_limit`: the over-limit cache and the headers of its refusals;
+//! - `secret`: the key of the slot hash, agreed by every VM at configure;
 //! - `cas`: the read-modify-write of a slot under Envoy's CAS;
 //! - this file: the local decision for one request (`admit`).
 
 pub mod bucket;
 pub mod cas;
 pub mod over_limit;
+pub mod secret;
 pub mod slot;
 
 use ratelimit_config::{BucketParams, HeaderMode};
@@ -30,7 +35,8 @@ use ratelimit_config::{BucketParams, HeaderMode};
 pub use bucket::TokenBucket;
 pub use cas::{update, UpdateError, CAS_ATTEMPTS};
 pub use over_limit::{cached_headers, remember_over_limit, OverLimit, StatusSnapshot};
-pub use slot::{slot_for, Claim, Slot, SlotKey, SlotRef, SLOT_BYTES, SLOT_HOLD_MS};
+pub use secret::{agree, Agreed, SECRET_KEY};
+pub use slot::{slot_for, Claim, Slot, SlotKey, SlotRef, SlotSecret, SLOT_BYTES, SLOT_HOLD_MS};
 
 use crate::decision::RETRY_AFTER;
 
