@@ -180,6 +180,27 @@ def test_off_means_every_request_is_asked(stack):
     assert fleet.redis.get_int(hour_key) == 20
 
 
+def _worker_connections(envoy: harness.Envoy) -> Counter:
+    """Connections each worker of the Envoy's listener accepted so far."""
+    out: Counter = Counter()
+    for name, value in envoy.stats(r"worker_\d+\.downstream_cx_total").items():
+        if name.startswith("listener.") and "admin" not in name:
+            out[name.split(".")[-2]] += value
+    return out
+
+
+def _get_on_a_new_connection(url: str, tenant: str) -> int:
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.request("GET", "/", headers={harness.TENANT_HEADER: tenant})
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
 def test_every_worker_of_an_envoy_shares_one_bucket(stack):
     # Each worker runs its own VM; the slots are shared, and so must be the
     # secret that places a tenant in them (agreed at configure through
