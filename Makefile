@@ -220,6 +220,7 @@ lint: deps-rust deps-python
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
 	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
+	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py
 
 # The pure core's tests run natively, again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap), and the

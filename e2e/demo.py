@@ -101,7 +101,7 @@ def main() -> int:
         counters = fleet.counters()
         within = fleet.ratelimit.rule_counter("within_limit", DOMAIN, "hour")
         key = harness.redis_key(DOMAIN, "hour", args.tenant)
-        print(f"\nfilter counters (both Envoys): "
+        print("\nfilter counters (both Envoys): "
               + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
         print(f"ratelimit service: within_limit={within} for {DOMAIN}.generic_key_per_hour")
         print(f"redis: {key} = {fleet.redis.get_int(key)} (the calls the service got, "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from pathlib import Path
 
 import requests
 
