@@ -287,27 +287,13 @@ def envoy_for(stack: Stack, plugin_config: dict, rls: list[RateLimitService],
 
 
 @dataclass
-class ScaledFleet:
+class ScaledFleet(harness.EnvoysView):
     generated: Generated
     cluster: RedisCluster
     persecond: Redis | None
     services: list[RateLimitService]
     upstream: Envoy
     envoys: list[Envoy]
-
-    @property
-    def urls(self) -> list[str]:
-        return [e.url for e in self.envoys]
-
-    @property
-    def domain(self) -> str:
-        return self.generated.domain
-
-    def counters(self) -> Counter:
-        total: Counter = Counter()
-        for e in self.envoys:
-            total.update(e.filter_counters())
-        return total
 
     def service_calls(self) -> list[int]:
         """ShouldRateLimit calls each service replica has answered or failed."""

@@ -701,14 +701,10 @@ class Envoy:
 
 # ------------------------------------------------------------------ stack
 
-@dataclass
-class Fleet:
-    """Redis + ratelimit + upstream + N filter Envoys for one generated config."""
+class EnvoysView:
+    """What every fleet of filter Envoys offers (a fleet sets `generated` and `envoys`)."""
 
     generated: Generated
-    redis: Redis
-    ratelimit: RateLimitService
-    upstream: Envoy
     envoys: list[Envoy]
 
     @property
@@ -725,6 +721,18 @@ class Fleet:
         for e in self.envoys:
             total.update(e.filter_counters())
         return total
+
+
+@dataclass
+class Fleet(EnvoysView):
+    """Redis + ratelimit + upstream + N filter Envoys for one generated config."""
+
+    generated: Generated
+    redis: Redis
+    ratelimit: RateLimitService
+    upstream: Envoy
+    envoys: list[Envoy]
+
 
 
 class Stack:
