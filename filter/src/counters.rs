@@ -66,6 +66,64 @@ counters! {
 /// How many counters there are.
 pub const COUNTERS: usize = Counter::ALL.len();
 
+macro_rules! group_counters {
+    ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
+        /// A counter kept once per group (`default` included): its stat is
+        /// `tenant_ratelimit.group.<group>.<name>`, so the number of series
+        /// is bounded by the groups of the configuration, never by tenants.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum GroupCounter {
+            $($(#[$doc])* $variant,)+
+        }
+
+        impl GroupCounter {
+            /// Every group counter, in table order.
+            pub const ALL: &'static [GroupCounter] = &[$(GroupCounter::$variant,)+];
+
+            /// The stat name's last part, after the group's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(GroupCounter::$variant => $name,)+
+                }
+            }
+
+            /// The counter's position in the table.
+            pub const fn index(self) -> usize {
+                self as usize
+            }
+
+            /// The full stat name for `group` (after `wasmcustom.`).
+            pub fn stat_name(self, group: &str) -> String {
+                format!("tenant_ratelimit.group.{group}.{}", self.name())
+            }
+        }
+    };
+}
+
+group_counters! {
+    /// Admitted (by the service, or in shadow mode).
+    Admitted => "admitted",
+    /// Refused by the rate-limit service.
+    RefusedService => "refused.service",
+    /// Refused from the over-limit cache.
+    RefusedCache => "refused.cache",
+    /// Refused by the token bucket.
+    RefusedBucket => "refused.bucket",
+    /// Would have been refused by the service; let through (shadow).
+    ShadowRefusedService => "shadow_refused.service",
+    /// Would have been refused from the over-limit cache (shadow).
+    ShadowRefusedCache => "shadow_refused.cache",
+    /// Would have been refused by the token bucket (shadow).
+    ShadowRefusedBucket => "shadow_refused.bucket",
+    /// Admitted with at most `1 - near_limit_ratio` of a window left.
+    NearLimit => "near_limit",
+    /// The limiter failed and the request was let through.
+    FailedOpen => "failed_open",
+}
+
+/// How many counters each group has.
+pub const GROUP_COUNTERS: usize = GroupCounter::ALL.len();
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +153,20 @@ mod tests {
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
         assert_eq!(COUNTERS, 13);
+    }
+
+    #[test]
+    fn group_counter_names_are_unique_and_carry_the_group() {
+        let mut names: Vec<&str> = GroupCounter::ALL.iter().map(|c| c.name()).collect();
+        for (i, c) in GroupCounter::ALL.iter().enumerate() {
+            assert_eq!(c.index(), i, "{c:?}");
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), GROUP_COUNTERS);
+        assert_eq!(
+            GroupCounter::RefusedCache.stat_name("gold"),
+            "tenant_ratelimit.group.gold.refused.cache"
+        );
     }
 }

@@ -56,6 +56,8 @@ pub enum Step<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Limited<'a> {
     pub group: &'a Group,
+    /// The group's index in `limits.all_groups()`: its per-group counters.
+    pub group_index: usize,
     pub tenant: Cow<'a, str>,
 }
 
@@ -76,8 +78,12 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
             }
         }
     };
-    match c.config.limits.group_for(&tenant) {
-        Some(group) => Step::Limit(Limited { group, tenant }),
+    match c.config.limits.group_index_for(&tenant) {
+        Some((group_index, group)) => Step::Limit(Limited {
+            group,
+            group_index,
+            tenant,
+        }),
         None => Step::NotLimited,
     }
 }

@@ -25,7 +25,7 @@
 //! unless `failure_mode_deny`) or, in the local layer, skips that layer; it
 //! never panics.
 
-use crate::counters::Counter;
+use crate::counters::{Counter, GroupCounter};
 use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
 use crate::host::Host;
 use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
@@ -51,6 +51,9 @@ pub struct Stream {
     slot: Option<SlotRef>,
     /// When the call to the service went out (for the over-limit cache).
     asked_at_ms: u64,
+    /// The tenant's group (its index in `limits.all_groups()`), once known:
+    /// whose per-group counters this request counts in.
+    group: Option<usize>,
 }
 
 impl Stream {
@@ -58,7 +61,7 @@ impl Stream {
     pub fn on_request_headers<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H) -> Next {
         let tenant = match host.request_header(&c.config.limits.header) {
             Ok(t) => t,
-            Err(e) => return limiter_error(c, host, &RlsError::Host(e.0)),
+            Err(e) => return limiter_error(c, host, None, &RlsError::Host(e.0)),
         };
         let limited = match first_step(c, tenant.as_deref()) {
             Step::AllowMissingTenant => {
@@ -76,6 +79,8 @@ impl Stream {
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
+        let group = limited.group_index;
+        self.group = Some(group);
         let local = &c.config.local;
         if local.enabled {
             let key = host.slot_secret();
@@ -90,10 +95,12 @@ impl Stream {
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
                 Ok(LocalVerdict::BucketEmpty(headers)) => {
                     host.count(Counter::LocalOverLimit);
+                    host.count_group(group, GroupCounter::RefusedBucket);
                     return over_limit_reply(host, &headers);
                 }
                 Ok(LocalVerdict::CachedOverLimit(headers)) => {
                     host.count(Counter::CachedOverLimit);
+                    host.count_group(group, GroupCounter::RefusedCache);
                     return over_limit_reply(host, &headers);
                 }
                 Err(e) => local_error(host, &e),
@@ -104,7 +111,7 @@ impl Stream {
         let message = encode_request(c, &limited);
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
-            Err(e) => limiter_error(c, host, &RlsError::Host(e.0)),
+            Err(e) => limiter_error(c, host, Some(group), &RlsError::Host(e.0)),
         }
     }
 
@@ -126,11 +133,17 @@ impl Stream {
         let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
             Verdict::Allow(headers) => {
                 host.count(Counter::Allowed);
+                if let Some(group) = self.group {
+                    host.count_group(group, GroupCounter::Admitted);
+                }
                 self.response_headers = headers;
                 Next::Continue
             }
             Verdict::OverLimit(headers, statuses) => {
                 host.count(Counter::OverLimit);
+                if let Some(group) = self.group {
+                    host.count_group(group, GroupCounter::RefusedService);
+                }
                 if let Some(at) = self.slot {
                     let asked_at = self.asked_at_ms;
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
@@ -142,7 +155,7 @@ impl Stream {
                 }
                 over_limit_reply(host, &headers)
             }
-            Verdict::Error(why) => limiter_error(c, host, &why),
+            Verdict::Error(why) => limiter_error(c, host, self.group, &why),
         };
         if next == Next::Continue {
             let _ = host.resume_request();
@@ -196,8 +209,14 @@ fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
     }
 }
 
-/// The limiter failed: count it, then fail open or deny.
-fn limiter_error<H: Host + ?Sized>(c: &Compiled, host: &H, why: &RlsError) -> Next {
+/// The limiter failed: count it (in the tenant's group too, once known),
+/// then fail open or deny.
+fn limiter_error<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    group: Option<usize>,
+    why: &RlsError,
+) -> Next {
     host.count(Counter::RlsError);
     log::debug!("limiter error: {why:?}");
     if c.config.failure_mode_deny {
@@ -210,6 +229,9 @@ fn limiter_error<H: Host + ?Sized>(c: &Compiled, host: &H, why: &RlsError) -> Ne
         )
     } else {
         host.count(Counter::FailureModeAllowed);
+        if let Some(group) = group {
+            host.count_group(group, GroupCounter::FailedOpen);
+        }
         Next::Continue
     }
 }

@@ -12,7 +12,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_config::parse_plugin_config;
 
-use crate::counters::{Counter, COUNTERS};
+use crate::counters::{Counter, GroupCounter, COUNTERS, GROUP_COUNTERS};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
@@ -77,24 +77,53 @@ fn host_error(e: Status) -> HostError {
     HostError(format!("{e:?}"))
 }
 
-/// The metric ids Envoy gave the counters, by `Counter::index`.
-struct Metrics([Option<u32>; COUNTERS]);
+fn define_counter(name: &str) -> Option<u32> {
+    match hostcalls::define_metric(MetricType::Counter, name) {
+        Ok(defined) => Some(defined),
+        Err(e) => {
+            log::warn!("cannot define metric {name}: {e:?}");
+            None
+        }
+    }
+}
+
+/// The metric ids Envoy gave the counters, by `Counter::index`, and the
+/// group counters, by group index then `GroupCounter::index`.
+struct Metrics {
+    counters: [Option<u32>; COUNTERS],
+    groups: Vec<[Option<u32>; GROUP_COUNTERS]>,
+}
 
 impl Metrics {
-    fn define() -> Metrics {
-        let mut ids = [None; COUNTERS];
-        for (id, c) in ids.iter_mut().zip(Counter::ALL) {
-            match hostcalls::define_metric(MetricType::Counter, c.name()) {
-                Ok(defined) => *id = Some(defined),
-                Err(e) => log::warn!("cannot define metric {}: {e:?}", c.name()),
-            }
+    /// Defines the counters, and the group counters of these groups (in
+    /// `limits.all_groups()` order).
+    fn define<'a>(groups: impl Iterator<Item = &'a str>) -> Metrics {
+        let mut counters = [None; COUNTERS];
+        for (id, c) in counters.iter_mut().zip(Counter::ALL) {
+            *id = define_counter(c.name());
         }
-        Metrics(ids)
+        let groups = groups
+            .map(|group| {
+                let mut ids = [None; GROUP_COUNTERS];
+                for (id, c) in ids.iter_mut().zip(GroupCounter::ALL) {
+                    *id = define_counter(&c.stat_name(group));
+                }
+                ids
+            })
+            .collect();
+        Metrics { counters, groups }
     }
 
     fn count(&self, counter: Counter) {
-        if let Some(Some(id)) = self.0.get(counter.index()) {
+        if let Some(Some(id)) = self.counters.get(counter.index()) {
             let _ = hostcalls::increment_metric(*id, 1);
+        }
+    }
+
+    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+        let id = self.groups.get(group).and_then(|g| g.get(counter.index()));
+        if let (Some(Some(id)), Ok(n)) = (id, i64::try_from(n)) {
+            let _ = hostcalls::increment_metric(*id, n);
         }
     }
 }
@@ -207,6 +236,10 @@ impl Host for Envoy<'_> {
         self.metrics.count(counter);
     }
 
+    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+        self.metrics.add_group(group, counter, n);
+    }
+
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret
     }
@@ -292,7 +325,7 @@ impl RootContext for Root {
                 for w in warnings {
                     log::warn!("configuration warning: {w}");
                 }
-                let metrics = Metrics::define();
+                let metrics = Metrics::define(config.limits.all_groups().map(|g| g.name.as_str()));
                 let slot_secret = if config.local.enabled {
                     create_slots(config.local.slots);
                     slot_secret(&metrics)

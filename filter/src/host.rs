@@ -3,7 +3,7 @@
 //! and the benchmark. Every method returns the host's failure instead of
 //! panicking; the flow decides what a failure means (see `flow`).
 
-use crate::counters::Counter;
+use crate::counters::{Counter, GroupCounter};
 use crate::local::SlotSecret;
 
 /// A host call that failed: what the host said, for the debug log.
@@ -71,6 +71,15 @@ pub trait Host: SharedData {
 
     /// Adds one to a counter (a failure to count is not worth failing for).
     fn count(&self, counter: Counter);
+
+    /// Adds `n` to a counter of the group with index `group` (its position
+    /// in `limits.all_groups()`, `Limited::group_index`).
+    fn add_group(&self, group: usize, counter: GroupCounter, n: u64);
+
+    /// Adds one to a group's counter.
+    fn count_group(&self, group: usize, counter: GroupCounter) {
+        self.add_group(group, counter, 1);
+    }
 
     /// The key of the slot hash, agreed at configure (`local::secret`):
     /// no host call.

@@ -12,7 +12,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::counters::{Counter, COUNTERS};
+use crate::counters::{Counter, GroupCounter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
 
@@ -160,6 +160,8 @@ pub struct MemHost {
     added_count: Cell<u64>,
     resumed: Cell<u64>,
     counters: [Cell<u64>; COUNTERS],
+    /// Group counters, by (group index, counter).
+    group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
     slot_secret: Cell<SlotSecret>,
 }
 
@@ -190,6 +192,7 @@ impl MemHost {
             added_count: Cell::new(0),
             resumed: Cell::new(0),
             counters: Default::default(),
+            group_counters: RefCell::new(Vec::new()),
             slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
         }
     }
@@ -356,6 +359,27 @@ impl MemHost {
         self.counters.get(c.index()).map_or(0, Cell::get)
     }
 
+    /// A group counter (`group` is the group's index in
+    /// `limits.all_groups()`).
+    pub fn group_counter(&self, group: usize, c: GroupCounter) -> u64 {
+        self.group_counters
+            .borrow()
+            .iter()
+            .find(|(k, _)| *k == (group, c))
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// The group counters that are not 0, as (group index, name, value),
+    /// in the order they were first counted.
+    pub fn group_counted(&self) -> Vec<(usize, &'static str, u64)> {
+        self.group_counters
+            .borrow()
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|((g, c), n)| (*g, c.name(), *n))
+            .collect()
+    }
+
     /// The counters that are not 0, by name.
     pub fn counted(&self) -> Vec<(&'static str, u64)> {
         Counter::ALL
@@ -483,6 +507,14 @@ impl Host for MemHost {
     fn count(&self, counter: Counter) {
         if let Some(c) = self.counters.get(counter.index()) {
             c.set(c.get() + 1);
+        }
+    }
+
+    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+        let mut counters = self.group_counters.borrow_mut();
+        match counters.iter_mut().find(|(k, _)| *k == (group, counter)) {
+            Some((_, v)) => *v += n,
+            None => counters.push(((group, counter), n)),
         }
     }
 

@@ -31,7 +31,8 @@ pub mod team_file;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
-    parse_plugin_config, BucketParams, HeaderMode, LocalConfig, MissingTenant, PluginConfig,
+    parse_plugin_config, BucketParams, GroupLocal, HeaderMode, LocalConfig, MissingTenant, Mode,
+    PluginConfig,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

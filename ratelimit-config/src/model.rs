@@ -150,8 +150,24 @@ impl TeamLimits {
     }
 
     /// The default group first (when there is one), then the named groups.
+    /// A group's position here is its index (`group_index_for`): the
+    /// filter's per-group counters are kept by it.
     pub fn all_groups(&self) -> impl Iterator<Item = &Group> {
         self.default.iter().chain(self.groups.iter())
+    }
+
+    /// Like `group_for`, with the group's index in `all_groups()`.
+    pub fn group_index_for(&self, tenant: &str) -> Option<(usize, &Group)> {
+        let offset = usize::from(self.default.is_some());
+        match self.by_tenant.get(tenant) {
+            Some(&i) => self.groups.get(i).map(|g| (i + offset, g)),
+            None => self.default.as_ref().map(|g| (0, g)),
+        }
+    }
+
+    /// How many groups there are, `default` included.
+    pub fn group_count(&self) -> usize {
+        self.groups.len() + usize::from(self.default.is_some())
     }
 }
 
@@ -201,6 +217,9 @@ mod tests {
         );
         assert_eq!(t.group_for("tenant-b").unwrap().name, "gold");
         assert_eq!(t.group_for("tenant-a").unwrap().name, "default");
+        assert_eq!(t.group_index_for("tenant-b").map(|(i, _)| i), Some(1));
+        assert_eq!(t.group_index_for("tenant-a").map(|(i, _)| i), Some(0));
+        assert_eq!(t.group_count(), 2);
         assert_eq!(t.units_in_use(), vec![Unit::Second, Unit::Hour]);
     }
 
@@ -212,6 +231,8 @@ mod tests {
             vec![group("gold", Some(50), None, &["tenant-b"])],
         );
         assert!(t.group_for("tenant-a").is_none());
+        assert_eq!(t.group_index_for("tenant-b").map(|(i, _)| i), Some(0));
+        assert_eq!(t.group_count(), 1);
     }
 
     #[test]

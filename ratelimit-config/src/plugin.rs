@@ -21,6 +21,7 @@ pub const DEFAULT_MISSING_TENANT: MissingTenant = MissingTenant::Allow;
 pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
 pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
 pub const DEFAULT_LOCAL_ENABLED: bool = true;
+pub const DEFAULT_MODE: Mode = Mode::Exact;
 /// Slots of the local layer when `local.slots` is not set.
 pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
 /// Longest tenant header value, in bytes, when `max_tenant_length` is not
@@ -87,6 +88,49 @@ impl Named for HeaderMode {
     }
 }
 
+/// How a group's limits are enforced across the fleet (`local.mode`, and
+/// per group `local.groups.<group>.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "cli",
+    derive(serde::Serialize),
+    serde(into = "&'static str")
+)]
+pub enum Mode {
+    /// One call to the rate-limit service per admitted request: exact.
+    Exact,
+    /// Tokens reserved from the service in batches and spent locally: never
+    /// over the limit, may strand tokens (undershoot).
+    Lease,
+    /// Counted locally and pushed to the service every sync interval: may
+    /// overshoot by what the fleet admits in one interval.
+    Sync,
+}
+
+impl Named for Mode {
+    const ALL: &'static [Self] = &[Mode::Exact, Mode::Lease, Mode::Sync];
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Exact => "exact",
+            Mode::Lease => "lease",
+            Mode::Sync => "sync",
+        }
+    }
+}
+
+impl Mode {
+    /// The name in the configuration (`"exact"`, `"lease"`, `"sync"`).
+    pub fn as_str(self) -> &'static str {
+        self.name()
+    }
+}
+
+impl From<Mode> for &'static str {
+    fn from(m: Mode) -> &'static str {
+        m.name()
+    }
+}
+
 impl From<MissingTenant> for &'static str {
     fn from(m: MissingTenant) -> &'static str {
         m.name()
@@ -129,8 +173,19 @@ pub struct LocalConfig {
     pub enabled: bool,
     /// Shared-data slots; tenants hash into them, a newcomer takes a slot over.
     pub slots: u32,
-    /// Per-group bucket overrides (`local.groups.<group>`), by group name.
-    pub groups: Vec<(String, BucketParams)>,
+    /// The mode of every group that does not set its own (`local.mode`).
+    pub mode: Mode,
+    /// Per-group settings (`local.groups.<group>`), by group name.
+    pub groups: Vec<(String, GroupLocal)>,
+}
+
+/// One group's `local.groups.<group>` entry: each key is optional.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupLocal {
+    /// Its own bucket (`tokens_per_second`, `burst`).
+    pub bucket: Option<BucketParams>,
+    /// Its own mode.
+    pub mode: Option<Mode>,
 }
 
 impl Default for LocalConfig {
@@ -138,12 +193,30 @@ impl Default for LocalConfig {
         LocalConfig {
             enabled: DEFAULT_LOCAL_ENABLED,
             slots: DEFAULT_LOCAL_SLOTS,
+            mode: DEFAULT_MODE,
             groups: Vec::new(),
         }
     }
 }
 
 impl LocalConfig {
+    /// A group's `local.groups` entry, if it has one.
+    pub fn group(&self, name: &str) -> Option<&GroupLocal> {
+        self.groups.iter().find(|(n, _)| n == name).map(|(_, g)| g)
+    }
+
+    /// The mode of a group: its own, else `local.mode`. Always `Exact`
+    /// when the local layer is off (lease and sync keep their state in it;
+    /// the parser refuses another mode there).
+    pub fn mode_for(&self, group: &Group) -> Mode {
+        if !self.enabled {
+            return Mode::Exact;
+        }
+        self.group(&group.name)
+            .and_then(|g| g.mode)
+            .unwrap_or(self.mode)
+    }
+
     /// The bucket of a group: its own `local.groups` entry, else its
     /// per-second limit as both rate and burst, else none (a group without
     /// a per-second limit has no bucket unless it sets one).
@@ -151,8 +224,8 @@ impl LocalConfig {
         if !self.enabled {
             return None;
         }
-        if let Some((_, p)) = self.groups.iter().find(|(name, _)| *name == group.name) {
-            return Some(*p);
+        if let Some(p) = self.group(&group.name).and_then(|g| g.bucket) {
+            return Some(p);
         }
         group.limits.get(Unit::Second).map(|n| BucketParams {
             tokens_per_second: n,
@@ -173,8 +246,8 @@ const KEYS: &[&str] = &[
     "headers",
     "local",
 ];
-const LOCAL_KEYS: &[&str] = &["enabled", "slots", "groups"];
-const BUCKET_KEYS: &[&str] = &["tokens_per_second", "burst"];
+const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups"];
+const GROUP_LOCAL_KEYS: &[&str] = &["tokens_per_second", "burst", "mode"];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 fn unknown_key(errors: &mut Errors, path: String, key: &str, allowed: &[&str]) {
@@ -490,6 +563,13 @@ fn local_config(
             Err(m) => errors.push(path, m),
         }
     }
+    if let Some(m) = obj.get("mode") {
+        let path = join(BASE, "mode");
+        if let Some(mode) = one_of(m, &path, errors) {
+            needs_local_layer(mode, local.enabled, &path, errors);
+            local.mode = mode;
+        }
+    }
     let Some(groups) = obj.get("groups") else {
         return local;
     };
@@ -513,19 +593,54 @@ fn local_config(
                 );
             }
         }
-        if let Some(p) = bucket_params(params, &path, errors) {
-            local.groups.push((name.clone(), p));
+        if let Some(g) = group_local(params, &path, local.enabled, errors) {
+            local.groups.push((name.clone(), g));
         }
     }
     local
 }
 
-fn bucket_params(v: &Value, path: &str, errors: &mut Errors) -> Option<BucketParams> {
+/// Lease and sync keep their tokens and counts in the local layer's shared
+/// data: without it they cannot work.
+fn needs_local_layer(mode: Mode, enabled: bool, path: &str, errors: &mut Errors) {
+    if mode != Mode::Exact && !enabled {
+        errors.push(
+            path,
+            format!(
+                "{:?} needs the local layer, which local.enabled turns off",
+                mode.name()
+            ),
+        );
+    }
+}
+
+/// A `local.groups.<group>` entry: a bucket, a mode, or both.
+fn group_local(v: &Value, path: &str, enabled: bool, errors: &mut Errors) -> Option<GroupLocal> {
     let Value::Object(obj) = v else {
         errors.push(path, format!("must be an object, got {}", describe(v)));
         return None;
     };
-    check_keys(obj, path, BUCKET_KEYS, errors);
+    check_keys(obj, path, GROUP_LOCAL_KEYS, errors);
+    let mode = obj.get("mode").and_then(|m| {
+        let mode_path = join(path, "mode");
+        let mode = one_of(m, &mode_path, errors)?;
+        needs_local_layer(mode, enabled, &mode_path, errors);
+        Some(mode)
+    });
+    let has_bucket = obj.contains_key("tokens_per_second") || obj.contains_key("burst");
+    let bucket = if has_bucket || !obj.contains_key("mode") {
+        Some(bucket_params(obj, path, errors)?)
+    } else {
+        None
+    };
+    Some(GroupLocal { bucket, mode })
+}
+
+fn bucket_params(
+    obj: &Map<String, Value>,
+    path: &str,
+    errors: &mut Errors,
+) -> Option<BucketParams> {
     let mut field = |key: &str| match obj.get(key).map(positive_u32) {
         None => None,
         Some(Ok(n)) => Some(Ok(n)),
@@ -806,11 +921,49 @@ mod tests {
     }
 
     #[test]
+    fn modes_are_global_or_per_group() {
+        let c = with_local(r#"{"mode": "sync", "groups": {"gold": {"mode": "lease"}, "silver": {"tokens_per_second": 3}}}"#).unwrap();
+        let group = |name: &str| c.limits.all_groups().find(|g| g.name == name).unwrap();
+        assert_eq!(c.local.mode_for(group("gold")), Mode::Lease);
+        assert_eq!(c.local.mode_for(group("silver")), Mode::Sync);
+        assert_eq!(c.local.mode_for(group("default")), Mode::Sync);
+        // A mode alone keeps the group's default bucket.
+        assert_eq!(c.local.bucket_for(group("gold")), None);
+        assert_eq!(
+            c.local.bucket_for(group("silver")),
+            Some(BucketParams {
+                tokens_per_second: 3,
+                burst: 3
+            })
+        );
+        let exact = with_local("{}").unwrap();
+        assert_eq!(exact.local.mode_for(group("gold")), Mode::Exact);
+    }
+
+    #[test]
+    fn bad_modes_name_their_field() {
+        assert_eq!(
+            with_local(r#"{"mode": "fast", "groups": {"gold": {"mode": 1}}}"#).unwrap_err(),
+            vec![
+                "local.mode: must be one of \"exact\", \"lease\", \"sync\", got string \"fast\"",
+                "local.groups.gold.mode: must be one of \"exact\", \"lease\", \"sync\", got 1",
+            ]
+        );
+        assert_eq!(
+            with_local(r#"{"enabled": false, "mode": "lease", "groups": {"gold": {"mode": "sync"}}}"#).unwrap_err(),
+            vec![
+                "local.mode: \"lease\" needs the local layer, which local.enabled turns off",
+                "local.groups.gold.mode: \"sync\" needs the local layer, which local.enabled turns off",
+            ]
+        );
+    }
+
+    #[test]
     fn bad_local_sections_name_their_field() {
         assert_eq!(
             with_local(r#"{"slots": 0, "enabled": "yes", "size": 1, "groups": {"bronze": {"burst": 3}, "gold": {"tokens_per_second": 1.5, "burst": -1}}}"#).unwrap_err(),
             vec![
-                "local.size: unknown key \"size\", expected one of enabled, slots, groups",
+                "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups",
                 "local.enabled: must be true or false, got string \"yes\"",
                 "local.slots: must be a positive integer, got 0",
                 "local.groups.bronze: no such group in limits, expected one of default, gold, silver",
