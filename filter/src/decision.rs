@@ -89,9 +89,9 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
 }
 
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
-/// unit its group limits.
-pub fn encode_request(c: &Compiled, l: &Limited<'_>) -> Vec<u8> {
-    encode_rate_limit_request(&c.config.domain, || {
+/// unit its group limits, each counting `hits_addend` hits (0 counts 1).
+pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8> {
+    encode_rate_limit_request(&c.config.domain, hits_addend, || {
         descriptors(l.group, &c.config.descriptor_key, &l.tenant).map(|(_, entries)| entries)
     })
 }
@@ -219,7 +219,7 @@ mod tests {
 
     fn asked(c: &Compiled, tenant: &[u8]) -> RateLimitRequest {
         match first_step(c, Some(tenant)) {
-            Step::Limit(l) => RateLimitRequest::decode(&encode_request(c, &l)[..]).unwrap(),
+            Step::Limit(l) => RateLimitRequest::decode(&encode_request(c, &l, 0)[..]).unwrap(),
             other => panic!("expected a call, got {other:?}"),
         }
     }
@@ -398,7 +398,7 @@ mod tests {
                     // Never more than max_tenant_length raw bytes reach the
                     // service (the lossy form may be longer).
                     proptest::prop_assert!(tenant.len() <= 128);
-                    RateLimitRequest::decode(&encode_request(&c, &l)[..]).unwrap();
+                    RateLimitRequest::decode(&encode_request(&c, &l, 0)[..]).unwrap();
                 }
                 Step::AllowMissingTenant => proptest::prop_assert!(tenant.is_empty()),
                 Step::TenantTooLong => proptest::prop_assert!(tenant.len() > 128),

@@ -108,7 +108,7 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let message = encode_request(c, &limited);
+        let message = encode_request(c, &limited, 0);
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
             Err(e) => limiter_error(c, host, Some(group), &RlsError::Host(e.0)),

@@ -182,6 +182,7 @@ const DESCRIPTORS: u8 = 2 << 3 | 2;
 const ENTRIES: u8 = 1 << 3 | 2;
 const ENTRY_KEY: u8 = 1 << 3 | 2;
 const ENTRY_VALUE: u8 = 2 << 3 | 2;
+const HITS_ADDEND: u8 = 3 << 3;
 
 fn entry_len((key, value): (&str, &str)) -> usize {
     string_len(key) + string_len(value)
@@ -191,21 +192,29 @@ fn descriptor_len(entries: &[(&str, &str)]) -> usize {
     entries.iter().map(|e| delimited_len(entry_len(*e))).sum()
 }
 
-/// A `RateLimitRequest` (`hits_addend` 0) encoded straight from borrowed
-/// strings, in one allocation of its exact size: the same bytes as
-/// encoding the owned message, without building it. `descriptors` gives
-/// the descriptors' entries, each time it is called (twice: to size, then
-/// to write).
-pub fn encode_rate_limit_request<'a, F, D, E>(domain: &str, descriptors: F) -> Vec<u8>
+/// A `RateLimitRequest` encoded straight from borrowed strings, in one
+/// allocation of its exact size: the same bytes as encoding the owned
+/// message, without building it. `descriptors` gives the descriptors'
+/// entries, each time it is called (twice: to size, then to write).
+/// `hits_addend` 0 is left out (the service then counts 1 hit).
+pub fn encode_rate_limit_request<'a, F, D, E>(
+    domain: &str,
+    hits_addend: u32,
+    descriptors: F,
+) -> Vec<u8>
 where
     F: Fn() -> D,
     D: Iterator<Item = E>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
+    // u32 fits a usize on every target this builds for (32 and 64 bits).
+    let hits = usize::try_from(hits_addend).unwrap_or(usize::MAX);
+    let hits_len = if hits == 0 { 0 } else { 1 + varint_len(hits) };
     let len = string_len(domain)
         + descriptors()
             .map(|d| delimited_len(descriptor_len(d.as_ref())))
-            .sum::<usize>();
+            .sum::<usize>()
+        + hits_len;
     let mut out = Vec::with_capacity(len);
     put_string(&mut out, DOMAIN, domain);
     for d in descriptors() {
@@ -218,6 +227,10 @@ where
             put_string(&mut out, ENTRY_KEY, key);
             put_string(&mut out, ENTRY_VALUE, value);
         }
+    }
+    if hits != 0 {
+        out.push(HITS_ADDEND);
+        put_varint(&mut out, hits);
     }
     out
 }
@@ -312,6 +325,7 @@ mod tests {
                 proptest::collection::vec(("[a-z_]{0,12}", ".{0,160}"), 0..3),
                 0..5,
             ),
+            hits_addend in proptest::prop_oneof![proptest::strategy::Just(0u32), proptest::prelude::any::<u32>()],
         ) {
             let owned = RateLimitRequest {
                 domain: domain.clone(),
@@ -324,13 +338,13 @@ mod tests {
                             .collect(),
                     })
                     .collect(),
-                hits_addend: 0,
+                hits_addend,
             };
             let borrowed: Vec<Vec<(&str, &str)>> = descriptors
                 .iter()
                 .map(|entries| entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
                 .collect();
-            let bytes = encode_rate_limit_request(&domain, || borrowed.iter());
+            let bytes = encode_rate_limit_request(&domain, hits_addend, || borrowed.iter());
             proptest::prop_assert_eq!(bytes.len(), bytes.capacity());
             proptest::prop_assert_eq!(bytes, owned.encode_to_vec());
         }
