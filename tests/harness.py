@@ -603,7 +603,7 @@ def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: in
                         rls_port: int, upstream_port: int, wasm_path: Path | str = WASM,
                         bind_address: str = LOOPBACK, rls_address: str = LOOPBACK,
                         upstream_address: str = LOOPBACK, cluster_type: str = "STATIC",
-                        node_id: str = "envoy") -> str:
+                        node_id: str = "envoy", access_log_path: Path | str = "/dev/stdout") -> str:
     cluster = plugin_config.get("rate_limit_service", {}).get("cluster", "ratelimit")
     return render(
         ENVOY_TEMPLATE,
@@ -620,6 +620,7 @@ def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: in
         upstream_address=upstream_address,
         upstream_port=upstream_port,
         cluster_type=cluster_type,
+        access_log_path=access_log_path,
     )
 
 
@@ -789,12 +790,14 @@ class Stack:
         return Envoy(self, "upstream", text, listen, admin, concurrency=1)
 
     def envoy(self, plugin_config: dict, rls: RateLimitService | int, upstream: Envoy | int,
-              name: str = "envoy", wait: bool = True, concurrency: int = 2) -> Envoy:
+              name: str = "envoy", wait: bool = True, concurrency: int = 2,
+              access_log_path: Path | str = "/dev/stdout") -> Envoy:
         listen, admin = free_port(), free_port()
         rls_port = rls.grpc_port if isinstance(rls, RateLimitService) else rls
         up_port = upstream.listen_port if isinstance(upstream, Envoy) else upstream
         text = render_envoy_config(plugin_config, listen_port=listen, admin_port=admin,
-                                   rls_port=rls_port, upstream_port=up_port, node_id=name)
+                                   rls_port=rls_port, upstream_port=up_port, node_id=name,
+                                   access_log_path=access_log_path)
         return Envoy(self, name, text, listen, admin, concurrency=concurrency, wait=wait)
 
     def generate(self, limits: dict, domain: str | None = None, **kw) -> Generated:

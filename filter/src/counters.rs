@@ -101,7 +101,9 @@ macro_rules! group_counters {
 }
 
 group_counters! {
-    /// Admitted (by the service, or in shadow mode).
+    /// Admitted by the service. A shadow refusal let through is not here
+    /// but in `shadow_refused`: admitted, refused, shadow_refused and
+    /// failed_open add up to the group's limited requests.
     Admitted => "admitted",
     /// Refused by the rate-limit service.
     RefusedService => "refused.service",

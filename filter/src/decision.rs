@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 use prost::Message;
+use ratelimit_config::plugin::PPM;
 use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
 use crate::proto::{
@@ -112,8 +113,9 @@ pub enum RlsError {
 /// The decision on a request that the service has answered.
 #[derive(Debug, PartialEq)]
 pub enum Verdict {
-    /// Admitted; add these headers to the upstream response.
-    Allow(Vec<(&'static str, String)>),
+    /// Admitted; add these headers to the upstream response. The statuses
+    /// tell whether it was near the limit (`near_limit`).
+    Allow(Vec<(&'static str, String)>, Vec<DescriptorStatus>),
     /// Refused: answer 429 with these headers (Retry-After included); the
     /// statuses are what the over-limit cache remembers.
     OverLimit(Vec<(&'static str, String)>, Vec<DescriptorStatus>),
@@ -176,6 +178,20 @@ pub fn retry_after(statuses: &[DescriptorStatus]) -> u64 {
         .max(1)
 }
 
+/// Whether an admitted request left at most `1 - ratio` of any of its
+/// windows' limits (`ratio` in millionths, `near_limit_ratio`): used, after
+/// this request, at least `ratio` of the limit. A status without a limit
+/// (or with limit 0) says nothing.
+pub fn near_limit(statuses: &[DescriptorStatus], ratio_ppm: u32) -> bool {
+    statuses.iter().any(|s| {
+        let Some(limit) = s.current_limit.as_ref().map(|l| l.requests_per_unit) else {
+            return false;
+        };
+        let used = u64::from(limit.saturating_sub(s.limit_remaining));
+        limit > 0 && used * u64::from(PPM) >= u64::from(ratio_ppm) * u64::from(limit)
+    })
+}
+
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
     if grpc_status != 0 {
@@ -189,7 +205,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
         HeaderMode::Off => Vec::new(),
     };
     match response.overall_code() {
-        Code::Ok => Verdict::Allow(headers),
+        Code::Ok => Verdict::Allow(headers, response.statuses),
         Code::OverLimit => {
             headers.push((RETRY_AFTER, retry_after(&response.statuses).to_string()));
             Verdict::OverLimit(headers, response.statuses)
@@ -304,11 +320,14 @@ mod tests {
         );
         assert_eq!(
             verdict(HeaderMode::DraftVersion03, 0, Some(&body)),
-            Verdict::Allow(vec![
-                (X_RATELIMIT_LIMIT, "20, 5;w=1, 20;w=60, 30;w=3600".into()),
-                (X_RATELIMIT_REMAINING, "2".into()),
-                (X_RATELIMIT_RESET, "37".into()),
-            ])
+            Verdict::Allow(
+                vec![
+                    (X_RATELIMIT_LIMIT, "20, 5;w=1, 20;w=60, 30;w=3600".into()),
+                    (X_RATELIMIT_REMAINING, "2".into()),
+                    (X_RATELIMIT_RESET, "37".into()),
+                ],
+                RateLimitResponse::decode(&body[..]).unwrap().statuses
+            )
         );
     }
 
@@ -343,6 +362,32 @@ mod tests {
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn near_limit_is_at_most_the_rest_of_a_window_left() {
+        let s = |limit, remaining| status(Code::Ok, limit, RateLimitUnit::Minute, remaining, 30);
+        // 0.8 of 100: 80 used (20 left) is near, 79 used is not.
+        assert!(near_limit(&[s(100, 20)], 800_000));
+        assert!(!near_limit(&[s(100, 21)], 800_000));
+        // Any window: the second one is near.
+        assert!(near_limit(&[s(100, 90), s(10, 2)], 800_000));
+        assert!(!near_limit(&[s(100, 90), s(10, 3)], 800_000));
+        // Ratio 1: only the last request of a window.
+        assert!(near_limit(&[s(5, 0)], 1_000_000));
+        assert!(!near_limit(&[s(5, 1)], 1_000_000));
+        // A tiny ratio: any request that used something.
+        assert!(near_limit(&[s(1_000, 999)], 1));
+        // No limit known, or limit 0: not near.
+        assert!(!near_limit(&[], 800_000));
+        let mut unknown = s(100, 0);
+        unknown.current_limit = None;
+        assert!(!near_limit(&[unknown], 800_000));
+        assert!(!near_limit(&[s(0, 0)], 800_000));
+        // Remaining above the limit (a service that says so) is not near.
+        assert!(!near_limit(&[s(10, 50)], 800_000));
+        // u32::MAX limits do not overflow.
+        assert!(near_limit(&[s(u32::MAX, 0)], 1_000_000));
     }
 
     #[test]

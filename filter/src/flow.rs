@@ -25,8 +25,11 @@
 //! unless `failure_mode_deny`) or, in the local layer, skips that layer; it
 //! never panics.
 
+use crate::access_log::{record, Source};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
+use crate::decision::{
+    encode_request, first_step, near_limit, verdict, Compiled, RlsError, Step, Verdict, RETRY_AFTER,
+};
 use crate::host::Host;
 use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
@@ -54,6 +57,9 @@ pub struct Stream {
     /// The tenant's group (its index in `limits.all_groups()`), once known:
     /// whose per-group counters this request counts in.
     group: Option<usize>,
+    /// The group is in shadow (`shadow`, globally or its own): a refusal
+    /// is counted and the request let through.
+    shadow: bool,
 }
 
 impl Stream {
@@ -70,10 +76,12 @@ impl Stream {
             }
             Step::DenyMissingTenant => {
                 host.count(Counter::MissingTenant);
+                record(host, None, None, false, Source::MissingTenant);
                 return local_reply(host, 429, &[], "missing tenant header\n");
             }
             Step::TenantTooLong => {
                 host.count(Counter::TenantTooLong);
+                record(host, None, None, false, Source::TenantTooLong);
                 return local_reply(host, 431, &[], "tenant header value too long\n");
             }
             Step::NotLimited => return Next::Continue,
@@ -81,6 +89,7 @@ impl Stream {
         };
         let group = limited.group_index;
         self.group = Some(group);
+        self.shadow = c.config.shadowed(limited.group);
         let local = &c.config.local;
         if local.enabled {
             let key = host.slot_secret();
@@ -93,15 +102,26 @@ impl Stream {
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
+                // In shadow, a local would-be refusal is let through
+                // without a call, as the refusal would have gone out
+                // without one: one would-be refusal per request.
                 Ok(LocalVerdict::BucketEmpty(headers)) => {
-                    host.count(Counter::LocalOverLimit);
-                    host.count_group(group, GroupCounter::RefusedBucket);
-                    return over_limit_reply(host, &headers);
+                    return self.refuse(
+                        c,
+                        host,
+                        Some(limited.tenant.as_ref()),
+                        Source::Bucket,
+                        headers,
+                    );
                 }
                 Ok(LocalVerdict::CachedOverLimit(headers)) => {
-                    host.count(Counter::CachedOverLimit);
-                    host.count_group(group, GroupCounter::RefusedCache);
-                    return over_limit_reply(host, &headers);
+                    return self.refuse(
+                        c,
+                        host,
+                        Some(limited.tenant.as_ref()),
+                        Source::Cache,
+                        headers,
+                    );
                 }
                 Err(e) => local_error(host, &e),
             }
@@ -131,19 +151,21 @@ impl Stream {
             None
         };
         let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
-            Verdict::Allow(headers) => {
+            Verdict::Allow(headers, statuses) => {
                 host.count(Counter::Allowed);
                 if let Some(group) = self.group {
                     host.count_group(group, GroupCounter::Admitted);
+                    if near_limit(&statuses, c.config.near_limit_ppm) {
+                        host.count_group(group, GroupCounter::NearLimit);
+                    }
                 }
                 self.response_headers = headers;
                 Next::Continue
             }
             Verdict::OverLimit(headers, statuses) => {
-                host.count(Counter::OverLimit);
-                if let Some(group) = self.group {
-                    host.count_group(group, GroupCounter::RefusedService);
-                }
+                // Remembered in shadow too: the cache then lets through
+                // (and counts) what it would have refused, as enforcing
+                // would, and spares the service the same calls.
                 if let Some(at) = self.slot {
                     let asked_at = self.asked_at_ms;
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
@@ -153,13 +175,55 @@ impl Stream {
                         local_error(host, &e);
                     }
                 }
-                over_limit_reply(host, &headers)
+                self.refuse(c, host, None, Source::Service, headers)
             }
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
         };
         if next == Next::Continue {
             let _ = host.resume_request();
         }
+    }
+
+    /// A refusal by the service, the cache or the bucket: a 429, or in
+    /// shadow counted and let through with the rate-limit headers an
+    /// admitted request gets (all but Retry-After). `tenant` None: read
+    /// again from the request (only refusals pay for it).
+    fn refuse<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        tenant: Option<&str>,
+        source: Source,
+        mut headers: Vec<(&'static str, String)>,
+    ) -> Next {
+        if !self.shadow {
+            host.count(match source {
+                Source::Bucket => Counter::LocalOverLimit,
+                Source::Cache => Counter::CachedOverLimit,
+                _ => Counter::OverLimit,
+            });
+        }
+        let group = self.group;
+        if let (Some(g), Some(counter)) = (group, source.group_counter(self.shadow)) {
+            host.count_group(g, counter);
+        }
+        let group_name = group
+            .and_then(|g| c.config.limits.all_groups().nth(g))
+            .map(|g| g.name.as_str());
+        match tenant {
+            Some(t) => record(host, Some(t), group_name, self.shadow, source),
+            None => {
+                let read = host.request_header(&c.config.limits.header).ok().flatten();
+                let t = read.as_deref().map(String::from_utf8_lossy);
+                record(host, t.as_deref(), group_name, self.shadow, source);
+            }
+        }
+        if self.shadow {
+            headers.retain(|(name, _)| *name != RETRY_AFTER);
+            self.response_headers = headers;
+            return Next::Continue;
+        }
+        over_limit_reply(host, &headers)
     }
 
     /// The upstream's response headers have arrived (also for the filter's
@@ -221,6 +285,7 @@ fn limiter_error<H: Host + ?Sized>(
     log::debug!("limiter error: {why:?}");
     if c.config.failure_mode_deny {
         host.count(Counter::FailureModeDenied);
+        record(host, None, None, false, Source::LimiterError);
         local_reply(
             host,
             u32::from(c.config.status_on_error),

@@ -137,6 +137,20 @@ extern "C" {
     fn random_get(buf: *mut u8, buf_len: usize) -> i32;
 }
 
+// The SDK's `hostcalls::set_property` panics on any status but Ok (for one,
+// when Envoy refuses to overwrite a property): the import is called here
+// instead, and its status is returned as an error.
+#[link(wasm_import_module = "env")]
+#[allow(clashing_extern_declarations)]
+extern "C" {
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+}
+
 /// 128 random bits for the slot secret; if `random_get` fails, a warning,
 /// `slot_secret_fallback`, and the host's clock in nanoseconds instead,
 /// which someone outside could only guess by knowing, to the nanosecond,
@@ -242,6 +256,19 @@ impl Host for Envoy<'_> {
 
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret
+    }
+
+    fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
+        // One path segment (no NUL): Envoy stores it as the filter state
+        // `wasm.<name>`.
+        // SAFETY: the host reads `name.len()` bytes of `name` and
+        // `value.len()` bytes of `value`, both alive for the call.
+        let status =
+            unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
+        match status {
+            0 => Ok(()),
+            other => Err(HostError(format!("set_property: status {other}"))),
+        }
     }
 }
 

@@ -84,4 +84,9 @@ pub trait Host: SharedData {
     /// The key of the slot hash, agreed at configure (`local::secret`):
     /// no host call.
     fn slot_secret(&self) -> SlotSecret;
+
+    /// Sets a property of this stream that Envoy's access log can print:
+    /// proxy-wasm `set_property`, which Envoy keeps as the filter state
+    /// `wasm.<name>` (`%FILTER_STATE(wasm.<name>:PLAIN)%`).
+    fn set_property(&self, name: &str, value: &str) -> Result<(), HostError>;
 }

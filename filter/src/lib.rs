@@ -14,6 +14,7 @@
 //! build only. `testing` is an in-memory `Host` for the tests and the
 //! benchmark.
 
+pub mod access_log;
 pub mod counters;
 pub mod decision;
 pub mod flow;

@@ -31,6 +31,7 @@ pub enum HostCall {
     Reply,
     Resume,
     AddHeader,
+    SetProperty,
 }
 
 impl HostCall {
@@ -48,6 +49,7 @@ impl HostCall {
             HostCall::Reply => "send_reply",
             HostCall::Resume => "resume_request",
             HostCall::AddHeader => "add_response_header",
+            HostCall::SetProperty => "set_property",
         }
     }
 }
@@ -155,6 +157,8 @@ pub struct MemHost {
     replies: RefCell<Vec<Reply>>,
     calls: RefCell<Vec<Call>>,
     added: RefCell<Vec<(String, String)>>,
+    /// Properties set (the access-log fields), in order.
+    properties: RefCell<Vec<(String, String)>>,
     reply_count: Cell<u64>,
     call_count: Cell<u64>,
     added_count: Cell<u64>,
@@ -187,6 +191,7 @@ impl MemHost {
             replies: RefCell::new(Vec::new()),
             calls: RefCell::new(Vec::new()),
             added: RefCell::new(Vec::new()),
+            properties: RefCell::new(Vec::new()),
             reply_count: Cell::new(0),
             call_count: Cell::new(0),
             added_count: Cell::new(0),
@@ -336,6 +341,16 @@ impl MemHost {
     /// The headers added to the response, in order.
     pub fn added_headers(&self) -> Vec<(String, String)> {
         self.added.borrow().clone()
+    }
+
+    /// The properties set, in order (empty for a `counting` host).
+    pub fn properties(&self) -> Vec<(String, String)> {
+        self.properties.borrow().clone()
+    }
+
+    /// Forgets the properties set so far (a new request's, on one host).
+    pub fn clear_properties(&self) {
+        self.properties.borrow_mut().clear();
     }
 
     pub fn reply_count(&self) -> u64 {
@@ -520,6 +535,16 @@ impl Host for MemHost {
 
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret.get()
+    }
+
+    fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.check(HostCall::SetProperty)?;
+        if self.keep {
+            self.properties
+                .borrow_mut()
+                .push((name.to_string(), value.to_string()));
+        }
+        Ok(())
     }
 }
 

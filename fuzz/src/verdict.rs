@@ -41,7 +41,7 @@ pub fn check(data: &[u8]) {
         assert_eq!(v, Verdict::Error(RlsError::Undecodable));
     }
     match v {
-        Verdict::Allow(headers) => {
+        Verdict::Allow(headers, _) => {
             assert!(mode == HeaderMode::DraftVersion03 || headers.is_empty());
         }
         Verdict::OverLimit(headers, statuses) => {

@@ -68,6 +68,8 @@ pub struct ExplainOptions<'a> {
     pub descriptor_key: &'a str,
     /// The service's CACHE_KEY_PREFIX.
     pub key_prefix: &'a str,
+    /// The plugin configuration's global `shadow`.
+    pub shadow: bool,
 }
 
 /// The explanation, as the CLI prints it.
@@ -88,6 +90,17 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         "not listed in any named group"
     };
     let _ = writeln!(out, "group:   {} ({why})", group.name);
+    if opts.shadow || group.shadow {
+        let whose = if group.shadow {
+            "the group's \"shadow\": true"
+        } else {
+            "the plugin configuration's \"shadow\": true"
+        };
+        let _ = writeln!(
+            out,
+            "shadow:  yes ({whose}): a refusal is counted (shadow_refused) and the request let through"
+        );
+    }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
     for (unit, entries) in descriptors(group, opts.descriptor_key, tenant) {
@@ -203,7 +216,25 @@ mod tests {
         domain: "internal-api",
         descriptor_key: "tenant",
         key_prefix: "",
+        shadow: false,
     };
+
+    #[test]
+    fn a_shadowed_group_says_so() {
+        let doc = json!({"x-t": {
+            "default": {"perhour": 30},
+            "gold": {"perhour": 100, "header_value": ["b"], "shadow": true}}});
+        let limits = parse_team_limits(&doc, "").unwrap().0;
+        let gold = explain(&limits, &OPTS, "b", 0);
+        assert!(gold.contains("shadow:  yes (the group's \"shadow\": true): a refusal is counted (shadow_refused) and the request let through\n"), "{gold}");
+        assert!(!explain(&limits, &OPTS, "a", 0).contains("shadow:"));
+        let global = ExplainOptions {
+            shadow: true,
+            ..OPTS
+        };
+        assert!(explain(&limits, &global, "a", 0)
+            .contains("shadow:  yes (the plugin configuration's \"shadow\": true)"));
+    }
 
     #[test]
     fn a_default_tenant() {

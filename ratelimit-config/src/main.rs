@@ -287,12 +287,12 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> ExitCode {
-    let (limits, domain, descriptor_key) = match (&a.file, &a.plugin_config) {
+    let (limits, domain, descriptor_key, shadow) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
             let Some(c) = load_plugin(p) else {
                 return ExitCode::FAILURE;
             };
-            (c.limits, c.domain, c.descriptor_key)
+            (c.limits, c.domain, c.descriptor_key, c.shadow)
         }
         (Some(f), None) => {
             let Some((_, limits)) = load_team(f) else {
@@ -301,7 +301,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key)
+            (limits, a.domain.unwrap_or_default(), key, false)
         }
         (None, None) => return ExitCode::FAILURE,
     };
@@ -314,6 +314,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
         domain: &domain,
         descriptor_key: &descriptor_key,
         key_prefix: &a.key_prefix,
+        shadow,
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     ExitCode::SUCCESS
@@ -344,6 +345,12 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
             "ok: {} descriptors of {} groups match the rules of domain {:?}",
             report.checked, report.groups, plugin.domain
         );
+        if !report.shadowed.is_empty() {
+            println!(
+                "shadow (refusals counted, never enforced): {}",
+                report.shadowed.join(", ")
+            );
+        }
         ExitCode::SUCCESS
     } else {
         eprintln!(

@@ -100,6 +100,9 @@ pub struct Group {
     pub limits: UnitLimits,
     /// Tenant values listed in `header_value`; empty for the default group.
     pub tenants: Vec<String>,
+    /// `"shadow": true`: the group's refusals are counted, never enforced
+    /// (the filter lets them through; the service still answers OVER_LIMIT).
+    pub shadow: bool,
 }
 
 pub const DEFAULT_GROUP: &str = "default";
@@ -205,6 +208,7 @@ mod tests {
             name: name.into(),
             limits,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
+            shadow: false,
         }
     }
 

@@ -22,6 +22,13 @@ pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
 pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
 pub const DEFAULT_LOCAL_ENABLED: bool = true;
 pub const DEFAULT_MODE: Mode = Mode::Exact;
+pub const DEFAULT_SHADOW: bool = false;
+/// `near_limit_ratio` when it is left out (the rate-limit service's own
+/// default), in millionths.
+pub const DEFAULT_NEAR_LIMIT_PPM: u32 = 800_000;
+/// `near_limit_ratio` is kept in millionths: an integer comparison, so 0.8
+/// of 100 is exactly 80.
+pub const PPM: u32 = 1_000_000;
 /// Slots of the local layer when `local.slots` is not set.
 pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
 /// Longest tenant header value, in bytes, when `max_tenant_length` is not
@@ -157,6 +164,20 @@ pub struct PluginConfig {
     pub descriptor_key: String,
     pub headers: HeaderMode,
     pub local: LocalConfig,
+    /// `"shadow": true`: every group's refusals are counted, never enforced
+    /// (a group's own `"shadow": true` shadows only that group).
+    pub shadow: bool,
+    /// `near_limit_ratio` in millionths (0 < r <= 1): an admitted request
+    /// that leaves at most `1 - r` of a window's limit is near the limit.
+    pub near_limit_ppm: u32,
+}
+
+impl PluginConfig {
+    /// Whether `group`'s refusals are only counted: the global `shadow`, or
+    /// the group's own.
+    pub fn shadowed(&self, group: &Group) -> bool {
+        self.shadow || group.shadow
+    }
 }
 
 /// A token bucket's parameters: refill rate and capacity, in requests.
@@ -245,6 +266,8 @@ const KEYS: &[&str] = &[
     "descriptor_key",
     "headers",
     "local",
+    "shadow",
+    "near_limit_ratio",
 ];
 const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups"];
 const GROUP_LOCAL_KEYS: &[&str] = &["tokens_per_second", "burst", "mode"];
@@ -427,6 +450,12 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         one_of(v, "headers", &mut errors)
     });
     let local = local_config(get("local"), limits.as_ref(), &mut errors);
+    let shadow = or_default(get("shadow"), DEFAULT_SHADOW, |v| {
+        boolean(v, "shadow", &mut errors)
+    });
+    let near_limit_ppm = or_default(get("near_limit_ratio"), DEFAULT_NEAR_LIMIT_PPM, |v| {
+        near_limit_ratio(v, &mut errors)
+    });
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -444,10 +473,37 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 descriptor_key,
                 headers,
                 local,
+                shadow,
+                near_limit_ppm,
             },
             warnings,
         )),
         _ => Err(errors.0),
+    }
+}
+
+/// `near_limit_ratio`: a number with 0 < r <= 1, kept in millionths.
+fn near_limit_ratio(v: &Value, errors: &mut Errors) -> Option<u32> {
+    let ppm = v
+        .as_f64()
+        .filter(|r| *r > 0.0 && *r <= 1.0)
+        .map(|r| (r * f64::from(PPM)).round())
+        // A ratio under half a millionth rounds to 0: refused with the rest.
+        .filter(|ppm| *ppm >= 1.0);
+    match ppm {
+        // In 1..=PPM, so the conversion is exact.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Some(ppm) => Some(ppm as u32),
+        None => {
+            errors.push(
+                "near_limit_ratio",
+                format!(
+                    "must be a number greater than 0 and at most 1 (the share of a window's limit used), got {}",
+                    describe(v)
+                ),
+            );
+            None
+        }
     }
 }
 
@@ -794,6 +850,56 @@ mod tests {
         assert_eq!(c.descriptor_key, "tenant");
         assert_eq!(c.headers, HeaderMode::DraftVersion03);
         assert_eq!(c.local, LocalConfig::default());
+        assert!(!c.shadow);
+        assert_eq!(c.near_limit_ppm, 800_000);
+    }
+
+    fn with_top(extra: &str) -> Result<PluginConfig, Vec<String>> {
+        let text = format!(
+            r#"{{"domain": "d", "limits": {{"x-t": {{"default": {{"perhour": 1}}, "gold": {{"perhour": 2, "header_value": ["b"], "shadow": true}}}}}}, "rate_limit_service": {{"cluster": "rl"}}{extra}}}"#
+        );
+        parse_plugin_config(text.as_bytes())
+            .map(|(c, _)| c)
+            .map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn shadow_is_global_or_per_group() {
+        let c = with_top("").unwrap();
+        let default = c.limits.default.as_ref().unwrap();
+        let gold = c.limits.groups.first().unwrap();
+        assert!(!c.shadowed(default));
+        assert!(c.shadowed(gold));
+        let all = with_top(r#", "shadow": true"#).unwrap();
+        assert!(all.shadowed(all.limits.default.as_ref().unwrap()));
+        assert_eq!(
+            with_top(r#", "shadow": "yes""#).unwrap_err(),
+            vec!["shadow: must be true or false, got string \"yes\""]
+        );
+    }
+
+    #[test]
+    fn near_limit_ratio_is_above_0_and_at_most_1() {
+        assert_eq!(
+            with_top(r#", "near_limit_ratio": 0.9"#)
+                .unwrap()
+                .near_limit_ppm,
+            900_000
+        );
+        assert_eq!(
+            with_top(r#", "near_limit_ratio": 1"#)
+                .unwrap()
+                .near_limit_ppm,
+            PPM
+        );
+        for bad in ["0", "1.5", "-0.2", "\"0.8\"", "0.0000001"] {
+            let e = with_top(&format!(r#", "near_limit_ratio": {bad}"#)).unwrap_err();
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(
+                e[0].starts_with("near_limit_ratio: must be a number greater than 0 and at most 1"),
+                "{e:?}"
+            );
+        }
     }
 
     fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
@@ -1013,7 +1119,7 @@ mod tests {
             errs(&format!(
                 r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
             )),
-            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local"]
+            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio"]
         );
         assert_eq!(
             errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),

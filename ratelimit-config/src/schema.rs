@@ -22,6 +22,13 @@ pub fn team_limits_schema() -> Value {
             }),
         );
     }
+    units.insert(
+        "shadow".into(),
+        json!({
+            "description": "true: this group's refusals are counted (shadow_refused) and the requests let through, never refused.",
+            "type": "boolean"
+        }),
+    );
     let unit_keys: Vec<&str> = Unit::ALL.iter().map(|u| u.json_key()).collect();
     let at_least_one_unit: Vec<Value> =
         unit_keys.iter().map(|k| json!({"required": [k]})).collect();
@@ -44,6 +51,7 @@ pub fn team_limits_schema() -> Value {
     );
     let mut reserved = unit_keys.clone();
     reserved.push("header_value");
+    reserved.push("shadow");
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,

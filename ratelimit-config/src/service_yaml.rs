@@ -92,6 +92,14 @@ pub fn service_yaml(
 ) -> String {
     let mut out = String::new();
     generated_header(&mut out, source);
+    if limits.all_groups().any(|g| g.shadow) {
+        // The service's own shadow_mode would answer OK: the filter could
+        // then neither count the would-be refusals nor tell them apart.
+        let _ = writeln!(
+            out,
+            "# shadow groups: no shadow_mode here on purpose; the service answers OVER_LIMIT, the filter counts it and lets the request through"
+        );
+    }
     let _ = writeln!(out, "domain: {}", scalar(domain));
     let _ = writeln!(out, "descriptors:");
     for unit in limits.units_in_use() {
@@ -100,7 +108,7 @@ pub fn service_yaml(
         let _ = writeln!(out, "    descriptors:");
         if let Some(d) = &limits.default {
             if let Some(limit) = d.limits.get(unit) {
-                rule(&mut out, descriptor_key, None, &d.name, unit, Some(limit));
+                rule(&mut out, descriptor_key, None, &label(d), unit, Some(limit));
             }
         }
         for g in &limits.groups {
@@ -112,8 +120,18 @@ pub fn service_yaml(
 
 fn group_rules(out: &mut String, g: &Group, descriptor_key: &str, unit: Unit) {
     let limit = g.limits.get(unit);
+    let label = label(g);
     for t in &g.tenants {
-        rule(out, descriptor_key, Some(t), &g.name, unit, limit);
+        rule(out, descriptor_key, Some(t), &label, unit, limit);
+    }
+}
+
+/// The comment that names a rule's group (and says when it is shadowed).
+fn label(g: &Group) -> String {
+    if g.shadow {
+        format!("{} (shadow)", g.name)
+    } else {
+        g.name.clone()
     }
 }
 
@@ -166,6 +184,22 @@ descriptors:
         rate_limit: { unit: day, requests_per_unit: 1000 }
 "#;
         assert_eq!(y, expected);
+    }
+
+    #[test]
+    fn shadow_groups_are_named_and_never_in_shadow_mode() {
+        let doc = json!({"x-t": {
+            "default": {"perhour": 30, "shadow": true},
+            "gold": {"perhour": 100, "header_value": ["tenant-b"]}}});
+        let (l, _) = parse_team_limits(&doc, "").unwrap();
+        let y = service_yaml(&l, "d", "tenant", "limits.json");
+        assert!(
+            y.contains("      - key: tenant  # default (shadow)\n"),
+            "{y}"
+        );
+        assert!(y.contains("        value: tenant-b  # gold\n"), "{y}");
+        assert!(y.contains("# shadow groups: no shadow_mode here on purpose"));
+        assert!(!y.contains("shadow_mode:"), "{y}");
     }
 
     #[test]

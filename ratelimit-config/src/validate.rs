@@ -51,6 +51,8 @@ pub struct Diagnostic {
 pub const MAX_TENANT_LEN: usize = 256;
 
 const HEADER_VALUE: &str = "header_value";
+/// A group's `"shadow": true`: counted, never enforced.
+const SHADOW: &str = "shadow";
 
 pub(crate) fn join(base: &str, key: &str) -> String {
     if base.is_empty() {
@@ -196,7 +198,7 @@ fn header_name_problem(name: &str) -> Option<String> {
 }
 
 fn group_name_problem(name: &str) -> Option<String> {
-    if Unit::from_json_key(name).is_some() || name == HEADER_VALUE {
+    if Unit::from_json_key(name).is_some() || name == HEADER_VALUE || name == SHADOW {
         return Some(format!(
             "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
             excerpt(name)
@@ -366,6 +368,7 @@ fn group<'a>(
     let mut limits = UnitLimits::default();
     let mut tenants = Vec::new();
     let mut has_unit_key = false;
+    let mut shadow = false;
     for (key, value) in obj {
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
@@ -383,11 +386,19 @@ fn group<'a>(
                 continue;
             }
             tenants = tenant_list(name, obj_key(obj, key), &field, seen, errors);
+        } else if key == SHADOW {
+            match value {
+                Value::Bool(b) => shadow = *b,
+                other => errors.push(
+                    &field,
+                    format!("must be true or false, got {}", describe(other)),
+                ),
+            }
         } else {
             errors.push_key(
                 &field,
                 format!(
-                    "unknown key {}, expected one of persecond, perminute, perhour, perday{}",
+                    "unknown key {}, expected one of persecond, perminute, perhour, perday, shadow{}",
                     excerpt(key),
                     if is_default { "" } else { ", header_value" }
                 ),
@@ -413,6 +424,7 @@ fn group<'a>(
         name: name.to_string(),
         limits,
         tenants,
+        shadow,
     })
 }
 
@@ -556,7 +568,7 @@ mod tests {
                 "x-tenant-id.default.perminute: must be a positive integer, got -5",
                 "x-tenant-id.default.perhour: must be a positive integer, got 2.5",
                 "x-tenant-id.default.perday: must be a positive integer, got string \"9\"",
-                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday",
+                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, shadow",
                 "x-tenant-id.group_1.perhour: must be a positive integer at most 4294967295, got 4294967296",
                 "x-tenant-id.group_1.header_value: must list at least one tenant value",
                 "x-tenant-id.perhour: \"perhour\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",

@@ -4,7 +4,8 @@ use prost::Message;
 use ratelimit_config::parse_plugin_config;
 
 use super::{Next, Stream};
-use crate::counters::Counter;
+use crate::access_log;
+use crate::counters::{Counter, GroupCounter};
 use crate::decision::Compiled;
 use crate::host::Host;
 use crate::local::{slot_for, Slot, SlotKey};
@@ -554,4 +555,285 @@ fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
     let other = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
     assert_ne!(original.index, other.index);
     assert_eq!(changed, vec![SlotKey::new(other.index).as_str()]);
+}
+
+// ---- Shadow mode, per-group counters, near limit, access-log properties.
+
+/// Group indices in `config("")`'s `all_groups()`.
+const DEFAULT: usize = 0;
+const GOLD: usize = 1;
+
+fn props(h: &MemHost) -> Vec<(String, String)> {
+    h.properties()
+}
+
+fn logged(
+    tenant: Option<&str>,
+    group: Option<&str>,
+    verdict: &str,
+    source: &str,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(t) = tenant {
+        out.push((access_log::TENANT.to_string(), t.to_string()));
+    }
+    if let Some(g) = group {
+        out.push((access_log::GROUP.to_string(), g.to_string()));
+    }
+    out.push((access_log::VERDICT.to_string(), verdict.to_string()));
+    out.push((access_log::SOURCE.to_string(), source.to_string()));
+    out
+}
+
+#[test]
+fn an_admitted_request_counts_in_its_group_and_sets_no_property() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-b"));
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::Ok,
+        vec![status(Code::Ok, 50, RateLimitUnit::Second, 49, 1)],
+    );
+    assert_eq!(h.group_counted(), vec![(GOLD, "admitted", 1)]);
+    assert!(props(&h).is_empty());
+}
+
+#[test]
+fn refusals_count_by_group_and_source_and_tell_the_access_log() {
+    let c = config(r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#);
+    let h = host(&c);
+    // Service: the tenant is read again for the log.
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(
+        props(&h),
+        logged(Some("tenant-a"), Some("default"), "refused", "service")
+    );
+    h.clear_properties();
+    // Cache.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(
+        props(&h),
+        logged(Some("tenant-a"), Some("default"), "refused", "cache")
+    );
+    h.clear_properties();
+    // Bucket (another tenant, one token, spent).
+    let (mut s, _) = request(&c, &h, Some("tenant-c"));
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    let (_, next) = request(&c, &h, Some("tenant-c"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(
+        props(&h),
+        logged(Some("tenant-c"), Some("default"), "refused", "bucket")
+    );
+    assert_eq!(
+        h.group_counted(),
+        vec![
+            (DEFAULT, "refused.service", 1),
+            (DEFAULT, "refused.cache", 1),
+            (DEFAULT, "admitted", 1),
+            // ok_answer leaves 3 of 20 per minute: near the limit.
+            (DEFAULT, "near_limit", 1),
+            (DEFAULT, "refused.bucket", 1),
+        ]
+    );
+    assert_eq!(
+        counted(&h),
+        vec![
+            n(Counter::Allowed, 1),
+            n(Counter::OverLimit, 1),
+            n(Counter::LocalOverLimit, 1),
+            n(Counter::CachedOverLimit, 1),
+        ]
+    );
+}
+
+#[test]
+fn a_shadowed_service_refusal_is_let_through_with_the_admitted_headers() {
+    let c = config(r#", "shadow": true"#);
+    let h = host(&c);
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    // Resumed, no 429.
+    assert_eq!((h.resumed(), h.reply_count()), (1, 0));
+    s.on_response_headers(&h);
+    let added = h.added_headers();
+    let names: Vec<&str> = added.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "x-ratelimit-limit",
+            "x-ratelimit-remaining",
+            "x-ratelimit-reset"
+        ]
+    );
+    assert!(added.contains(&("x-ratelimit-remaining".to_string(), "0".to_string())));
+    assert_eq!(
+        h.group_counted(),
+        vec![(DEFAULT, "shadow_refused.service", 1)]
+    );
+    // Not an enforced refusal, nor an admit by the service.
+    assert_eq!(counted(&h), vec![]);
+    assert_eq!(
+        props(&h),
+        logged(
+            Some("tenant-a"),
+            Some("default"),
+            "shadow_refused",
+            "service"
+        )
+    );
+}
+
+#[test]
+fn a_shadowed_refusal_is_remembered_and_then_counted_from_the_cache() {
+    let c = config(r#", "shadow": true"#);
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    h.clear_properties();
+    h.set_now_ms(NOW + 10_000);
+    // Let through at once: no call (an enforced one would not call either).
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!((h.call_count(), h.reply_count()), (1, 0));
+    s.on_response_headers(&h);
+    assert!(h
+        .added_headers()
+        .iter()
+        .all(|(k, _)| k.starts_with("x-ratelimit-")));
+    assert_eq!(
+        h.group_counted(),
+        vec![
+            (DEFAULT, "shadow_refused.service", 1),
+            (DEFAULT, "shadow_refused.cache", 1)
+        ]
+    );
+    assert_eq!(
+        props(&h),
+        logged(Some("tenant-a"), Some("default"), "shadow_refused", "cache")
+    );
+    // When the window ends, the service is asked again.
+    h.set_now_ms(NOW - 250 + 40_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 2));
+}
+
+#[test]
+fn a_shadowed_empty_bucket_lets_through_without_a_call() {
+    let c = config(
+        r#", "shadow": true, "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
+    );
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    let (mut s, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!((h.call_count(), h.reply_count()), (1, 0));
+    // The bucket's refusal has no X-RateLimit-* headers to pass on, and
+    // its Retry-After is dropped.
+    let before = h.added_count();
+    s.on_response_headers(&h);
+    assert_eq!(h.added_count(), before);
+    assert_eq!(
+        h.group_counted(),
+        vec![
+            (DEFAULT, "admitted", 1),
+            (DEFAULT, "near_limit", 1),
+            (DEFAULT, "shadow_refused.bucket", 1)
+        ]
+    );
+    assert_eq!(counted(&h), vec![n(Counter::Allowed, 1)]);
+    assert_eq!(
+        props(&h),
+        logged(
+            Some("tenant-a"),
+            Some("default"),
+            "shadow_refused",
+            "bucket"
+        )
+    );
+}
+
+#[test]
+fn a_shadowed_group_beside_an_enforced_one() {
+    let c = config_with_limits(
+        r#"{"x-tenant-id": {
+            "default": {"perminute": 20},
+            "gold": {"perminute": 100, "header_value": ["tenant-b"], "shadow": true}}}"#,
+        "",
+    );
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-b"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    let replies = h.replies();
+    assert_eq!(replies.len(), 1, "only the enforced group is refused");
+    assert_eq!(h.resumed(), 1);
+    assert_eq!(
+        h.group_counted(),
+        vec![
+            (GOLD, "shadow_refused.service", 1),
+            (DEFAULT, "refused.service", 1)
+        ]
+    );
+    assert_eq!(counted(&h), vec![n(Counter::OverLimit, 1)]);
+}
+
+#[test]
+fn a_failed_property_changes_nothing_else() {
+    let c = config("");
+    let h = host(&c);
+    h.fail(HostCall::SetProperty);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(h.replies()[0].status, 429);
+    assert!(props(&h).is_empty());
+    assert_eq!(h.group_counted(), vec![(DEFAULT, "refused.service", 1)]);
+}
+
+#[test]
+fn near_limit_follows_near_limit_ratio() {
+    let answer = || vec![status(Code::Ok, 100, RateLimitUnit::Minute, 10, 30)];
+    // 90 of 100 used: near at 0.8 (the default) and 0.9, not at 0.95.
+    for (extra, near) in [
+        ("", 1),
+        (r#", "near_limit_ratio": 0.9"#, 1),
+        (r#", "near_limit_ratio": 0.95"#, 0),
+    ] {
+        let c = config(extra);
+        let h = host(&c);
+        let (mut s, _) = request(&c, &h, Some("tenant-a"));
+        respond(&c, &h, &mut s, Code::Ok, answer());
+        assert_eq!(
+            h.group_counter(DEFAULT, GroupCounter::NearLimit),
+            near,
+            "{extra}"
+        );
+        assert_eq!(h.group_counter(DEFAULT, GroupCounter::Admitted), 1);
+    }
+}
+
+#[test]
+fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-b"));
+    s.on_rls_answer(&c, &h, 14, 0);
+    assert_eq!(h.group_counted(), vec![(GOLD, "failed_open", 1)]);
+    assert!(props(&h).is_empty());
+    let deny = config(r#", "failure_mode_deny": true, "missing_tenant": "deny""#);
+    let h = host(&deny);
+    let (mut s, _) = request(&deny, &h, Some("tenant-b"));
+    s.on_rls_answer(&deny, &h, 14, 0);
+    assert_eq!(props(&h), logged(None, None, "refused", "limiter_error"));
+    h.clear_properties();
+    request(&deny, &h, None);
+    assert_eq!(props(&h), logged(None, None, "refused", "missing_tenant"));
 }

@@ -35,6 +35,9 @@ pub struct CheckReport {
     pub checked: usize,
     /// Groups checked.
     pub groups: usize,
+    /// Groups in shadow (the plugin's `shadow`, or their own): the service
+    /// must still refuse them, the filter lets those refusals through.
+    pub shadowed: Vec<String>,
 }
 
 /// Values under `key` in any rule one level down: tenants the service knows
@@ -92,6 +95,9 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
         .collect();
     for group in limits.all_groups() {
         report.groups += 1;
+        if plugin.shadowed(group) {
+            report.shadowed.push(group.name.clone());
+        }
         let tenants: Vec<(String, String)> = if group.tenants.is_empty() {
             // Any unlisted tenant: one the service has no value rule for,
             // and each it does have one for (such a rule would catch it).
@@ -182,11 +188,15 @@ fn check_tenant(
                 ),
             );
         } else if rule.shadow_mode {
-            report.warnings.push(Problem {
-                file: service.file.clone(),
-                at: rule.at,
-                message: format!("{who}: {rule_name} is in shadow_mode: counted, never enforced"),
-            });
+            // The service answers OK to a rule in its shadow_mode: the
+            // filter never sees the refusal, so it can neither enforce it
+            // nor count it as a shadow refusal.
+            problem(
+                rule.at,
+                format!(
+                    "{rule_name} is in the service's shadow_mode: the service answers OK, so the filter never sees a refusal (not enforced, and not counted as a shadow refusal either); remove shadow_mode and set \"shadow\": true on the group in the team file instead"
+                ),
+            );
         }
     }
 }
@@ -331,7 +341,9 @@ mod tests {
     }
 
     #[test]
-    fn shadow_mode_is_a_warning() {
+    fn the_services_shadow_mode_is_a_problem() {
+        // The filter's shadow needs the service to keep refusing: its own
+        // shadow_mode answers OK, and the filter would count nothing.
         let y = generated().replacen(
             "        value: tenant-b  # group_1\n",
             "        value: tenant-b  # group_1\n        shadow_mode: true\n",
@@ -339,10 +351,26 @@ mod tests {
         );
         let s = parse_service_config("ratelimit.yaml", &y).unwrap();
         let r = check(&plugin(), &[s]);
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        let p = r.problems[0].to_string();
+        assert!(
+            p.contains("is in the service's shadow_mode: the service answers OK"),
+            "{p}"
+        );
+        assert!(p.contains("set \"shadow\": true on the group"), "{p}");
+        assert!(r.shadowed.is_empty());
+    }
+
+    #[test]
+    fn shadowed_groups_are_reported_and_still_need_their_rules() {
+        let text = format!(
+            r#"{{"domain": "internal-api", "limits": {TEAM}, "rate_limit_service": {{"cluster": "rl"}}, "shadow": true}}"#
+        );
+        let p = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let s = parse_service_config("ratelimit.yaml", &generated()).unwrap();
+        let r = check(&p, &[s]);
         assert!(r.problems.is_empty(), "{:?}", r.problems);
-        assert_eq!(r.warnings.len(), 1);
-        assert!(r.warnings[0]
-            .to_string()
-            .contains("is in shadow_mode: counted, never enforced"));
+        assert_eq!(r.shadowed, vec!["default", "group_1"]);
     }
 }

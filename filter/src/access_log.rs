@@ -1,0 +1,98 @@
+//! What Envoy's access log learns about a refused or shadow-refused
+//! request: four stream properties, which Envoy keeps as filter state
+//! `wasm.<name>` and prints with `%FILTER_STATE(wasm.<name>:PLAIN)%`.
+//! Only refusals set them (an admitted request costs no host call here);
+//! the README's access-log format prints them.
+
+use crate::counters::GroupCounter;
+use crate::host::Host;
+
+/// The tenant header's value (its lossy UTF-8 form, at most
+/// `max_tenant_length` bytes of header).
+pub const TENANT: &str = "tenant_ratelimit_tenant";
+/// The tenant's group (`default` or a named one).
+pub const GROUP: &str = "tenant_ratelimit_group";
+/// `refused` or `shadow_refused`.
+pub const VERDICT: &str = "tenant_ratelimit_verdict";
+/// What refused it: `service`, `cache`, `bucket`, `missing_tenant`,
+/// `tenant_too_long` or `limiter_error`.
+pub const SOURCE: &str = "tenant_ratelimit_source";
+
+/// What refused a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The rate-limit service answered OVER_LIMIT.
+    Service,
+    /// The over-limit cache remembered an earlier OVER_LIMIT.
+    Cache,
+    /// The tenant's token bucket was empty.
+    Bucket,
+    /// No tenant header, and `missing_tenant: deny`.
+    MissingTenant,
+    /// The tenant header value is longer than `max_tenant_length` (431).
+    TenantTooLong,
+    /// The limiter failed and `failure_mode_deny` refused.
+    LimiterError,
+}
+
+impl Source {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Source::Service => "service",
+            Source::Cache => "cache",
+            Source::Bucket => "bucket",
+            Source::MissingTenant => "missing_tenant",
+            Source::TenantTooLong => "tenant_too_long",
+            Source::LimiterError => "limiter_error",
+        }
+    }
+
+    /// The group counter of a refusal by this source (`shadow`: of a
+    /// would-be refusal let through); None for the sources that are not
+    /// a rate limit.
+    pub const fn group_counter(self, shadow: bool) -> Option<GroupCounter> {
+        match (self, shadow) {
+            (Source::Service, false) => Some(GroupCounter::RefusedService),
+            (Source::Cache, false) => Some(GroupCounter::RefusedCache),
+            (Source::Bucket, false) => Some(GroupCounter::RefusedBucket),
+            (Source::Service, true) => Some(GroupCounter::ShadowRefusedService),
+            (Source::Cache, true) => Some(GroupCounter::ShadowRefusedCache),
+            (Source::Bucket, true) => Some(GroupCounter::ShadowRefusedBucket),
+            _ => None,
+        }
+    }
+}
+
+/// `refused`, or `shadow_refused` for a refusal let through.
+pub const fn verdict_name(shadow: bool) -> &'static str {
+    if shadow {
+        "shadow_refused"
+    } else {
+        "refused"
+    }
+}
+
+/// Sets the access-log properties of a refusal. A tenant or group that is
+/// not known (a missing or too long tenant) is left unset: the log prints
+/// `-`. A host failure is not worth failing the request for.
+pub fn record<H: Host + ?Sized>(
+    host: &H,
+    tenant: Option<&str>,
+    group: Option<&str>,
+    shadow: bool,
+    source: Source,
+) {
+    let fields = [
+        (TENANT, tenant),
+        (GROUP, group),
+        (VERDICT, Some(verdict_name(shadow))),
+        (SOURCE, Some(source.name())),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            if let Err(e) = host.set_property(name, value) {
+                log::debug!("cannot set {name}: {}", e.0);
+            }
+        }
+    }
+}
