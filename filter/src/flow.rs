@@ -26,9 +26,12 @@
 //! never panics.
 
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
+use crate::decision::{
+    answer, encode_request, first_step, Answer, Compiled, RlsError, Step, Verdict,
+};
+use crate::headers::group_policy;
 use crate::host::Host;
-use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
+use crate::local::{admit, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::proto::{METHOD, SERVICE};
 
@@ -47,6 +50,9 @@ pub struct Stream {
     /// X-RateLimit-* headers to add to the upstream response (admitted
     /// requests only: local replies carry their own).
     response_headers: Vec<(&'static str, String)>,
+    /// The service's `response_headers_to_add`, for the upstream response
+    /// of an admitted request (cleaned and bounded: `headers::forwarded`).
+    forwarded: Vec<(String, String)>,
     /// The tenant's local-layer slot, when the layer is on.
     slot: Option<SlotRef>,
     /// When the call to the service went out (for the over-limit cache).
@@ -93,7 +99,8 @@ impl Stream {
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
-                Ok(LocalVerdict::BucketEmpty(headers)) => {
+                Ok(LocalVerdict::BucketEmpty(mut headers)) => {
+                    headers.extend(group_policy(mode, limited.group));
                     host.count(Counter::LocalOverLimit);
                     host.count_group(group, GroupCounter::RefusedBucket);
                     return over_limit_reply(host, &headers);
@@ -130,13 +137,26 @@ impl Stream {
         } else {
             None
         };
-        let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
+        let Answer {
+            verdict,
+            to_client,
+            to_upstream,
+            dropped,
+        } = answer(c.config.headers, grpc_status, body.as_deref());
+        if dropped > 0 {
+            log::debug!("{dropped} of the service's headers were not forwarded");
+        }
+        let next = match verdict {
             Verdict::Allow(headers) => {
                 host.count(Counter::Allowed);
                 if let Some(group) = self.group {
                     host.count_group(group, GroupCounter::Admitted);
                 }
                 self.response_headers = headers;
+                self.forwarded = to_client;
+                for (name, value) in &to_upstream {
+                    let _ = host.add_request_header(name, value);
+                }
                 Next::Continue
             }
             Verdict::OverLimit(headers, statuses) => {
@@ -145,15 +165,16 @@ impl Stream {
                     host.count_group(group, GroupCounter::RefusedService);
                 }
                 if let Some(at) = self.slot {
-                    let asked_at = self.asked_at_ms;
+                    let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-                        ((), remember_over_limit(stored, at, asked_at, &statuses))
+                        let slot = remember_refusal(stored, at, asked_at, answered_at, &statuses);
+                        ((), slot)
                     });
                     if let Err(e) = remembered {
                         local_error(host, &e);
                     }
                 }
-                over_limit_reply(host, &headers)
+                over_limit_reply_with(host, &headers, &to_client)
             }
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
         };
@@ -168,14 +189,27 @@ impl Stream {
         for (name, value) in self.response_headers.drain(..) {
             let _ = host.add_response_header(name, &value);
         }
+        for (name, value) in self.forwarded.drain(..) {
+            let _ = host.add_response_header(&name, &value);
+        }
         Next::Continue
     }
 }
 
 /// A 429 for the limiter, with these headers.
 fn over_limit_reply<H: Host + ?Sized>(host: &H, headers: &[(&'static str, String)]) -> Next {
-    let mut h: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + 1);
+    over_limit_reply_with(host, headers, &[])
+}
+
+/// A 429 for the limiter, with these headers and the service's own.
+fn over_limit_reply_with<H: Host + ?Sized>(
+    host: &H,
+    headers: &[(&'static str, String)],
+    service: &[(String, String)],
+) -> Next {
+    let mut h: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + service.len() + 1);
     h.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
+    h.extend(service.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     h.push(("x-envoy-ratelimited", "true"));
     local_reply(host, 429, &h, "rate limit exceeded\n")
 }

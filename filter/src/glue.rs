@@ -232,6 +232,10 @@ impl Host for Envoy<'_> {
         hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value).map_err(host_error)
     }
 
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        hostcalls::add_map_value(MapType::HttpRequestHeaders, name, value).map_err(host_error)
+    }
+
     fn count(&self, counter: Counter) {
         self.metrics.count(counter);
     }

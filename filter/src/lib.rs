@@ -17,6 +17,7 @@
 pub mod counters;
 pub mod decision;
 pub mod flow;
+pub mod headers;
 pub mod host;
 pub mod local;
 pub mod proto;

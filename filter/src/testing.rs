@@ -18,7 +18,9 @@ use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
 pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
-use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitResponse, RateLimitUnit};
+use crate::proto::{
+    Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,
+};
 
 /// A host call, to make it fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +33,7 @@ pub enum HostCall {
     Reply,
     Resume,
     AddHeader,
+    AddRequestHeader,
 }
 
 impl HostCall {
@@ -48,6 +51,7 @@ impl HostCall {
             HostCall::Reply => "send_reply",
             HostCall::Resume => "resume_request",
             HostCall::AddHeader => "add_response_header",
+            HostCall::AddRequestHeader => "add_request_header",
         }
     }
 }
@@ -109,6 +113,28 @@ pub fn answer(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
     prost::Message::encode_to_vec(&RateLimitResponse {
         overall_code: code as i32,
         statuses,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// The encoded answer of the service, with headers for the client
+/// (`response_headers_to_add`) and for the upstream (`request_headers_to_add`).
+pub fn answer_with_headers(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    to_client: &[(&str, &str)],
+    to_upstream: &[(&str, &str)],
+) -> Vec<u8> {
+    let hv = |(k, v): &(&str, &str)| HeaderValue {
+        key: k.to_string(),
+        value: v.to_string(),
+        raw_value: Vec::new(),
+    };
+    prost::Message::encode_to_vec(&RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add: to_client.iter().map(hv).collect(),
+        request_headers_to_add: to_upstream.iter().map(hv).collect(),
     })
 }
 
@@ -155,6 +181,7 @@ pub struct MemHost {
     replies: RefCell<Vec<Reply>>,
     calls: RefCell<Vec<Call>>,
     added: RefCell<Vec<(String, String)>>,
+    added_to_request: RefCell<Vec<(String, String)>>,
     reply_count: Cell<u64>,
     call_count: Cell<u64>,
     added_count: Cell<u64>,
@@ -187,6 +214,7 @@ impl MemHost {
             replies: RefCell::new(Vec::new()),
             calls: RefCell::new(Vec::new()),
             added: RefCell::new(Vec::new()),
+            added_to_request: RefCell::new(Vec::new()),
             reply_count: Cell::new(0),
             call_count: Cell::new(0),
             added_count: Cell::new(0),
@@ -336,6 +364,11 @@ impl MemHost {
     /// The headers added to the response, in order.
     pub fn added_headers(&self) -> Vec<(String, String)> {
         self.added.borrow().clone()
+    }
+
+    /// The headers added to the request, in order.
+    pub fn added_request_headers(&self) -> Vec<(String, String)> {
+        self.added_to_request.borrow().clone()
     }
 
     pub fn reply_count(&self) -> u64 {
@@ -498,6 +531,16 @@ impl Host for MemHost {
         self.added_count.set(self.added_count.get() + 1);
         if self.keep {
             self.added
+                .borrow_mut()
+                .push((name.to_string(), value.to_string()));
+        }
+        Ok(())
+    }
+
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.check(HostCall::AddRequestHeader)?;
+        if self.keep {
+            self.added_to_request
                 .borrow_mut()
                 .push((name.to_string(), value.to_string()));
         }

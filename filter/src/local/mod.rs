@@ -34,11 +34,13 @@ use ratelimit_config::{BucketParams, HeaderMode};
 
 pub use bucket::TokenBucket;
 pub use cas::{update, UpdateError, CAS_ATTEMPTS};
-pub use over_limit::{cached_headers, remember_over_limit, OverLimit, StatusSnapshot};
+pub use over_limit::{
+    cached_headers, remember_over_limit, remember_refusal, window_end_ms, OverLimit, StatusSnapshot,
+};
 pub use secret::{agree, Agreed, SECRET_KEY};
 pub use slot::{slot_for, Claim, Slot, SlotKey, SlotRef, SlotSecret, SLOT_BYTES, SLOT_HOLD_MS};
 
-use crate::decision::RETRY_AFTER;
+use crate::headers::RETRY_AFTER;
 
 /// What the local layer decided for a request.
 #[derive(Debug, PartialEq, Eq)]
