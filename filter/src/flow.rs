@@ -31,9 +31,11 @@ use crate::decision::{
 };
 use crate::headers::group_policy;
 use crate::host::Host;
-use crate::local::{admit, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
+use crate::local::names::{intern, lookup};
+use crate::local::over_limit::MAX_STATUSES;
+use crate::local::{admit_named, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
-use crate::proto::{METHOD, SERVICE};
+use crate::proto::{DescriptorStatus, METHOD, SERVICE};
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,8 +96,9 @@ impl Stream {
             let now = host.now_ms();
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;
+            let names = |id| lookup(host, id);
             match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit(stored, at, now, bucket, mode)
+                admit_named(stored, at, now, bucket, mode, &names)
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
@@ -166,8 +169,10 @@ impl Stream {
                 }
                 if let Some(at) = self.slot {
                     let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
+                    let names = rule_names(host, &statuses);
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-                        let slot = remember_refusal(stored, at, asked_at, answered_at, &statuses);
+                        let slot =
+                            remember_refusal(stored, at, asked_at, answered_at, &statuses, &names);
                         ((), slot)
                     });
                     if let Err(e) = remembered {
@@ -194,6 +199,18 @@ impl Stream {
         }
         Next::Continue
     }
+}
+
+/// The ids of the statuses' rule names in the shared name table (0: none);
+/// no host call for a status whose rule has no name.
+fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
+    let mut ids = [0u8; MAX_STATUSES];
+    for (id, s) in ids.iter_mut().zip(statuses) {
+        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
+            *id = intern(host, &limit.name);
+        }
+    }
+    ids
 }
 
 /// A 429 for the limiter, with these headers.

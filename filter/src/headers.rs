@@ -520,7 +520,7 @@ mod tests {
                 limit_remaining: 0,
                 duration_until_reset: Some(Duration { seconds: 9, nanos: 0 }),
             };
-            for (_, v) in draft03_headers(&[s.clone()]).iter().chain(ietf_headers(&[s]).iter()) {
+            for (_, v) in draft03_headers(std::slice::from_ref(&s)).iter().chain(ietf_headers(&[s]).iter()) {
                 proptest::prop_assert!(v.bytes().all(|b| (0x20..0x7f).contains(&b)));
             }
             for (k, v) in forwarded(&[hv(&key, &value)], &[]).0 {

@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counters::{Counter, GroupCounter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
@@ -258,11 +259,15 @@ impl MemHost {
         *self.grpc_body.borrow_mut() = body;
     }
 
-    /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, as the glue does.
+    /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, and the rule-name
+    /// table's entries, as the glue does.
     pub fn create_slots(&self, slots: u32) {
         for index in 0..slots {
             let key = SlotKey::new(index);
             let _ = self.set_shared(key.as_str(), &[0; SLOT_BYTES], None);
+        }
+        for i in 0..NAME_ENTRIES {
+            let _ = self.set_shared(&name_key(i), &empty_entry(), None);
         }
     }
 

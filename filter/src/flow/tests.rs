@@ -701,3 +701,29 @@ fn the_ietf_family_comes_from_the_service_the_cache_and_the_bucket() {
     assert_eq!(r.header("ratelimit"), Some(r#""per_minute";r=0;t=30"#));
     assert_eq!(r.header("retry-after"), Some("30"));
 }
+
+#[test]
+fn a_cached_refusal_carries_the_rule_names_of_the_services() {
+    let c = config("");
+    let h = host(&c);
+    let mut answer = over_limit_answer();
+    for (s, name) in answer
+        .iter_mut()
+        .zip(["second", "minute \"m\"\r\nx-injected: 1", ""])
+    {
+        s.current_limit.as_mut().unwrap().name = name.to_string();
+    }
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, answer);
+    h.set_now_ms(NOW + 1_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 1));
+    let replies = h.replies();
+    let expected =
+        r#"20, 5;w=1;name="second", 20;w=60;name="minute \"m\"x-injected: 1", 30;w=3600"#;
+    assert_eq!(replies[0].header("x-ratelimit-limit"), Some(expected));
+    assert_eq!(replies[1].header("x-ratelimit-limit"), Some(expected));
+    // The reset of the tightest (the minute), as the service would say it.
+    assert_eq!(replies[0].header("x-ratelimit-reset"), Some("40"));
+    assert_eq!(replies[1].header("x-ratelimit-reset"), Some("39"));
+}

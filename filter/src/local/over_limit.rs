@@ -5,7 +5,7 @@
 use ratelimit_config::HeaderMode;
 
 use crate::headers::{limit_headers, RETRY_AFTER};
-use crate::local::slot::{Claim, Slot, SlotRef, NAME_POOL_BYTES};
+use crate::local::slot::{Claim, Slot, SlotRef};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 
 /// What the service said about one descriptor, kept to answer from the cache.
@@ -18,22 +18,8 @@ pub struct StatusSnapshot {
     pub over_limit: bool,
     /// When this descriptor's window resets.
     pub reset_at_ms: u64,
-    /// The rule's name, printable ASCII only (`slot_name`); empty when the
-    /// rule has none or it did not fit the slot.
-    pub name: String,
-}
-
-/// A rule name as the slot keeps it: the characters a header's quoted
-/// string can hold (printable ASCII), at most what the slot's name pool
-/// holds. A longer name is not cut (a wrong name is worse than none): it is
-/// left out, and the cached 429 then has no `;name=` for that window.
-pub fn slot_name(name: &str) -> String {
-    let clean: String = name.chars().filter(|c| (' '..='~').contains(c)).collect();
-    if clean.len() < NAME_POOL_BYTES {
-        clean
-    } else {
-        String::new()
-    }
+    /// The id of the rule's name in `names` (0: none, or not kept).
+    pub name: u8,
 }
 
 /// At most one descriptor per unit is sent.
@@ -95,11 +81,12 @@ pub fn remember_over_limit(
     asked_at_ms: u64,
     statuses: &[DescriptorStatus],
 ) -> Option<Slot> {
-    remember_refusal(stored, at, asked_at_ms, asked_at_ms, statuses)
+    remember_refusal(stored, at, asked_at_ms, asked_at_ms, statuses, &[])
 }
 
 /// The slot after the service refused the tenant, for a call sent at
-/// `asked_at_ms` and answered at `answered_at_ms`. Each window's end is
+/// `asked_at_ms` and answered at `answered_at_ms`; `names[i]` is the id of
+/// status `i`'s rule name in `names` (missing: none). Each window's end is
 /// `window_end_ms`: exact for the service's clock-aligned windows, else at
 /// most a second early (costing one more call), never late. It refuses
 /// until every over-limit window has reset, because until then the service
@@ -110,11 +97,13 @@ pub fn remember_refusal(
     asked_at_ms: u64,
     answered_at_ms: u64,
     statuses: &[DescriptorStatus],
+    names: &[u8],
 ) -> Option<Slot> {
     let snapshots: Vec<StatusSnapshot> = statuses
         .iter()
         .take(MAX_STATUSES)
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             let limit = s.current_limit.as_ref();
             let unit = limit.map_or(0, |l| l.unit);
             let window_s = RateLimitUnit::try_from(unit)
@@ -131,7 +120,7 @@ pub fn remember_refusal(
                     duration_ms(s.duration_until_reset.as_ref()),
                     window_s,
                 ),
-                name: limit.map(|l| slot_name(&l.name)).unwrap_or_default(),
+                name: names.get(i).copied().unwrap_or(0),
             }
         })
         .collect();
@@ -157,6 +146,17 @@ pub fn remember_refusal(
 /// counts as full again, and its reset moves to the next window end), and
 /// Retry-After counting down to the end of the cached refusal.
 pub fn cached_headers(o: &OverLimit, now_ms: u64, mode: HeaderMode) -> Vec<(&'static str, String)> {
+    cached_headers_named(o, now_ms, mode, &|_| None)
+}
+
+/// `cached_headers`, with the rule names the statuses refer to (`name`
+/// reads one from `names`; only called for a status that has one).
+pub fn cached_headers_named(
+    o: &OverLimit,
+    now_ms: u64,
+    mode: HeaderMode,
+    name: &dyn Fn(u8) -> Option<String>,
+) -> Vec<(&'static str, String)> {
     let mut headers = if mode == HeaderMode::Off {
         Vec::with_capacity(1)
     } else {
@@ -165,6 +165,11 @@ pub fn cached_headers(o: &OverLimit, now_ms: u64, mode: HeaderMode) -> Vec<(&'st
         let mut n = 0;
         for (to, s) in now_statuses.iter_mut().zip(&o.statuses) {
             *to = status_at(s, now_ms);
+            if s.name != 0 && mode == HeaderMode::DraftVersion03 {
+                if let (Some(limit), Some(n)) = (to.current_limit.as_mut(), name(s.name)) {
+                    limit.name = n;
+                }
+            }
             n += 1;
         }
         limit_headers(mode, now_statuses.get(..n).unwrap_or_default())
@@ -200,7 +205,7 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
         current_limit: Some(RateLimit {
             requests_per_unit: s.requests_per_unit,
             unit: s.unit,
-            name: s.name.clone(),
+            ..RateLimit::default()
         }),
         limit_remaining: remaining,
         duration_until_reset: Some(Duration {
@@ -213,8 +218,10 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::names::{intern, lookup, MAX_KEPT_NAME};
     use crate::local::{admit, LocalVerdict};
     use crate::testing::status;
+    use crate::testing::MemHost;
     use ratelimit_config::BucketParams;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -335,7 +342,7 @@ mod tests {
         // the dispatch second and truncated said 18 at 101.5; the service
         // then says 19 (120 - 101).
         let statuses = [status(Code::OverLimit, 20, RateLimitUnit::Minute, 0, 20)];
-        let slot = remember_refusal(None, AT, 100_900, 101_100, &statuses).unwrap();
+        let slot = remember_refusal(None, AT, 100_900, 101_100, &statuses, &[]).unwrap();
         let o = slot.over_limit.unwrap();
         assert_eq!(o.until_ms, 120_000);
         for (now, service_says) in [(101_500, 19), (110_000, 10), (119_001, 1), (119_999, 1)] {
@@ -350,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn cached_refusals_keep_the_rule_names_that_fit() {
+    fn cached_refusals_carry_the_rule_names_the_table_kept() {
         let named = |unit, reset, name: &str| {
             let mut s = status(Code::OverLimit, 5, unit, 0, reset);
             s.current_limit.as_mut().unwrap().name = name.to_string();
@@ -362,28 +369,34 @@ mod tests {
                 20,
                 "per-minute \"gold\"\r\nx-injected: 1",
             ),
-            named(RateLimitUnit::Hour, 200, &"h".repeat(NAME_POOL_BYTES)),
+            named(RateLimitUnit::Hour, 200, &"h".repeat(MAX_KEPT_NAME + 1)),
             named(RateLimitUnit::Day, 2_000, "daily"),
         ];
-        let slot = remember_refusal(None, AT, 100_000, 100_000, &statuses).unwrap();
-        let stored = Slot::decode(&slot.encode()).unwrap();
-        let o = stored.over_limit.unwrap();
-        let names: Vec<&str> = o.statuses.iter().map(|s| s.name.as_str()).collect();
-        // Cleaned; the one too long for the pool is left out, not cut.
-        assert_eq!(names, vec!["per-minute \"gold\"x-injected: 1", "", "daily"]);
-        let h = cached_headers(&o, 101_000, HeaderMode::DraftVersion03);
+        let h = MemHost::new();
+        h.create_slots(1);
+        let ids: Vec<u8> = statuses
+            .iter()
+            .map(|s| intern(&h, &s.current_limit.as_ref().unwrap().name))
+            .collect();
+        assert!(ids[0] != 0 && ids[1] == 0 && ids[2] != 0, "{ids:?}");
+        let slot = remember_refusal(None, AT, 100_000, 100_000, &statuses, &ids).unwrap();
+        let o = Slot::decode(&slot.encode()).unwrap().over_limit.unwrap();
+        let read = |id| lookup(&h, id);
+        let got = cached_headers_named(&o, 101_000, HeaderMode::DraftVersion03, &read);
+        // Cleaned and escaped; the one too long for the table is left out,
+        // not cut.
         assert_eq!(
-            h[0].1,
+            got[0].1,
             r#"5, 5;w=60;name="per-minute \"gold\"x-injected: 1", 5;w=3600, 5;w=86400;name="daily""#
         );
-        // The service's own 429 for the same answer says the same.
+        // The service's own 429 for the same answer says the same, but for
+        // the name the table could not keep.
         let service = crate::headers::draft03_headers(&statuses);
-        assert_eq!(
-            service[0]
-                .1
-                .replace(&format!(r#";name="{}""#, "h".repeat(NAME_POOL_BYTES)), ""),
-            h[0].1
-        );
+        let long = format!(r#";name="{}""#, "h".repeat(MAX_KEPT_NAME + 1));
+        assert_eq!(service[0].1.replace(&long, ""), got[0].1);
+        // Without names (no table), the same headers without `;name=`.
+        let bare = cached_headers(&o, 101_000, HeaderMode::DraftVersion03);
+        assert_eq!(bare[0].1, "5, 5;w=60, 5;w=3600, 5;w=86400");
     }
 
     #[test]

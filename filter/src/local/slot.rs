@@ -82,20 +82,14 @@ impl Slot {
 /// refusal is still cached.
 pub const SLOT_HOLD_MS: u64 = 2_000;
 
-/// 2: the name pool was added (a version 1 value reads as an empty slot).
-const VERSION: u8 = 2;
+const VERSION: u8 = 1;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
 const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
-const NAMES_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
-/// The rule names of the cached statuses, in their order, each a length
-/// byte and its bytes, sharing this many bytes: a name that does not fit
-/// is left out (`over_limit::slot_name`), so memory stays fixed.
-pub const NAME_POOL_BYTES: usize = 64;
 /// Every slot value has this size, so the shared data never grows after the
 /// slots are created.
-pub const SLOT_BYTES: usize = NAMES_AT + NAME_POOL_BYTES;
+pub const SLOT_BYTES: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
 
 fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
@@ -113,7 +107,8 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 
 impl Slot {
     /// The fixed-size encoding: version, flags, fingerprint, bucket,
-    /// over-limit deadline and up to four descriptor statuses.
+    /// over-limit deadline and up to four descriptor statuses (each with
+    /// the id of its rule's name in `names`, 0 for none).
     pub fn encode(&self) -> Vec<u8> {
         self.encode_fixed().to_vec()
     }
@@ -137,20 +132,9 @@ impl Slot {
                 let at = HEADER_BYTES + i * STATUS_BYTES;
                 put(&mut b, at, &s.requests_per_unit.to_le_bytes());
                 let unit = u8::try_from(s.unit).unwrap_or(0);
-                put(&mut b, at + 4, &[unit, u8::from(s.over_limit), 0, 0]);
+                put(&mut b, at + 4, &[unit, u8::from(s.over_limit), s.name, 0]);
                 put(&mut b, at + 8, &s.remaining.to_le_bytes());
                 put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
-            }
-            let mut at = NAMES_AT;
-            for s in o.statuses.iter().take(MAX_STATUSES) {
-                let name = s.name.as_bytes();
-                let fits = at + 1 + name.len() <= SLOT_BYTES && name.len() < NAME_POOL_BYTES;
-                let len = if fits { name.len() } else { 0 };
-                put(&mut b, at, &[len as u8]);
-                if fits {
-                    put(&mut b, at + 1, name);
-                }
-                at += 1 + len;
             }
         }
         put(&mut b, 0, &[VERSION, flags]);
@@ -175,7 +159,6 @@ impl Slot {
         let over_limit = if flags & HAS_OVER_LIMIT != 0 {
             let n = usize::from(*b.get(34)?).min(MAX_STATUSES);
             let mut statuses = Vec::with_capacity(n);
-            let mut name_at = NAMES_AT;
             for i in 0..n {
                 let at = HEADER_BYTES + i * STATUS_BYTES;
                 statuses.push(StatusSnapshot {
@@ -184,7 +167,7 @@ impl Slot {
                     over_limit: *b.get(at + 5)? != 0,
                     remaining: u32_at(b, at + 8)?,
                     reset_at_ms: u64_at(b, at + 12)?,
-                    name: name_at_pool(b, &mut name_at),
+                    name: *b.get(at + 6)?,
                 });
             }
             Some(OverLimit {
@@ -199,26 +182,6 @@ impl Slot {
             bucket,
             over_limit,
         })
-    }
-}
-
-/// The name at `*at` in the name pool, moving `*at` past it; empty when the
-/// pool has no more, or the bytes are not a name the slot could have stored.
-fn name_at_pool(b: &[u8], at: &mut usize) -> String {
-    let Some(&len) = b.get(*at) else {
-        return String::new();
-    };
-    let start = *at + 1;
-    let end = start + usize::from(len);
-    *at = end;
-    match b.get(start..end.min(SLOT_BYTES)) {
-        Some(bytes)
-            if bytes.len() == usize::from(len)
-                && bytes.iter().all(|c| (0x20..0x7f).contains(c)) =>
-        {
-            String::from_utf8_lossy(bytes).into_owned()
-        }
-        _ => String::new(),
     }
 }
 
@@ -437,7 +400,7 @@ mod tests {
             until in any::<u64>(),
             n in 0usize..=4,
             remaining in any::<u32>(),
-            names in prop::collection::vec("[ -~]{0,14}", 4),
+            name in any::<u8>(),
         ) {
             let slot = Slot {
                 fingerprint: fp,
@@ -450,7 +413,7 @@ mod tests {
                         remaining,
                         over_limit: i % 2 == 0,
                         reset_at_ms: until / 2,
-                        name: names.get(i).cloned().unwrap_or_default(),
+                        name: name.wrapping_add(i as u8),
                     }).collect(),
                 }),
             };
