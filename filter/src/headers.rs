@@ -230,10 +230,12 @@ pub fn retry_after_from_headers(forwarded: &[(String, String)]) -> Option<u64> {
 
 /// A delay in whole seconds: digits only (an HTTP date is not taken).
 fn delay_seconds(v: &str) -> Option<u64> {
-    if v.is_empty() || v.len() > 10 || !v.bytes().all(|b| b.is_ascii_digit()) {
+    if v.is_empty() || v.len() > 10 {
         return None;
     }
-    v.parse().ok()
+    v.bytes().try_fold(0u64, |n, b| {
+        b.is_ascii_digit().then(|| n * 10 + u64::from(b - b'0'))
+    })
 }
 
 /// Headers a forwarded header must not set: framing, hop-by-hop, routing.
@@ -270,11 +272,15 @@ fn forwardable_value(value: &str) -> Option<String> {
     if value.len() > MAX_FORWARDED_VALUE_BYTES {
         return None;
     }
-    let clean: String = value
-        .chars()
-        .filter(|&c| c == '\t' || !(c.is_control()))
-        .collect();
-    Some(clean.trim_matches([' ', '\t']).to_string())
+    // Only ASCII bytes are dropped, so what is left is still UTF-8.
+    let mut clean = value.to_string();
+    clean.retain(|c| c == '\t' || !(c < ' ' || c == '\u{7f}'));
+    let trimmed = clean.trim_matches(|c| c == ' ' || c == '\t');
+    Some(if trimmed.len() == clean.len() {
+        clean
+    } else {
+        trimmed.to_string()
+    })
 }
 
 /// The service's headers to forward: valid names, lowercased; values
