@@ -60,7 +60,11 @@ pub fn check(data: &[u8]) {
                     rest
                 }
                 _ => {
-                    assert_eq!(retry_after(&statuses), None, "a refusal without Retry-After");
+                    assert_eq!(
+                        retry_after(&statuses),
+                        None,
+                        "a refusal without Retry-After"
+                    );
                     headers.as_slice()
                 }
             };
