@@ -171,12 +171,17 @@ pub fn answer(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Answer
     } else {
         None
     };
-    let mut own: Vec<&str> = headers.iter().map(|(k, _)| *k).collect();
-    if own_retry.is_some() {
-        own.push(RETRY_AFTER);
-    }
-    let (to_client, dropped_client) = forwarded(&response.response_headers_to_add, &own);
-    let (to_upstream, dropped_upstream) = if over {
+    // Nothing allocated for a service that sends no headers (the usual).
+    let (to_client, dropped_client) = if response.response_headers_to_add.is_empty() {
+        (Vec::new(), 0)
+    } else {
+        let mut own: Vec<&str> = headers.iter().map(|(k, _)| *k).collect();
+        if own_retry.is_some() {
+            own.push(RETRY_AFTER);
+        }
+        forwarded(&response.response_headers_to_add, &own)
+    };
+    let (to_upstream, dropped_upstream) = if over || response.request_headers_to_add.is_empty() {
         (Vec::new(), 0)
     } else {
         forwarded(&response.request_headers_to_add, &[])
@@ -360,7 +365,6 @@ mod tests {
         let hv = |(k, v): &(&str, &str)| crate::proto::HeaderValue {
             key: k.to_string(),
             value: v.to_string(),
-            raw_value: Vec::new(),
         };
         RateLimitResponse {
             overall_code: code as i32,

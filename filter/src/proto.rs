@@ -56,16 +56,14 @@ pub struct RateLimitResponse {
     pub request_headers_to_add: Vec<HeaderValue>,
 }
 
-/// `envoy.config.core.v3.HeaderValue`: `raw_value` is the value as bytes,
-/// set instead of `value` by servers that need non-UTF-8 values.
+/// `envoy.config.core.v3.HeaderValue`. Its `raw_value` (field 3, bytes)
+/// is left out, as Envoy's own rate-limit client reads only `value`.
 #[derive(Clone, PartialEq, Message)]
 pub struct HeaderValue {
     #[prost(string, tag = "1")]
     pub key: String,
     #[prost(string, tag = "2")]
     pub value: String,
-    #[prost(bytes = "vec", tag = "3")]
-    pub raw_value: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -371,7 +369,8 @@ mod tests {
     #[test]
     fn headers_to_add_decode_from_wire_bytes() {
         // overall_code OK; response_headers_to_add {key "a", value "1"};
-        // request_headers_to_add {key "b", raw_value "2"}.
+        // request_headers_to_add {key "b", raw_value "2"}: raw_value is
+        // skipped, as Envoy's filter skips it.
         let bytes = [
             0x08, 0x01, 0x1a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, b'1', 0x22, 0x06, 0x0a, 0x01,
             b'b', 0x1a, 0x01, b'2',
@@ -382,7 +381,7 @@ mod tests {
         assert_eq!(r.response_headers_to_add[0].key, "a");
         assert_eq!(r.response_headers_to_add[0].value, "1");
         assert_eq!(r.request_headers_to_add[0].key, "b");
-        assert_eq!(r.request_headers_to_add[0].raw_value, b"2");
+        assert_eq!(r.request_headers_to_add[0].value, "");
     }
 
     #[test]

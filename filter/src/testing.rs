@@ -129,7 +129,6 @@ pub fn answer_with_headers(
     let hv = |(k, v): &(&str, &str)| HeaderValue {
         key: k.to_string(),
         value: v.to_string(),
-        raw_value: Vec::new(),
     };
     prost::Message::encode_to_vec(&RateLimitResponse {
         overall_code: code as i32,
