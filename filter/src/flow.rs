@@ -36,6 +36,7 @@ use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{admit_named, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::proto::{DescriptorStatus, METHOD, SERVICE};
+use ratelimit_config::HeaderMode;
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,7 +170,12 @@ impl Stream {
                 }
                 if let Some(at) = self.slot {
                     let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
-                    let names = rule_names(host, &statuses);
+                    // Only X-RateLimit-Limit repeats rule names.
+                    let names = if c.config.headers == HeaderMode::DraftVersion03 {
+                        rule_names(host, &statuses)
+                    } else {
+                        [0; MAX_STATUSES]
+                    };
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
                         let slot =
                             remember_refusal(stored, at, asked_at, answered_at, &statuses, &names);
