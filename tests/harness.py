@@ -779,8 +779,13 @@ class Stack:
 
     def ratelimit(self, redis: Redis, *generated: Generated | Path,
                   log_level: str | None = None,
-                  extra_env: dict[str, str] | None = None) -> RateLimitService:
-        """`extra_env`: more service settings, e.g. LOCAL_CACHE_SIZE_IN_BYTES."""
+                  extra_env: dict[str, str] | None = None,
+                  response_headers: bool = False) -> RateLimitService:
+        """`extra_env`: more service settings, e.g. LOCAL_CACHE_SIZE_IN_BYTES.
+        `response_headers`: the service adds RateLimit-Limit, -Remaining and
+        -Reset to its answers (`response_headers_to_add`)."""
+        if response_headers:
+            extra_env = {**(extra_env or {}), "LIMIT_RESPONSE_HEADERS_ENABLED": "true"}
         files = [g.ratelimit_yaml if isinstance(g, Generated) else Path(g) for g in generated]
         return RateLimitService(self, redis, files, log_level=log_level, extra_env=extra_env)
 

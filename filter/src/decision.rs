@@ -3,15 +3,14 @@
 //! verdict, from the rate-limit service's answer (with its headers).
 
 use std::borrow::Cow;
-use std::fmt::Write;
 
 use prost::Message;
 use ratelimit_config::plugin::PPM;
 use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
+use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
 use crate::proto::{
     encode_rate_limit_request, grpc_upstream, Code, DescriptorStatus, RateLimitResponse,
-    RateLimitUnit,
 };
 
 /// The configuration compiled once per VM in `on_configure`.
@@ -123,59 +122,21 @@ pub enum Verdict {
     Error(RlsError),
 }
 
-pub const X_RATELIMIT_LIMIT: &str = "x-ratelimit-limit";
-pub const X_RATELIMIT_REMAINING: &str = "x-ratelimit-remaining";
-pub const X_RATELIMIT_RESET: &str = "x-ratelimit-reset";
-pub const RETRY_AFTER: &str = "retry-after";
+pub use crate::headers::{
+    draft03_headers, retry_after, RETRY_AFTER, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
+    X_RATELIMIT_RESET,
+};
 
-/// The X-RateLimit-* headers with Envoy's DRAFT_VERSION_03 semantics: the
-/// descriptor with the fewest remaining requests (the first, on a tie) gives
-/// the limit, remaining and reset; every descriptor with a known window adds
-/// `<limit>;w=<seconds>` to the limit header.
-pub fn draft03_headers(statuses: &[DescriptorStatus]) -> Vec<(&'static str, String)> {
-    let mut tightest: Option<(&DescriptorStatus, u32)> = None;
-    for s in statuses {
-        let Some(limit) = &s.current_limit else {
-            continue;
-        };
-        if tightest.is_none_or(|(t, _)| s.limit_remaining < t.limit_remaining) {
-            tightest = Some((s, limit.requests_per_unit));
-        }
-    }
-    let Some((t, limit)) = tightest else {
-        return Vec::new();
-    };
-    // Written into one string (a write to a String cannot fail).
-    let mut limits = String::with_capacity(64);
-    let _ = write!(limits, "{limit}");
-    for limit in statuses.iter().filter_map(|s| s.current_limit.as_ref()) {
-        let unit = RateLimitUnit::try_from(limit.unit).unwrap_or(RateLimitUnit::Unknown);
-        let window = unit.window_seconds();
-        if window > 0 {
-            let _ = write!(limits, ", {};w={}", limit.requests_per_unit, window);
-            if !limit.name.is_empty() {
-                let _ = write!(limits, ";name=\"{}\"", limit.name);
-            }
-        }
-    }
-    // Room for the Retry-After of a refusal.
-    let mut headers = Vec::with_capacity(4);
-    headers.push((X_RATELIMIT_LIMIT, limits));
-    headers.push((X_RATELIMIT_REMAINING, t.limit_remaining.to_string()));
-    headers.push((X_RATELIMIT_RESET, t.reset_seconds().to_string()));
-    headers
-}
-
-/// Seconds a refused client should wait: until every window it is over has
-/// reset (the longest of them), rounded up, at least 1.
-pub fn retry_after(statuses: &[DescriptorStatus]) -> u64 {
-    statuses
-        .iter()
-        .filter(|s| s.code() == Code::OverLimit)
-        .map(DescriptorStatus::reset_seconds_ceil)
-        .max()
-        .unwrap_or(1)
-        .max(1)
+/// The service's answer: the verdict, and the service's own headers to
+/// forward (`response_headers_to_add` to the client, on the 429 or the
+/// upstream's response; `request_headers_to_add` to the upstream).
+#[derive(Debug, PartialEq)]
+pub struct Answer {
+    pub verdict: Verdict,
+    pub to_client: Vec<(String, String)>,
+    pub to_upstream: Vec<(String, String)>,
+    /// Forwarded headers left out (invalid, framing, over the bounds).
+    pub dropped: usize,
 }
 
 /// Whether an admitted request left at most `1 - ratio` of any of its
@@ -194,30 +155,80 @@ pub fn near_limit(statuses: &[DescriptorStatus], ratio_ppm: u32) -> bool {
 
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
+    answer(mode, grpc_status, body).verdict
+}
+
+/// Decides from the gRPC status and the response body, with the service's
+/// headers to forward. The filter's own headers win: a forwarded header of
+/// the same name is left out. A refusal carries Retry-After from the
+/// statuses; without any that says when its window resets, from the
+/// service's own Retry-After or reset header; else none (never a guess).
+pub fn answer(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Answer {
+    let failed = |why| Answer {
+        verdict: Verdict::Error(why),
+        to_client: Vec::new(),
+        to_upstream: Vec::new(),
+        dropped: 0,
+    };
     if grpc_status != 0 {
-        return Verdict::Error(RlsError::Grpc(grpc_status));
+        return failed(RlsError::Grpc(grpc_status));
     }
     let Some(response) = body.and_then(|b| RateLimitResponse::decode(b).ok()) else {
-        return Verdict::Error(RlsError::Undecodable);
+        return failed(RlsError::Undecodable);
     };
-    let mut headers = match mode {
-        HeaderMode::DraftVersion03 => draft03_headers(&response.statuses),
-        HeaderMode::Off => Vec::new(),
+    let code = response.overall_code();
+    if code == Code::Unknown {
+        return failed(RlsError::UnknownCode);
+    }
+    let mut headers = limit_headers(mode, &response.statuses);
+    let over = code == Code::OverLimit;
+    let own_retry = if over {
+        retry_after(&response.statuses)
+    } else {
+        None
     };
-    match response.overall_code() {
-        Code::Ok => Verdict::Allow(headers, response.statuses),
-        Code::OverLimit => {
-            headers.push((RETRY_AFTER, retry_after(&response.statuses).to_string()));
-            Verdict::OverLimit(headers, response.statuses)
+    // Nothing allocated for a service that sends no headers (the usual).
+    let (to_client, dropped_client) = if response.response_headers_to_add.is_empty() {
+        (Vec::new(), 0)
+    } else {
+        let mut own: Vec<&str> = headers.iter().map(|(k, _)| *k).collect();
+        if own_retry.is_some() {
+            own.push(RETRY_AFTER);
         }
-        Code::Unknown => Verdict::Error(RlsError::UnknownCode),
+        forwarded(&response.response_headers_to_add, &own)
+    };
+    let (to_upstream, dropped_upstream) = if over || response.request_headers_to_add.is_empty() {
+        (Vec::new(), 0)
+    } else {
+        forwarded(&response.request_headers_to_add, &[])
+    };
+    let verdict = if over {
+        let has_retry = to_client.iter().any(|(k, _)| k == RETRY_AFTER);
+        let seconds = own_retry.or_else(|| {
+            // The service's own Retry-After is forwarded as it is.
+            (!has_retry)
+                .then(|| retry_after_from_headers(&to_client))
+                .flatten()
+        });
+        if let Some(s) = seconds {
+            headers.push((RETRY_AFTER, s.to_string()));
+        }
+        Verdict::OverLimit(headers, response.statuses)
+    } else {
+        Verdict::Allow(headers, response.statuses)
+    };
+    Answer {
+        verdict,
+        to_client,
+        to_upstream,
+        dropped: dropped_client + dropped_upstream,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::RateLimitRequest;
+    use crate::proto::{RateLimitRequest, RateLimitUnit};
     use crate::testing::{answer, status};
     use ratelimit_config::parse_plugin_config;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -364,6 +375,31 @@ mod tests {
         }
     }
 
+    fn with_headers(
+        code: Code,
+        statuses: Vec<DescriptorStatus>,
+        to_client: &[(&str, &str)],
+        to_upstream: &[(&str, &str)],
+    ) -> Vec<u8> {
+        let hv = |(k, v): &(&str, &str)| crate::proto::HeaderValue {
+            key: k.to_string(),
+            value: v.to_string(),
+        };
+        RateLimitResponse {
+            overall_code: code as i32,
+            statuses,
+            response_headers_to_add: to_client.iter().map(hv).collect(),
+            request_headers_to_add: to_upstream.iter().map(hv).collect(),
+        }
+        .encode_to_vec()
+    }
+
+    fn pairs_of(h: &[(&str, &str)]) -> Vec<(String, String)> {
+        h.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn near_limit_is_at_most_the_rest_of_a_window_left() {
         let s = |limit, remaining| status(Code::Ok, limit, RateLimitUnit::Minute, remaining, 30);
@@ -391,12 +427,79 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_is_at_least_one_second() {
+    fn an_over_limit_answer_without_statuses_never_guesses_retry_after() {
+        // A server that sends no statuses (Limitador): no Retry-After of our
+        // own, and no X-RateLimit-* (nothing to describe).
+        let bare = with_headers(Code::OverLimit, vec![], &[], &[]);
+        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&bare));
+        assert_eq!(a.verdict, Verdict::OverLimit(vec![], vec![]));
+        // Its own reset header gives the Retry-After.
+        let reset = with_headers(Code::OverLimit, vec![], &[("RateLimit-Reset", "54")], &[]);
+        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&reset));
         assert_eq!(
-            retry_after(&[status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 0)]),
-            1
+            a.verdict,
+            Verdict::OverLimit(vec![(RETRY_AFTER, "54".into())], vec![])
         );
-        assert_eq!(retry_after(&[]), 1);
+        assert_eq!(a.to_client, pairs_of(&[("ratelimit-reset", "54")]));
+        // Its own Retry-After is forwarded, once.
+        let retry = with_headers(Code::OverLimit, vec![], &[("Retry-After", "59")], &[]);
+        let a = super::answer(HeaderMode::IetfDraft10, 0, Some(&retry));
+        assert_eq!(a.verdict, Verdict::OverLimit(vec![], vec![]));
+        assert_eq!(a.to_client, pairs_of(&[("retry-after", "59")]));
+    }
+
+    #[test]
+    fn the_filters_own_headers_win_over_the_services() {
+        let body = with_headers(
+            Code::OverLimit,
+            vec![status(Code::OverLimit, 5, RateLimitUnit::Minute, 0, 20)],
+            &[
+                ("Retry-After", "1"),
+                ("X-RateLimit-Limit", "99"),
+                ("X-Service", "s"),
+            ],
+            &[("x-to-upstream", "u")],
+        );
+        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&body));
+        match &a.verdict {
+            Verdict::OverLimit(h, _) => {
+                assert!(h.contains(&(RETRY_AFTER, "20".into())));
+                assert!(h.contains(&(X_RATELIMIT_LIMIT, "5, 5;w=60".into())));
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert_eq!(a.to_client, pairs_of(&[("x-service", "s")]));
+        assert_eq!(a.dropped, 2);
+        // A refused request never goes upstream: nothing for it.
+        assert!(a.to_upstream.is_empty());
+        // With headers off, the service's X-RateLimit-* pass.
+        let a = super::answer(HeaderMode::Off, 0, Some(&body));
+        assert_eq!(
+            a.to_client,
+            pairs_of(&[("x-ratelimit-limit", "99"), ("x-service", "s")])
+        );
+        let ok = with_headers(
+            Code::Ok,
+            vec![status(Code::Ok, 5, RateLimitUnit::Minute, 3, 20)],
+            &[("x-service", "s")],
+            &[("X-To-Upstream", "u\r\n")],
+        );
+        let a = super::answer(HeaderMode::IetfDraft10, 0, Some(&ok));
+        assert_eq!(
+            a.verdict,
+            Verdict::Allow(
+                vec![
+                    (
+                        crate::headers::RATELIMIT_POLICY,
+                        r#""per_minute";q=5;w=60"#.into()
+                    ),
+                    (crate::headers::RATELIMIT, r#""per_minute";r=3;t=20"#.into()),
+                ],
+                vec![status(Code::Ok, 5, RateLimitUnit::Minute, 3, 20)]
+            )
+        );
+        assert_eq!(a.to_client, pairs_of(&[("x-service", "s")]));
+        assert_eq!(a.to_upstream, pairs_of(&[("x-to-upstream", "u")]));
     }
 
     #[test]

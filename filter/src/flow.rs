@@ -28,12 +28,17 @@
 use crate::access_log::{record, Source};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    encode_request, first_step, near_limit, verdict, Compiled, RlsError, Step, Verdict, RETRY_AFTER,
+    answer, encode_request, first_step, near_limit, Answer, Compiled, RlsError, Step, Verdict,
+    RETRY_AFTER,
 };
+use crate::headers::group_policy;
 use crate::host::Host;
-use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
+use crate::local::names::{intern, lookup};
+use crate::local::over_limit::MAX_STATUSES;
+use crate::local::{admit_named, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
-use crate::proto::{METHOD, SERVICE};
+use crate::proto::{DescriptorStatus, METHOD, SERVICE};
+use ratelimit_config::HeaderMode;
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +55,9 @@ pub struct Stream {
     /// X-RateLimit-* headers to add to the upstream response (admitted
     /// requests only: local replies carry their own).
     response_headers: Vec<(&'static str, String)>,
+    /// The service's `response_headers_to_add`, for the upstream response
+    /// of an admitted request (cleaned and bounded: `headers::forwarded`).
+    forwarded: Vec<(String, String)>,
     /// The tenant's local-layer slot, when the layer is on.
     slot: Option<SlotRef>,
     /// When the call to the service went out (for the over-limit cache).
@@ -97,21 +105,24 @@ impl Stream {
             let now = host.now_ms();
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;
+            let names = |id| lookup(host, id);
             match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit(stored, at, now, bucket, mode)
+                admit_named(stored, at, now, bucket, mode, &names)
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
                 // In shadow, a local would-be refusal is let through
                 // without a call, as the refusal would have gone out
                 // without one: one would-be refusal per request.
-                Ok(LocalVerdict::BucketEmpty(headers)) => {
+                Ok(LocalVerdict::BucketEmpty(mut headers)) => {
+                    headers.extend(group_policy(mode, limited.group));
                     return self.refuse(
                         c,
                         host,
                         Some(limited.tenant.as_ref()),
                         Source::Bucket,
                         headers,
+                        Vec::new(),
                     );
                 }
                 Ok(LocalVerdict::CachedOverLimit(headers)) => {
@@ -121,6 +132,7 @@ impl Stream {
                         Some(limited.tenant.as_ref()),
                         Source::Cache,
                         headers,
+                        Vec::new(),
                     );
                 }
                 Err(e) => local_error(host, &e),
@@ -150,7 +162,16 @@ impl Stream {
         } else {
             None
         };
-        let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
+        let Answer {
+            verdict,
+            to_client,
+            to_upstream,
+            dropped,
+        } = answer(c.config.headers, grpc_status, body.as_deref());
+        if dropped > 0 {
+            log::debug!("{dropped} of the service's headers were not forwarded");
+        }
+        let next = match verdict {
             Verdict::Allow(headers, statuses) => {
                 host.count(Counter::Allowed);
                 if let Some(group) = self.group {
@@ -160,6 +181,10 @@ impl Stream {
                     }
                 }
                 self.response_headers = headers;
+                self.forwarded = to_client;
+                for (name, value) in &to_upstream {
+                    let _ = host.add_request_header(name, value);
+                }
                 Next::Continue
             }
             Verdict::OverLimit(headers, statuses) => {
@@ -167,15 +192,23 @@ impl Stream {
                 // (and counts) what it would have refused, as enforcing
                 // would, and spares the service the same calls.
                 if let Some(at) = self.slot {
-                    let asked_at = self.asked_at_ms;
+                    let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
+                    // Only X-RateLimit-Limit repeats rule names.
+                    let names = if c.config.headers == HeaderMode::DraftVersion03 {
+                        rule_names(host, &statuses)
+                    } else {
+                        [0; MAX_STATUSES]
+                    };
                     let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-                        ((), remember_over_limit(stored, at, asked_at, &statuses))
+                        let slot =
+                            remember_refusal(stored, at, asked_at, answered_at, &statuses, &names);
+                        ((), slot)
                     });
                     if let Err(e) = remembered {
                         local_error(host, &e);
                     }
                 }
-                self.refuse(c, host, None, Source::Service, headers)
+                self.refuse(c, host, None, Source::Service, headers, to_client)
             }
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
         };
@@ -195,6 +228,7 @@ impl Stream {
         tenant: Option<&str>,
         source: Source,
         mut headers: Vec<(&'static str, String)>,
+        service: Vec<(String, String)>,
     ) -> Next {
         if !self.shadow {
             host.count(match source {
@@ -221,9 +255,10 @@ impl Stream {
         if self.shadow {
             headers.retain(|(name, _)| *name != RETRY_AFTER);
             self.response_headers = headers;
+            self.forwarded = service;
             return Next::Continue;
         }
-        over_limit_reply(host, &headers)
+        over_limit_reply_with(host, &headers, &service)
     }
 
     /// The upstream's response headers have arrived (also for the filter's
@@ -232,14 +267,34 @@ impl Stream {
         for (name, value) in self.response_headers.drain(..) {
             let _ = host.add_response_header(name, &value);
         }
+        for (name, value) in self.forwarded.drain(..) {
+            let _ = host.add_response_header(&name, &value);
+        }
         Next::Continue
     }
 }
 
-/// A 429 for the limiter, with these headers.
-fn over_limit_reply<H: Host + ?Sized>(host: &H, headers: &[(&'static str, String)]) -> Next {
-    let mut h: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + 1);
+/// The ids of the statuses' rule names in the shared name table (0: none);
+/// no host call for a status whose rule has no name.
+fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
+    let mut ids = [0u8; MAX_STATUSES];
+    for (id, s) in ids.iter_mut().zip(statuses) {
+        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
+            *id = intern(host, &limit.name);
+        }
+    }
+    ids
+}
+
+/// A 429 for the limiter, with these headers and the service's own.
+fn over_limit_reply_with<H: Host + ?Sized>(
+    host: &H,
+    headers: &[(&'static str, String)],
+    service: &[(String, String)],
+) -> Next {
+    let mut h: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + service.len() + 1);
     h.extend(headers.iter().map(|(k, v)| (*k, v.as_str())));
+    h.extend(service.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     h.push(("x-envoy-ratelimited", "true"));
     local_reply(host, 429, &h, "rate limit exceeded\n")
 }

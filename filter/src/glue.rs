@@ -16,6 +16,7 @@ use crate::counters::{Counter, GroupCounter, COUNTERS, GROUP_COUNTERS};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
 
 proxy_wasm::main! {{
@@ -246,6 +247,10 @@ impl Host for Envoy<'_> {
         hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value).map_err(host_error)
     }
 
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        hostcalls::add_map_value(MapType::HttpRequestHeaders, name, value).map_err(host_error)
+    }
+
     fn count(&self, counter: Counter) {
         self.metrics.count(counter);
     }
@@ -291,6 +296,14 @@ fn create_slots(slots: u32) {
     }
     if failed > 0 {
         log::warn!("local layer: {failed} of {slots} slots could not be created");
+    }
+    // The rule-name table of cached refusals (`local::names`): entries must
+    // exist before they are written under CAS.
+    for i in 0..NAME_ENTRIES {
+        let key = name_key(i);
+        if let Ok((None, _)) = hostcalls::get_shared_data(&key) {
+            let _ = hostcalls::set_shared_data(&key, Some(&empty_entry()), None);
+        }
     }
 }
 

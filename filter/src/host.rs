@@ -69,6 +69,10 @@ pub trait Host: SharedData {
     /// Adds a header to the upstream's response.
     fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError>;
 
+    /// Adds a header to the request, before it goes upstream (while it is
+    /// paused for the service's answer).
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError>;
+
     /// Adds one to a counter (a failure to count is not worth failing for).
     fn count(&self, counter: Counter);
 

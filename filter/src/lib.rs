@@ -18,6 +18,7 @@ pub mod access_log;
 pub mod counters;
 pub mod decision;
 pub mod flow;
+pub mod headers;
 pub mod host;
 pub mod local;
 pub mod proto;

@@ -48,6 +48,22 @@ pub struct RateLimitResponse {
     pub overall_code: i32,
     #[prost(message, repeated, tag = "2")]
     pub statuses: Vec<DescriptorStatus>,
+    /// Headers for the client: on the 429, or on the upstream's response.
+    #[prost(message, repeated, tag = "3")]
+    pub response_headers_to_add: Vec<HeaderValue>,
+    /// Headers for the upstream request of an admitted request.
+    #[prost(message, repeated, tag = "4")]
+    pub request_headers_to_add: Vec<HeaderValue>,
+}
+
+/// `envoy.config.core.v3.HeaderValue`. Its `raw_value` (field 3, bytes)
+/// is left out, as Envoy's own rate-limit client reads only `value`.
+#[derive(Clone, PartialEq, Message)]
+pub struct HeaderValue {
+    #[prost(string, tag = "1")]
+    pub key: String,
+    #[prost(string, tag = "2")]
+    pub value: String,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -351,6 +367,24 @@ mod tests {
     }
 
     #[test]
+    fn headers_to_add_decode_from_wire_bytes() {
+        // overall_code OK; response_headers_to_add {key "a", value "1"};
+        // request_headers_to_add {key "b", raw_value "2"}: raw_value is
+        // skipped, as Envoy's filter skips it.
+        let bytes = [
+            0x08, 0x01, 0x1a, 0x06, 0x0a, 0x01, b'a', 0x12, 0x01, b'1', 0x22, 0x06, 0x0a, 0x01,
+            b'b', 0x1a, 0x01, b'2',
+        ];
+        let r = RateLimitResponse::decode(&bytes[..]).unwrap();
+        assert_eq!(r.overall_code(), Code::Ok);
+        assert_eq!(r.response_headers_to_add.len(), 1);
+        assert_eq!(r.response_headers_to_add[0].key, "a");
+        assert_eq!(r.response_headers_to_add[0].value, "1");
+        assert_eq!(r.request_headers_to_add[0].key, "b");
+        assert_eq!(r.request_headers_to_add[0].value, "");
+    }
+
+    #[test]
     fn garbage_does_not_decode() {
         assert!(RateLimitResponse::decode(&[0x12, 0x05, 0x08][..]).is_err());
     }
@@ -359,7 +393,7 @@ mod tests {
     fn unknown_codes_read_as_unknown() {
         let r = RateLimitResponse {
             overall_code: 9,
-            statuses: vec![],
+            ..RateLimitResponse::default()
         };
         assert_eq!(r.overall_code(), Code::Unknown);
     }

@@ -14,11 +14,14 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counters::{Counter, GroupCounter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
 pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
-use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitResponse, RateLimitUnit};
+use crate::proto::{
+    Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,
+};
 
 /// A host call, to make it fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +35,7 @@ pub enum HostCall {
     Resume,
     AddHeader,
     SetProperty,
+    AddRequestHeader,
 }
 
 impl HostCall {
@@ -50,6 +54,7 @@ impl HostCall {
             HostCall::Resume => "resume_request",
             HostCall::AddHeader => "add_response_header",
             HostCall::SetProperty => "set_property",
+            HostCall::AddRequestHeader => "add_request_header",
         }
     }
 }
@@ -111,6 +116,27 @@ pub fn answer(code: Code, statuses: Vec<DescriptorStatus>) -> Vec<u8> {
     prost::Message::encode_to_vec(&RateLimitResponse {
         overall_code: code as i32,
         statuses,
+        ..RateLimitResponse::default()
+    })
+}
+
+/// The encoded answer of the service, with headers for the client
+/// (`response_headers_to_add`) and for the upstream (`request_headers_to_add`).
+pub fn answer_with_headers(
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    to_client: &[(&str, &str)],
+    to_upstream: &[(&str, &str)],
+) -> Vec<u8> {
+    let hv = |(k, v): &(&str, &str)| HeaderValue {
+        key: k.to_string(),
+        value: v.to_string(),
+    };
+    prost::Message::encode_to_vec(&RateLimitResponse {
+        overall_code: code as i32,
+        statuses,
+        response_headers_to_add: to_client.iter().map(hv).collect(),
+        request_headers_to_add: to_upstream.iter().map(hv).collect(),
     })
 }
 
@@ -159,6 +185,7 @@ pub struct MemHost {
     added: RefCell<Vec<(String, String)>>,
     /// Properties set (the access-log fields), in order.
     properties: RefCell<Vec<(String, String)>>,
+    added_to_request: RefCell<Vec<(String, String)>>,
     reply_count: Cell<u64>,
     call_count: Cell<u64>,
     added_count: Cell<u64>,
@@ -192,6 +219,7 @@ impl MemHost {
             calls: RefCell::new(Vec::new()),
             added: RefCell::new(Vec::new()),
             properties: RefCell::new(Vec::new()),
+            added_to_request: RefCell::new(Vec::new()),
             reply_count: Cell::new(0),
             call_count: Cell::new(0),
             added_count: Cell::new(0),
@@ -235,11 +263,15 @@ impl MemHost {
         *self.grpc_body.borrow_mut() = body;
     }
 
-    /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, as the glue does.
+    /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, and the rule-name
+    /// table's entries, as the glue does.
     pub fn create_slots(&self, slots: u32) {
         for index in 0..slots {
             let key = SlotKey::new(index);
             let _ = self.set_shared(key.as_str(), &[0; SLOT_BYTES], None);
+        }
+        for i in 0..NAME_ENTRIES {
+            let _ = self.set_shared(&name_key(i), &empty_entry(), None);
         }
     }
 
@@ -351,6 +383,11 @@ impl MemHost {
     /// Forgets the properties set so far (a new request's, on one host).
     pub fn clear_properties(&self) {
         self.properties.borrow_mut().clear();
+    }
+
+    /// The headers added to the request, in order.
+    pub fn added_request_headers(&self) -> Vec<(String, String)> {
+        self.added_to_request.borrow().clone()
     }
 
     pub fn reply_count(&self) -> u64 {
@@ -513,6 +550,16 @@ impl Host for MemHost {
         self.added_count.set(self.added_count.get() + 1);
         if self.keep {
             self.added
+                .borrow_mut()
+                .push((name.to_string(), value.to_string()));
+        }
+        Ok(())
+    }
+
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.check(HostCall::AddRequestHeader)?;
+        if self.keep {
+            self.added_to_request
                 .borrow_mut()
                 .push((name.to_string(), value.to_string()));
         }

@@ -9,13 +9,16 @@
 //!
 //! Checks: it never panics; a non-OK status or a missing body is an error
 //! and nothing else; `headers: "off"` adds no X-RateLimit-* header; a
-//! refusal carries a Retry-After of at least one second, last; the slot a
+//! refusal whose statuses say when an over-limit window resets carries a
+//! Retry-After of at least one second, last; one without such a status
+//! carries none of the filter's own (only one the service's own headers
+//! give, at least one second, never a guess); the slot a
 //! refusal writes decodes, and answers from the cache with the same headers
 //! as before it was encoded (a unit number the slot's byte cannot hold is
 //! stored as 0, unknown, which the headers treat alike).
 
 use ratelimit_config::HeaderMode;
-use tenant_ratelimit::decision::{verdict, RlsError, Verdict, RETRY_AFTER};
+use tenant_ratelimit::decision::{retry_after, verdict, RlsError, Verdict, RETRY_AFTER};
 use tenant_ratelimit::local::{cached_headers, remember_over_limit, Slot, SlotRef};
 
 /// Some time in 2026, in milliseconds.
@@ -45,14 +48,27 @@ pub fn check(data: &[u8]) {
             assert!(mode == HeaderMode::DraftVersion03 || headers.is_empty());
         }
         Verdict::OverLimit(headers, statuses) => {
-            let Some(((last, retry), rest)) = headers.split_last() else {
-                unreachable!("a refusal without Retry-After");
+            let rest = match headers.split_last() {
+                Some(((last, retry), rest)) if *last == RETRY_AFTER => {
+                    assert!(
+                        retry.parse::<u64>().is_ok_and(|s| s >= 1),
+                        "Retry-After {retry}"
+                    );
+                    if let Some(own) = retry_after(&statuses) {
+                        assert_eq!(*retry, own.to_string());
+                    }
+                    rest
+                }
+                _ => {
+                    assert_eq!(
+                        retry_after(&statuses),
+                        None,
+                        "a refusal without Retry-After"
+                    );
+                    headers.as_slice()
+                }
             };
-            assert_eq!(*last, RETRY_AFTER);
-            assert!(
-                retry.parse::<u64>().is_ok_and(|s| s >= 1),
-                "Retry-After {retry}"
-            );
+            assert!(rest.iter().all(|(k, _)| *k != RETRY_AFTER));
             assert!(mode == HeaderMode::DraftVersion03 || rest.is_empty());
             let at = SlotRef {
                 index: 0,

@@ -83,14 +83,22 @@ pub enum HeaderMode {
     DraftVersion03,
     /// Only `Retry-After` on 429.
     Off,
+    /// `RateLimit-Policy` and `RateLimit` of
+    /// draft-ietf-httpapi-ratelimit-headers-10, plus `Retry-After` on 429.
+    IetfDraft10,
 }
 
 impl Named for HeaderMode {
-    const ALL: &'static [Self] = &[HeaderMode::DraftVersion03, HeaderMode::Off];
+    const ALL: &'static [Self] = &[
+        HeaderMode::DraftVersion03,
+        HeaderMode::Off,
+        HeaderMode::IetfDraft10,
+    ];
     fn name(self) -> &'static str {
         match self {
             HeaderMode::DraftVersion03 => "draft_version_03",
             HeaderMode::Off => "off",
+            HeaderMode::IetfDraft10 => "ietf_draft_10",
         }
     }
 }
@@ -900,6 +908,26 @@ mod tests {
                 "{e:?}"
             );
         }
+    }
+
+    #[test]
+    fn headers_take_each_family_by_name() {
+        let with = |h: &str| {
+            let text = format!(
+                r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "headers": {h}}}"#
+            );
+            parse_plugin_config(text.as_bytes())
+                .map(|(c, _)| c.headers)
+                .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())
+        };
+        assert_eq!(with(r#""ietf_draft_10""#), Ok(HeaderMode::IetfDraft10));
+        assert_eq!(with(r#""off""#), Ok(HeaderMode::Off));
+        assert_eq!(
+            with(r#""ietf""#),
+            Err(vec![
+                "headers: must be one of \"draft_version_03\", \"off\", \"ietf_draft_10\", got string \"ietf\"".to_string()
+            ])
+        );
     }
 
     fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {

@@ -837,3 +837,175 @@ fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
     request(&deny, &h, None);
     assert_eq!(props(&h), logged(None, None, "refused", "missing_tenant"));
 }
+
+/// The service's answer, with its own headers, reaches the stream.
+fn respond_with_headers(
+    c: &Compiled,
+    h: &MemHost,
+    s: &mut Stream,
+    code: Code,
+    statuses: Vec<DescriptorStatus>,
+    to_client: &[(&str, &str)],
+    to_upstream: &[(&str, &str)],
+) {
+    let body = crate::testing::answer_with_headers(code, statuses, to_client, to_upstream);
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    s.on_rls_answer(c, h, 0, size);
+}
+
+fn pairs(h: &[(&str, &str)]) -> Vec<(String, String)> {
+    h.iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn a_refusal_without_statuses_carries_no_guessed_retry_after() {
+    // A server that sends no per-descriptor statuses (Limitador): the
+    // window may have a minute left, so "Retry-After: 1" would be a lie.
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond_with_headers(&c, &h, &mut s, Code::OverLimit, vec![], &[], &[]);
+    let r = &h.replies()[0];
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("retry-after"), None);
+    assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
+    // Nothing to remember: the next request is asked about.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 2));
+    // What the service itself says gives it.
+    let (mut s, _) = request(&c, &h, Some("tenant-c"));
+    respond_with_headers(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![],
+        &[("RateLimit-Reset", "54")],
+        &[],
+    );
+    let r = &h.replies()[1];
+    assert_eq!(r.header("retry-after"), Some("54"));
+    assert_eq!(r.header("ratelimit-reset"), Some("54"));
+}
+
+#[test]
+fn the_services_headers_reach_the_client_and_the_upstream() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond_with_headers(
+        &c,
+        &h,
+        &mut s,
+        Code::Ok,
+        ok_answer(),
+        &[("RateLimit-Limit", "20"), ("X-Bad", "a\r\nx-injected: 1")],
+        &[("x-quota-left", "3")],
+    );
+    // Added to the request before it was resumed.
+    assert_eq!(h.added_request_headers(), pairs(&[("x-quota-left", "3")]));
+    assert_eq!(h.resumed(), 1);
+    s.on_response_headers(&h);
+    let added = h.added_headers();
+    assert!(added.contains(&("ratelimit-limit".into(), "20".into())));
+    assert!(added.contains(&("x-bad".into(), "ax-injected: 1".into())));
+    assert!(added.contains(&("x-ratelimit-remaining".into(), "3".into())));
+    // On a refusal they are on the 429.
+    let (mut s, _) = request(&c, &h, Some("tenant-c"));
+    respond_with_headers(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        over_limit_answer(),
+        &[("RateLimit-Remaining", "0"), ("Retry-After", "1")],
+        &[("x-never", "1")],
+    );
+    let r = &h.replies()[0];
+    assert_eq!(r.header("ratelimit-remaining"), Some("0"));
+    // The filter's own Retry-After, from the statuses, and only it.
+    let retry: Vec<_> = r
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "retry-after")
+        .collect();
+    assert_eq!(retry, vec![&("retry-after".to_string(), "40".to_string())]);
+    assert_eq!(h.added_request_headers().len(), 1);
+    // A failing host call does not stop the request.
+    let (mut s, _) = request(&c, &h, Some("tenant-d"));
+    h.fail(HostCall::AddRequestHeader);
+    respond_with_headers(&c, &h, &mut s, Code::Ok, ok_answer(), &[], &[("x-a", "1")]);
+    assert_eq!(h.resumed(), 2);
+}
+
+#[test]
+fn the_ietf_family_comes_from_the_service_the_cache_and_the_bucket() {
+    let c = config(
+        r#", "headers": "ietf_draft_10", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
+    );
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    s.on_response_headers(&h);
+    let policy = r#""per_second";q=5;w=1, "per_minute";q=20;w=60, "per_hour";q=30;w=3600"#;
+    assert_eq!(
+        h.added_headers(),
+        pairs(&[
+            ("ratelimit-policy", policy),
+            ("ratelimit", r#""per_minute";r=3;t=40"#),
+        ])
+    );
+    // The bucket (1 token) refuses the next: the group's policy, no RateLimit.
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    let r = &h.replies()[0];
+    assert_eq!(r.header("ratelimit-policy"), Some(policy));
+    assert_eq!(r.header("ratelimit"), None);
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.header("x-ratelimit-limit").is_none());
+    // A service refusal, then the same from the cache.
+    h.set_now_ms(NOW + 2_000);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    let r = &h.replies()[1];
+    assert_eq!(r.header("ratelimit"), Some(r#""per_minute";r=0;t=40"#));
+    assert_eq!(r.header("retry-after"), Some("40"));
+    h.set_now_ms(NOW + 12_500);
+    let _ = request(&c, &h, Some("tenant-a"));
+    let r = &h.replies()[2];
+    assert_eq!(r.header("ratelimit-policy"), Some(policy));
+    // 10.5 s later the minute window (ending 40 s after the whole second
+    // the call went out) has 29.25 s left: 30, rounded up as the service
+    // rounds it.
+    assert_eq!(r.header("ratelimit"), Some(r#""per_minute";r=0;t=30"#));
+    assert_eq!(r.header("retry-after"), Some("30"));
+}
+
+#[test]
+fn a_cached_refusal_carries_the_rule_names_of_the_services() {
+    let c = config("");
+    let h = host(&c);
+    let mut answer = over_limit_answer();
+    for (s, name) in answer
+        .iter_mut()
+        .zip(["second", "minute \"m\"\r\nx-injected: 1", ""])
+    {
+        s.current_limit.as_mut().unwrap().name = name.to_string();
+    }
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    respond(&c, &h, &mut s, Code::OverLimit, answer);
+    h.set_now_ms(NOW + 1_000);
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 1));
+    let replies = h.replies();
+    let expected =
+        r#"20, 5;w=1;name="second", 20;w=60;name="minute \"m\"x-injected: 1", 30;w=3600"#;
+    assert_eq!(replies[0].header("x-ratelimit-limit"), Some(expected));
+    assert_eq!(replies[1].header("x-ratelimit-limit"), Some(expected));
+    // The reset of the tightest (the minute), as the service would say it.
+    assert_eq!(replies[0].header("x-ratelimit-reset"), Some("40"));
+    assert_eq!(replies[1].header("x-ratelimit-reset"), Some("39"));
+}

@@ -20,12 +20,14 @@
 //! - `slot`: a slot's binary encoding, where a tenant lives, and who owns a
 //!   slot (decided in one place, `Slot::claim`);
 //! - `over_limit`: the over-limit cache and the headers of its refusals;
+//! - `names`: the rule names of cached refusals, in a fixed shared table;
 //! - `secret`: the key of the slot hash, agreed by every VM at configure;
 //! - `cas`: the read-modify-write of a slot under Envoy's CAS;
 //! - this file: the local decision for one request (`admit`).
 
 pub mod bucket;
 pub mod cas;
+pub mod names;
 pub mod over_limit;
 pub mod secret;
 pub mod slot;
@@ -34,11 +36,14 @@ use ratelimit_config::{BucketParams, HeaderMode};
 
 pub use bucket::TokenBucket;
 pub use cas::{update, UpdateError, CAS_ATTEMPTS};
-pub use over_limit::{cached_headers, remember_over_limit, OverLimit, StatusSnapshot};
+pub use over_limit::{
+    cached_headers, cached_headers_named, remember_over_limit, remember_refusal, window_end_ms,
+    OverLimit, StatusSnapshot,
+};
 pub use secret::{agree, Agreed, SECRET_KEY};
 pub use slot::{slot_for, Claim, Slot, SlotKey, SlotRef, SlotSecret, SLOT_BYTES, SLOT_HOLD_MS};
 
-use crate::decision::RETRY_AFTER;
+use crate::headers::RETRY_AFTER;
 
 /// What the local layer decided for a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -64,6 +69,19 @@ pub fn admit(
     bucket: Option<BucketParams>,
     mode: HeaderMode,
 ) -> (LocalVerdict, Option<Slot>) {
+    admit_named(stored, at, now_ms, bucket, mode, &|_| None)
+}
+
+/// `admit`, reading the rule names of a cached refusal with `name` (see
+/// `names`; not called when the refusal has none).
+pub fn admit_named(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    now_ms: u64,
+    bucket: Option<BucketParams>,
+    mode: HeaderMode,
+    name: &dyn Fn(u8) -> Option<String>,
+) -> (LocalVerdict, Option<Slot>) {
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (LocalVerdict::Contended, None);
     };
@@ -71,7 +89,7 @@ pub fn admit(
     if let Some(o) = &slot.over_limit {
         if now_ms < o.until_ms {
             return (
-                LocalVerdict::CachedOverLimit(cached_headers(o, now_ms, mode)),
+                LocalVerdict::CachedOverLimit(cached_headers_named(o, now_ms, mode, name)),
                 None,
             );
         }

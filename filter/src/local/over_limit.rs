@@ -4,12 +4,12 @@
 
 use ratelimit_config::HeaderMode;
 
-use crate::decision::{draft03_headers, RETRY_AFTER};
+use crate::headers::{limit_headers, RETRY_AFTER};
 use crate::local::slot::{Claim, Slot, SlotRef};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 
 /// What the service said about one descriptor, kept to answer from the cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct StatusSnapshot {
     pub requests_per_unit: u32,
     /// `RateLimitUnit` as its protobuf number.
@@ -18,6 +18,8 @@ pub struct StatusSnapshot {
     pub over_limit: bool,
     /// When this descriptor's window resets.
     pub reset_at_ms: u64,
+    /// The id of the rule's name in `names` (0: none, or not kept).
+    pub name: u8,
 }
 
 /// At most one descriptor per unit is sent.
@@ -43,31 +45,83 @@ fn duration_ms(d: Option<&Duration>) -> u64 {
     .unwrap_or(0)
 }
 
+/// When a window the service reported on ends, as an absolute time. The
+/// service counts in windows aligned to the clock (a window of `W` seconds
+/// ends at a multiple of `W`) and reports whole seconds until the end, from
+/// its own clock, which read a second `s` between the call's dispatch
+/// (`asked_at_ms`) and its answer (`answered_at_ms`): the end is `s +
+/// duration`. Of those candidates, the one that is a multiple of the window
+/// is the end; a server whose windows are not aligned (none is) gets the
+/// earliest, `floor(asked_at) + duration`, which is never late.
+pub fn window_end_ms(
+    asked_at_ms: u64,
+    answered_at_ms: u64,
+    duration_ms: u64,
+    window_s: u64,
+) -> u64 {
+    let earliest = floor_second(asked_at_ms).saturating_add(duration_ms);
+    let latest = floor_second(answered_at_ms.max(asked_at_ms)).saturating_add(duration_ms);
+    let window_ms = window_s.saturating_mul(1_000);
+    if window_ms <= 1_000 || duration_ms % 1_000 != 0 {
+        return earliest;
+    }
+    let aligned = earliest.div_ceil(window_ms).saturating_mul(window_ms);
+    if aligned <= latest {
+        aligned
+    } else {
+        earliest
+    }
+}
+
 /// The slot after the service refused the tenant, for a call sent at
-/// `asked_at_ms`. The service counts in windows aligned to whole seconds and
-/// reports whole seconds until the reset, from its own clock, which read at
-/// or after the call went out; so the reset is at or after
-/// `floor_second(asked_at) + duration_until_reset`. Taking that lower bound
-/// means the cache can end early by at most a second (costing one more
-/// call), never late: it stops refusing when the window ends. It refuses
-/// until every over-limit window has reset, because until then the service
-/// would refuse too.
+/// `asked_at_ms`: `remember_refusal` with the answer read at once.
 pub fn remember_over_limit(
     stored: Option<&[u8]>,
     at: SlotRef,
     asked_at_ms: u64,
     statuses: &[DescriptorStatus],
 ) -> Option<Slot> {
-    let base = floor_second(asked_at_ms);
+    remember_refusal(stored, at, asked_at_ms, asked_at_ms, statuses, &[])
+}
+
+/// The slot after the service refused the tenant, for a call sent at
+/// `asked_at_ms` and answered at `answered_at_ms`; `names[i]` is the id of
+/// status `i`'s rule name in `names` (missing: none). Each window's end is
+/// `window_end_ms`: exact for the service's clock-aligned windows, else at
+/// most a second early (costing one more call), never late. It refuses
+/// until every over-limit window has reset, because until then the service
+/// would refuse too.
+pub fn remember_refusal(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    asked_at_ms: u64,
+    answered_at_ms: u64,
+    statuses: &[DescriptorStatus],
+    names: &[u8],
+) -> Option<Slot> {
     let snapshots: Vec<StatusSnapshot> = statuses
         .iter()
         .take(MAX_STATUSES)
-        .map(|s| StatusSnapshot {
-            requests_per_unit: s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit),
-            unit: s.current_limit.as_ref().map_or(0, |l| l.unit),
-            remaining: s.limit_remaining,
-            over_limit: s.code() == Code::OverLimit,
-            reset_at_ms: base.saturating_add(duration_ms(s.duration_until_reset.as_ref())),
+        .enumerate()
+        .map(|(i, s)| {
+            let limit = s.current_limit.as_ref();
+            let unit = limit.map_or(0, |l| l.unit);
+            let window_s = RateLimitUnit::try_from(unit)
+                .map(RateLimitUnit::window_seconds)
+                .unwrap_or(0);
+            StatusSnapshot {
+                requests_per_unit: limit.map_or(0, |l| l.requests_per_unit),
+                unit,
+                remaining: s.limit_remaining,
+                over_limit: s.code() == Code::OverLimit,
+                reset_at_ms: window_end_ms(
+                    asked_at_ms,
+                    answered_at_ms,
+                    duration_ms(s.duration_until_reset.as_ref()),
+                    window_s,
+                ),
+                name: names.get(i).copied().unwrap_or(0),
+            }
         })
         .collect();
     let until_ms = snapshots
@@ -75,10 +129,11 @@ pub fn remember_over_limit(
         .filter(|s| s.over_limit)
         .map(|s| s.reset_at_ms)
         .max()?;
-    if until_ms <= asked_at_ms {
+    let now_ms = answered_at_ms.max(asked_at_ms);
+    if until_ms <= now_ms {
         return None;
     }
-    let mut slot = Slot::claim(stored, at.fingerprint, asked_at_ms, Claim::Refusal)?;
+    let mut slot = Slot::claim(stored, at.fingerprint, now_ms, Claim::Refusal)?;
     slot.over_limit = Some(OverLimit {
         until_ms,
         statuses: snapshots,
@@ -91,18 +146,33 @@ pub fn remember_over_limit(
 /// counts as full again, and its reset moves to the next window end), and
 /// Retry-After counting down to the end of the cached refusal.
 pub fn cached_headers(o: &OverLimit, now_ms: u64, mode: HeaderMode) -> Vec<(&'static str, String)> {
-    let mut headers = match mode {
-        HeaderMode::DraftVersion03 => {
-            // A slot holds at most MAX_STATUSES; built on the stack.
-            let mut now_statuses: [DescriptorStatus; MAX_STATUSES] = Default::default();
-            let mut n = 0;
-            for (to, s) in now_statuses.iter_mut().zip(&o.statuses) {
-                *to = status_at(s, now_ms);
-                n += 1;
+    cached_headers_named(o, now_ms, mode, &|_| None)
+}
+
+/// `cached_headers`, with the rule names the statuses refer to (`name`
+/// reads one from `names`; only called for a status that has one).
+pub fn cached_headers_named(
+    o: &OverLimit,
+    now_ms: u64,
+    mode: HeaderMode,
+    name: &dyn Fn(u8) -> Option<String>,
+) -> Vec<(&'static str, String)> {
+    let mut headers = if mode == HeaderMode::Off {
+        Vec::with_capacity(1)
+    } else {
+        // A slot holds at most MAX_STATUSES; built on the stack.
+        let mut now_statuses: [DescriptorStatus; MAX_STATUSES] = Default::default();
+        let mut n = 0;
+        for (to, s) in now_statuses.iter_mut().zip(&o.statuses) {
+            *to = status_at(s, now_ms);
+            if s.name != 0 && mode == HeaderMode::DraftVersion03 {
+                if let (Some(limit), Some(n)) = (to.current_limit.as_mut(), name(s.name)) {
+                    limit.name = n;
+                }
             }
-            draft03_headers(now_statuses.get(..n).unwrap_or_default())
+            n += 1;
         }
-        HeaderMode::Off => Vec::with_capacity(1),
+        limit_headers(mode, now_statuses.get(..n).unwrap_or_default())
     };
     let retry_ms = o.until_ms.saturating_sub(now_ms);
     headers.push((RETRY_AFTER, retry_ms.div_ceil(1_000).max(1).to_string()));
@@ -122,7 +192,10 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
             s.reset_at_ms + windows_past * window_ms,
         )
     };
-    let left = reset_at.saturating_sub(now_ms);
+    // Whole seconds, rounded up, as the service reports them: the service
+    // reads its clock in whole seconds, so at 100.7 s it says 20 s to a
+    // window ending at 120 s. Never 0 while the window lasts.
+    let left_s = reset_at.saturating_sub(now_ms).div_ceil(1_000);
     DescriptorStatus {
         code: if s.over_limit && now_ms < s.reset_at_ms {
             Code::OverLimit as i32
@@ -136,8 +209,8 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
         }),
         limit_remaining: remaining,
         duration_until_reset: Some(Duration {
-            seconds: i64::try_from(left / 1_000).unwrap_or(i64::MAX),
-            nanos: i32::try_from((left % 1_000) * 1_000_000).unwrap_or(0),
+            seconds: i64::try_from(left_s).unwrap_or(i64::MAX),
+            nanos: 0,
         }),
     }
 }
@@ -145,8 +218,10 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::names::{intern, lookup, MAX_KEPT_NAME};
     use crate::local::{admit, LocalVerdict};
     use crate::testing::status;
+    use crate::testing::MemHost;
     use ratelimit_config::BucketParams;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -179,7 +254,7 @@ mod tests {
                     "5, 5;w=1, 20;w=60, 30;w=3600".to_string()
                 ),
                 ("x-ratelimit-remaining", "0".to_string()),
-                ("x-ratelimit-reset", "0".to_string()),
+                ("x-ratelimit-reset", "1".to_string()),
                 ("retry-after", "20".to_string()),
             ])
         );
@@ -193,7 +268,7 @@ mod tests {
                     "20, 5;w=1, 20;w=60, 30;w=3600".to_string()
                 ),
                 ("x-ratelimit-remaining", "0".to_string()),
-                ("x-ratelimit-reset", "9".to_string()),
+                ("x-ratelimit-reset", "10".to_string()),
                 ("retry-after", "10".to_string()),
             ])
         );
@@ -240,6 +315,88 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn the_window_end_is_the_aligned_candidate_or_the_earliest() {
+        // Asked at 100.7 s, answered at 101.2 s: the service read 100 or 101.
+        // "19 s" of a minute: only 101 + 19 = 120 is a multiple of 60.
+        assert_eq!(window_end_ms(100_700, 101_200, 19_000, 60), 120_000);
+        // "20 s": 100 + 20 = 120.
+        assert_eq!(window_end_ms(100_700, 101_200, 20_000, 60), 120_000);
+        // No aligned candidate (a server with windows of its own): the
+        // earliest, never late.
+        assert_eq!(window_end_ms(100_700, 101_200, 7_000, 60), 107_000);
+        // Seconds, and sub-second durations: the earliest.
+        assert_eq!(window_end_ms(100_700, 101_200, 1_000, 1), 101_000);
+        assert_eq!(window_end_ms(100_700, 101_200, 19_500, 60), 119_500);
+        // An answer read before the dispatch time (a clock step back).
+        assert_eq!(window_end_ms(100_700, 90_000, 20_000, 60), 120_000);
+        assert_eq!(window_end_ms(u64::MAX, u64::MAX, u64::MAX, 60), u64::MAX);
+    }
+
+    #[test]
+    fn a_cached_refusal_reports_the_reset_the_service_would() {
+        // The service counts at 100 s (call out at 100.9, answer at 101.1):
+        // 20 s to the end of the minute. A cache entry that counted from
+        // the dispatch second and truncated said 18 at 101.5; the service
+        // then says 19 (120 - 101).
+        let statuses = [status(Code::OverLimit, 20, RateLimitUnit::Minute, 0, 20)];
+        let slot = remember_refusal(None, AT, 100_900, 101_100, &statuses, &[]).unwrap();
+        let o = slot.over_limit.unwrap();
+        assert_eq!(o.until_ms, 120_000);
+        for (now, service_says) in [(101_500, 19), (110_000, 10), (119_001, 1), (119_999, 1)] {
+            let h = cached_headers(&o, now, HeaderMode::DraftVersion03);
+            assert_eq!(
+                h[2],
+                ("x-ratelimit-reset", service_says.to_string()),
+                "at {now}"
+            );
+            assert_eq!(h[3], ("retry-after", service_says.to_string()), "at {now}");
+        }
+    }
+
+    #[test]
+    fn cached_refusals_carry_the_rule_names_the_table_kept() {
+        let named = |unit, reset, name: &str| {
+            let mut s = status(Code::OverLimit, 5, unit, 0, reset);
+            s.current_limit.as_mut().unwrap().name = name.to_string();
+            s
+        };
+        let statuses = [
+            named(
+                RateLimitUnit::Minute,
+                20,
+                "per-minute \"gold\"\r\nx-injected: 1",
+            ),
+            named(RateLimitUnit::Hour, 200, &"h".repeat(MAX_KEPT_NAME + 1)),
+            named(RateLimitUnit::Day, 2_000, "daily"),
+        ];
+        let h = MemHost::new();
+        h.create_slots(1);
+        let ids: Vec<u8> = statuses
+            .iter()
+            .map(|s| intern(&h, &s.current_limit.as_ref().unwrap().name))
+            .collect();
+        assert!(ids[0] != 0 && ids[1] == 0 && ids[2] != 0, "{ids:?}");
+        let slot = remember_refusal(None, AT, 100_000, 100_000, &statuses, &ids).unwrap();
+        let o = Slot::decode(&slot.encode()).unwrap().over_limit.unwrap();
+        let read = |id| lookup(&h, id);
+        let got = cached_headers_named(&o, 101_000, HeaderMode::DraftVersion03, &read);
+        // Cleaned and escaped; the one too long for the table is left out,
+        // not cut.
+        assert_eq!(
+            got[0].1,
+            r#"5, 5;w=60;name="per-minute \"gold\"x-injected: 1", 5;w=3600, 5;w=86400;name="daily""#
+        );
+        // The service's own 429 for the same answer says the same, but for
+        // the name the table could not keep.
+        let service = crate::headers::draft03_headers(&statuses);
+        let long = format!(r#";name="{}""#, "h".repeat(MAX_KEPT_NAME + 1));
+        assert_eq!(service[0].1.replace(&long, ""), got[0].1);
+        // Without names (no table), the same headers without `;name=`.
+        let bare = cached_headers(&o, 101_000, HeaderMode::DraftVersion03);
+        assert_eq!(bare[0].1, "5, 5;w=60, 5;w=3600, 5;w=86400");
     }
 
     #[test]

@@ -107,7 +107,8 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 
 impl Slot {
     /// The fixed-size encoding: version, flags, fingerprint, bucket,
-    /// over-limit deadline and up to four descriptor statuses.
+    /// over-limit deadline and up to four descriptor statuses (each with
+    /// the id of its rule's name in `names`, 0 for none).
     pub fn encode(&self) -> Vec<u8> {
         self.encode_fixed().to_vec()
     }
@@ -131,7 +132,7 @@ impl Slot {
                 let at = HEADER_BYTES + i * STATUS_BYTES;
                 put(&mut b, at, &s.requests_per_unit.to_le_bytes());
                 let unit = u8::try_from(s.unit).unwrap_or(0);
-                put(&mut b, at + 4, &[unit, u8::from(s.over_limit), 0, 0]);
+                put(&mut b, at + 4, &[unit, u8::from(s.over_limit), s.name, 0]);
                 put(&mut b, at + 8, &s.remaining.to_le_bytes());
                 put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
             }
@@ -166,6 +167,7 @@ impl Slot {
                     over_limit: *b.get(at + 5)? != 0,
                     remaining: u32_at(b, at + 8)?,
                     reset_at_ms: u64_at(b, at + 12)?,
+                    name: *b.get(at + 6)?,
                 });
             }
             Some(OverLimit {
@@ -398,6 +400,7 @@ mod tests {
             until in any::<u64>(),
             n in 0usize..=4,
             remaining in any::<u32>(),
+            name in any::<u8>(),
         ) {
             let slot = Slot {
                 fingerprint: fp,
@@ -410,6 +413,7 @@ mod tests {
                         remaining,
                         over_limit: i % 2 == 0,
                         reset_at_ms: until / 2,
+                        name: name.wrapping_add(i as u8),
                     }).collect(),
                 }),
             };
