@@ -25,10 +25,12 @@
 //! unless `failure_mode_deny`) or, in the local layer, skips that layer; it
 //! never panics.
 
+use crate::cost::{hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
+use crate::health;
 use crate::host::Host;
-use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
+use crate::local::{admit_cost, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::proto::{METHOD, SERVICE};
 
@@ -54,6 +56,8 @@ pub struct Stream {
     /// The tenant's group (its index in `limits.all_groups()`), once known:
     /// whose per-group counters this request counts in.
     group: Option<usize>,
+    /// When the call went out (for the latency histogram).
+    sent_ms: u64,
 }
 
 impl Stream {
@@ -79,6 +83,14 @@ impl Stream {
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
+        let cost = match request_cost(c, host) {
+            Ok(cost) => cost,
+            Err(CostError::Invalid(why)) => {
+                host.count(Counter::CostInvalid);
+                return local_reply(host, 400, &[], &why);
+            }
+            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e.0)),
+        };
         let group = limited.group_index;
         self.group = Some(group);
         let local = &c.config.local;
@@ -89,7 +101,7 @@ impl Stream {
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;
             match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit(stored, at, now, bucket, mode)
+                admit_cost(stored, at, now, bucket, mode, cost)
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
@@ -108,10 +120,14 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let message = encode_request(c, &limited, 0);
+        let message = encode_request(c, &limited, hits_addend(cost));
+        self.sent_ms = host.now_ms();
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
-            Err(e) => limiter_error(c, host, Some(group), &RlsError::Host(e.0)),
+            Err(e) => {
+                health::dispatch_failed(c, host, &e);
+                limiter_error(c, host, Some(group), &RlsError::Host(e.0))
+            }
         }
     }
 
@@ -125,6 +141,7 @@ impl Stream {
         grpc_status: u32,
         body_size: usize,
     ) {
+        health::answered(host, self.sent_ms, grpc_status);
         let body = if grpc_status == 0 {
             host.grpc_response(body_size).ok().flatten()
         } else {

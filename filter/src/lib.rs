@@ -14,9 +14,11 @@
 //! build only. `testing` is an in-memory `Host` for the tests and the
 //! benchmark.
 
+pub mod cost;
 pub mod counters;
 pub mod decision;
 pub mod flow;
+pub mod health;
 pub mod host;
 pub mod local;
 pub mod proto;
