@@ -69,12 +69,18 @@ pub fn dispatch_failed<H: Host + ?Sized>(c: &Compiled, host: &H, why: &HostError
         .dispatch_warnings()
         .due(host.now_ms(), WARN_INTERVAL_MS)
     {
+        let meanwhile = if c.config.failure_mode_deny {
+            "requests are refused meanwhile (failure_mode_deny)"
+        } else {
+            "requests pass unlimited meanwhile"
+        };
         log::warn!(
             "cannot call the rate-limit service: dispatch to cluster \"{}\" failed ({}); \
-             does Envoy have a cluster of that name (rate_limit_service.cluster)? \
-             Requests are not limited meanwhile ({} more failures since the last warning)",
+             does Envoy have a cluster of that name (rate_limit_service.cluster)? {}; \
+             {} more failures since the last warning",
             c.config.cluster,
             why.0,
+            meanwhile,
             held
         );
     }
