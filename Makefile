@@ -75,6 +75,10 @@ export TRL_CRANE        := $(GOBIN_DIR)/crane
 export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
 export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
 export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
+# promtool (Prometheus 3.x's Go module tags are v0.3xx.y): tests/test_alerts.py
+# checks and unit-tests deploy/prometheus/alerts.yml with it.
+PROMTOOL_VERSION := v0.316.0
+export TRL_PROMTOOL     := $(GOBIN_DIR)/promtool
 export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
 export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
 export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
@@ -175,6 +179,12 @@ $(GOBIN_DIR)/crane:
 $(GOBIN_DIR)/kustomize:
 	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
+.PHONY: deps-promtool
+deps-promtool: $(GOBIN_DIR)/promtool
+
+$(GOBIN_DIR)/promtool:
+	GOBIN=$(GOBIN_DIR) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+
 $(GOBIN_DIR)/oci-wasm: tools/oci-wasm/main.go tools/oci-wasm/go.mod tools/oci-wasm/go.sum
 	cd tools/oci-wasm && go build -trimpath -o $@ .
 
@@ -240,7 +250,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship
+integration: deps deps-ship deps-promtool
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration

@@ -61,10 +61,47 @@ counters! {
     /// WASI `random_get` failed when the slot secret was drawn: the secret
     /// came from the host's clock (counted once, by the VM that drew it).
     SlotSecretFallback => "tenant_ratelimit.slot_secret_fallback",
+    /// The call could not even be sent (`dispatch_grpc_call` failed): on
+    /// Envoy, a `rate_limit_service.cluster` that Envoy does not have. Also
+    /// counted in `rls_error` (and failed open or denied like any failure).
+    RlsDispatchFailed => "tenant_ratelimit.rls_dispatch_failed",
+    /// Refused (400): the `cost_header` value is not an integer from 1 to
+    /// `max_cost`; no call.
+    CostInvalid => "tenant_ratelimit.cost_invalid",
 }
 
 /// How many counters there are.
 pub const COUNTERS: usize = Counter::ALL.len();
+
+/// A histogram the request flow records values in (an Envoy histogram:
+/// `wasmcustom.<name>` in `/stats`, `<name with _>_bucket{le=…}` in
+/// `/stats/prometheus`, with Envoy's default bucket bounds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Histogram {
+    /// Milliseconds from sending the call to the service's answer, for calls
+    /// the service answered (gRPC status 0): failed calls (timeouts,
+    /// refused connections) are in `rls_error`, not here.
+    RlsLatencyMs,
+}
+
+impl Histogram {
+    /// Every histogram (`ALL[h.index()] == h`).
+    pub const ALL: &'static [Histogram] = &[Histogram::RlsLatencyMs];
+
+    /// The stat name Envoy shows, after `wasmcustom.`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Histogram::RlsLatencyMs => "tenant_ratelimit.rls_latency_ms",
+        }
+    }
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How many histograms there are.
+pub const HISTOGRAMS: usize = Histogram::ALL.len();
 
 macro_rules! group_counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
@@ -154,7 +191,15 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 13);
+        assert_eq!(COUNTERS, 15);
+        assert_eq!(
+            Counter::RlsDispatchFailed.name(),
+            "tenant_ratelimit.rls_dispatch_failed"
+        );
+        assert_eq!(
+            Histogram::RlsLatencyMs.name(),
+            "tenant_ratelimit.rls_latency_ms"
+        );
     }
 
     #[test]

@@ -26,12 +26,14 @@
 //! never panics.
 
 use crate::access_log::{record, Source};
+use crate::cost::{hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
     answer, encode_request, first_step, near_limit, Answer, Compiled, RlsError, Step, Verdict,
     RETRY_AFTER,
 };
 use crate::headers::group_policy;
+use crate::health;
 use crate::host::Host;
 use crate::local::names::{intern, lookup};
 use crate::local::over_limit::MAX_STATUSES;
@@ -68,6 +70,8 @@ pub struct Stream {
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
+    /// When the call went out (for the latency histogram).
+    sent_ms: u64,
 }
 
 impl Stream {
@@ -95,6 +99,14 @@ impl Stream {
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
+        let cost = match request_cost(c, host) {
+            Ok(cost) => cost,
+            Err(CostError::Invalid(why)) => {
+                host.count(Counter::CostInvalid);
+                return local_reply(host, 400, &[], &why);
+            }
+            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e.0)),
+        };
         let group = limited.group_index;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
@@ -107,7 +119,7 @@ impl Stream {
             let mode = c.config.headers;
             let names = |id| lookup(host, id);
             match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit_named(stored, at, now, bucket, mode, &names)
+                admit_named(stored, at, now, bucket, mode, &names, cost)
             }) {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
@@ -140,10 +152,14 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let message = encode_request(c, &limited, 0);
+        let message = encode_request(c, &limited, hits_addend(cost));
+        self.sent_ms = host.now_ms();
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
-            Err(e) => limiter_error(c, host, Some(group), &RlsError::Host(e.0)),
+            Err(e) => {
+                health::dispatch_failed(c, host, &e);
+                limiter_error(c, host, Some(group), &RlsError::Host(e.0))
+            }
         }
     }
 
@@ -157,6 +173,7 @@ impl Stream {
         grpc_status: u32,
         body_size: usize,
     ) {
+        health::answered(host, self.sent_ms, grpc_status);
         let body = if grpc_status == 0 {
             host.grpc_response(body_size).ok().flatten()
         } else {

@@ -12,9 +12,10 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_config::parse_plugin_config;
 
-use crate::counters::{Counter, GroupCounter, COUNTERS, GROUP_COUNTERS};
+use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, GROUP_COUNTERS, HISTOGRAMS};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
+use crate::health::LogThrottle;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
@@ -79,7 +80,11 @@ fn host_error(e: Status) -> HostError {
 }
 
 fn define_counter(name: &str) -> Option<u32> {
-    match hostcalls::define_metric(MetricType::Counter, name) {
+    define_metric(MetricType::Counter, name)
+}
+
+fn define_metric(kind: MetricType, name: &str) -> Option<u32> {
+    match hostcalls::define_metric(kind, name) {
         Ok(defined) => Some(defined),
         Err(e) => {
             log::warn!("cannot define metric {name}: {e:?}");
@@ -93,6 +98,7 @@ fn define_counter(name: &str) -> Option<u32> {
 struct Metrics {
     counters: [Option<u32>; COUNTERS],
     groups: Vec<[Option<u32>; GROUP_COUNTERS]>,
+    histograms: [Option<u32>; HISTOGRAMS],
 }
 
 impl Metrics {
@@ -112,7 +118,21 @@ impl Metrics {
                 ids
             })
             .collect();
-        Metrics { counters, groups }
+        let mut histograms = [None; HISTOGRAMS];
+        for (id, h) in histograms.iter_mut().zip(Histogram::ALL) {
+            *id = define_metric(MetricType::Histogram, h.name());
+        }
+        Metrics {
+            counters,
+            groups,
+            histograms,
+        }
+    }
+
+    fn record(&self, histogram: Histogram, value: u64) {
+        if let Some(Some(id)) = self.histograms.get(histogram.index()) {
+            let _ = hostcalls::record_metric(*id, value);
+        }
     }
 
     fn count(&self, counter: Counter) {
@@ -176,6 +196,7 @@ fn draw_secret(metrics: &Metrics) -> SlotSecret {
 struct Envoy<'a> {
     metrics: &'a Metrics,
     slot_secret: SlotSecret,
+    dispatch_warnings: &'a LogThrottle,
 }
 
 impl SharedData for Envoy<'_> {
@@ -259,6 +280,14 @@ impl Host for Envoy<'_> {
         self.metrics.add_group(group, counter, n);
     }
 
+    fn record(&self, histogram: Histogram, value: u64) {
+        self.metrics.record(histogram, value);
+    }
+
+    fn dispatch_warnings(&self) -> &LogThrottle {
+        self.dispatch_warnings
+    }
+
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret
     }
@@ -311,6 +340,8 @@ struct Shared {
     compiled: Compiled,
     metrics: Metrics,
     slot_secret: SlotSecret,
+    /// One per VM: this worker's "cannot call the service" warnings.
+    dispatch_warnings: LogThrottle,
 }
 
 impl Shared {
@@ -318,15 +349,18 @@ impl Shared {
         Envoy {
             metrics: &self.metrics,
             slot_secret: self.slot_secret,
+            dispatch_warnings: &self.dispatch_warnings,
         }
     }
 }
 
 /// The slot secret every VM of this Envoy uses (`local::secret`).
 fn slot_secret(metrics: &Metrics) -> SlotSecret {
+    let unused = LogThrottle::new();
     let shared = Envoy {
         metrics,
         slot_secret: SlotSecret::from_bytes([0; SlotSecret::BYTES]),
+        dispatch_warnings: &unused,
     };
     let (secret, agreed) = agree(&shared, || draw_secret(metrics));
     match agreed {
@@ -376,6 +410,7 @@ impl RootContext for Root {
                     compiled: Compiled::new(config),
                     metrics,
                     slot_secret,
+                    dispatch_warnings: LogThrottle::new(),
                 }));
                 true
             }

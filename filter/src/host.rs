@@ -3,7 +3,8 @@
 //! and the benchmark. Every method returns the host's failure instead of
 //! panicking; the flow decides what a failure means (see `flow`).
 
-use crate::counters::{Counter, GroupCounter};
+use crate::counters::{Counter, GroupCounter, Histogram};
+use crate::health::LogThrottle;
 use crate::local::SlotSecret;
 
 /// A host call that failed: what the host said, for the debug log.
@@ -84,6 +85,13 @@ pub trait Host: SharedData {
     fn count_group(&self, group: usize, counter: GroupCounter) {
         self.add_group(group, counter, 1);
     }
+
+    /// Records a value in a histogram (a failure to record is dropped).
+    fn record(&self, histogram: Histogram, value: u64);
+
+    /// The VM's throttle of the "cannot call the service" warning
+    /// (`health::dispatch_failed`).
+    fn dispatch_warnings(&self) -> &LogThrottle;
 
     /// The key of the slot hash, agreed at configure (`local::secret`):
     /// no host call.

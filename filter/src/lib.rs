@@ -15,10 +15,12 @@
 //! benchmark.
 
 pub mod access_log;
+pub mod cost;
 pub mod counters;
 pub mod decision;
 pub mod flow;
 pub mod headers;
+pub mod health;
 pub mod host;
 pub mod local;
 pub mod proto;

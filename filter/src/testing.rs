@@ -12,7 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::counters::{Counter, GroupCounter, COUNTERS};
+use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
+use crate::health::LogThrottle;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
@@ -193,6 +194,11 @@ pub struct MemHost {
     counters: [Cell<u64>; COUNTERS],
     /// Group counters, by (group index, counter).
     group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
+    /// Values recorded per histogram (only their count for a `counting`
+    /// host).
+    recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
+    recorded_count: Cell<u64>,
+    dispatch_warnings: LogThrottle,
     slot_secret: Cell<SlotSecret>,
 }
 
@@ -226,6 +232,9 @@ impl MemHost {
             resumed: Cell::new(0),
             counters: Default::default(),
             group_counters: RefCell::new(Vec::new()),
+            recorded: Default::default(),
+            recorded_count: Cell::new(0),
+            dispatch_warnings: LogThrottle::new(),
             slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
         }
     }
@@ -432,6 +441,18 @@ impl MemHost {
             .collect()
     }
 
+    /// The values recorded in a histogram, in order.
+    pub fn recorded(&self, h: Histogram) -> Vec<u64> {
+        self.recorded
+            .get(h.index())
+            .map_or_else(Vec::new, |r| r.borrow().clone())
+    }
+
+    /// How many values were recorded, in every histogram.
+    pub fn recorded_count(&self) -> u64 {
+        self.recorded_count.get()
+    }
+
     /// The counters that are not 0, by name.
     pub fn counted(&self) -> Vec<(&'static str, u64)> {
         Counter::ALL
@@ -578,6 +599,19 @@ impl Host for MemHost {
             Some((_, v)) => *v += n,
             None => counters.push(((group, counter), n)),
         }
+    }
+
+    fn record(&self, histogram: Histogram, value: u64) {
+        self.recorded_count.set(self.recorded_count.get() + 1);
+        if self.keep {
+            if let Some(r) = self.recorded.get(histogram.index()) {
+                r.borrow_mut().push(value);
+            }
+        }
+    }
+
+    fn dispatch_warnings(&self) -> &LogThrottle {
+        &self.dispatch_warnings
     }
 
     fn slot_secret(&self) -> SlotSecret {

@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 use crate::json_text::duplicate_keys;
 use crate::model::{Group, TeamLimits, Unit};
 use crate::validate::{
-    describe, excerpt, join, parse_team_limits, positive_u32, starts_with_bom, ConfigError, Errors,
-    Warning, BOM_MESSAGE,
+    describe, excerpt, header_name_problem, join, parse_team_limits, positive_u32, starts_with_bom,
+    ConfigError, Errors, Warning, BOM_MESSAGE,
 };
 
 // Every default of the plugin configuration, written once: the parser
@@ -40,6 +40,11 @@ pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
 /// The most slots `local.slots` may ask for (about 256 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
+/// The largest cost a request may carry when `cost_header` is set and
+/// `max_cost` is not.
+pub const DEFAULT_MAX_COST: u32 = 1_000;
+/// The most `max_cost` may be.
+pub const MAX_MAX_COST: u32 = 1_000_000;
 
 /// An option whose value is one of a few names.
 trait Named: Copy + 'static {
@@ -178,6 +183,8 @@ pub struct PluginConfig {
     /// `near_limit_ratio` in millionths (0 < r <= 1): an admitted request
     /// that leaves at most `1 - r` of a window's limit is near the limit.
     pub near_limit_ppm: u32,
+    /// Request cost (`cost_header`, `max_cost`): None, every request costs 1.
+    pub cost: Option<CostConfig>,
 }
 
 impl PluginConfig {
@@ -186,6 +193,16 @@ impl PluginConfig {
     pub fn shadowed(&self, group: &Group) -> bool {
         self.shadow || group.shadow
     }
+}
+
+/// Request cost: a request carrying `header` costs that many hits (an
+/// integer from 1 to `max`); without it, 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CostConfig {
+    /// The request header (lowercase) that carries the cost.
+    pub header: String,
+    /// The largest cost accepted; a larger one is refused (400).
+    pub max: u32,
 }
 
 /// A token bucket's parameters: refill rate and capacity, in requests.
@@ -276,6 +293,8 @@ const KEYS: &[&str] = &[
     "local",
     "shadow",
     "near_limit_ratio",
+    "cost_header",
+    "max_cost",
 ];
 const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups"];
 const GROUP_LOCAL_KEYS: &[&str] = &["tokens_per_second", "burst", "mode"];
@@ -464,6 +483,12 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     let near_limit_ppm = or_default(get("near_limit_ratio"), DEFAULT_NEAR_LIMIT_PPM, |v| {
         near_limit_ratio(v, &mut errors)
     });
+    let cost = cost_config(
+        get("cost_header"),
+        get("max_cost"),
+        limits.as_ref(),
+        &mut errors,
+    );
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -483,6 +508,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 local,
                 shadow,
                 near_limit_ppm,
+                cost,
             },
             warnings,
         )),
@@ -554,6 +580,59 @@ fn listed_tenants_fit(limits: &TeamLimits, max: u32, errors: &mut Errors) {
             }
         }
     }
+}
+
+/// `cost_header` and `max_cost`: both optional; `max_cost` only with a
+/// `cost_header` (alone it would do nothing, which is a mistake to report).
+fn cost_config(
+    header: Option<&Value>,
+    max_value: Option<&Value>,
+    limits: Option<&TeamLimits>,
+    errors: &mut Errors,
+) -> Option<CostConfig> {
+    let max = match max_value.map(positive_u32) {
+        None => Some(DEFAULT_MAX_COST),
+        Some(Ok(n)) if n <= MAX_MAX_COST => Some(n),
+        Some(Ok(n)) => {
+            errors.push(
+                "max_cost",
+                format!("must be at most {MAX_MAX_COST}, got {n}"),
+            );
+            None
+        }
+        Some(Err(m)) => {
+            errors.push("max_cost", m);
+            None
+        }
+    };
+    let Some(header) = header else {
+        if max_value.is_some() {
+            errors.push(
+                "max_cost",
+                "needs cost_header (the request header that carries the cost)",
+            );
+        }
+        return None;
+    };
+    let name = non_empty_string(header, "cost_header", errors)?;
+    if let Some(problem) = header_name_problem(&name) {
+        errors.push("cost_header", problem);
+        return None;
+    }
+    if limits.is_some_and(|l| l.header == name) {
+        errors.push(
+            "cost_header",
+            format!(
+                "{} is the tenant header; the cost needs a header of its own",
+                excerpt(&name)
+            ),
+        );
+        return None;
+    }
+    Some(CostConfig {
+        header: name,
+        max: max?,
+    })
 }
 
 fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {
@@ -930,6 +1009,64 @@ mod tests {
         );
     }
 
+    fn with_cost(keys: &str) -> Result<PluginConfig, Vec<String>> {
+        let text = format!(
+            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
+                "limits": {{"x-t": {{"default": {{"perhour": 30}}}}}}{keys}}}"#
+        );
+        parse_plugin_config(text.as_bytes())
+            .map(|(c, _)| c)
+            .map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn request_cost_is_off_unless_a_cost_header_is_named() {
+        assert_eq!(with_cost("").unwrap().cost, None);
+        let c = with_cost(r#", "cost_header": "x-cost""#).unwrap();
+        assert_eq!(
+            c.cost,
+            Some(CostConfig {
+                header: "x-cost".into(),
+                max: DEFAULT_MAX_COST
+            })
+        );
+        let c = with_cost(r#", "cost_header": "x-cost", "max_cost": 50"#).unwrap();
+        assert_eq!(c.cost.unwrap().max, 50);
+    }
+
+    #[test]
+    fn bad_cost_settings_are_named() {
+        let err = |keys: &str| with_cost(keys).unwrap_err();
+        assert_eq!(
+            err(r#", "max_cost": 10"#),
+            vec!["max_cost: needs cost_header (the request header that carries the cost)"]
+        );
+        assert_eq!(
+            err(r#", "cost_header": "x-cost", "max_cost": 0"#),
+            vec!["max_cost: must be a positive integer, got 0"]
+        );
+        assert_eq!(
+            err(r#", "cost_header": "x-cost", "max_cost": 1000001"#),
+            vec!["max_cost: must be at most 1000000, got 1000001"]
+        );
+        assert_eq!(
+            err(r#", "cost_header": "x-cost", "max_cost": "5""#),
+            vec!["max_cost: must be a positive integer, got string \"5\""]
+        );
+        assert_eq!(
+            err(r#", "cost_header": "X-Cost""#),
+            vec!["cost_header: header name \"X-Cost\" must be lowercase (Envoy matches header names in lowercase)"]
+        );
+        assert_eq!(
+            err(r#", "cost_header": """#),
+            vec!["cost_header: must not be empty"]
+        );
+        assert_eq!(
+            err(r#", "cost_header": "x-t""#),
+            vec!["cost_header: \"x-t\" is the tenant header; the cost needs a header of its own"]
+        );
+    }
+
     fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
@@ -1147,7 +1284,7 @@ mod tests {
             errs(&format!(
                 r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
             )),
-            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio"]
+            vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost"]
         );
         assert_eq!(
             errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),

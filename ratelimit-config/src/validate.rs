@@ -177,7 +177,7 @@ pub(crate) fn positive_u32(v: &Value) -> Result<u32, String> {
 }
 
 /// RFC 9110 token characters, lowercase only.
-fn header_name_problem(name: &str) -> Option<String> {
+pub(crate) fn header_name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         return Some("the header name is empty".into());
     }

@@ -5,8 +5,9 @@ use ratelimit_config::parse_plugin_config;
 
 use super::{Next, Stream};
 use crate::access_log;
-use crate::counters::{Counter, GroupCounter};
+use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
+use crate::health::WARN_INTERVAL_MS;
 use crate::host::Host;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
@@ -395,7 +396,11 @@ fn a_failed_dispatch_fails_open_or_closed() {
     assert_eq!(next, Next::Continue);
     assert_eq!(
         counted(&h),
-        vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
+        vec![
+            n(Counter::FailureModeAllowed, 1),
+            n(Counter::RlsError, 1),
+            n(Counter::RlsDispatchFailed, 1)
+        ]
     );
     let c = config(r#", "failure_mode_deny": true"#);
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -1008,4 +1013,160 @@ fn a_cached_refusal_carries_the_rule_names_of_the_services() {
     // The reset of the tightest (the minute), as the service would say it.
     assert_eq!(replies[0].header("x-ratelimit-reset"), Some("40"));
     assert_eq!(replies[1].header("x-ratelimit-reset"), Some("39"));
+}
+
+#[test]
+fn the_latency_of_answered_calls_is_recorded_and_failed_calls_are_not() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    h.set_now_ms(NOW + 7);
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    // A refusal is an answer too.
+    let (mut s, _) = request(&c, &h, Some("tenant-b"));
+    h.set_now_ms(NOW + 10);
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(h.recorded(Histogram::RlsLatencyMs), vec![7, 3]);
+    // A timeout (gRPC 14) took the timeout, not the service's time: not
+    // recorded, only counted as an error.
+    let (mut s, _) = request(&c, &h, Some("tenant-c"));
+    h.set_now_ms(NOW + 35);
+    s.on_rls_answer(&c, &h, 14, 0);
+    assert_eq!(h.recorded(Histogram::RlsLatencyMs), vec![7, 3]);
+    assert_eq!(h.counter(Counter::RlsError), 1);
+    // A refusal from the over-limit cache makes no call: nothing recorded.
+    let (_, next) = request(&c, &h, Some("tenant-b"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.counter(Counter::CachedOverLimit), 1);
+    assert_eq!(h.recorded_count(), 2);
+}
+
+#[test]
+fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
+    let c = config("");
+    let h = host(&c);
+    h.fail(HostCall::Dispatch);
+    for _ in 0..5 {
+        let (_, next) = request(&c, &h, Some("tenant-a"));
+        assert_eq!(next, Next::Continue);
+    }
+    assert_eq!(h.counter(Counter::RlsDispatchFailed), 5);
+    assert_eq!(h.counter(Counter::FailureModeAllowed), 5);
+    assert_eq!(h.recorded_count(), 0);
+    // The first warning went out; the next four were held back, and the
+    // next warning, a minute later, says so.
+    assert_eq!(
+        h.dispatch_warnings()
+            .due(NOW + WARN_INTERVAL_MS, WARN_INTERVAL_MS),
+        Some(4)
+    );
+    // A call that went out but failed is not a dispatch failure.
+    h.heal(HostCall::Dispatch);
+    let (mut s, _) = request(&c, &h, Some("tenant-a"));
+    s.on_rls_answer(&c, &h, 14, 0);
+    assert_eq!(h.counter(Counter::RlsDispatchFailed), 5);
+    assert_eq!(h.counter(Counter::RlsError), 6);
+}
+
+const COST: &str = r#", "cost_header": "x-cost", "max_cost": 100"#;
+
+fn asked_hits(h: &MemHost) -> Vec<u32> {
+    h.calls()
+        .iter()
+        .map(|call| {
+            RateLimitRequest::decode(&call.message[..])
+                .unwrap()
+                .hits_addend
+        })
+        .collect()
+}
+
+#[test]
+fn a_request_costs_the_value_of_its_cost_header_and_1_without_it() {
+    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, COST);
+    let h = host(&c);
+    h.set_request_header("x-cost", b"10");
+    request(&c, &h, Some("tenant-a"));
+    h.set_request_header("x-cost", b"100");
+    request(&c, &h, Some("tenant-a"));
+    h.remove_request_header("x-cost");
+    request(&c, &h, Some("tenant-a"));
+    h.set_request_header("x-cost", b"1");
+    request(&c, &h, Some("tenant-a"));
+    // 0 is left out: the service counts 1.
+    assert_eq!(asked_hits(&h), vec![10, 100, 0, 0]);
+    // Without a cost_header, the header means nothing.
+    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, "");
+    let h = host(&c);
+    h.set_request_header("x-cost", b"10");
+    request(&c, &h, Some("tenant-a"));
+    assert_eq!(asked_hits(&h), vec![0]);
+}
+
+#[test]
+fn a_bad_cost_is_a_400_counted_and_never_asked() {
+    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, COST);
+    let h = host(&c);
+    let bad: [&[u8]; 6] = [b"0", b"101", b"-1", b"abc", b"", b"1.5"];
+    for value in bad {
+        h.set_request_header("x-cost", value);
+        let (_, next) = request(&c, &h, Some("tenant-a"));
+        assert_eq!(next, Next::Pause, "{value:?}");
+    }
+    let replies = h.replies();
+    assert_eq!(replies.len(), bad.len());
+    for r in &replies {
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            r.body,
+            "invalid x-cost header: the cost must be an integer from 1 to 100\n"
+        );
+    }
+    assert_eq!(counted(&h), vec![n(Counter::CostInvalid, 6)]);
+    assert_eq!(h.call_count(), 0);
+    // Nothing was stored for the tenant either.
+    let at = slot_for(
+        &h.slot_secret(),
+        "default",
+        "tenant-a",
+        c.config.local.slots,
+    );
+    assert_eq!(
+        h.shared_value(&SlotKey::new(at.index)),
+        Some(vec![0; crate::local::SLOT_BYTES])
+    );
+}
+
+#[test]
+fn the_cost_of_a_tenant_no_group_limits_is_not_read() {
+    let c = config_with_limits(
+        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
+        COST,
+    );
+    let h = host(&c);
+    h.set_request_header("x-cost", b"abc");
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Continue);
+    assert_eq!((h.reply_count(), h.call_count()), (0, 0));
+    assert_eq!(counted(&h), vec![]);
+}
+
+#[test]
+fn the_local_bucket_takes_the_cost() {
+    // default: 5 per second, so a bucket of 5.
+    let c = config(COST);
+    let h = host(&c);
+    h.set_request_header("x-cost", b"3");
+    let (_, next) = request(&c, &h, Some("tenant-a"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(h.call_count(), 1);
+    // 2 tokens left: another 3 is refused by the bucket, without a call.
+    request(&c, &h, Some("tenant-a"));
+    assert_eq!(h.call_count(), 1);
+    assert_eq!(h.replies()[0].status, 429);
+    assert_eq!(h.counter(Counter::LocalOverLimit), 1);
+    // 2 fit.
+    h.set_request_header("x-cost", b"2");
+    request(&c, &h, Some("tenant-a"));
+    assert_eq!(asked_hits(&h), vec![3, 2]);
 }

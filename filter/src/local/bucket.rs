@@ -54,14 +54,24 @@ impl TokenBucket {
     /// Takes one token at `now_ms`: the new bucket, or the seconds until a
     /// token will be there (rounded up, at least 1) when there is none.
     pub fn take(self, p: BucketParams, now_ms: u64) -> Result<TokenBucket, u64> {
+        self.take_n(p, now_ms, 1)
+    }
+
+    /// Takes `cost` tokens at `now_ms` (a request that costs that many
+    /// hits), all or none: the new bucket, or the seconds until `cost`
+    /// tokens will be there (rounded up, at least 1). A cost above `burst`
+    /// never fits: it is always refused, as the service refuses a cost
+    /// above the per-second limit.
+    pub fn take_n(self, p: BucketParams, now_ms: u64, cost: u32) -> Result<TokenBucket, u64> {
         let b = self.refilled(p, now_ms);
-        if b.milli_tokens >= MILLI {
+        let need = u64::from(cost.max(1)).saturating_mul(MILLI);
+        if b.milli_tokens >= need {
             Ok(TokenBucket {
-                milli_tokens: b.milli_tokens - MILLI,
+                milli_tokens: b.milli_tokens - need,
                 ..b
             })
         } else {
-            let missing = MILLI - b.milli_tokens;
+            let missing = need - b.milli_tokens;
             let rate = u64::from(p.tokens_per_second.max(1));
             let wait_ms = missing.div_ceil(rate);
             Err(wait_ms.div_ceil(1_000).max(1))
@@ -141,7 +151,59 @@ mod tests {
         assert_eq!(b.milli_tokens, u64::from(u32::MAX) * 1_000);
     }
 
+    #[test]
+    fn a_request_of_cost_n_takes_n_tokens_or_none() {
+        let p = params(10, 20);
+        let b = TokenBucket::full(p, 1_000);
+        let b = b.take_n(p, 1_000, 15).unwrap();
+        assert_eq!(b.milli_tokens, 5_000);
+        // 10 do not fit in 5, and nothing is taken: 5 tokens take 0.5 s.
+        assert_eq!(b.take_n(p, 1_000, 10), Err(1));
+        let b = b.take_n(p, 1_000, 5).unwrap();
+        assert_eq!(b.milli_tokens, 0);
+        // 2 s at 10/s refill 20 tokens: 20 fit, so exactly the burst.
+        assert!(b.take_n(p, 3_000, 20).is_ok());
+        // Retry-After is the wait for all of them: 10 tokens at 1/s.
+        let slow = params(1, 20);
+        let empty = TokenBucket {
+            milli_tokens: 0,
+            updated_ms: 0,
+        };
+        assert_eq!(empty.take_n(slow, 0, 10), Err(10));
+        // More than the burst never fits, however long the bucket refills.
+        assert!(TokenBucket::full(p, 0).take_n(p, 10_000_000, 21).is_err());
+        // Cost 0 is not free: it takes one token, as cost 1.
+        assert_eq!(
+            TokenBucket::full(p, 0).take_n(p, 0, 0),
+            TokenBucket::full(p, 0).take(p, 0)
+        );
+    }
+
     proptest! {
+        /// "Exactly N" in units of cost: with costs of any size, the tokens
+        /// taken never exceed burst + rate × elapsed.
+        #[test]
+        fn costs_never_take_more_than_burst_plus_rate_times_elapsed(
+            rate in 1u32..1_000,
+            burst in 1u32..200,
+            steps in prop::collection::vec((0u64..50, 1u32..30), 1..400),
+        ) {
+            let p = params(rate, burst);
+            let start = 1_700_000_000_000u64;
+            let mut b = TokenBucket::full(p, start);
+            let mut now = start;
+            let mut taken = 0u64;
+            for (step, cost) in steps {
+                now += step;
+                if let Ok(next) = b.take_n(p, now, cost) {
+                    b = next;
+                    taken += u64::from(cost);
+                }
+                let bound = u64::from(burst) * 1_000 + (now - start) * u64::from(rate);
+                prop_assert!(taken * 1_000 <= bound, "taken {taken} by {now}");
+            }
+        }
+
         /// With a clock that only moves forward, any run of requests admits
         /// at most burst + rate × elapsed.
         #[test]

@@ -69,11 +69,25 @@ pub fn admit(
     bucket: Option<BucketParams>,
     mode: HeaderMode,
 ) -> (LocalVerdict, Option<Slot>) {
-    admit_named(stored, at, now_ms, bucket, mode, &|_| None)
+    admit_named(stored, at, now_ms, bucket, mode, &|_| None, 1)
 }
 
-/// `admit`, reading the rule names of a cached refusal with `name` (see
-/// `names`; not called when the refusal has none).
+/// `admit` for a request that costs `cost` hits: the bucket gives `cost`
+/// tokens or refuses.
+pub fn admit_cost(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    now_ms: u64,
+    bucket: Option<BucketParams>,
+    mode: HeaderMode,
+    cost: u32,
+) -> (LocalVerdict, Option<Slot>) {
+    admit_named(stored, at, now_ms, bucket, mode, &|_| None, cost)
+}
+
+/// `admit` for a request that costs `cost` hits, reading the rule names of
+/// a cached refusal with `name` (see `names`; not called when the refusal
+/// has none).
 pub fn admit_named(
     stored: Option<&[u8]>,
     at: SlotRef,
@@ -81,6 +95,7 @@ pub fn admit_named(
     bucket: Option<BucketParams>,
     mode: HeaderMode,
     name: &dyn Fn(u8) -> Option<String>,
+    cost: u32,
 ) -> (LocalVerdict, Option<Slot>) {
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (LocalVerdict::Contended, None);
@@ -98,7 +113,7 @@ pub fn admit_named(
     }
     if let Some(p) = bucket {
         let current = slot.bucket.unwrap_or_else(|| TokenBucket::full(p, now_ms));
-        match current.take(p, now_ms) {
+        match current.take_n(p, now_ms, cost) {
             Ok(next) => slot.bucket = Some(next),
             Err(retry_after) => {
                 return (
@@ -216,6 +231,24 @@ mod tests {
             admit(None, AT, 0, None, HeaderMode::Off),
             (LocalVerdict::Proceed, None)
         );
+    }
+
+    #[test]
+    fn a_costly_request_takes_its_cost_from_the_bucket() {
+        let p = params(1, 10);
+        let (v, write) = admit_cost(None, AT, 5_000, Some(p), HeaderMode::Off, 7);
+        assert_eq!(v, LocalVerdict::Proceed);
+        let stored = write.unwrap().encode();
+        // 3 left: a cost of 4 is refused (no write), a cost of 3 fits.
+        let (v, write) = admit_cost(Some(&stored), AT, 5_000, Some(p), HeaderMode::Off, 4);
+        assert_eq!(
+            v,
+            LocalVerdict::BucketEmpty(vec![("retry-after", "1".to_string())])
+        );
+        assert_eq!(write, None);
+        let (v, write) = admit_cost(Some(&stored), AT, 5_000, Some(p), HeaderMode::Off, 3);
+        assert_eq!(v, LocalVerdict::Proceed);
+        assert_eq!(write.unwrap().bucket.unwrap().milli_tokens, 0);
     }
 
     #[test]

@@ -1,0 +1,86 @@
+"""deploy/prometheus/alerts.yml: valid for promtool, its unit tests
+(alerts.test.yml) pass, and every metric it reads is one a real Envoy running
+the filter shows in /stats/prometheus."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections import Counter
+
+import requests
+import yaml
+
+import harness
+from harness import ensure_window_room, run_sequential, tally, unique, wait_until
+
+PROMTOOL = harness._tool("TRL_PROMTOOL", ".deps/gobin/promtool")
+RULES_DIR = harness.REPO / "deploy" / "prometheus"
+RULES = RULES_DIR / "alerts.yml"
+RULE_TESTS = RULES_DIR / "alerts.test.yml"
+# The per-group rule reads the group counters with a `group` label, which
+# depends on the stats tags of the Envoy configuration (README "Metrics").
+GROUP_LABELLED = "tenant_ratelimit_group_failed_open"
+FLUSH_DEADLINE_S = 30.0
+
+
+def promtool(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([str(PROMTOOL), *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_promtool_accepts_the_rules():
+    r = promtool("check", "rules", RULES)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # Every rule was read: 1 recording rule, 5 alerts.
+    assert "SUCCESS: 6 rules found" in r.stdout, r.stdout
+
+
+def test_the_alerts_fire_on_their_unit_test_series():
+    r = promtool("test", "rules", RULE_TESTS)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout, r.stdout
+
+
+def test_promtool_rejects_a_broken_rule(tmp_path):
+    # The check above can fail: a rule with a syntax error does not pass.
+    broken = tmp_path / "broken.yml"
+    broken.write_text(RULES.read_text().replace("> 0.01", "> > 0.01", 1))
+    r = promtool("check", "rules", broken)
+    assert r.returncode != 0, r.stdout
+
+
+def metric_names(text: str) -> set[str]:
+    """The metric names the rules' expressions read (not recording rules' names)."""
+    doc = yaml.safe_load(text)
+    names = set()
+    for group in doc["groups"]:
+        for rule in group["rules"]:
+            names.update(re.findall(r"(?<![:\w])tenant_ratelimit_[a-z_]+\b", rule["expr"]))
+    return names
+
+
+def test_every_metric_the_rules_read_is_in_a_real_scrape(stack):
+    fleet = stack.fleet({"x-tenant-id": {"default": {"perhour": 2}}}, envoys=1,
+                        timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    envoy = fleet.envoys[0]
+    ensure_window_room(3600, 60)
+    results = run_sequential(fleet.urls, 4, tenant=unique("tenant"))
+    assert tally(results) == Counter({200: 2, 429: 2}), harness.summary(results)
+
+    def scrape() -> dict[str, float]:
+        text = requests.get(f"{envoy.admin_url}/stats/prometheus", timeout=5).text
+        return harness.parse_prometheus(text)
+
+    # Histograms appear once Envoy has merged the workers' values.
+    wait_until(lambda: scrape().get("tenant_ratelimit_rls_latency_ms_count", 0) >= 1,
+               "the latency histogram in /stats/prometheus", FLUSH_DEADLINE_S)
+    seen = {key.partition("{")[0] for key in scrape()}
+    wanted = metric_names(RULES.read_text())
+    assert "tenant_ratelimit_rls_latency_ms_bucket" in wanted, wanted
+    assert GROUP_LABELLED in wanted, wanted
+    missing = sorted(n for n in wanted - {GROUP_LABELLED} if n not in seen)
+    assert not missing, f"not in Envoy's scrape: {missing}\nseen: {sorted(seen)}"
+    # The per-group counter exists, labelled or with the group in its name.
+    assert GROUP_LABELLED in seen or "tenant_ratelimit_group_default_failed_open" in seen, \
+        sorted(n for n in seen if "group" in n)
