@@ -99,10 +99,11 @@ function init(args)
   end
 end
 
+-- Flat tables keyed "tenant second": wrk's thread:get copies only flat
+-- tables between Lua states (a nested one fails with "invalid key to 'next'").
 local function bump(t, tenant, sec)
-  local per = t[tenant]
-  if per == nil then per = {}; t[tenant] = per end
-  per[sec] = (per[sec] or 0) + 1
+  local key = tenant .. " " .. sec
+  t[key] = (t[key] or 0) + 1
 end
 
 function request()
@@ -129,10 +130,11 @@ local function windows_json()
   local total = {}
   for _, t in ipairs(threads) do
     for _, kind in ipairs({"sent", "admitted"}) do
-      for name, per in pairs(t:get(kind) or {}) do
+      for key, n in pairs(t:get(kind) or {}) do
+        local name, sec = string.match(key, "^(.*) (%d+)$")
         total[name] = total[name] or {sent = {}, admitted = {}}
         local into = total[name][kind]
-        for sec, n in pairs(per) do into[sec] = (into[sec] or 0) + n end
+        into[sec] = (into[sec] or 0) + n
       end
     end
   end
@@ -142,7 +144,7 @@ local function windows_json()
     for _, kind in ipairs({"sent", "admitted"}) do
       local secs = {}
       for sec, n in pairs(kinds[kind]) do
-        table.insert(secs, string.format('"%d": %d', sec, n))
+        table.insert(secs, string.format('"%s": %d', sec, n))
       end
       table.insert(parts, string.format('"%s": {%s}', kind, table.concat(secs, ", ")))
     end
