@@ -188,8 +188,10 @@ def markdown(results: dict) -> str:
             mark = ""
             if failed(s):
                 mark, any_failed = " ⚠", True
-            fails = f"{s['failed_open']:,}" + (f" ({s['rls_errors']:,} errors)"
-                                               if s["rls_errors"] else "")
+            # Each failed call counts as an error and, failing open, as a
+            # fail-open; errors are shown when they are not all fail-opens.
+            fails = f"{s['failed_open']:,}" + (
+                f" ({s['rls_errors']:,} errors)" if s["rls_errors"] != s["failed_open"] else "")
             lines.append(
                 f"| {name} | {CONFIG_LABELS[cfg]}{mark} | {s['rps_median']:,.0f} "
                 f"| {s['p50_median']:.2f} | {s['p99_median']:.2f} | {status_mix(s)} "
