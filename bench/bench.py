@@ -463,7 +463,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (10)")
-    ap.add_argument("--reps", type=int, default=5, help="runs per configuration (5)")
+    ap.add_argument("--reps", type=int, default=3, help="runs per configuration (3)")
     ap.add_argument("--warmup", type=int, default=3,
                     help="seconds of unrecorded load per configuration before a scenario (3)")
     ap.add_argument("--connections", type=int, default=32, help="wrk connections (32)")

@@ -32,6 +32,7 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
             "socket_errors": 0, "failed_open": 0, "rls_errors": 0,
         })
         s["rps"].append(run["rps"])
+        s.setdefault("cpr", []).append(run["rls_calls_per_request"])
         s["p50"].append(run["latency_ms"]["p50"])
         s["p99"].append(run["latency_ms"]["p99"])
         for code, count in run["statuses"].items():
@@ -320,16 +321,30 @@ def chart(results: dict, path: Path) -> None:
               "wasm_noop": "#2ca02c", "filter_no_local": "#d62728",
               "filter_alt": "#9467bd"}
     width = 0.8 / max(len(configs), 1)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    # Admitted per window over the limit, every window of every quota unit
+    # pooled: the bar is the mean, the whiskers the lowest and the highest.
+    for sc in scenarios:
+        for cfg, s in summary[sc].items():
+            ratios = [a / d["limit"] for d in quota_windows(results, sc, cfg).values()
+                      for a in d["admitted"]]
+            if ratios:
+                s["quota_ratio"] = ratios
+                s["quota_ratio_mean"] = statistics.mean(ratios)
+    fig, axes2 = plt.subplots(2, 2, figsize=(14, 9))
+    axes = axes2.flatten()
     for ax, key, runs_key, label in (
         (axes[0], "rps_median", "rps", "requests per second (higher is better)"),
         (axes[1], "p99_median", "p99", "p99 latency, ms (lower is better)"),
+        (axes[2], "calls_per_request", "cpr",
+         "rate-limit service calls per request (whiskers: min-max)"),
+        (axes[3], "quota_ratio_mean", "quota_ratio",
+         "admitted per saturated window / limit (1 = exact; whiskers: min-max)"),
     ):
         for i, cfg in enumerate(configs):
             xs, ys, lo, hi = [], [], [], []
             for j, sc in enumerate(scenarios):
                 s = summary[sc].get(cfg)
-                if s is None:
+                if s is None or key not in s:
                     continue
                 xs.append(j + (i - (len(configs) - 1) / 2) * width)
                 ys.append(s[key])
@@ -338,9 +353,11 @@ def chart(results: dict, path: Path) -> None:
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=CONFIG_LABELS[cfg],
                    color=colors[cfg])
         ax.set_xticks(range(len(scenarios)))
+        ax.set_xlim(-0.5, len(scenarios) - 0.5)
         ax.set_xticklabels(scenarios)
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
+    axes[3].axhline(1.0, color="black", linewidth=0.8)
     axes[0].legend()
     m, st = results["machine"], results["settings"]
     fig.suptitle(
