@@ -239,26 +239,68 @@ def baseline_config(gen: h.Generated, **ports) -> str:
     return text[:start.start()] + text[end.start():]
 
 
-_VHOST_DOMAINS = re.compile(r'^( *)domains: \["\*"\]\n', re.M)
+_HCM_STAT_PREFIX = re.compile(r"^( *)stat_prefix: upstream\n", re.M)
 
 
-def echo_upstream(stack: h.Stack, header: str) -> h.Envoy:
+def counting_upstream(stack: h.Stack, header: str, tenants: list[str],
+                      log_path: Path) -> h.Envoy:
     """The shared upstream (envoy/upstream.yaml.tmpl), answering every
-    request 200 as it does in the tests, and also echoing the tenant
-    (x-trl-tenant) and the second it saw the request (x-trl-t, its
-    START_TIME): bench/tenants.lua counts a tracked tenant's admitted
-    requests per second from them. Only admitted requests reach it."""
+    request 200 as it does in the tests, and writing one access-log line
+    "<second> <tenant>" for every request of a tracked tenant: only
+    admitted requests reach it, so this counts them where they arrive,
+    including those wrk was still waiting for when its run ended. Flushed
+    every 100 ms (--file-flush-interval-msec)."""
     listen, admin = h.free_port(), h.free_port()
     text = h.render_upstream_config(listen_port=listen, admin_port=admin)
-    m = _VHOST_DOMAINS.search(text)
+    m = _HCM_STAT_PREFIX.search(text)
     if not m:
-        raise h.HarnessError("upstream template: no `domains: [\"*\"]` line")
+        raise h.HarnessError("upstream template: no `stat_prefix: upstream` line")
     ind = m.group(1)
-    echo = (f"{ind}response_headers_to_add:\n"
-            f"{ind}- header: {{ key: x-trl-tenant, value: \"%REQ({header})%\" }}\n"
-            f"{ind}- header: {{ key: x-trl-t, value: \"%START_TIME(%s)%\" }}\n")
-    text = text[:m.end()] + echo + text[m.end():]
-    return h.Envoy(stack, "upstream", text, listen, admin, concurrency=1)
+    # One exact match per tenant (a regex of them all exceeds RE2's default
+    # program size); an or_filter needs two at least.
+    exact = [f"      - header_filter: {{ header: {{ name: {header}, "
+             f"string_match: {{ exact: {json.dumps(t)} }} }} }}"
+             for t in (tenants or ["\x00"]) * (1 if len(tenants) > 1 else 2)]
+    lines = [
+        "access_log:",
+        "- name: envoy.access_loggers.file",
+        "  filter:",
+        "    or_filter:",
+        "      filters:",
+        *exact,
+        "  typed_config:",
+        '    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog',
+        f"    path: {json.dumps(str(log_path))}",
+        "    log_format:",
+        "      text_format_source:",
+        f'        inline_string: "%START_TIME(%s)% %REQ({header})%\\n"',
+    ]
+    text = text[:m.end()] + "".join(ind + ln + "\n" for ln in lines) + text[m.end():]
+    return h.Envoy(stack, "upstream", text, listen, admin, concurrency=1,
+                   extra_args=["--file-flush-interval-msec", "100"])
+
+
+def admitted_per_second(log_path: Path, deadline_s: float = 5.0) -> dict[str, dict[str, int]]:
+    """The upstream's access log (counting_upstream) as tenant -> second ->
+    requests, once the file has stopped growing (it is flushed every 100 ms)."""
+    end = time.monotonic() + deadline_s
+    size = -1
+    while time.monotonic() < end:
+        current = log_path.stat().st_size if log_path.exists() else 0
+        if current == size:
+            break
+        size = current
+        time.sleep(0.5)
+    out: dict[str, dict[str, int]] = {}
+    if not log_path.exists():
+        return out
+    with log_path.open() as f:
+        for line in f:
+            sec, _, tenant = line.strip().partition(" ")
+            if tenant:
+                per = out.setdefault(tenant, {})
+                per[sec] = per.get(sec, 0) + 1
+    return out
 
 
 # ------------------------------------------------------------------ running
@@ -376,9 +418,9 @@ def failures(stats: dict[str, int]) -> tuple[int, int]:
 
 
 def add_windows(into: dict, windows: dict) -> None:
-    """Sum a wrk run's per-second counts (tenant -> sent/admitted -> second)."""
+    """Sum a wrk run's per-second counts (tenant -> "sent" -> second)."""
     for tenant, kinds in windows.items():
-        t = into.setdefault(tenant, {"sent": {}, "admitted": {}})
+        t = into.setdefault(tenant, {"sent": {}})
         for kind, per in kinds.items():
             for sec, n in per.items():
                 t[kind][sec] = t[kind].get(sec, 0) + n
@@ -543,7 +585,11 @@ def main() -> int:
         redis = stack.redis()
         rls = stack.ratelimit(redis, gen, log_level="warn",
                               extra_env={"LOCAL_CACHE_SIZE_IN_BYTES": str(RLS_CACHE_BYTES)})
-        upstream = echo_upstream(stack, header)
+        tracked = [t for sc in chosen for c in configs if c != "baseline"
+                   for t in (*sc.tracked_for(c), *([SPREAD_TENANT.format(cfg=c)]
+                                                   if sc.pinned else []))]
+        upstream_log = out / "stack" / "upstream-admitted.log"
+        upstream = counting_upstream(stack, header, tracked, upstream_log)
         conc = args.envoy_concurrency
 
         def start(name: str, text: str, listen: int, admin: int) -> h.Envoy:
@@ -599,6 +645,13 @@ def main() -> int:
                     runs.append(run_once(parts, cfg, scenario, rep, args,
                                          win.setdefault(cfg, {}), spans.setdefault(cfg, [])))
 
+        # Admitted requests per second, as the upstream counted them.
+        admitted = admitted_per_second(upstream_log)
+        for per_cfg in windows.values():
+            for per_tenant in per_cfg.values():
+                for tenant, kinds in per_tenant.items():
+                    kinds["admitted"] = admitted.get(tenant, {})
+
     flood_result = None
     if args.flood:
         print(f"flood: {args.flood:,} distinct tenants through one Envoy "
@@ -632,8 +685,9 @@ def main() -> int:
         "scenarios": {s.name: s.title for s in chosen},
         "configs": configs,
         "runs": runs,
-        # Per scenario, configuration and tracked tenant: requests sent and
-        # admitted per second (warm-up included), and the runs' [start, end].
+        # Per scenario, configuration and tracked tenant: requests sent (wrk)
+        # and admitted (the upstream's access log) per second, warm-ups
+        # included, and the runs' [start, end].
         "quota": {s.name: {"units": list(s.quota_units),
                            "tracked": {c: s.tracked_for(c) for c in configs},
                            "spread": ({c: SPREAD_TENANT.format(cfg=c) for c in configs}

@@ -88,9 +88,9 @@ def quota_windows(results: dict, scenario: str, cfg: str, tenants: list[str] | N
     that many connections busy). A per-second window also has to lie inside
     one run (a window cut by a run's end would show the token bucket's
     refill, not the limit). Admitted requests are counted by the second the
-    upstream saw them (a few ms after the decision): the figures can be off
-    by about `in_flight` at a window edge that falls while the tenant is
-    still being admitted."""
+    upstream saw them (its access log, a few ms after the decision): the
+    figures can be off by about `in_flight` at a window edge that falls while
+    the tenant is still being admitted."""
     q = results.get("quota", {}).get(scenario)
     per_tenant = results.get("windows", {}).get(scenario, {}).get(cfg)
     if not q or per_tenant is None:
@@ -113,7 +113,7 @@ def quota_windows(results: dict, scenario: str, cfg: str, tenants: list[str] | N
             sent: dict[int, int] = {}
             got: dict[int, int] = {}
             for kind, into in (("sent", sent), ("admitted", got)):
-                for sec, n in counts[kind].items():
+                for sec, n in counts.get(kind, {}).items():
                     w = int(sec) // size * size
                     into[w] = into.get(w, 0) + n
             for w, n in sorted(sent.items()):

@@ -14,11 +14,10 @@
 --
 -- Windows (only when the environment names tenants to track): with
 -- TRL_WRK_TRACK=tenant,tenant,... every request to a tracked tenant is
--- counted per second it was sent (client clock, os.time()), and every 200
--- for one per second the upstream saw it (the bench's upstream echoes the
--- tenant as x-trl-tenant and its own START_TIME second as x-trl-t). done()
--- adds "windows": {tenant: {"sent": {sec: n}, "admitted": {sec: n}}}: what
--- bench.py turns into admitted requests per quota window.
+-- counted per second it was sent (client clock, os.time()), and done() adds
+-- "windows": {tenant: {"sent": {sec: n}}}. bench.py counts the admitted ones
+-- where they arrive (the upstream's access log) and derives admitted
+-- requests per quota window from both.
 
 local threads = {}
 
@@ -37,7 +36,6 @@ local tracked_of = {}
 local tracked = {}
 local tracking = false
 sent = {}
-admitted = {}
 
 local function tenant_name(prefix, i)
   return string.format("%s%04d", prefix, i)
@@ -118,21 +116,15 @@ end
 
 function response(status, headers, body)
   statuses[status] = (statuses[status] or 0) + 1
-  if tracking and status == 200 then
-    local name = headers["x-trl-tenant"]
-    if name and tracked[name] then
-      bump(admitted, name, tonumber(headers["x-trl-t"]) or os.time())
-    end
-  end
 end
 
 local function windows_json()
   local total = {}
   for _, t in ipairs(threads) do
-    for _, kind in ipairs({"sent", "admitted"}) do
+    for _, kind in ipairs({"sent"}) do
       for key, n in pairs(t:get(kind) or {}) do
         local name, sec = string.match(key, "^(.*) (%d+)$")
-        total[name] = total[name] or {sent = {}, admitted = {}}
+        total[name] = total[name] or {sent = {}}
         local into = total[name][kind]
         into[sec] = (into[sec] or 0) + n
       end
@@ -141,7 +133,7 @@ local function windows_json()
   local tenants = {}
   for name, kinds in pairs(total) do
     local parts = {}
-    for _, kind in ipairs({"sent", "admitted"}) do
+    for _, kind in ipairs({"sent"}) do
       local secs = {}
       for sec, n in pairs(kinds[kind]) do
         table.insert(secs, string.format('"%s": %d', sec, n))
