@@ -440,7 +440,7 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     header = stack_parts["header"]
     service0 = rls.settled_metrics().get(RLS_CALLS, 0)
     calls0 = rls_calls(envoy, cluster)
-    stats0 = envoy_stats(envoy)
+    stats0 = [envoy_stats(e) for e in fleet]
     track = scenario.tracked_for(cfg)
     if args.smoke and scenario.pinned:
         # The smoke test asserts the pinned tenant's whole minute window: keep
@@ -467,8 +467,11 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         intervals.append([t0, t1])
     n = result["requests"]
     secs = result["duration_us"] / 1e6
-    stats = delta(envoy_stats(envoy), stats0)
-    failed_open, rls_errors = failures(stats)
+    fleet_stats = [delta(envoy_stats(e), before) for e, before in zip(fleet, stats0)]
+    stats = fleet_stats[0]
+    # Fail-opens and errors over the whole fleet (the pinned scenario's too).
+    failed_open = sum(failures(st)[0] for st in fleet_stats)
+    rls_errors = sum(failures(st)[1] for st in fleet_stats)
     run = {
         "scenario": scenario.name,
         "config": cfg,
