@@ -150,8 +150,9 @@ def quota_limits(limits: dict, configs: list[str], pinned_quota: int) -> dict:
     groups = json.loads(json.dumps(groups))
     hot = groups["hot"]["header_value"]
     hot += [f"hot-{c}" for c in configs if f"hot-{c}" not in hot]
-    groups["pinned"] = {"perminute": pinned_quota, "header_value": [
-        t.format(cfg=c) for c in configs for t in ("pinned-{cfg}", SPREAD_TENANT)]}
+    pinned = [t.format(cfg=c) for c in configs for t in ("pinned-{cfg}", SPREAD_TENANT)]
+    if pinned:  # none when only the service-side scenario runs
+        groups["pinned"] = {"perminute": pinned_quota, "header_value": pinned}
     return {header: groups}
 
 
