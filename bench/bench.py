@@ -4,21 +4,38 @@ rate-limit filters, on one stack, in one run.
 
 One Redis, one envoyproxy/ratelimit (its over-limit cache
 LOCAL_CACHE_SIZE_IN_BYTES on), one upstream Envoy answering 200 itself, and
-three Envoys under test, all started here on loopback and all running for
+five Envoys under test, all started here on loopback and all running for
 the whole benchmark:
 
-  baseline  no rate-limit filter at all
-  native    envoy.filters.http.local_ratelimit (a token bucket per tenant at
-            its group's per-second limit) + envoy.filters.http.ratelimit with
-            the rate_limits block ratelimit-config generates
-  filter    this filter, with the plugin configuration ratelimit-config
-            generates (local layer on, its defaults)
+  baseline      no rate-limit filter at all
+  native        envoy.filters.http.local_ratelimit (a token bucket per tenant
+                at its group's per-second limit) + envoy.filters.http.ratelimit
+                with the rate_limits block ratelimit-config generates
+  filter        this filter, with the plugin configuration ratelimit-config
+                generates (local layer on, its defaults: mode "exact")
+  filter_lease  the same with local.mode "lease"
+  filter_sync   the same with local.mode "sync"
 
-All three use the same team file (bench/limits.json), the same service and
-domain, the same rate-limit call timeout (1 s) and the same upstream. For
-every scenario the configurations run in turn, A B C A B C ..., each run a
-fixed number of connections for a fixed time, driven by wrk
-(bench/tenants.lua picks the tenant of every request).
+All use the same team file (bench/limits.json, plus the bench's own tenants:
+see quota_limits), the same service and domain, the same rate-limit call
+timeout (1 s) and the same upstream. For every scenario the configurations
+run in turn, A B C A B C ..., each run a fixed number of connections for a
+fixed time, driven by wrk (bench/tenants.lua picks the tenant of every
+request).
+
+Per run: the rate-limit calls each Envoy made (its own rate-limit cluster's
+upstream_rq_total: the native filter and this filter both call through
+it), fail-opens (the native filter's ratelimit.failure_mode_allowed, this
+filter's failure_mode_allowed), and, in the quota scenarios, every tracked
+tenant's requests sent and admitted per second (bench/tenants.lua), from
+which report.py derives admitted requests per quota window.
+
+The quota scenarios give every configuration tenants of its own
+("burst-filter_sync", "hot-native", ...), so that their windows' counters in
+the one service never mix. The pinned scenario runs each limiting
+configuration as a fleet of PINNED_FLEET Envoys: one tenant's traffic all on
+the first (long-lived connections to one Envoy), another tenant on the
+others, both with the same per-minute quota.
 
 Results: bench-results/<time>/results.json (every run, raw), table.md and
 chart.png; bench-results/latest points at the newest.
@@ -48,7 +65,15 @@ import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
-CONFIGS = ("baseline", "native", "filter")
+CONFIGS = ("baseline", "native", "filter", "filter_lease", "filter_sync")
+# This filter's configurations that differ from `filter` only in local.mode.
+MODE_CONFIGS = {"filter_lease": "lease", "filter_sync": "sync"}
+# The pinned scenario: Envoys per configuration, and the quota of its group
+# (the seed's mid-sized tenant: 6,000 requests per minute).
+PINNED_FLEET = 3
+PINNED_QUOTA = 6000
+# Background load of the pinned scenario, per other Envoy of the fleet.
+PINNED_BACKGROUND_CONNECTIONS = 2
 # The flood run (--flood): tests/test_flood.py runs 100,000 in `make test`.
 FLOOD_TENANTS = 1_000_000
 FLOOD_SLOTS = 65_536
@@ -71,6 +96,7 @@ RLS_CALLS = 'ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}'
 ENVOY_STATS = re.compile(
     r"^(http\.ingress\.downstream_rq_[1-5]xx"
     r"|cluster\.upstream\.ratelimit\..*"
+    r"|cluster\.[a-z_-]+\.upstream_rq_(total|timeout)"
     r"|tenant_local\.http_local_rate_limit\..*"
     r"|.*tenant_ratelimit\.(?!vm)[a-z_]+)$")
 
@@ -79,19 +105,55 @@ ENVOY_STATS = re.compile(
 class Scenario:
     name: str
     title: str
-    wrk_args: tuple[str, ...]  # after `-- <header>`: see bench/tenants.lua
+    # After `-- <header>`: see bench/tenants.lua. "{cfg}" becomes the
+    # configuration's name: its tenants of its own.
+    wrk_args: tuple[str, ...]
+    # Tenants whose admitted requests per window are reported ("{cfg}" as above).
+    tracked: tuple[str, ...] = ()
+    # The units whose windows are reported, e.g. ("second",).
+    quota_units: tuple[str, ...] = ()
+    # Runs against the first Envoy of a fleet of PINNED_FLEET per configuration.
+    pinned: bool = False
+
+    def args_for(self, cfg: str) -> tuple[str, ...]:
+        return tuple(a.format(cfg=cfg) for a in self.wrk_args)
+
+    def tracked_for(self, cfg: str) -> list[str]:
+        if cfg == "baseline":  # nothing limits it
+            return []
+        return [t.format(cfg=cfg) for t in self.tracked]
 
 
 SCENARIOS = (
     Scenario("allowed", "Allowed path: 1,000 tenants, all under their limits",
              ("uniform", "a", "1000")),
     Scenario("hot", "Hot tenant: one tenant far over its quota (20/min, 100/h)",
-             ("single", "hot-tenant")),
+             ("single", "hot-{cfg}"), ("hot-{cfg}",), ("minute", "hour")),
     Scenario("local_shed", "Local shed: one tenant bursting far beyond 100/s",
-             ("single", "burst0000")),
+             ("single", "burst-{cfg}"), ("burst-{cfg}",), ("second",)),
     Scenario("mixed", "Mixed: 1,000 tenants, Zipf s=1.0, the busiest few over 100/s",
-             ("zipf", "m", "1000", "1.0")),
+             ("zipf", "m-{cfg}-", "1000", "1.0"),
+             ("m-{cfg}-0000", "m-{cfg}-0001", "m-{cfg}-0002"), ("second",)),
+    Scenario("pinned", f"Pinned tenant: one tenant (quota per minute) on 1 of {PINNED_FLEET} "
+             "Envoys, another on the other two",
+             ("single", "pinned-{cfg}"), ("pinned-{cfg}",), ("minute",), pinned=True),
 )
+# The pinned scenario's other tenant: on every Envoy of the fleet but the first.
+SPREAD_TENANT = "spread-{cfg}"
+
+
+def quota_limits(limits: dict, configs: list[str], pinned_quota: int) -> dict:
+    """bench/limits.json plus the bench's per-configuration tenants: each
+    configuration's hot tenant in the "hot" group, and a "pinned" group (a
+    per-minute quota only) for the pinned scenario's two tenants."""
+    (header, groups), = limits.items()
+    groups = json.loads(json.dumps(groups))
+    hot = groups["hot"]["header_value"]
+    hot += [f"hot-{c}" for c in configs if f"hot-{c}" not in hot]
+    pinned = [t.format(cfg=c) for c in configs for t in ("pinned-{cfg}", SPREAD_TENANT)]
+    if pinned:  # none when only the service-side scenario runs
+        groups["pinned"] = {"perminute": pinned_quota, "header_value": pinned}
+    return {header: groups}
 
 
 # ------------------------------------------------------------------ configs
@@ -178,6 +240,70 @@ def baseline_config(gen: h.Generated, **ports) -> str:
     return text[:start.start()] + text[end.start():]
 
 
+_HCM_STAT_PREFIX = re.compile(r"^( *)stat_prefix: upstream\n", re.M)
+
+
+def counting_upstream(stack: h.Stack, header: str, tenants: list[str],
+                      log_path: Path) -> h.Envoy:
+    """The shared upstream (envoy/upstream.yaml.tmpl), answering every
+    request 200 as it does in the tests, and writing one access-log line
+    "<second> <tenant>" for every request of a tracked tenant: only
+    admitted requests reach it, so this counts them where they arrive,
+    including those wrk was still waiting for when its run ended. Flushed
+    every 100 ms (--file-flush-interval-msec)."""
+    listen, admin = h.free_port(), h.free_port()
+    text = h.render_upstream_config(listen_port=listen, admin_port=admin)
+    m = _HCM_STAT_PREFIX.search(text)
+    if not m:
+        raise h.HarnessError("upstream template: no `stat_prefix: upstream` line")
+    ind = m.group(1)
+    # One exact match per tenant (a regex of them all exceeds RE2's default
+    # program size); an or_filter needs two at least.
+    exact = [f"      - header_filter: {{ header: {{ name: {header}, "
+             f"string_match: {{ exact: {json.dumps(t)} }} }} }}"
+             for t in (tenants or ["\x00"]) * (1 if len(tenants) > 1 else 2)]
+    lines = [
+        "access_log:",
+        "- name: envoy.access_loggers.file",
+        "  filter:",
+        "    or_filter:",
+        "      filters:",
+        *exact,
+        "  typed_config:",
+        '    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog',
+        f"    path: {json.dumps(str(log_path))}",
+        "    log_format:",
+        "      text_format_source:",
+        f'        inline_string: "%START_TIME(%s)% %REQ({header})%\\n"',
+    ]
+    text = text[:m.end()] + "".join(ind + ln + "\n" for ln in lines) + text[m.end():]
+    return h.Envoy(stack, "upstream", text, listen, admin, concurrency=1,
+                   extra_args=["--file-flush-interval-msec", "100"])
+
+
+def admitted_per_second(log_path: Path, deadline_s: float = 5.0) -> dict[str, dict[str, int]]:
+    """The upstream's access log (counting_upstream) as tenant -> second ->
+    requests, once the file has stopped growing (it is flushed every 100 ms)."""
+    end = time.monotonic() + deadline_s
+    size = -1
+    while time.monotonic() < end:
+        current = log_path.stat().st_size if log_path.exists() else 0
+        if current == size:
+            break
+        size = current
+        time.sleep(0.5)
+    out: dict[str, dict[str, int]] = {}
+    if not log_path.exists():
+        return out
+    with log_path.open() as f:
+        for line in f:
+            sec, _, tenant = line.strip().partition(" ")
+            if tenant:
+                per = out.setdefault(tenant, {})
+                per[sec] = per.get(sec, 0) + 1
+    return out
+
+
 # ------------------------------------------------------------------ running
 
 def machine() -> dict:
@@ -215,16 +341,37 @@ def machine() -> dict:
     }
 
 
-def wrk(url: str, scenario: Scenario, header: str, threads: int, connections: int,
-        duration_s: int) -> dict:
+def wrk_start(url: str, wrk_args: tuple[str, ...], header: str, threads: int,
+              connections: int, duration_s: int,
+              track: list[str] | None = None) -> tuple[subprocess.Popen, list[str]]:
+    """Start wrk; `track`: tenants whose requests are counted per second
+    (TRL_WRK_TRACK, bench/tenants.lua)."""
     argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration_s}s", "--latency",
-            "--timeout", "5s", "-s", str(WRK_SCRIPT), url, "--", header, *scenario.wrk_args]
-    p = subprocess.run(argv, capture_output=True, text=True, timeout=duration_s + 60)
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("TRL-WRK ")), None)
+            "--timeout", "5s", "-s", str(WRK_SCRIPT), url, "--", header, *wrk_args]
+    env = dict(os.environ, TRL_WRK_TRACK=",".join(track or ()))
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, stdin=subprocess.DEVNULL)
+    return p, argv
+
+
+def wrk_finish(started: tuple[subprocess.Popen, list[str]], duration_s: int) -> dict:
+    p, argv = started
+    try:
+        stdout, stderr = p.communicate(timeout=duration_s + 60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        stdout, stderr = p.communicate()
+    line = next((ln for ln in stdout.splitlines() if ln.startswith("TRL-WRK ")), None)
     if p.returncode != 0 or line is None:
         raise h.HarnessError(f"wrk failed ({p.returncode}): {' '.join(argv)}\n"
-                             f"{p.stdout}\n{p.stderr}")
+                             f"{stdout}\n{stderr}")
     return json.loads(line[len("TRL-WRK "):])
+
+
+def wrk(url: str, scenario: Scenario, header: str, threads: int, connections: int,
+        duration_s: int, cfg: str = "filter", track: list[str] | None = None) -> dict:
+    return wrk_finish(wrk_start(url, scenario.args_for(cfg), header, threads, connections,
+                                duration_s, track), duration_s)
 
 
 def envoy_stats(e: h.Envoy) -> dict[str, int]:
@@ -235,16 +382,97 @@ def delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args) -> dict:
+def rls_calls(e: h.Envoy, cluster: str) -> int:
+    """The rate-limit calls this Envoy made: its rate-limit cluster's
+    upstream_rq_total (one HTTP/2 stream per ShouldRateLimit call, whichever
+    filter makes it)."""
+    return e.stats(rf"^cluster\.{re.escape(cluster)}\.upstream_rq_total$").get(
+        f"cluster.{cluster}.upstream_rq_total", 0)
+
+
+def settled_calls(e: h.Envoy, cluster: str, deadline_s: float = 3.0) -> int:
+    """rls_calls once two reads 0.25 s apart agree: a lease refill or a sync
+    push still in flight when the load stops belongs to the run."""
+    end = time.monotonic() + deadline_s
+    previous = rls_calls(e, cluster)
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        current = rls_calls(e, cluster)
+        if current == previous:
+            break
+        previous = current
+    return previous
+
+
+def failures(stats: dict[str, int]) -> tuple[int, int]:
+    """(fail-opens, rate-limit call errors) in a run's Envoy stat deltas: the
+    native filter's cluster.<route cluster>.ratelimit.failure_mode_allowed and
+    .error, this filter's tenant_ratelimit.failure_mode_allowed and .rls_error."""
+    opened = errors = 0
+    for k, v in stats.items():
+        if k.endswith(".ratelimit.failure_mode_allowed") or k.endswith(
+                "tenant_ratelimit.failure_mode_allowed"):
+            opened += v
+        elif k.endswith(".ratelimit.error") or k.endswith("tenant_ratelimit.rls_error"):
+            errors += v
+    return opened, errors
+
+
+def add_windows(into: dict, windows: dict) -> None:
+    """Sum a wrk run's per-second counts (tenant -> "sent" -> second)."""
+    for tenant, kinds in windows.items():
+        t = into.setdefault(tenant, {"sent": {}})
+        for kind, per in kinds.items():
+            for sec, n in per.items():
+                t[kind][sec] = t[kind].get(sec, 0) + n
+
+
+def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
+             windows: dict | None = None, intervals: list | None = None,
+             duration_s: int | None = None) -> dict:
+    """One run of one configuration; its per-second counts go into `windows`
+    and its [start, end] into `intervals`. With duration_s (the warm-up) it
+    returns the run without printing it."""
     rls: h.RateLimitService = stack_parts["rls"]
-    envoy: h.Envoy = stack_parts[cfg]
-    calls0 = rls.settled_metrics().get(RLS_CALLS, 0)
-    stats0 = envoy_stats(envoy)
-    result = wrk(envoy.url, scenario, stack_parts["header"], args.threads, args.connections,
-                 args.duration)
-    calls = rls.settled_metrics().get(RLS_CALLS, 0) - calls0
+    cluster: str = stack_parts["rls_cluster"]
+    fleet: list[h.Envoy] = stack_parts["fleets"][cfg] if scenario.pinned else [stack_parts[cfg]]
+    envoy = fleet[0]
+    duration = duration_s or args.duration
+    header = stack_parts["header"]
+    service0 = rls.settled_metrics().get(RLS_CALLS, 0)
+    calls0 = rls_calls(envoy, cluster)
+    stats0 = [envoy_stats(e) for e in fleet]
+    track = scenario.tracked_for(cfg)
+    if args.smoke and scenario.pinned:
+        # The smoke test asserts the pinned tenant's whole minute window: keep
+        # its one short run inside one window.
+        h.ensure_window_room(60, duration + 5)
+    background = []
+    if scenario.pinned:
+        spread = SPREAD_TENANT.format(cfg=cfg)
+        background = [wrk_start(e.url, ("single", spread), header, 1,
+                                PINNED_BACKGROUND_CONNECTIONS, duration, [spread])
+                      for e in fleet[1:]]
+    t0 = time.time()
+    result = wrk(envoy.url, scenario, header, args.threads, args.connections, duration,
+                 cfg=cfg, track=track)
+    t1 = time.time()
+    spread_results = [wrk_finish(b, duration) for b in background]
+    calls = settled_calls(envoy, cluster) - calls0
+    service_calls = rls.settled_metrics().get(RLS_CALLS, 0) - service0
+    if windows is not None:
+        add_windows(windows, result.get("windows", {}))
+        for r in spread_results:
+            add_windows(windows, r.get("windows", {}))
+    if intervals is not None:
+        intervals.append([t0, t1])
     n = result["requests"]
     secs = result["duration_us"] / 1e6
+    fleet_stats = [delta(envoy_stats(e), before) for e, before in zip(fleet, stats0)]
+    stats = fleet_stats[0]
+    # Fail-opens and errors over the whole fleet (the pinned scenario's too).
+    failed_open = sum(failures(st)[0] for st in fleet_stats)
+    rls_errors = sum(failures(st)[1] for st in fleet_stats)
     run = {
         "scenario": scenario.name,
         "config": cfg,
@@ -255,14 +483,29 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args) ->
         "latency_ms": {k: v / 1000 for k, v in result["latency_us"].items()},
         "statuses": result["statuses"],
         "errors": result["errors"],
+        # This Envoy's own calls (its rate-limit cluster), per request it answered.
         "rls_calls": int(calls),
         "rls_calls_per_request": calls / n if n else 0.0,
-        "envoy_stats": delta(envoy_stats(envoy), stats0),
+        # The service's own ShouldRateLimit counter over the run (every Envoy;
+        # in the pinned scenario the background load's calls too).
+        "service_calls": int(service_calls),
+        "failed_open": failed_open,
+        "rls_errors": rls_errors,
+        "envoy_stats": stats,
     }
-    print(f"  {scenario.name:<10} {cfg:<8} rep {rep}: {run['rps']:>9.0f} req/s  "
-          f"p50 {run['latency_ms']['p50']:.2f} ms  p99 {run['latency_ms']['p99']:.2f} ms  "
-          f"statuses {run['statuses']}  service calls/req {run['rls_calls_per_request']:.4f}",
-          flush=True)
+    if spread_results:
+        run["background"] = {
+            "tenant": SPREAD_TENANT.format(cfg=cfg),
+            "envoys": len(spread_results),
+            "requests": sum(r["requests"] for r in spread_results),
+            "statuses": {c: sum(r["statuses"].get(c, 0) for r in spread_results)
+                         for r0 in spread_results for c in r0["statuses"]},
+        }
+    if duration_s is None:
+        print(f"  {scenario.name:<10} {cfg:<12} rep {rep}: {run['rps']:>9.0f} req/s  "
+              f"p50 {run['latency_ms']['p50']:.2f} ms  p99 {run['latency_ms']['p99']:.2f} ms  "
+              f"statuses {run['statuses']}  calls/req {run['rls_calls_per_request']:.4f}  "
+              f"fail-open {failed_open}", flush=True)
     return run
 
 
@@ -270,7 +513,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=int, default=10, help="seconds per run (10)")
-    ap.add_argument("--reps", type=int, default=5, help="runs per configuration (5)")
+    ap.add_argument("--reps", type=int, default=3, help="runs per configuration (3)")
     ap.add_argument("--warmup", type=int, default=3,
                     help="seconds of unrecorded load per configuration before a scenario (3)")
     ap.add_argument("--connections", type=int, default=32, help="wrk connections (32)")
@@ -296,6 +539,9 @@ def main() -> int:
     ap.add_argument("--pin-service-cpu", type=int, metavar="CPU",
                     help="service-side scenario: pin every service replica to this CPU "
                          "(taskset) with GOMAXPROCS=1")
+    ap.add_argument("--pinned-quota", type=int, default=PINNED_QUOTA, metavar="N",
+                    help="the pinned scenario's quota per minute "
+                         f"({PINNED_QUOTA:,}; --smoke: 50)")
     ap.add_argument("--flood", type=int, default=FLOOD_TENANTS, metavar="N",
                     help="after the scenarios, N distinct tenants through one Envoy on a "
                          "stack of their own (bench/flood.lua), Envoy's heap against the "
@@ -307,6 +553,7 @@ def main() -> int:
         args.duration, args.reps, args.warmup = 1, 1, 0
         args.connections, args.threads = 2, 1
         args.flood = 0
+        args.pinned_quota = 50
     chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
     configs = [c for c in args.configs.split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
@@ -329,10 +576,12 @@ def main() -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out / stamp
     out.mkdir(parents=True, exist_ok=True)
-    limits = json.loads(LIMITS_FILE.read_text())
+    limits = quota_limits(json.loads(LIMITS_FILE.read_text()), configs, args.pinned_quota)
     header = next(iter(limits))
     started = time.time()
     runs: list[dict] = []
+    windows: dict[str, dict[str, dict]] = {}
+    intervals: dict[str, dict[str, list]] = {}
     with h.Stack(out / "stack") as stack:
         gen = stack.generate(limits, domain="bench", timeout_ms=TIMEOUT_MS)
         plugin_cfg = gen.plugin_config()
@@ -340,14 +589,21 @@ def main() -> int:
         redis = stack.redis()
         rls = stack.ratelimit(redis, gen, log_level="warn",
                               extra_env={"LOCAL_CACHE_SIZE_IN_BYTES": str(RLS_CACHE_BYTES)})
-        upstream = stack.upstream()
+        tracked = [t for sc in chosen for c in configs if c != "baseline"
+                   for t in (*sc.tracked_for(c), *([SPREAD_TENANT.format(cfg=c)]
+                                                   if sc.pinned else []))]
+        upstream_log = out / "stack" / "upstream-admitted.log"
+        upstream = counting_upstream(stack, header, tracked, upstream_log)
         conc = args.envoy_concurrency
 
         def start(name: str, text: str, listen: int, admin: int) -> h.Envoy:
             return h.Envoy(stack, name, text, listen, admin, concurrency=conc)
 
-        parts: dict = {"rls": rls, "header": header}
-        for cfg in configs:
+        parts: dict = {"rls": rls, "header": header, "fleets": {},
+                       "rls_cluster": plugin_cfg["rate_limit_service"]["cluster"]}
+        pinned_chosen = any(s.pinned for s in chosen)
+
+        def envoy_for(cfg: str, name: str) -> h.Envoy:
             listen, admin = h.free_port(), h.free_port()
             ports = dict(listen_port=listen, admin_port=admin, rls_port=rls.grpc_port,
                          upstream_port=upstream.listen_port)
@@ -364,19 +620,41 @@ def main() -> int:
             elif cfg == "filter_alt":
                 text = h.render_envoy_config(plugin_cfg, node_id=cfg,
                                              wasm_path=args.alt_wasm.resolve(), **ports)
+            elif cfg in MODE_CONFIGS:
+                moded = dict(plugin_cfg, local=dict(plugin_cfg["local"], mode=MODE_CONFIGS[cfg]))
+                text = h.render_envoy_config(moded, node_id=cfg, **ports)
             else:
                 text = h.render_envoy_config(plugin_cfg, node_id="filter", **ports)
-            parts[cfg] = start(cfg, text, listen, admin)
+            return start(name, text, listen, admin)
+
+        for cfg in configs:
+            parts[cfg] = envoy_for(cfg, cfg)
+            if pinned_chosen and cfg != "baseline":
+                # The pinned scenario's fleet: this Envoy and copies of it.
+                parts["fleets"][cfg] = [parts[cfg], *(
+                    envoy_for(cfg, f"{cfg}-{i}") for i in range(2, PINNED_FLEET + 1))]
 
         for scenario in chosen:
             print(f"{scenario.title}", flush=True)
+            # The pinned scenario is about a quota: no baseline fleet.
+            cfgs = [c for c in configs if not (scenario.pinned and c == "baseline")]
+            win = windows.setdefault(scenario.name, {})
+            spans = intervals.setdefault(scenario.name, {})
             if args.warmup:
-                for cfg in configs:
-                    wrk(parts[cfg].url, scenario, header, args.threads, args.connections,
-                        args.warmup)
+                for cfg in cfgs:
+                    run_once(parts, cfg, scenario, 0, args, win.setdefault(cfg, {}),
+                             spans.setdefault(cfg, []), duration_s=args.warmup)
             for rep in range(1, args.reps + 1):
-                for cfg in configs:
-                    runs.append(run_once(parts, cfg, scenario, rep, args))
+                for cfg in cfgs:
+                    runs.append(run_once(parts, cfg, scenario, rep, args,
+                                         win.setdefault(cfg, {}), spans.setdefault(cfg, [])))
+
+        # Admitted requests per second, as the upstream counted them.
+        admitted = admitted_per_second(upstream_log)
+        for per_cfg in windows.values():
+            for per_tenant in per_cfg.values():
+                for tenant, kinds in per_tenant.items():
+                    kinds["admitted"] = admitted.get(tenant, {})
 
     flood_result = None
     if args.flood:
@@ -402,12 +680,25 @@ def main() -> int:
             "connections": args.connections, "wrk_threads": args.threads,
             "envoy_concurrency": args.envoy_concurrency, "timeout_ms": TIMEOUT_MS,
             "rls_local_cache_bytes": RLS_CACHE_BYTES, "filter_local_slots": slots,
-            "smoke": args.smoke,
+            "smoke": args.smoke, "pinned_fleet": PINNED_FLEET,
+            "pinned_quota_per_minute": args.pinned_quota,
+            "pinned_background_connections": PINNED_BACKGROUND_CONNECTIONS,
+            "modes": MODE_CONFIGS,
         },
         "limits": limits,
         "scenarios": {s.name: s.title for s in chosen},
         "configs": configs,
         "runs": runs,
+        # Per scenario, configuration and tracked tenant: requests sent (wrk)
+        # and admitted (the upstream's access log) per second, warm-ups
+        # included, and the runs' [start, end].
+        "quota": {s.name: {"units": list(s.quota_units),
+                           "tracked": {c: s.tracked_for(c) for c in configs},
+                           "spread": ({c: SPREAD_TENANT.format(cfg=c) for c in configs}
+                                      if s.pinned else {})}
+                  for s in chosen if s.quota_units},
+        "windows": windows,
+        "intervals": intervals,
         "flood": flood_result,
     }
     if args.service_side != "off":

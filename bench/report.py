@@ -5,8 +5,10 @@
 
 Per scenario and configuration: the median over repetitions of throughput,
 p50 and p99 (each repetition's own percentiles, from wrk), the status mix
-summed over repetitions, and the rate-limit service's calls per request
-(its own ShouldRateLimit counter over all requests sent).
+summed over repetitions, the rate-limit calls per request (each Envoy's own
+rate-limit cluster's upstream_rq_total over the requests it answered), the
+calls that failed open, and in the quota scenarios the admitted requests per
+window of the tracked tenants against their limit (see quota_windows).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 
 CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
+                 "filter_lease": "this filter, lease", "filter_sync": "this filter, sync",
                  "wasm_noop": "wasm, no-op", "filter_no_local": "this filter, no local layer",
                  "filter_alt": "this filter, --alt-wasm build"}
 
@@ -26,9 +29,10 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
     for run in results["runs"]:
         s = out.setdefault(run["scenario"], {}).setdefault(run["config"], {
             "rps": [], "p50": [], "p99": [], "statuses": {}, "requests": 0, "rls_calls": 0,
-            "socket_errors": 0,
+            "socket_errors": 0, "failed_open": 0, "rls_errors": 0,
         })
         s["rps"].append(run["rps"])
+        s.setdefault("cpr", []).append(run["rls_calls_per_request"])
         s["p50"].append(run["latency_ms"]["p50"])
         s["p99"].append(run["latency_ms"]["p99"])
         for code, count in run["statuses"].items():
@@ -37,6 +41,8 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s["rls_calls"] += run["rls_calls"]
         e = run["errors"]
         s["socket_errors"] += e["connect"] + e["read"] + e["write"] + e["timeout"]
+        s["failed_open"] += run.get("failed_open", 0)
+        s["rls_errors"] += run.get("rls_errors", 0)
     for per_cfg in out.values():
         for s in per_cfg.values():
             s["rps_median"] = statistics.median(s["rps"])
@@ -52,6 +58,93 @@ def status_mix(s: dict) -> str:
     if s["socket_errors"]:
         parts.append(f"socket errors: {s['socket_errors']}")
     return ", ".join(parts) or "none"
+
+
+UNIT_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+UNIT_SHORT = {"second": "s", "minute": "min", "hour": "h", "day": "day"}
+# A per-second window counts only if a run covered all of it, this long after
+# the run started (wrk connecting) at the earliest.
+START_MARGIN_S = 0.1
+
+
+def tenant_limit(limits: dict, tenant: str, unit: str) -> int | None:
+    """The tenant's group limit per `unit` (its named group, else "default")."""
+    (_, groups), = limits.items()
+    group = next((g for n, g in groups.items()
+                  if n != "default" and tenant in g.get("header_value", [])),
+                 groups.get("default", {}))
+    return group.get(f"per{unit}")
+
+
+def quota_windows(results: dict, scenario: str, cfg: str, tenants: list[str] | None = None,
+                  in_flight: int | None = None) -> dict[str, dict]:
+    """Admitted requests per window of the scenario's quota units, for the
+    tracked tenants (or `tenants`) of one configuration: unit -> {"limit",
+    "admitted": [per window]}.
+
+    A window counts when the tenant asked for more than its limit in it: more
+    than limit + `in_flight` requests sent (by the client's clock; at most
+    that many can be sent in one window and decided in the next, as wrk keeps
+    that many connections busy). A per-second window also has to lie inside
+    one run (a window cut by a run's end would show the token bucket's
+    refill, not the limit). Admitted requests are counted by the second the
+    upstream saw them (its access log, a few ms after the decision): the
+    figures can be off by about `in_flight` at a window edge that falls while
+    the tenant is still being admitted."""
+    q = results.get("quota", {}).get(scenario)
+    per_tenant = results.get("windows", {}).get(scenario, {}).get(cfg)
+    if not q or per_tenant is None:
+        return {}
+    if in_flight is None:
+        in_flight = results["settings"]["connections"]
+    spans = results.get("intervals", {}).get(scenario, {}).get(cfg, [])
+    tenants = q["tracked"].get(cfg, []) if tenants is None else tenants
+    out: dict[str, dict] = {}
+    for unit in q["units"]:
+        size = UNIT_SECONDS[unit]
+        limit = None
+        admitted: list[int] = []
+        for tenant in tenants:
+            lim = tenant_limit(results["limits"], tenant, unit)
+            counts = per_tenant.get(tenant)
+            if lim is None or counts is None:
+                continue
+            limit = lim
+            sent: dict[int, int] = {}
+            got: dict[int, int] = {}
+            for kind, into in (("sent", sent), ("admitted", got)):
+                for sec, n in counts.get(kind, {}).items():
+                    w = int(sec) // size * size
+                    into[w] = into.get(w, 0) + n
+            for w, n in sorted(sent.items()):
+                if n <= lim + in_flight:
+                    continue
+                if size == 1 and not any(t0 + START_MARGIN_S <= w and w + 1 <= t1
+                                         for t0, t1 in spans):
+                    continue
+                admitted.append(got.get(w, 0))
+        if limit is not None:
+            out[unit] = {"limit": limit, "admitted": admitted}
+    return out
+
+
+def window_summary(w: dict[str, dict]) -> str:
+    """e.g. "100 / 99.8 of 100/s (n=27)": max / mean of admitted per window."""
+    parts = []
+    for unit, d in w.items():
+        a = d["admitted"]
+        per = f"{d['limit']:,}/{UNIT_SHORT[unit]}"
+        if not a:
+            parts.append(f"no saturated window of {per}")
+        else:
+            parts.append(f"{max(a):,} / {statistics.mean(a):,.1f} of {per} (n={len(a)})")
+    return "; ".join(parts) or ""
+
+
+def failed(s: dict) -> bool:
+    """A row whose run had calls fail (open), 5xx answers or socket errors."""
+    fivexx = sum(n for code, n in s["statuses"].items() if str(code).startswith("5"))
+    return bool(s["failed_open"] or s["rls_errors"] or fivexx or s["socket_errors"])
 
 
 def paired_ratios(results: dict, scenario: str, a: str = "filter",
@@ -83,29 +176,91 @@ def markdown(results: dict) -> str:
         f"everything shares the same cores. Medians over runs.",
         "",
         "| Scenario | Configuration | req/s | p50 ms | p99 ms | Status mix "
-        "| Service calls / request |",
-        "|---|---|---:|---:|---:|---|---:|",
+        "| Service calls / request | Failed open | Admitted per window: max / mean of limit |",
+        "|---|---|---:|---:|---:|---|---:|---:|---|",
     ]
     summary = summarise(results)
+    any_failed = False
     for name, per_cfg in summary.items():
         for cfg in results.get("configs", CONFIG_LABELS):
             s = per_cfg.get(cfg)
             if s is None:
                 continue
+            mark = ""
+            if failed(s):
+                mark, any_failed = " ⚠", True
+            # Each failed call counts as an error and, failing open, as a
+            # fail-open; errors are shown when they are not all fail-opens.
+            fails = f"{s['failed_open']:,}" + (
+                f" ({s['rls_errors']:,} errors)" if s["rls_errors"] != s["failed_open"] else "")
             lines.append(
-                f"| {name} | {CONFIG_LABELS[cfg]} | {s['rps_median']:,.0f} "
+                f"| {name} | {CONFIG_LABELS[cfg]}{mark} | {s['rps_median']:,.0f} "
                 f"| {s['p50_median']:.2f} | {s['p99_median']:.2f} | {status_mix(s)} "
-                f"| {s['calls_per_request']:.4f} |")
-    lines += ["", "This filter / Envoy native, per repetition (the two runs of a repetition ran "
-              "one after the other), median (worst):", "",
-              "| Scenario | throughput | p99 latency |", "|---|---:|---:|"]
+                f"| {s['calls_per_request']:.4f} | {fails} "
+                f"| {window_summary(quota_windows(results, name, cfg))} |")
+    if any_failed:
+        lines += ["", "⚠: rate-limit calls failed (open) or errored, or requests got a 5xx "
+                  "or a socket error, in this row's runs: its figures are not those of a "
+                  "healthy limiter."]
+    lines += ["", "Each configuration of this filter / Envoy native, per repetition (the runs "
+              "of a repetition ran one after the other), median (worst):", ""]
+    ours = [c for c in ("filter", "filter_lease", "filter_sync", *CONFIG_LABELS)
+            if c in results.get("configs", ()) and c not in ("baseline", "native")]
+    ours = list(dict.fromkeys(ours))
+    lines += ["| Scenario | Configuration | throughput | p99 latency |", "|---|---|---:|---:|"]
     for name in summary:
-        r = paired_ratios(results, name)
-        if r is not None:
-            lines.append(f"| {name} | {r[0]:.2f}x ({r[1]:.2f}x) | {r[2]:.2f}x ({r[3]:.2f}x) |")
+        for cfg in ours:
+            r = paired_ratios(results, name, a=cfg)
+            if r is not None:
+                lines.append(f"| {name} | {CONFIG_LABELS[cfg]} | {r[0]:.2f}x ({r[1]:.2f}x) "
+                             f"| {r[2]:.2f}x ({r[3]:.2f}x) |")
+    if "pinned" in summary:
+        lines += ["", *pinned_markdown(results, summary["pinned"])]
     if "service_side" in results:
         lines += ["", *service_side_markdown(results["service_side"])]
     return "\n".join(lines) + "\n"
+
+
+def pinned_markdown(results: dict, per_cfg: dict[str, dict]) -> list[str]:
+    """The pinned scenario: the pinned tenant (all its traffic on one Envoy)
+    against the tenant spread over the fleet's other Envoys, same quota."""
+    st = results["settings"]
+    fleet = st.get("pinned_fleet", 3)
+    bg = st.get("pinned_background_connections", 2)
+    q = results.get("quota", {}).get("pinned", {})
+    lines = [
+        f"Pinned tenant: a fleet of {fleet} Envoys per configuration; the pinned tenant's "
+        f"{st['connections']} connections all go to the first Envoy, another tenant with "
+        f"the same quota ({st.get('pinned_quota_per_minute', 0):,} per minute) sends on "
+        f"{bg} connections to each of the other {fleet - 1}. Admitted per minute window in "
+        "which the tenant asked for more than its quota; a quota that collapsed to a share "
+        f"of the fleet would show about 1/{fleet} of it.",
+        "",
+        "| Configuration | pinned tenant: max / mean / min of quota | windows "
+        "| spread tenant: max / mean / min | windows | calls / request (pinned Envoy) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+
+    def cells(w: dict) -> tuple[str, str]:
+        d = w.get("minute")
+        if not d or not d["admitted"]:
+            return "no saturated window", "0"
+        a = d["admitted"]
+        return (f"{max(a):,} / {statistics.mean(a):,.1f} / {min(a):,} of {d['limit']:,}",
+                str(len(a)))
+
+    for cfg in results.get("configs", ()):
+        s = per_cfg.get(cfg)
+        if s is None:
+            continue
+        pinned = cells(quota_windows(results, "pinned", cfg))
+        spread_tenant = q.get("spread", {}).get(cfg)
+        spread = cells(quota_windows(results, "pinned", cfg, [spread_tenant] if spread_tenant
+                                     else [], in_flight=bg * (fleet - 1)))
+        lines.append(f"| {CONFIG_LABELS[cfg]}{' ⚠' if failed(s) else ''} | {pinned[0]} "
+                     f"| {pinned[1]} | {spread[0]} | {spread[1]} "
+                     f"| {s['calls_per_request']:.4f} |")
+    return lines
 
 
 def service_side_markdown(ss: dict) -> list[str]:
@@ -162,19 +317,35 @@ def chart(results: dict, path: Path) -> None:
     configs = [c for c in results.get("configs", CONFIG_LABELS)
                if any(c in summary[s] for s in scenarios)]
     colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",
+              "filter_lease": "#8c564b", "filter_sync": "#e377c2",
               "wasm_noop": "#2ca02c", "filter_no_local": "#d62728",
               "filter_alt": "#9467bd"}
     width = 0.8 / max(len(configs), 1)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    # Admitted per window over the limit, the scenario's first quota unit (hot:
+    # per minute): the bar is the mean, the whiskers the lowest and the highest.
+    for sc in scenarios:
+        for cfg, s in summary[sc].items():
+            ratios = [a / d["limit"]
+                      for d in list(quota_windows(results, sc, cfg).values())[:1]
+                      for a in d["admitted"]]
+            if ratios:
+                s["quota_ratio"] = ratios
+                s["quota_ratio_mean"] = statistics.mean(ratios)
+    fig, axes2 = plt.subplots(2, 2, figsize=(14, 9))
+    axes = axes2.flatten()
     for ax, key, runs_key, label in (
         (axes[0], "rps_median", "rps", "requests per second (higher is better)"),
         (axes[1], "p99_median", "p99", "p99 latency, ms (lower is better)"),
+        (axes[2], "calls_per_request", "cpr",
+         "rate-limit service calls per request (whiskers: min-max)"),
+        (axes[3], "quota_ratio_mean", "quota_ratio",
+         "admitted per saturated window / limit (hot: per minute; whiskers: min-max)"),
     ):
         for i, cfg in enumerate(configs):
             xs, ys, lo, hi = [], [], [], []
             for j, sc in enumerate(scenarios):
                 s = summary[sc].get(cfg)
-                if s is None:
+                if s is None or key not in s:
                     continue
                 xs.append(j + (i - (len(configs) - 1) / 2) * width)
                 ys.append(s[key])
@@ -183,9 +354,11 @@ def chart(results: dict, path: Path) -> None:
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=CONFIG_LABELS[cfg],
                    color=colors[cfg])
         ax.set_xticks(range(len(scenarios)))
+        ax.set_xlim(-0.5, len(scenarios) - 0.5)
         ax.set_xticklabels(scenarios)
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
+    axes[3].axhline(1.0, color="black", linewidth=0.8)
     axes[0].legend()
     m, st = results["machine"], results["settings"]
     fig.suptitle(
