@@ -119,6 +119,22 @@ group_counters! {
     NearLimit => "near_limit",
     /// The limiter failed and the request was let through.
     FailedOpen => "failed_open",
+    /// Lease mode: batches the service granted.
+    LeasesTaken => "lease.taken",
+    /// Lease mode: tokens those batches reserved.
+    LeaseTokens => "lease.tokens",
+    /// Lease mode: requests admitted with a token of a lease, no call.
+    LeaseSpent => "lease.spent",
+    /// Lease mode: tokens reserved and never spent (their window ended, or
+    /// the slot went to another tenant): undershoot this Envoy observed.
+    LeaseStranded => "lease.stranded",
+    /// Lease mode: batches the service refused (the limit was near).
+    LeasesRefused => "lease.refused",
+    /// Lease mode: the hits those refused batches asked for (the service
+    /// still counts them: at most this many tokens were lost below the limit).
+    LeaseRefusedTokens => "lease.refused_tokens",
+    /// Lease mode: calls for a batch that failed or timed out.
+    LeasesFailed => "lease.failed",
 }
 
 /// How many counters each group has.

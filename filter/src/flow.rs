@@ -28,6 +28,7 @@
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
 use crate::host::Host;
+use crate::lease::{admit_lease, store_outcome, LeaseParams, Outcome, Refill, Spend};
 use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::proto::{METHOD, SERVICE};
@@ -54,6 +55,8 @@ pub struct Stream {
     /// The tenant's group (its index in `limits.all_groups()`), once known:
     /// whose per-group counters this request counts in.
     group: Option<usize>,
+    /// Lease mode: the batch this request asked for (`lease`).
+    lease_batch: Option<u32>,
 }
 
 impl Stream {
@@ -88,17 +91,54 @@ impl Stream {
             let now = host.now_ms();
             let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;
-            match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit(stored, at, now, bucket, mode)
-            }) {
-                Ok(LocalVerdict::Proceed) => {}
-                Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
-                Ok(LocalVerdict::BucketEmpty(headers)) => {
+            let lease = LeaseParams::for_group(c, limited.group);
+            let decided = match &lease {
+                Some(p) => update(host, at.index, CAS_ATTEMPTS, |stored| {
+                    admit_lease(stored, at, now, bucket, mode, p)
+                }),
+                None => update(host, at.index, CAS_ATTEMPTS, |stored| {
+                    let (v, write) = admit(stored, at, now, bucket, mode);
+                    ((v, None, 0), write)
+                }),
+            };
+            let decided = decided.map(|(v, spend, stranded)| {
+                if stranded > 0 {
+                    host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
+                }
+                match spend {
+                    Some(Spend::Token { refill }) => {
+                        if let Some(batch) = refill {
+                            host.request_refill(Refill {
+                                group,
+                                tenant: limited.tenant.to_string(),
+                                at,
+                                batch,
+                            });
+                        }
+                        None
+                    }
+                    Some(Spend::Ask { batch }) => {
+                        self.lease_batch = Some(batch);
+                        Some(v)
+                    }
+                    None => Some(v),
+                }
+            });
+            match decided {
+                // Admitted with a token of the lease: no call.
+                Ok(None) => {
+                    host.count_group(group, GroupCounter::Admitted);
+                    host.count_group(group, GroupCounter::LeaseSpent);
+                    return Next::Continue;
+                }
+                Ok(Some(LocalVerdict::Proceed)) => {}
+                Ok(Some(LocalVerdict::Contended)) => host.count(Counter::SlotContended),
+                Ok(Some(LocalVerdict::BucketEmpty(headers))) => {
                     host.count(Counter::LocalOverLimit);
                     host.count_group(group, GroupCounter::RefusedBucket);
                     return over_limit_reply(host, &headers);
                 }
-                Ok(LocalVerdict::CachedOverLimit(headers)) => {
+                Ok(Some(LocalVerdict::CachedOverLimit(headers))) => {
                     host.count(Counter::CachedOverLimit);
                     host.count_group(group, GroupCounter::RefusedCache);
                     return over_limit_reply(host, &headers);
@@ -108,10 +148,24 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let message = encode_request(c, &limited, 0);
+        let message = encode_request(c, &limited, self.lease_batch.unwrap_or(0));
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
-            Err(e) => limiter_error(c, host, Some(group), &RlsError::Host(e.0)),
+            Err(e) => {
+                if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
+                    store_outcome(
+                        c,
+                        host,
+                        group,
+                        at,
+                        self.asked_at_ms,
+                        batch,
+                        0,
+                        Outcome::Failed,
+                    );
+                }
+                limiter_error(c, host, Some(group), &RlsError::Host(e.0))
+            }
         }
     }
 
@@ -130,6 +184,12 @@ impl Stream {
         } else {
             None
         };
+        if let (Some(batch), Some(at), Some(group)) = (self.lease_batch, self.slot, self.group) {
+            // This request asked for a batch: the first hit is its own.
+            let outcome = Outcome::of(grpc_status, body.as_deref());
+            let tokens = batch.saturating_sub(1);
+            store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
+        }
         let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
             Verdict::Allow(headers) => {
                 host.count(Counter::Allowed);

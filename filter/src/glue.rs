@@ -4,6 +4,8 @@
 //! contexts, and reads the plugin configuration. What happens to a request
 //! is `flow`'s business.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -16,7 +18,9 @@ use crate::counters::{Counter, GroupCounter, COUNTERS, GROUP_COUNTERS};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::lease::{on_refill_answer, refill_message, store_outcome, LeaseParams, Outcome, Refill};
 use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
+use ratelimit_config::LEASE_TICK_MS;
 
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
@@ -157,11 +161,18 @@ fn draw_secret(metrics: &Metrics) -> SlotSecret {
     SlotSecret::from_bytes(nanos.to_le_bytes())
 }
 
-/// `Host` for one stream, through proxy-wasm hostcalls.
+/// `Host` for one stream (or the root context), through proxy-wasm
+/// hostcalls.
 struct Envoy<'a> {
     metrics: &'a Metrics,
     slot_secret: SlotSecret,
+    /// Lease refills for the root's next tick (None: the root itself).
+    refills: Option<&'a RefCell<Vec<Refill>>>,
 }
+
+/// The most refills one worker keeps for its next tick; one asked beyond
+/// it is dropped (its tenant's next request asks after `refill_lost_ms`).
+const MAX_QUEUED_REFILLS: usize = 4_096;
 
 impl SharedData for Envoy<'_> {
     fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
@@ -243,6 +254,16 @@ impl Host for Envoy<'_> {
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret
     }
+
+    fn request_refill(&self, refill: Refill) {
+        if let Some(queue) = self.refills {
+            if let Ok(mut q) = queue.try_borrow_mut() {
+                if q.len() < MAX_QUEUED_REFILLS {
+                    q.push(refill);
+                }
+            }
+        }
+    }
 }
 
 /// Creates every slot once, zeroed and at full size, so that the shared
@@ -271,6 +292,8 @@ struct Shared {
     compiled: Compiled,
     metrics: Metrics,
     slot_secret: SlotSecret,
+    /// Lease refills this worker's streams asked for, sent on the next tick.
+    refills: RefCell<Vec<Refill>>,
 }
 
 impl Shared {
@@ -278,6 +301,7 @@ impl Shared {
         Envoy {
             metrics: &self.metrics,
             slot_secret: self.slot_secret,
+            refills: Some(&self.refills),
         }
     }
 }
@@ -287,6 +311,7 @@ fn slot_secret(metrics: &Metrics) -> SlotSecret {
     let shared = Envoy {
         metrics,
         slot_secret: SlotSecret::from_bytes([0; SlotSecret::BYTES]),
+        refills: None,
     };
     let (secret, agreed) = agree(&shared, || draw_secret(metrics));
     match agreed {
@@ -301,13 +326,39 @@ fn slot_secret(metrics: &Metrics) -> SlotSecret {
 #[derive(Default)]
 struct Root {
     shared: Option<Rc<Shared>>,
+    /// Refills sent from `on_tick`, by call token, with when they went out.
+    in_flight: HashMap<u32, (Refill, u64)>,
 }
 
 // The built .wasm exports only the callbacks implemented in this file
 // (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
 // skips a callback that is not exported. Implementing another one here
 // means adding its export there, or Envoy never calls it.
-impl Context for Root {}
+impl Context for Root {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
+        let (Some(shared), Some((refill, asked_at))) =
+            (&self.shared, self.in_flight.remove(&token_id))
+        else {
+            return;
+        };
+        let body = if status_code == 0 {
+            hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let host = shared.host();
+        on_refill_answer(
+            &shared.compiled,
+            &host,
+            &refill,
+            asked_at,
+            status_code,
+            body.as_deref(),
+        );
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -332,10 +383,23 @@ impl RootContext for Root {
                 } else {
                     SlotSecret::from_bytes([0; SlotSecret::BYTES])
                 };
+                let compiled = Compiled::new(config);
+                let leases = compiled
+                    .config
+                    .limits
+                    .all_groups()
+                    .any(|g| LeaseParams::for_group(&compiled, g).is_some());
+                if leases {
+                    let tick = Duration::from_millis(u64::from(LEASE_TICK_MS));
+                    if let Err(e) = hostcalls::set_tick_period(tick) {
+                        log::warn!("lease mode: cannot set the tick period ({e:?}): no refills ahead of time");
+                    }
+                }
                 self.shared = Some(Rc::new(Shared {
-                    compiled: Compiled::new(config),
+                    compiled,
                     metrics,
                     slot_secret,
+                    refills: RefCell::new(Vec::new()),
                 }));
                 true
             }
@@ -344,6 +408,49 @@ impl RootContext for Root {
                     log::error!("invalid configuration: {e}");
                 }
                 false
+            }
+        }
+    }
+
+    /// Sends the lease refills this worker's streams asked for since the
+    /// last tick: from the root context, so the answer comes back here even
+    /// when the stream that asked has ended.
+    fn on_tick(&mut self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let queued = match shared.refills.try_borrow_mut() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(_) => return,
+        };
+        let c = &shared.compiled;
+        let host = shared.host();
+        for refill in queued {
+            let now = host.now_ms();
+            let sent = refill_message(c, &refill).map(|message| {
+                hostcalls::dispatch_grpc_call(
+                    &c.upstream,
+                    crate::proto::SERVICE,
+                    crate::proto::METHOD,
+                    Vec::new(),
+                    Some(&message),
+                    Duration::from_millis(u64::from(c.config.timeout_ms)),
+                )
+            });
+            match sent {
+                Some(Ok(token)) => {
+                    self.in_flight.insert(token, (refill, now));
+                }
+                _ => store_outcome(
+                    c,
+                    &host,
+                    refill.group,
+                    refill.at,
+                    now,
+                    refill.batch,
+                    0,
+                    Outcome::Failed,
+                ),
             }
         }
     }

@@ -4,6 +4,7 @@
 //! panicking; the flow decides what a failure means (see `flow`).
 
 use crate::counters::{Counter, GroupCounter};
+use crate::lease::Refill;
 use crate::local::SlotSecret;
 
 /// A host call that failed: what the host said, for the debug log.
@@ -80,6 +81,10 @@ pub trait Host: SharedData {
     fn count_group(&self, group: usize, counter: GroupCounter) {
         self.add_group(group, counter, 1);
     }
+
+    /// Hands a lease refill to this worker's root context, which sends it
+    /// on its next tick (a call from the stream would be cancelled with it).
+    fn request_refill(&self, refill: Refill);
 
     /// The key of the slot hash, agreed at configure (`local::secret`):
     /// no host call.

@@ -18,6 +18,7 @@ pub mod counters;
 pub mod decision;
 pub mod flow;
 pub mod host;
+pub mod lease;
 pub mod local;
 pub mod proto;
 

@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::counters::{Counter, GroupCounter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::lease::Refill;
 use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
@@ -163,6 +164,7 @@ pub struct MemHost {
     /// Group counters, by (group index, counter).
     group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
     slot_secret: Cell<SlotSecret>,
+    refills: RefCell<Vec<Refill>>,
 }
 
 impl Default for MemHost {
@@ -194,6 +196,7 @@ impl MemHost {
             counters: Default::default(),
             group_counters: RefCell::new(Vec::new()),
             slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
+            refills: RefCell::new(Vec::new()),
         }
     }
 
@@ -324,6 +327,11 @@ impl MemHost {
     }
 
     /// The local replies sent, in order (empty for a `counting` host).
+    /// The lease refills requested since the last call (taken out).
+    pub fn take_refills(&self) -> Vec<Refill> {
+        std::mem::take(&mut *self.refills.borrow_mut())
+    }
+
     pub fn replies(&self) -> Vec<Reply> {
         self.replies.borrow().clone()
     }
@@ -520,6 +528,12 @@ impl Host for MemHost {
 
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret.get()
+    }
+
+    fn request_refill(&self, refill: Refill) {
+        if self.keep {
+            self.refills.borrow_mut().push(refill);
+        }
     }
 }
 

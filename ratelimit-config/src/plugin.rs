@@ -33,6 +33,14 @@ pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
 /// The most slots `local.slots` may ask for (about 256 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
+/// The most tokens one lease reserves when `local.lease.max_batch` is not
+/// set (the batch is about one second of the Envoy's own rate, at most this).
+pub const DEFAULT_LEASE_MAX_BATCH: u32 = 100;
+/// The most `local.lease.max_batch` may be.
+pub const MAX_LEASE_MAX_BATCH: u32 = 100_000;
+/// How often each worker's root context sends the lease refills its
+/// requests asked for (the period of `on_tick`), in milliseconds.
+pub const LEASE_TICK_MS: u32 = 20;
 
 /// An option whose value is one of a few names.
 trait Named: Copy + 'static {
@@ -177,6 +185,8 @@ pub struct LocalConfig {
     pub mode: Mode,
     /// Per-group settings (`local.groups.<group>`), by group name.
     pub groups: Vec<(String, GroupLocal)>,
+    /// The most tokens one lease reserves (`local.lease.max_batch`).
+    pub lease_max_batch: u32,
 }
 
 /// One group's `local.groups.<group>` entry: each key is optional.
@@ -195,6 +205,7 @@ impl Default for LocalConfig {
             slots: DEFAULT_LOCAL_SLOTS,
             mode: DEFAULT_MODE,
             groups: Vec::new(),
+            lease_max_batch: DEFAULT_LEASE_MAX_BATCH,
         }
     }
 }
@@ -246,7 +257,8 @@ const KEYS: &[&str] = &[
     "headers",
     "local",
 ];
-const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups"];
+const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups", "lease"];
+const LEASE_KEYS: &[&str] = &["max_batch"];
 const GROUP_LOCAL_KEYS: &[&str] = &["tokens_per_second", "burst", "mode"];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
@@ -570,6 +582,9 @@ fn local_config(
             local.mode = mode;
         }
     }
+    if let Some(l) = obj.get("lease") {
+        local.lease_max_batch = lease_max_batch(l, &join(BASE, "lease"), errors);
+    }
     let Some(groups) = obj.get("groups") else {
         return local;
     };
@@ -598,6 +613,33 @@ fn local_config(
         }
     }
     local
+}
+
+/// `local.lease`: `{"max_batch": n}`, 1 to `MAX_LEASE_MAX_BATCH`.
+fn lease_max_batch(v: &Value, path: &str, errors: &mut Errors) -> u32 {
+    let Value::Object(obj) = v else {
+        errors.push(path, format!("must be an object, got {}", describe(v)));
+        return DEFAULT_LEASE_MAX_BATCH;
+    };
+    check_keys(obj, path, LEASE_KEYS, errors);
+    let Some(m) = obj.get("max_batch") else {
+        return DEFAULT_LEASE_MAX_BATCH;
+    };
+    let path = join(path, "max_batch");
+    match positive_u32(m) {
+        Ok(n) if n <= MAX_LEASE_MAX_BATCH => n,
+        Ok(n) => {
+            errors.push(
+                path,
+                format!("must be at most {MAX_LEASE_MAX_BATCH}, got {n}"),
+            );
+            DEFAULT_LEASE_MAX_BATCH
+        }
+        Err(e) => {
+            errors.push(path, e);
+            DEFAULT_LEASE_MAX_BATCH
+        }
+    }
 }
 
 /// Lease and sync keep their tokens and counts in the local layer's shared
@@ -796,6 +838,29 @@ mod tests {
         assert_eq!(c.local, LocalConfig::default());
     }
 
+    #[test]
+    fn lease_max_batch_is_validated_and_defaults() {
+        let c = with_local(r#"{"mode": "lease"}"#).unwrap();
+        assert_eq!(c.local.lease_max_batch, DEFAULT_LEASE_MAX_BATCH);
+        let c = with_local(r#"{"mode": "lease", "lease": {"max_batch": 7}}"#).unwrap();
+        assert_eq!(c.local.lease_max_batch, 7);
+        assert_eq!(
+            with_local(r#"{"lease": {"max_batch": 0, "size": 1}}"#).unwrap_err(),
+            vec![
+                "local.lease.size: unknown key \"size\", expected one of max_batch",
+                "local.lease.max_batch: must be a positive integer, got 0",
+            ]
+        );
+        assert_eq!(
+            with_local(r#"{"lease": {"max_batch": 100001}}"#).unwrap_err(),
+            vec!["local.lease.max_batch: must be at most 100000, got 100001"]
+        );
+        assert_eq!(
+            with_local(r#"{"lease": 5}"#).unwrap_err(),
+            vec!["local.lease: must be an object, got 5"]
+        );
+    }
+
     fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
@@ -963,7 +1028,7 @@ mod tests {
         assert_eq!(
             with_local(r#"{"slots": 0, "enabled": "yes", "size": 1, "groups": {"bronze": {"burst": 3}, "gold": {"tokens_per_second": 1.5, "burst": -1}}}"#).unwrap_err(),
             vec![
-                "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups",
+                "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups, lease",
                 "local.enabled: must be true or false, got string \"yes\"",
                 "local.slots: must be a positive integer, got 0",
                 "local.groups.bronze: no such group in limits, expected one of default, gold, silver",

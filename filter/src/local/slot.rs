@@ -2,6 +2,7 @@
 //! encoding, where a tenant lives (index and fingerprint), the slot's key,
 //! and who owns a slot (`Slot::claim`, the one place that decides it).
 
+use crate::lease::Lease;
 use crate::local::bucket::TokenBucket;
 use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
 
@@ -11,6 +12,8 @@ pub struct Slot {
     pub fingerprint: u64,
     pub bucket: Option<TokenBucket>,
     pub over_limit: Option<OverLimit>,
+    /// The tenant's lease (lease mode only).
+    pub lease: Option<Lease>,
 }
 
 /// Why a tenant claims a slot; the two give way to a holder differently.
@@ -29,6 +32,7 @@ impl Slot {
             fingerprint,
             bucket: None,
             over_limit: None,
+            lease: None,
         }
     }
 
@@ -60,13 +64,14 @@ impl Slot {
     }
 
     /// Whether the slot's state still matters at `now_ms`: a cached refusal
-    /// that has not ended, or a bucket that took a token less than
-    /// `SLOT_HOLD_MS` ago.
+    /// that has not ended, a bucket that took a token less than
+    /// `SLOT_HOLD_MS` ago, or a lease in use (`Lease::in_use`).
     fn in_use(&self, now_ms: u64) -> bool {
         self.refusing(now_ms)
             || self
                 .bucket
                 .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
+            || self.lease.as_ref().is_some_and(|l| l.in_use(now_ms))
     }
 }
 
@@ -82,26 +87,31 @@ impl Slot {
 /// refusal is still cached.
 pub const SLOT_HOLD_MS: u64 = 2_000;
 
-const VERSION: u8 = 1;
+// Version 2 added the lease block. Every VM of one Envoy runs the same
+// .wasm, so a slot of another version is only met across a reload, and is
+// then taken as empty.
+const VERSION: u8 = 2;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
+const HAS_LEASE: u8 = 4;
 const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
+const LEASE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
 /// Every slot value has this size, so the shared data never grows after the
-/// slots are created.
-pub const SLOT_BYTES: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+/// slots are created: 164 bytes (the lease's block is 48 of them).
+pub const SLOT_BYTES: usize = LEASE_AT + Lease::BYTES;
 
-fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+pub(crate) fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
         dst.copy_from_slice(bytes);
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
 }
 
@@ -134,6 +144,12 @@ impl Slot {
                 put(&mut b, at + 4, &[unit, u8::from(s.over_limit), 0, 0]);
                 put(&mut b, at + 8, &s.remaining.to_le_bytes());
                 put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
+            }
+        }
+        if let Some(l) = &self.lease {
+            flags |= HAS_LEASE;
+            if let Some(dst) = b.get_mut(LEASE_AT..LEASE_AT + Lease::BYTES) {
+                l.encode(dst);
             }
         }
         put(&mut b, 0, &[VERSION, flags]);
@@ -175,10 +191,16 @@ impl Slot {
         } else {
             None
         };
+        let lease = if flags & HAS_LEASE != 0 {
+            Some(Lease::decode(b.get(LEASE_AT..LEASE_AT + Lease::BYTES)?)?)
+        } else {
+            None
+        };
         Some(Slot {
             fingerprint: u64_at(b, 2)?,
             bucket,
             over_limit,
+            lease,
         })
     }
 }
@@ -385,6 +407,7 @@ mod tests {
                 until_ms,
                 statuses: Vec::new(),
             }),
+            lease: None,
         }
         .encode()
     }
@@ -398,6 +421,8 @@ mod tests {
             until in any::<u64>(),
             n in 0usize..=4,
             remaining in any::<u32>(),
+            tokens_left in any::<u32>(),
+            with_lease in any::<bool>(),
         ) {
             let slot = Slot {
                 fingerprint: fp,
@@ -411,6 +436,16 @@ mod tests {
                         over_limit: i % 2 == 0,
                         reset_at_ms: until / 2,
                     }).collect(),
+                }),
+                lease: with_lease.then_some(Lease {
+                    tokens: tokens_left,
+                    until_ms: until,
+                    refill_at_ms: updated,
+                    remaining,
+                    remaining_until_ms: until / 3,
+                    rate_second: tokens,
+                    rate_count: remaining / 2,
+                    rate_prev: tokens_left / 2,
                 }),
             };
             let bytes = slot.encode();
