@@ -135,6 +135,20 @@ group_counters! {
     LeaseRefusedTokens => "lease.refused_tokens",
     /// Lease mode: calls for a batch that failed or timed out.
     LeasesFailed => "lease.failed",
+    /// Sync mode: requests admitted locally (no call).
+    SyncLocal => "sync.local",
+    /// Sync mode: refused locally, the view at the limit (no call).
+    SyncRefused => "sync.refused",
+    /// Sync mode: pushes of unsynced hits the service answered.
+    Syncs => "sync.pushes",
+    /// Sync mode: the hits those pushes carried.
+    SyncHits => "sync.hits",
+    /// Sync mode: pushed hits the service answered OVER_LIMIT for (it still
+    /// counts them): at most this much overshoot this Envoy observed.
+    SyncOverLimitHits => "sync.over_limit_hits",
+    /// Sync mode: pushes that failed or timed out (their hits are pushed
+    /// again with the next one).
+    SyncFailed => "sync.failed",
 }
 
 /// How many counters each group has.

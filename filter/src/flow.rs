@@ -28,10 +28,12 @@
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{encode_request, first_step, verdict, Compiled, RlsError, Step, Verdict};
 use crate::host::Host;
-use crate::lease::{admit_lease, store_outcome, LeaseParams, Outcome, Refill, Spend};
-use crate::local::{admit, remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
+use crate::lease::{store_outcome, Outcome};
+use crate::local::{remember_over_limit, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
+use crate::modes::{local_step, ModeStep};
 use crate::proto::{METHOD, SERVICE};
+use crate::sync::{store_heard, Heard};
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +59,9 @@ pub struct Stream {
     group: Option<usize>,
     /// Lease mode: the batch this request asked for (`lease`).
     lease_batch: Option<u32>,
+    /// Sync mode: this request asked the service itself; its answer
+    /// refreshes the tenant's view (`sync`).
+    sync: bool,
 }
 
 impl Stream {
@@ -89,56 +94,26 @@ impl Stream {
             let key = host.slot_secret();
             let at = slot_for(&key, &limited.group.name, &limited.tenant, local.slots);
             let now = host.now_ms();
-            let bucket = local.bucket_for(limited.group);
-            let mode = c.config.headers;
-            let lease = LeaseParams::for_group(c, limited.group);
-            let decided = match &lease {
-                Some(p) => update(host, at.index, CAS_ATTEMPTS, |stored| {
-                    admit_lease(stored, at, now, bucket, mode, p)
-                }),
-                None => update(host, at.index, CAS_ATTEMPTS, |stored| {
-                    let (v, write) = admit(stored, at, now, bucket, mode);
-                    ((v, None, 0), write)
-                }),
+            let verdict = match local_step(c, host, &limited, at, now) {
+                Ok((_, ModeStep::Admitted)) => return Next::Continue,
+                Ok((_, ModeStep::Refused(headers))) => return over_limit_reply(host, &headers),
+                Ok((v, ModeStep::Ask { lease_batch, sync })) => {
+                    self.lease_batch = lease_batch;
+                    self.sync = sync;
+                    Ok(v)
+                }
+                Ok((v, ModeStep::Exact)) => Ok(v),
+                Err(e) => Err(e),
             };
-            let decided = decided.map(|(v, spend, stranded)| {
-                if stranded > 0 {
-                    host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
-                }
-                match spend {
-                    Some(Spend::Token { refill }) => {
-                        if let Some(batch) = refill {
-                            host.request_refill(Refill {
-                                group,
-                                tenant: limited.tenant.to_string(),
-                                at,
-                                batch,
-                            });
-                        }
-                        None
-                    }
-                    Some(Spend::Ask { batch }) => {
-                        self.lease_batch = Some(batch);
-                        Some(v)
-                    }
-                    None => Some(v),
-                }
-            });
-            match decided {
-                // Admitted with a token of the lease: no call.
-                Ok(None) => {
-                    host.count_group(group, GroupCounter::Admitted);
-                    host.count_group(group, GroupCounter::LeaseSpent);
-                    return Next::Continue;
-                }
-                Ok(Some(LocalVerdict::Proceed)) => {}
-                Ok(Some(LocalVerdict::Contended)) => host.count(Counter::SlotContended),
-                Ok(Some(LocalVerdict::BucketEmpty(headers))) => {
+            match verdict {
+                Ok(LocalVerdict::Proceed) => {}
+                Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
+                Ok(LocalVerdict::BucketEmpty(headers)) => {
                     host.count(Counter::LocalOverLimit);
                     host.count_group(group, GroupCounter::RefusedBucket);
                     return over_limit_reply(host, &headers);
                 }
-                Ok(Some(LocalVerdict::CachedOverLimit(headers))) => {
+                Ok(LocalVerdict::CachedOverLimit(headers)) => {
                     host.count(Counter::CachedOverLimit);
                     host.count_group(group, GroupCounter::RefusedCache);
                     return over_limit_reply(host, &headers);
@@ -189,6 +164,10 @@ impl Stream {
             let outcome = Outcome::of(grpc_status, body.as_deref());
             let tokens = batch.saturating_sub(1);
             store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
+        }
+        if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
+            let heard = Heard::of(grpc_status, body.as_deref());
+            store_heard(c, host, group, at, self.asked_at_ms, 0, &heard);
         }
         let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
             Verdict::Allow(headers) => {

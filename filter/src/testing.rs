@@ -15,7 +15,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::counters::{Counter, GroupCounter, COUNTERS};
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::lease::Refill;
-use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
+use crate::local::{SlotKey, SlotRef, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
 pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
@@ -165,6 +165,7 @@ pub struct MemHost {
     group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
     slot_secret: Cell<SlotSecret>,
     refills: RefCell<Vec<Refill>>,
+    tracked: RefCell<Vec<(usize, String, SlotRef)>>,
 }
 
 impl Default for MemHost {
@@ -197,6 +198,7 @@ impl MemHost {
             group_counters: RefCell::new(Vec::new()),
             slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
             refills: RefCell::new(Vec::new()),
+            tracked: RefCell::new(Vec::new()),
         }
     }
 
@@ -327,6 +329,12 @@ impl MemHost {
     }
 
     /// The local replies sent, in order (empty for a `counting` host).
+    /// The tenants sync mode tracks (each once, in the order first seen),
+    /// as the glue's root context would.
+    pub fn tracked(&self) -> Vec<(usize, String, SlotRef)> {
+        self.tracked.borrow().clone()
+    }
+
     /// The lease refills requested since the last call (taken out).
     pub fn take_refills(&self) -> Vec<Refill> {
         std::mem::take(&mut *self.refills.borrow_mut())
@@ -528,6 +536,13 @@ impl Host for MemHost {
 
     fn slot_secret(&self) -> SlotSecret {
         self.slot_secret.get()
+    }
+
+    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef) {
+        let mut t = self.tracked.borrow_mut();
+        if self.keep && !t.iter().any(|(_, _, a)| a.fingerprint == at.fingerprint) {
+            t.push((group, tenant.to_string(), at));
+        }
     }
 
     fn request_refill(&self, refill: Refill) {

@@ -5,6 +5,7 @@
 use crate::lease::Lease;
 use crate::local::bucket::TokenBucket;
 use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
+use crate::sync::SyncState;
 
 /// One tenant's state in one shared-data slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,6 +15,10 @@ pub struct Slot {
     pub over_limit: Option<OverLimit>,
     /// The tenant's lease (lease mode only).
     pub lease: Option<Lease>,
+    /// The tenant's view of the fleet's count and its unsynced hits (sync
+    /// mode only; a slot's tenant has one group, so one mode: the lease and
+    /// the sync state share the slot's mode block).
+    pub sync: Option<SyncState>,
 }
 
 /// Why a tenant claims a slot; the two give way to a holder differently.
@@ -33,6 +38,7 @@ impl Slot {
             bucket: None,
             over_limit: None,
             lease: None,
+            sync: None,
         }
     }
 
@@ -47,6 +53,14 @@ impl Slot {
             Some(s) if s.fingerprint != 0 && s.held_against(why, now_ms) => None,
             _ => Some(Slot::empty(fingerprint)),
         }
+    }
+
+    /// The stored slot if it is `fingerprint`'s, else None (nothing is
+    /// claimed: for the root's work on a tenant's state).
+    pub fn decode_for(stored: Option<&[u8]>, fingerprint: u64) -> Option<Slot> {
+        stored
+            .and_then(Slot::decode)
+            .filter(|s| s.fingerprint == fingerprint)
     }
 
     fn held_against(&self, why: Claim, now_ms: u64) -> bool {
@@ -72,6 +86,7 @@ impl Slot {
                 .bucket
                 .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
             || self.lease.as_ref().is_some_and(|l| l.in_use(now_ms))
+            || self.sync.as_ref().is_some_and(|s| s.in_use(now_ms))
     }
 }
 
@@ -94,12 +109,19 @@ const VERSION: u8 = 2;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
 const HAS_LEASE: u8 = 4;
+const HAS_SYNC: u8 = 8;
 const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
-const LEASE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+const MODE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+/// The mode block: a lease or a sync state, whichever is larger.
+const MODE_BYTES: usize = if Lease::BYTES > SyncState::BYTES {
+    Lease::BYTES
+} else {
+    SyncState::BYTES
+};
 /// Every slot value has this size, so the shared data never grows after the
-/// slots are created: 164 bytes (the lease's block is 48 of them).
-pub const SLOT_BYTES: usize = LEASE_AT + Lease::BYTES;
+/// slots are created: 180 bytes (the mode block is 64 of them).
+pub const SLOT_BYTES: usize = MODE_AT + MODE_BYTES;
 
 pub(crate) fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
@@ -148,8 +170,13 @@ impl Slot {
         }
         if let Some(l) = &self.lease {
             flags |= HAS_LEASE;
-            if let Some(dst) = b.get_mut(LEASE_AT..LEASE_AT + Lease::BYTES) {
+            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + Lease::BYTES) {
                 l.encode(dst);
+            }
+        } else if let Some(s) = &self.sync {
+            flags |= HAS_SYNC;
+            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + SyncState::BYTES) {
+                s.encode(dst);
             }
         }
         put(&mut b, 0, &[VERSION, flags]);
@@ -192,7 +219,14 @@ impl Slot {
             None
         };
         let lease = if flags & HAS_LEASE != 0 {
-            Some(Lease::decode(b.get(LEASE_AT..LEASE_AT + Lease::BYTES)?)?)
+            Some(Lease::decode(b.get(MODE_AT..MODE_AT + Lease::BYTES)?)?)
+        } else {
+            None
+        };
+        let sync = if flags & HAS_SYNC != 0 && lease.is_none() {
+            Some(SyncState::decode(
+                b.get(MODE_AT..MODE_AT + SyncState::BYTES)?,
+            )?)
         } else {
             None
         };
@@ -201,6 +235,7 @@ impl Slot {
             bucket,
             over_limit,
             lease,
+            sync,
         })
     }
 }
@@ -408,6 +443,7 @@ mod tests {
                 statuses: Vec::new(),
             }),
             lease: None,
+            sync: None,
         }
         .encode()
     }
@@ -446,6 +482,13 @@ mod tests {
                     rate_second: tokens,
                     rate_count: remaining / 2,
                     rate_prev: tokens_left / 2,
+                }),
+                sync: (!with_lease).then_some(SyncState {
+                    views: [remaining, 1, 2, tokens_left],
+                    view_until_ms: [until, updated, 3, 4],
+                    unsynced: tokens_left,
+                    in_flight: remaining / 3,
+                    push_at_ms: updated / 2,
                 }),
             };
             let bytes = slot.encode();
