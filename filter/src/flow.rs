@@ -167,7 +167,7 @@ impl Stream {
         }
         if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
             let heard = Heard::of(grpc_status, body.as_deref());
-            store_heard(c, host, group, at, self.asked_at_ms, 0, &heard);
+            store_heard(c, host, group, at, self.asked_at_ms, 1, false, &heard);
         }
         let next = match verdict(c.config.headers, grpc_status, body.as_deref()) {
             Verdict::Allow(headers) => {

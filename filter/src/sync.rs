@@ -172,6 +172,13 @@ pub fn decide(state: Option<SyncState>, p: &SyncParams, now_ms: u64) -> (SyncSta
         }
     }
     if s.pending() >= p.max_unsynced {
+        // The asking request's hit stays pending until its answer, which
+        // includes it in the view: requests asking at once must not each
+        // be admitted against the same view.
+        s.in_flight = s.in_flight.saturating_add(1);
+        if s.push_at_ms == 0 {
+            s.push_at_ms = now_ms.max(1);
+        }
         return (s, SyncStep::Ask);
     }
     s.unsynced = s.unsynced.saturating_add(1);
@@ -258,9 +265,11 @@ impl Heard {
 }
 
 /// Stores what the service said to a call asked at `asked_at_ms` that
-/// carried `delta` of the pushed hits: the in-flight hits are done with
-/// (put back if the call failed), and every unit whose window has not
-/// ended since learns the fleet's count.
+/// carried `delta` pending hits (a push's, or an asking request's own): the
+/// in-flight hits are done with (put back as unsynced if the call failed:
+/// a request that failed open was admitted, and the service must learn it),
+/// and every unit whose window has not ended since learns the fleet's
+/// count.
 pub fn settle(
     state: Option<SyncState>,
     p: &SyncParams,
@@ -380,8 +389,10 @@ pub fn push_message(c: &Compiled, push: &Push) -> Option<Vec<u8>> {
     Some(encode_request(c, &limited, push.delta))
 }
 
-/// Stores what the service said to a call of `delta` pushed hits (0 for a
-/// request's own call) asked at `asked_at_ms`; counted in the group.
+/// Stores what the service said to a call carrying `delta` hits that were
+/// pending (a push's, or 1 for a request that asked itself: `pushed`
+/// false) asked at `asked_at_ms`; a push is counted in the group.
+#[allow(clippy::too_many_arguments)]
 pub fn store_heard<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
@@ -389,12 +400,13 @@ pub fn store_heard<H: Host + ?Sized>(
     at: SlotRef,
     asked_at_ms: u64,
     delta: u32,
+    pushed: bool,
     heard: &Heard,
 ) {
     let Some(p) = params_of(c, group) else {
         return;
     };
-    if delta > 0 {
+    if pushed {
         match heard {
             Heard::Failed => host.count_group(group, GroupCounter::SyncFailed),
             Heard::Counts(_) => {
@@ -437,6 +449,7 @@ pub fn on_push_answer<H: Host + ?Sized>(
         push.at,
         push.asked_at_ms,
         push.delta,
+        true,
         &heard,
     );
 }

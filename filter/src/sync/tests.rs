@@ -43,15 +43,20 @@ fn admits_while_the_view_and_the_pending_hits_fit_then_asks_then_refuses() {
     // 4 admitted (max_unsynced), then the fifth asks the service.
     assert_eq!(&steps[..4], &[SyncStep::Admit; 4]);
     assert_eq!(steps[4], SyncStep::Ask);
-    assert_eq!(s.unsynced, 4);
-    // Pushed and answered: 9 of 10 counted; one more fits, then 429.
+    assert_eq!((s.unsynced, s.in_flight), (4, 1));
+    // The asking request's hit stays pending until its answer: another
+    // request meanwhile is judged with it (5 + 5 pending: the limit).
+    let (_, step) = decide(Some(s), &p, NOW);
+    assert!(matches!(step, SyncStep::Refuse { .. }), "{step:?}");
+    let answered = Heard::Counts(vec![(false, 4), (false, 49)]);
+    let s = settle(Some(s), &p, NOW, NOW + 1, 1, &answered);
+    assert_eq!((s.views[0], s.views[1], s.in_flight), (6, 51, 0));
+    // The root pushes the 4; the service has counted 10 of 10: 429, no call.
     let (pushed, delta) = take_delta(Some(s), &p, NOW + 1);
     assert_eq!(delta, 4);
-    let heard = Heard::Counts(vec![(false, 1), (false, 46)]);
+    let heard = Heard::Counts(vec![(false, 0), (false, 45)]);
     let s = settle(Some(pushed), &p, NOW + 1, NOW + 5, delta, &heard);
-    assert_eq!((s.views[0], s.views[1], s.pending()), (9, 54, 0));
-    let (s, step) = decide(Some(s), &p, NOW + 6);
-    assert_eq!(step, SyncStep::Admit);
+    assert_eq!((s.views[0], s.views[1], s.pending()), (10, 55, 0));
     let (s, step) = decide(Some(s), &p, NOW + 7);
     assert_eq!(
         step,
@@ -62,7 +67,7 @@ fn admits_while_the_view_and_the_pending_hits_fit_then_asks_then_refuses() {
     // The next minute starts from 0 (the hour's view stays).
     let (s, step) = decide(Some(s), &p, MINUTE_END);
     assert_eq!(step, SyncStep::Admit);
-    assert_eq!((s.views[0], s.views[1]), (0, 54));
+    assert_eq!((s.views[0], s.views[1]), (0, 55));
 }
 
 #[test]
