@@ -46,9 +46,10 @@ pub struct SyncState {
     pub view_until_ms: [u64; UNITS],
     /// Hits this Envoy admitted that no push has taken yet.
     pub unsynced: u32,
-    /// Hits of the push under way (0: none).
+    /// Hits of the push under way, and of requests that asked the service
+    /// themselves and wait for its answer (0: none).
     pub in_flight: u32,
-    /// When that push went out.
+    /// When the last of those hits went out.
     pub push_at_ms: u64,
 }
 
@@ -176,9 +177,7 @@ pub fn decide(state: Option<SyncState>, p: &SyncParams, now_ms: u64) -> (SyncSta
         // includes it in the view: requests asking at once must not each
         // be admitted against the same view.
         s.in_flight = s.in_flight.saturating_add(1);
-        if s.push_at_ms == 0 {
-            s.push_at_ms = now_ms.max(1);
-        }
+        s.push_at_ms = now_ms.max(1);
         return (s, SyncStep::Ask);
     }
     s.unsynced = s.unsynced.saturating_add(1);
@@ -220,16 +219,18 @@ pub fn refusal_headers(retry_after_s: u64) -> Vec<(&'static str, String)> {
     vec![(RETRY_AFTER, retry_after_s.to_string())]
 }
 
-/// Takes the unsynced hits out of the state for a push at `now_ms`: 0 when
-/// there are none or a push is already under way.
+/// Takes the unsynced hits out of the state for a push at `now_ms` (0 when
+/// there are none).
 pub fn take_delta(state: Option<SyncState>, p: &SyncParams, now_ms: u64) -> (SyncState, u32) {
     let mut s = state.unwrap_or_default();
     s.roll(p, now_ms);
-    if s.unsynced == 0 || s.in_flight > 0 {
+    if s.unsynced == 0 {
         return (s, 0);
     }
+    // Taken out under CAS: each hit is pushed by exactly one worker, even
+    // with another push (or a request's own call) still under way.
     let delta = std::mem::take(&mut s.unsynced);
-    s.in_flight = delta;
+    s.in_flight = s.in_flight.saturating_add(delta);
     s.push_at_ms = now_ms.max(1);
     (s, delta)
 }
@@ -281,7 +282,11 @@ pub fn settle(
     let mut s = state.unwrap_or_default();
     if delta > 0 {
         s.in_flight = s.in_flight.saturating_sub(delta);
-        s.push_at_ms = 0;
+        // `push_at_ms` is when the last in-flight hits went out: the others
+        // still under way are older, and lost together with them.
+        if s.in_flight == 0 {
+            s.push_at_ms = 0;
+        }
         if *heard == Heard::Failed {
             s.unsynced = s.unsynced.saturating_add(delta);
         }
