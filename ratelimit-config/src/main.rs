@@ -287,12 +287,12 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> ExitCode {
-    let (limits, domain, descriptor_key) = match (&a.file, &a.plugin_config) {
+    let (limits, domain, descriptor_key, local) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
             let Some(c) = load_plugin(p) else {
                 return ExitCode::FAILURE;
             };
-            (c.limits, c.domain, c.descriptor_key)
+            (c.limits, c.domain, c.descriptor_key, Some(c.local))
         }
         (Some(f), None) => {
             let Some((_, limits)) = load_team(f) else {
@@ -301,7 +301,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key)
+            (limits, a.domain.unwrap_or_default(), key, None)
         }
         (None, None) => return ExitCode::FAILURE,
     };
@@ -314,6 +314,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
         domain: &domain,
         descriptor_key: &descriptor_key,
         key_prefix: &a.key_prefix,
+        local: local.as_ref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     ExitCode::SUCCESS
