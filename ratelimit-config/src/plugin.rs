@@ -31,7 +31,7 @@ pub const DEFAULT_MAX_TENANT_LENGTH: u32 = 128;
 /// 60 KiB; no tenant needs more than this).
 pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
-/// The most slots `local.slots` may ask for (about 256 MiB of shared data).
+/// The most slots `local.slots` may ask for (about 320 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
 /// The most tokens one lease reserves when `local.lease.max_batch` is not
 /// set (the batch is about one second of the Envoy's own rate, at most this).
