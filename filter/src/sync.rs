@@ -266,17 +266,19 @@ impl Heard {
 }
 
 /// Stores what the service said to a call asked at `asked_at_ms` that
-/// carried `delta` pending hits (a push's, or an asking request's own): the
-/// in-flight hits are done with (put back as unsynced if the call failed:
-/// a request that failed open was admitted, and the service must learn it),
-/// and every unit whose window has not ended since learns the fleet's
-/// count.
+/// carried `delta` pending hits (a push's, `pushed`, or an asking request's
+/// own): the in-flight hits are done with (a failed push's are put back,
+/// to be pushed again: they were admitted on the promise of being pushed;
+/// a request whose own call failed followed `failure_mode_deny` and is not
+/// counted, as in exact mode), and every unit whose window has not ended
+/// since learns the fleet's count.
 pub fn settle(
     state: Option<SyncState>,
     p: &SyncParams,
     asked_at_ms: u64,
     now_ms: u64,
     delta: u32,
+    pushed: bool,
     heard: &Heard,
 ) -> SyncState {
     let mut s = state.unwrap_or_default();
@@ -287,7 +289,7 @@ pub fn settle(
         if s.in_flight == 0 {
             s.push_at_ms = 0;
         }
-        if *heard == Heard::Failed {
+        if *heard == Heard::Failed && pushed {
             s.unsynced = s.unsynced.saturating_add(delta);
         }
     }
@@ -430,7 +432,7 @@ pub fn store_heard<H: Host + ?Sized>(
         CAS_ATTEMPTS,
         |stored| match Slot::decode_for(stored, at.fingerprint) {
             Some(mut slot) => {
-                slot.sync = Some(settle(slot.sync, &p, asked_at_ms, now, delta, heard));
+                slot.sync = Some(settle(slot.sync, &p, asked_at_ms, now, delta, pushed, heard));
                 ((), Some(slot))
             }
             None => ((), None),
