@@ -432,7 +432,15 @@ pub fn store_heard<H: Host + ?Sized>(
         CAS_ATTEMPTS,
         |stored| match Slot::decode_for(stored, at.fingerprint) {
             Some(mut slot) => {
-                slot.sync = Some(settle(slot.sync, &p, asked_at_ms, now, delta, pushed, heard));
+                slot.sync = Some(settle(
+                    slot.sync,
+                    &p,
+                    asked_at_ms,
+                    now,
+                    delta,
+                    pushed,
+                    heard,
+                ));
                 ((), Some(slot))
             }
             None => ((), None),

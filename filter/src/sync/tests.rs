@@ -86,10 +86,7 @@ fn only_one_push_of_a_tenant_is_under_way_and_a_failed_one_is_pushed_again() {
     assert_eq!((s.in_flight, s.unsynced), (0, 3));
     // A request's own call that failed is not put back (it followed
     // failure_mode_deny, as in exact mode).
-    let asking = SyncState {
-        in_flight: 1,
-        ..s
-    };
+    let asking = SyncState { in_flight: 1, ..s };
     let after = settle(Some(asking), &p, NOW, NOW + 30, 1, false, &Heard::Failed);
     assert_eq!((after.in_flight, after.unsynced), (0, 3));
     // A push never answered is taken as not sent after push_lost_ms.
