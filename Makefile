@@ -38,7 +38,7 @@ WASM        := target/$(WASM_TARGET)/release/tenant_ratelimit.wasm
 # (filter/src/glue.rs) starts to implement must be added here.
 WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,proxy_on_vm_start,\
 proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,\
-proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete
+proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick
 CLI         := target/release/ratelimit-config
 # The filter's tests also run as wasm32-unknown-unknown under Node through
 # wasm-bindgen-test-runner, pinned to the wasm-bindgen of Cargo.lock.

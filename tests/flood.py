@@ -18,7 +18,7 @@ import requests
 import harness
 
 FLOOD_SCRIPT = harness.REPO / "bench" / "flood.lua"
-BYTES_PER_SLOT_BOUND = 256
+BYTES_PER_SLOT_BOUND = 320
 LIMITS = {"x-tenant-id": {"default": {"perhour": 1000}}}
 
 

@@ -1,7 +1,7 @@
 """A flood of 100,000 distinct tenants through one Envoy, sent by the
 benchmark's load generator (wrk, bench/flood.lua): every request is
 answered 200, none fails open, and Envoy's heap stays within the slot bound
-the README states (256 bytes per slot, all allocated at start-up). The
+the README states (320 bytes per slot, all allocated at start-up). The
 10^6 version is `make bench BENCH_ARGS="--flood 1000000"`."""
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ pub enum Source {
     Cache,
     /// The tenant's token bucket was empty.
     Bucket,
+    /// Sync mode: the Envoy's view of the fleet's count is at the limit.
+    Sync,
     /// No tenant header, and `missing_tenant: deny`.
     MissingTenant,
     /// The tenant header value is longer than `max_tenant_length` (431).
@@ -41,6 +43,7 @@ impl Source {
             Source::Service => "service",
             Source::Cache => "cache",
             Source::Bucket => "bucket",
+            Source::Sync => "sync",
             Source::MissingTenant => "missing_tenant",
             Source::TenantTooLong => "tenant_too_long",
             Source::LimiterError => "limiter_error",
@@ -55,6 +58,8 @@ impl Source {
             (Source::Service, false) => Some(GroupCounter::RefusedService),
             (Source::Cache, false) => Some(GroupCounter::RefusedCache),
             (Source::Bucket, false) => Some(GroupCounter::RefusedBucket),
+            (Source::Sync, false) => Some(GroupCounter::SyncRefused),
+            (Source::Sync, true) => Some(GroupCounter::ShadowRefusedSync),
             (Source::Service, true) => Some(GroupCounter::ShadowRefusedService),
             (Source::Cache, true) => Some(GroupCounter::ShadowRefusedCache),
             (Source::Bucket, true) => Some(GroupCounter::ShadowRefusedBucket),

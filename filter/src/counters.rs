@@ -158,6 +158,39 @@ group_counters! {
     NearLimit => "near_limit",
     /// The limiter failed and the request was let through.
     FailedOpen => "failed_open",
+    /// Lease mode: batches the service granted.
+    LeasesTaken => "lease.taken",
+    /// Lease mode: tokens those batches reserved.
+    LeaseTokens => "lease.tokens",
+    /// Lease mode: requests admitted with a token of a lease, no call.
+    LeaseSpent => "lease.spent",
+    /// Lease mode: tokens reserved and never spent (their window ended, or
+    /// the slot went to another tenant): undershoot this Envoy observed.
+    LeaseStranded => "lease.stranded",
+    /// Lease mode: batches the service refused (the limit was near).
+    LeasesRefused => "lease.refused",
+    /// Lease mode: the hits those refused batches asked for (the service
+    /// still counts them: at most this many tokens were lost below the limit).
+    LeaseRefusedTokens => "lease.refused_tokens",
+    /// Lease mode: calls for a batch that failed or timed out.
+    LeasesFailed => "lease.failed",
+    /// Sync mode: requests admitted locally (no call).
+    SyncLocal => "sync.local",
+    /// Sync mode: refused locally, the view at the limit (no call): the
+    /// refusals of source `sync`.
+    SyncRefused => "refused.sync",
+    /// Sync mode: pushes of unsynced hits the service answered.
+    Syncs => "sync.pushes",
+    /// Sync mode: the hits those pushes carried.
+    SyncHits => "sync.hits",
+    /// Sync mode: pushed hits the service answered OVER_LIMIT for (it still
+    /// counts them): at most this much overshoot this Envoy observed.
+    SyncOverLimitHits => "sync.over_limit_hits",
+    /// Sync mode: pushes that failed or timed out (their hits are pushed
+    /// again with the next one).
+    SyncFailed => "sync.failed",
+    /// Sync mode: would have been refused locally (shadow).
+    ShadowRefusedSync => "shadow_refused.sync",
 }
 
 /// How many counters each group has.

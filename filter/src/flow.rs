@@ -35,11 +35,14 @@ use crate::decision::{
 use crate::headers::group_policy;
 use crate::health;
 use crate::host::Host;
+use crate::lease::{store_outcome, Outcome};
 use crate::local::names::{intern, lookup};
 use crate::local::over_limit::MAX_STATUSES;
-use crate::local::{admit_named, remember_refusal, slot_for, update, LocalVerdict, SlotRef};
+use crate::local::{remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
+use crate::modes::{local_step, ModeStep};
 use crate::proto::{DescriptorStatus, METHOD, SERVICE};
+use crate::sync::{store_heard, Heard};
 use ratelimit_config::HeaderMode;
 
 /// What Envoy does with the request after a callback.
@@ -72,6 +75,11 @@ pub struct Stream {
     shadow: bool,
     /// When the call went out (for the latency histogram).
     sent_ms: u64,
+    /// Lease mode: the batch this request asked for (`lease`).
+    lease_batch: Option<u32>,
+    /// Sync mode: this request asked the service itself; its answer
+    /// refreshes the tenant's view (`sync`).
+    sync: bool,
 }
 
 impl Stream {
@@ -115,12 +123,29 @@ impl Stream {
             let key = host.slot_secret();
             let at = slot_for(&key, &limited.group.name, &limited.tenant, local.slots);
             let now = host.now_ms();
-            let bucket = local.bucket_for(limited.group);
             let mode = c.config.headers;
             let names = |id| lookup(host, id);
-            match update(host, at.index, CAS_ATTEMPTS, |stored| {
-                admit_named(stored, at, now, bucket, mode, &names, cost)
-            }) {
+            let verdict = match local_step(c, host, &limited, at, now, &names, cost) {
+                Ok((_, ModeStep::Admitted)) => return Next::Continue,
+                Ok((_, ModeStep::Refused(headers))) => {
+                    return self.refuse(
+                        c,
+                        host,
+                        Some(limited.tenant.as_ref()),
+                        Source::Sync,
+                        headers,
+                        Vec::new(),
+                    );
+                }
+                Ok((v, ModeStep::Ask { lease_batch, sync })) => {
+                    self.lease_batch = lease_batch;
+                    self.sync = sync;
+                    Ok(v)
+                }
+                Ok((v, ModeStep::Exact)) => Ok(v),
+                Err(e) => Err(e),
+            };
+            match verdict {
                 Ok(LocalVerdict::Proceed) => {}
                 Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
                 // In shadow, a local would-be refusal is let through
@@ -152,12 +177,28 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let message = encode_request(c, &limited, hits_addend(cost));
+        let hits = match self.lease_batch {
+            Some(batch) => batch,
+            None => hits_addend(cost),
+        };
+        let message = encode_request(c, &limited, hits);
         self.sent_ms = host.now_ms();
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(()) => Next::Pause,
             Err(e) => {
                 health::dispatch_failed(c, host, &e);
+                if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
+                    store_outcome(
+                        c,
+                        host,
+                        group,
+                        at,
+                        self.asked_at_ms,
+                        batch,
+                        0,
+                        Outcome::Failed,
+                    );
+                }
                 limiter_error(c, host, Some(group), &RlsError::Host(e.0))
             }
         }
@@ -179,6 +220,16 @@ impl Stream {
         } else {
             None
         };
+        if let (Some(batch), Some(at), Some(group)) = (self.lease_batch, self.slot, self.group) {
+            // This request asked for a batch: the first hit is its own.
+            let outcome = Outcome::of(grpc_status, body.as_deref());
+            let tokens = batch.saturating_sub(1);
+            store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
+        }
+        if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
+            let heard = Heard::of(grpc_status, body.as_deref());
+            store_heard(c, host, group, at, self.asked_at_ms, 1, false, &heard);
+        }
         let Answer {
             verdict,
             to_client,

@@ -4,6 +4,8 @@
 //! contexts, and reads the plugin configuration. What happens to a request
 //! is `flow`'s business.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -17,8 +19,11 @@ use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::health::LogThrottle;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::lease::{on_refill_answer, refill_message, store_outcome, LeaseParams, Outcome, Refill};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
+use crate::local::{agree, Agreed, SlotKey, SlotRef, SlotSecret, SLOT_BYTES};
+use crate::sync::{next_push, on_push_answer, Push, SyncParams};
+use ratelimit_config::LEASE_TICK_MS;
 
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
@@ -192,12 +197,29 @@ fn draw_secret(metrics: &Metrics) -> SlotSecret {
     SlotSecret::from_bytes(nanos.to_le_bytes())
 }
 
-/// `Host` for one stream, through proxy-wasm hostcalls.
+/// `Host` for one stream (or the root context), through proxy-wasm
+/// hostcalls.
 struct Envoy<'a> {
     metrics: &'a Metrics,
     slot_secret: SlotSecret,
     dispatch_warnings: &'a LogThrottle,
+    /// Lease refills for the root's next tick (None: the root itself).
+    refills: Option<&'a RefCell<Vec<Refill>>>,
+    /// Sync mode's tenants, whose hits the root pushes.
+    tracked: Option<&'a RefCell<Tracked>>,
 }
+
+/// The tenants this worker's root pushes the hits of, by fingerprint.
+type Tracked = HashMap<u64, (usize, String, SlotRef)>;
+
+/// The most tenants one worker tracks for sync; a tenant beyond it is
+/// pushed by another worker that tracks it, or its requests ask the
+/// service once `max_unsynced` of its hits are pending.
+const MAX_TRACKED: usize = 16_384;
+
+/// The most refills one worker keeps for its next tick; one asked beyond
+/// it is dropped (its tenant's next request asks after `refill_lost_ms`).
+const MAX_QUEUED_REFILLS: usize = 4_096;
 
 impl SharedData for Envoy<'_> {
     fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
@@ -304,6 +326,24 @@ impl Host for Envoy<'_> {
             other => Err(HostError(format!("set_property: status {other}"))),
         }
     }
+
+    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef) {
+        if let Some(Ok(mut t)) = self.tracked.map(RefCell::try_borrow_mut) {
+            if t.len() < MAX_TRACKED && !t.contains_key(&at.fingerprint) {
+                t.insert(at.fingerprint, (group, tenant.to_string(), at));
+            }
+        }
+    }
+
+    fn request_refill(&self, refill: Refill) {
+        if let Some(queue) = self.refills {
+            if let Ok(mut q) = queue.try_borrow_mut() {
+                if q.len() < MAX_QUEUED_REFILLS {
+                    q.push(refill);
+                }
+            }
+        }
+    }
 }
 
 /// Creates every slot once, zeroed and at full size, so that the shared
@@ -342,6 +382,11 @@ struct Shared {
     slot_secret: SlotSecret,
     /// One per VM: this worker's "cannot call the service" warnings.
     dispatch_warnings: LogThrottle,
+    /// Lease refills this worker's streams asked for, sent on the next tick.
+    refills: RefCell<Vec<Refill>>,
+    tracked: RefCell<Tracked>,
+    /// Sync mode's push period (None: no group syncs).
+    sync_interval_ms: Option<u64>,
 }
 
 impl Shared {
@@ -350,6 +395,8 @@ impl Shared {
             metrics: &self.metrics,
             slot_secret: self.slot_secret,
             dispatch_warnings: &self.dispatch_warnings,
+            refills: Some(&self.refills),
+            tracked: Some(&self.tracked),
         }
     }
 }
@@ -361,6 +408,8 @@ fn slot_secret(metrics: &Metrics) -> SlotSecret {
         metrics,
         slot_secret: SlotSecret::from_bytes([0; SlotSecret::BYTES]),
         dispatch_warnings: &unused,
+        refills: None,
+        tracked: None,
     };
     let (secret, agreed) = agree(&shared, || draw_secret(metrics));
     match agreed {
@@ -372,16 +421,90 @@ fn slot_secret(metrics: &Metrics) -> SlotSecret {
     secret
 }
 
+impl Root {
+    /// Sync mode: pushes the unsynced hits of every tenant this worker
+    /// tracks (a tenant with nothing pending is forgotten until its next
+    /// request).
+    fn push_syncs(&mut self, shared: &Shared) {
+        let c = &shared.compiled;
+        let host = shared.host();
+        let tenants: Vec<(u64, usize, String, SlotRef)> = match shared.tracked.try_borrow() {
+            Ok(t) => t
+                .iter()
+                .map(|(k, (g, n, a))| (*k, *g, n.clone(), *a))
+                .collect(),
+            Err(_) => return,
+        };
+        for (key, group, tenant, at) in tenants {
+            let (push, idle) = next_push(c, &host, group, &tenant, at);
+            if idle {
+                if let Ok(mut t) = shared.tracked.try_borrow_mut() {
+                    t.remove(&key);
+                }
+            }
+            let Some((push, message)) = push else {
+                continue;
+            };
+            let sent = hostcalls::dispatch_grpc_call(
+                &c.upstream,
+                crate::proto::SERVICE,
+                crate::proto::METHOD,
+                Vec::new(),
+                Some(&message),
+                Duration::from_millis(u64::from(c.config.timeout_ms)),
+            );
+            match sent {
+                Ok(token) => {
+                    self.in_flight.insert(token, Pending::Push(push));
+                }
+                Err(_) => on_push_answer(c, &host, &push, 14, None),
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Root {
     shared: Option<Rc<Shared>>,
+    /// Calls sent from `on_tick`, by token.
+    in_flight: HashMap<u32, Pending>,
+    /// When sync mode pushes next.
+    next_sync_ms: u64,
+}
+
+/// A call the root sent.
+enum Pending {
+    /// A lease refill, and when it went out.
+    Refill(Refill, u64),
+    Push(Push),
 }
 
 // The built .wasm exports only the callbacks implemented in this file
 // (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
 // skips a callback that is not exported. Implementing another one here
 // means adding its export there, or Envoy never calls it.
-impl Context for Root {}
+impl Context for Root {
+    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
+        let (Some(shared), Some(pending)) = (&self.shared, self.in_flight.remove(&token_id)) else {
+            return;
+        };
+        let body = if status_code == 0 {
+            hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, response_size)
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let host = shared.host();
+        let c = &shared.compiled;
+        match pending {
+            Pending::Refill(refill, asked_at) => {
+                on_refill_answer(c, &host, &refill, asked_at, status_code, body.as_deref());
+            }
+            Pending::Push(push) => on_push_answer(c, &host, &push, status_code, body.as_deref()),
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -406,11 +529,32 @@ impl RootContext for Root {
                 } else {
                     SlotSecret::from_bytes([0; SlotSecret::BYTES])
                 };
+                let compiled = Compiled::new(config);
+                let groups = || compiled.config.limits.all_groups();
+                let leases = groups().any(|g| LeaseParams::for_group(&compiled, g).is_some());
+                let syncs = groups().any(|g| SyncParams::for_group(&compiled, g).is_some());
+                let sync_interval_ms =
+                    syncs.then_some(u64::from(compiled.config.local.sync_interval_ms));
+                let tick_ms = match (leases, sync_interval_ms) {
+                    (true, Some(s)) => Some(s.min(u64::from(LEASE_TICK_MS))),
+                    (true, None) => Some(u64::from(LEASE_TICK_MS)),
+                    (false, s) => s,
+                };
+                if let Some(ms) = tick_ms {
+                    if let Err(e) = hostcalls::set_tick_period(Duration::from_millis(ms)) {
+                        log::warn!(
+                            "lease/sync: cannot set the tick period ({e:?}): no refills or pushes"
+                        );
+                    }
+                }
                 self.shared = Some(Rc::new(Shared {
-                    compiled: Compiled::new(config),
+                    compiled,
                     metrics,
                     slot_secret,
                     dispatch_warnings: LogThrottle::new(),
+                    refills: RefCell::new(Vec::new()),
+                    tracked: RefCell::new(HashMap::new()),
+                    sync_interval_ms,
                 }));
                 true
             }
@@ -419,6 +563,56 @@ impl RootContext for Root {
                     log::error!("invalid configuration: {e}");
                 }
                 false
+            }
+        }
+    }
+
+    /// Sends the lease refills this worker's streams asked for since the
+    /// last tick: from the root context, so the answer comes back here even
+    /// when the stream that asked has ended.
+    fn on_tick(&mut self) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let queued = match shared.refills.try_borrow_mut() {
+            Ok(mut q) => std::mem::take(&mut *q),
+            Err(_) => return,
+        };
+        let c = &shared.compiled;
+        let host = shared.host();
+        for refill in queued {
+            let now = host.now_ms();
+            let sent = refill_message(c, &refill).map(|message| {
+                hostcalls::dispatch_grpc_call(
+                    &c.upstream,
+                    crate::proto::SERVICE,
+                    crate::proto::METHOD,
+                    Vec::new(),
+                    Some(&message),
+                    Duration::from_millis(u64::from(c.config.timeout_ms)),
+                )
+            });
+            match sent {
+                Some(Ok(token)) => {
+                    self.in_flight.insert(token, Pending::Refill(refill, now));
+                }
+                _ => store_outcome(
+                    c,
+                    &host,
+                    refill.group,
+                    refill.at,
+                    now,
+                    refill.batch,
+                    0,
+                    Outcome::Failed,
+                ),
+            }
+        }
+        if let Some(interval) = shared.sync_interval_ms {
+            let now = host.now_ms();
+            if now >= self.next_sync_ms {
+                self.next_sync_ms = now.saturating_add(interval);
+                self.push_syncs(&shared);
             }
         }
     }

@@ -5,7 +5,8 @@
 
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::health::LogThrottle;
-use crate::local::SlotSecret;
+use crate::lease::Refill;
+use crate::local::{SlotRef, SlotSecret};
 
 /// A host call that failed: what the host said, for the debug log.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +93,14 @@ pub trait Host: SharedData {
     /// The VM's throttle of the "cannot call the service" warning
     /// (`health::dispatch_failed`).
     fn dispatch_warnings(&self) -> &LogThrottle;
+    /// Hands a lease refill to this worker's root context, which sends it
+    /// on its next tick (a call from the stream would be cancelled with it).
+    fn request_refill(&self, refill: Refill);
+
+    /// Sync mode: this worker's root context pushes the unsynced hits of
+    /// this tenant (of group `group`, at slot `at`) from now on, every
+    /// `local.sync.interval_ms`, until it has nothing left to push.
+    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef);
 
     /// The key of the slot hash, agreed at configure (`local::secret`):
     /// no host call.

@@ -22,8 +22,11 @@ pub mod flow;
 pub mod headers;
 pub mod health;
 pub mod host;
+pub mod lease;
 pub mod local;
+pub mod modes;
 pub mod proto;
+pub mod sync;
 
 #[cfg(any(test, not(target_arch = "wasm32")))]
 pub mod testing;

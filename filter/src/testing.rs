@@ -15,8 +15,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
 use crate::health::LogThrottle;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::lease::Refill;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{SlotKey, SlotSecret, SLOT_BYTES};
+use crate::local::{SlotKey, SlotRef, SlotSecret, SLOT_BYTES};
 
 /// The slot secret of every `MemHost` until `set_slot_secret`.
 pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
@@ -200,6 +201,8 @@ pub struct MemHost {
     recorded_count: Cell<u64>,
     dispatch_warnings: LogThrottle,
     slot_secret: Cell<SlotSecret>,
+    refills: RefCell<Vec<Refill>>,
+    tracked: RefCell<Vec<(usize, String, SlotRef)>>,
 }
 
 impl Default for MemHost {
@@ -236,6 +239,8 @@ impl MemHost {
             recorded_count: Cell::new(0),
             dispatch_warnings: LogThrottle::new(),
             slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
+            refills: RefCell::new(Vec::new()),
+            tracked: RefCell::new(Vec::new()),
         }
     }
 
@@ -370,6 +375,17 @@ impl MemHost {
     }
 
     /// The local replies sent, in order (empty for a `counting` host).
+    /// The tenants sync mode tracks (each once, in the order first seen),
+    /// as the glue's root context would.
+    pub fn tracked(&self) -> Vec<(usize, String, SlotRef)> {
+        self.tracked.borrow().clone()
+    }
+
+    /// The lease refills requested since the last call (taken out).
+    pub fn take_refills(&self) -> Vec<Refill> {
+        std::mem::take(&mut *self.refills.borrow_mut())
+    }
+
     pub fn replies(&self) -> Vec<Reply> {
         self.replies.borrow().clone()
     }
@@ -626,6 +642,19 @@ impl Host for MemHost {
                 .push((name.to_string(), value.to_string()));
         }
         Ok(())
+    }
+
+    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef) {
+        let mut t = self.tracked.borrow_mut();
+        if self.keep && !t.iter().any(|(_, _, a)| a.fingerprint == at.fingerprint) {
+            t.push((group, tenant.to_string(), at));
+        }
+    }
+
+    fn request_refill(&self, refill: Refill) {
+        if self.keep {
+            self.refills.borrow_mut().push(refill);
+        }
     }
 }
 

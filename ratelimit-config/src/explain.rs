@@ -10,6 +10,7 @@
 use std::fmt::Write;
 
 use crate::model::{descriptors, TeamLimits, Unit};
+use crate::plugin::{LocalConfig, Mode};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -63,6 +64,26 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     (y, m, d)
 }
 
+/// The group's mode and what it means, for `explain`.
+fn mode_line(local: &LocalConfig, group: &crate::model::Group) -> String {
+    let whence = if local.group(&group.name).and_then(|g| g.mode).is_some() {
+        format!("local.groups.{}.mode", group.name)
+    } else {
+        "local.mode".to_string()
+    };
+    match local.mode_for(group) {
+        Mode::Exact => format!("exact ({whence}): one call to the service per request"),
+        Mode::Lease => format!(
+            "lease ({whence}): batches of up to {} tokens reserved with one call, spent without calls",
+            local.lease_max_batch
+        ),
+        Mode::Sync => format!(
+            "sync ({whence}): admitted locally, hits pushed every {} ms, at most {} unsynced",
+            local.sync_interval_ms, local.sync_max_unsynced
+        ),
+    }
+}
+
 pub struct ExplainOptions<'a> {
     pub domain: &'a str,
     pub descriptor_key: &'a str,
@@ -70,6 +91,9 @@ pub struct ExplainOptions<'a> {
     pub key_prefix: &'a str,
     /// The plugin configuration's global `shadow`.
     pub shadow: bool,
+    /// The plugin configuration's `local`, when explaining one: shows the
+    /// group's mode.
+    pub local: Option<&'a LocalConfig>,
 }
 
 /// The explanation, as the CLI prints it.
@@ -100,6 +124,9 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
             out,
             "shadow:  yes ({whose}): a refusal is counted (shadow_refused) and the request let through"
         );
+    }
+    if let Some(local) = opts.local {
+        let _ = writeln!(out, "mode:    {}", mode_line(local, group));
     }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
@@ -217,6 +244,7 @@ mod tests {
         descriptor_key: "tenant",
         key_prefix: "",
         shadow: false,
+        local: None,
     };
 
     #[test]
@@ -234,6 +262,35 @@ mod tests {
         };
         assert!(explain(&limits, &global, "a", 0)
             .contains("shadow:  yes (the plugin configuration's \"shadow\": true)"));
+    }
+
+    #[test]
+    fn the_mode_of_the_tenants_group_with_a_plugin_configuration() {
+        let local = LocalConfig {
+            mode: Mode::Lease,
+            groups: vec![(
+                "group_1".to_string(),
+                crate::plugin::GroupLocal {
+                    bucket: None,
+                    mode: Some(Mode::Sync),
+                },
+            )],
+            ..LocalConfig::default()
+        };
+        let opts = ExplainOptions {
+            local: Some(&local),
+            ..OPTS
+        };
+        let a = explain(&seed(), &opts, "tenant-a", 0);
+        assert!(
+            a.contains("\nmode:    lease (local.mode): batches of up to 100 tokens reserved with one call, spent without calls\n"),
+            "{a}"
+        );
+        let c = explain(&seed(), &opts, "tenant-c", 0);
+        assert!(
+            c.contains("\nmode:    sync (local.groups.group_1.mode): admitted locally, hits pushed every 100 ms, at most 1000 unsynced\n"),
+            "{c}"
+        );
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub mod team_file;
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
     parse_plugin_config, BucketParams, GroupLocal, HeaderMode, LocalConfig, MissingTenant, Mode,
-    PluginConfig,
+    PluginConfig, LEASE_TICK_MS,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

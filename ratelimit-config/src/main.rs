@@ -287,12 +287,18 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> ExitCode {
-    let (limits, domain, descriptor_key, shadow) = match (&a.file, &a.plugin_config) {
+    let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
             let Some(c) = load_plugin(p) else {
                 return ExitCode::FAILURE;
             };
-            (c.limits, c.domain, c.descriptor_key, c.shadow)
+            (
+                c.limits,
+                c.domain,
+                c.descriptor_key,
+                c.shadow,
+                Some(c.local),
+            )
         }
         (Some(f), None) => {
             let Some((_, limits)) = load_team(f) else {
@@ -301,7 +307,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key, false)
+            (limits, a.domain.unwrap_or_default(), key, false, None)
         }
         (None, None) => return ExitCode::FAILURE,
     };
@@ -315,6 +321,7 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
         descriptor_key: &descriptor_key,
         key_prefix: &a.key_prefix,
         shadow,
+        local: local.as_ref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     ExitCode::SUCCESS

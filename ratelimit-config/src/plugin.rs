@@ -38,13 +38,31 @@ pub const DEFAULT_MAX_TENANT_LENGTH: u32 = 128;
 /// 60 KiB; no tenant needs more than this).
 pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
 pub const MAX_TIMEOUT_MS: u32 = 60_000;
-/// The most slots `local.slots` may ask for (about 256 MiB of shared data).
+/// The most slots `local.slots` may ask for (about 320 MiB of shared data).
 pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
 /// The largest cost a request may carry when `cost_header` is set and
 /// `max_cost` is not.
 pub const DEFAULT_MAX_COST: u32 = 1_000;
 /// The most `max_cost` may be.
 pub const MAX_MAX_COST: u32 = 1_000_000;
+/// The most tokens one lease reserves when `local.lease.max_batch` is not
+/// set (the batch is about one second of the Envoy's own rate, at most this).
+pub const DEFAULT_LEASE_MAX_BATCH: u32 = 100;
+/// The most `local.lease.max_batch` may be.
+pub const MAX_LEASE_MAX_BATCH: u32 = 100_000;
+/// How often each worker's root context sends the lease refills its
+/// requests asked for (the period of `on_tick`), in milliseconds.
+pub const LEASE_TICK_MS: u32 = 20;
+/// How often sync mode pushes each active tenant's unsynced hits
+/// (`local.sync.interval_ms`), and the range it may be set in.
+pub const DEFAULT_SYNC_INTERVAL_MS: u32 = 100;
+pub const MIN_SYNC_INTERVAL_MS: u32 = 10;
+pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
+/// The most hits of one tenant an Envoy admits without the service having
+/// seen them (`local.sync.max_unsynced`); past it, requests ask the service
+/// one by one until the next sync. The overshoot bound scales with it.
+pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
+pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
 
 /// An option whose value is one of a few names.
 trait Named: Copy + 'static {
@@ -223,6 +241,12 @@ pub struct LocalConfig {
     pub mode: Mode,
     /// Per-group settings (`local.groups.<group>`), by group name.
     pub groups: Vec<(String, GroupLocal)>,
+    /// The most tokens one lease reserves (`local.lease.max_batch`).
+    pub lease_max_batch: u32,
+    /// `local.sync.interval_ms`.
+    pub sync_interval_ms: u32,
+    /// `local.sync.max_unsynced`.
+    pub sync_max_unsynced: u32,
 }
 
 /// One group's `local.groups.<group>` entry: each key is optional.
@@ -241,6 +265,9 @@ impl Default for LocalConfig {
             slots: DEFAULT_LOCAL_SLOTS,
             mode: DEFAULT_MODE,
             groups: Vec::new(),
+            lease_max_batch: DEFAULT_LEASE_MAX_BATCH,
+            sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
+            sync_max_unsynced: DEFAULT_SYNC_MAX_UNSYNCED,
         }
     }
 }
@@ -296,7 +323,9 @@ const KEYS: &[&str] = &[
     "cost_header",
     "max_cost",
 ];
-const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups"];
+const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups", "lease", "sync"];
+const LEASE_KEYS: &[&str] = &["max_batch"];
+const SYNC_KEYS: &[&str] = &["interval_ms", "max_unsynced"];
 const GROUP_LOCAL_KEYS: &[&str] = &["tokens_per_second", "burst", "mode"];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
@@ -713,6 +742,47 @@ fn local_config(
             local.mode = mode;
         }
     }
+    if let Some(l) = obj.get("lease") {
+        local.lease_max_batch = lease_max_batch(l, &join(BASE, "lease"), errors);
+    }
+    if let Some(v) = obj.get("sync") {
+        let path = join(BASE, "sync");
+        match v {
+            Value::Object(sync) => {
+                check_keys(sync, &path, SYNC_KEYS, errors);
+                let mut bounded = |key: &str, min: u32, max: u32, default: u32| {
+                    let Some(v) = sync.get(key) else {
+                        return default;
+                    };
+                    let at = join(&path, key);
+                    match positive_u32(v) {
+                        Ok(n) if (min..=max).contains(&n) => n,
+                        Ok(n) => {
+                            errors.push(at, format!("must be from {min} to {max}, got {n}"));
+                            default
+                        }
+                        Err(e) => {
+                            errors.push(at, e);
+                            default
+                        }
+                    }
+                };
+                local.sync_interval_ms = bounded(
+                    "interval_ms",
+                    MIN_SYNC_INTERVAL_MS,
+                    MAX_SYNC_INTERVAL_MS,
+                    DEFAULT_SYNC_INTERVAL_MS,
+                );
+                local.sync_max_unsynced = bounded(
+                    "max_unsynced",
+                    1,
+                    MAX_SYNC_MAX_UNSYNCED,
+                    DEFAULT_SYNC_MAX_UNSYNCED,
+                );
+            }
+            other => errors.push(path, format!("must be an object, got {}", describe(other))),
+        }
+    }
     let Some(groups) = obj.get("groups") else {
         return local;
     };
@@ -741,6 +811,33 @@ fn local_config(
         }
     }
     local
+}
+
+/// `local.lease`: `{"max_batch": n}`, 1 to `MAX_LEASE_MAX_BATCH`.
+fn lease_max_batch(v: &Value, path: &str, errors: &mut Errors) -> u32 {
+    let Value::Object(obj) = v else {
+        errors.push(path, format!("must be an object, got {}", describe(v)));
+        return DEFAULT_LEASE_MAX_BATCH;
+    };
+    check_keys(obj, path, LEASE_KEYS, errors);
+    let Some(m) = obj.get("max_batch") else {
+        return DEFAULT_LEASE_MAX_BATCH;
+    };
+    let path = join(path, "max_batch");
+    match positive_u32(m) {
+        Ok(n) if n <= MAX_LEASE_MAX_BATCH => n,
+        Ok(n) => {
+            errors.push(
+                path,
+                format!("must be at most {MAX_LEASE_MAX_BATCH}, got {n}"),
+            );
+            DEFAULT_LEASE_MAX_BATCH
+        }
+        Err(e) => {
+            errors.push(path, e);
+            DEFAULT_LEASE_MAX_BATCH
+        }
+    }
 }
 
 /// Lease and sync keep their tokens and counts in the local layer's shared
@@ -1067,6 +1164,55 @@ mod tests {
         );
     }
 
+    #[test]
+    fn lease_max_batch_is_validated_and_defaults() {
+        let c = with_local(r#"{"mode": "lease"}"#).unwrap();
+        assert_eq!(c.local.lease_max_batch, DEFAULT_LEASE_MAX_BATCH);
+        let c = with_local(r#"{"mode": "lease", "lease": {"max_batch": 7}}"#).unwrap();
+        assert_eq!(c.local.lease_max_batch, 7);
+        assert_eq!(
+            with_local(r#"{"lease": {"max_batch": 0, "size": 1}}"#).unwrap_err(),
+            vec![
+                "local.lease.size: unknown key \"size\", expected one of max_batch",
+                "local.lease.max_batch: must be a positive integer, got 0",
+            ]
+        );
+        assert_eq!(
+            with_local(r#"{"lease": {"max_batch": 100001}}"#).unwrap_err(),
+            vec!["local.lease.max_batch: must be at most 100000, got 100001"]
+        );
+        assert_eq!(
+            with_local(r#"{"lease": 5}"#).unwrap_err(),
+            vec!["local.lease: must be an object, got 5"]
+        );
+    }
+
+    #[test]
+    fn sync_settings_are_validated_and_default() {
+        let c = with_local(r#"{"mode": "sync"}"#).unwrap();
+        assert_eq!(
+            (c.local.sync_interval_ms, c.local.sync_max_unsynced),
+            (DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED)
+        );
+        let c = with_local(r#"{"sync": {"interval_ms": 250, "max_unsynced": 9}}"#).unwrap();
+        assert_eq!(
+            (c.local.sync_interval_ms, c.local.sync_max_unsynced),
+            (250, 9)
+        );
+        assert_eq!(
+            with_local(r#"{"sync": {"interval_ms": 5, "max_unsynced": 0, "x": 1}}"#).unwrap_err(),
+            vec![
+                "local.sync.x: unknown key \"x\", expected one of interval_ms, max_unsynced",
+                "local.sync.interval_ms: must be from 10 to 60000, got 5",
+                "local.sync.max_unsynced: must be a positive integer, got 0",
+            ]
+        );
+        assert_eq!(
+            with_local(r#"{"sync": []}"#).unwrap_err(),
+            vec!["local.sync: must be an object, got an array"]
+        );
+    }
+
     fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
@@ -1234,7 +1380,7 @@ mod tests {
         assert_eq!(
             with_local(r#"{"slots": 0, "enabled": "yes", "size": 1, "groups": {"bronze": {"burst": 3}, "gold": {"tokens_per_second": 1.5, "burst": -1}}}"#).unwrap_err(),
             vec![
-                "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups",
+                "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups, lease, sync",
                 "local.enabled: must be true or false, got string \"yes\"",
                 "local.slots: must be a positive integer, got 0",
                 "local.groups.bronze: no such group in limits, expected one of default, gold, silver",

@@ -2,8 +2,10 @@
 //! encoding, where a tenant lives (index and fingerprint), the slot's key,
 //! and who owns a slot (`Slot::claim`, the one place that decides it).
 
+use crate::lease::Lease;
 use crate::local::bucket::TokenBucket;
 use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
+use crate::sync::SyncState;
 
 /// One tenant's state in one shared-data slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,6 +13,12 @@ pub struct Slot {
     pub fingerprint: u64,
     pub bucket: Option<TokenBucket>,
     pub over_limit: Option<OverLimit>,
+    /// The tenant's lease (lease mode only).
+    pub lease: Option<Lease>,
+    /// The tenant's view of the fleet's count and its unsynced hits (sync
+    /// mode only; a slot's tenant has one group, so one mode: the lease and
+    /// the sync state share the slot's mode block).
+    pub sync: Option<SyncState>,
 }
 
 /// Why a tenant claims a slot; the two give way to a holder differently.
@@ -29,6 +37,8 @@ impl Slot {
             fingerprint,
             bucket: None,
             over_limit: None,
+            lease: None,
+            sync: None,
         }
     }
 
@@ -43,6 +53,14 @@ impl Slot {
             Some(s) if s.fingerprint != 0 && s.held_against(why, now_ms) => None,
             _ => Some(Slot::empty(fingerprint)),
         }
+    }
+
+    /// The stored slot if it is `fingerprint`'s, else None (nothing is
+    /// claimed: for the root's work on a tenant's state).
+    pub fn decode_for(stored: Option<&[u8]>, fingerprint: u64) -> Option<Slot> {
+        stored
+            .and_then(Slot::decode)
+            .filter(|s| s.fingerprint == fingerprint)
     }
 
     fn held_against(&self, why: Claim, now_ms: u64) -> bool {
@@ -60,13 +78,15 @@ impl Slot {
     }
 
     /// Whether the slot's state still matters at `now_ms`: a cached refusal
-    /// that has not ended, or a bucket that took a token less than
-    /// `SLOT_HOLD_MS` ago.
+    /// that has not ended, a bucket that took a token less than
+    /// `SLOT_HOLD_MS` ago, or a lease in use (`Lease::in_use`).
     fn in_use(&self, now_ms: u64) -> bool {
         self.refusing(now_ms)
             || self
                 .bucket
                 .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
+            || self.lease.as_ref().is_some_and(|l| l.in_use(now_ms))
+            || self.sync.as_ref().is_some_and(|s| s.in_use(now_ms))
     }
 }
 
@@ -82,26 +102,38 @@ impl Slot {
 /// refusal is still cached.
 pub const SLOT_HOLD_MS: u64 = 2_000;
 
-const VERSION: u8 = 1;
+// Version 2 added the lease block. Every VM of one Envoy runs the same
+// .wasm, so a slot of another version is only met across a reload, and is
+// then taken as empty.
+const VERSION: u8 = 2;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
+const HAS_LEASE: u8 = 4;
+const HAS_SYNC: u8 = 8;
 const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
+const MODE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+/// The mode block: a lease or a sync state, whichever is larger.
+const MODE_BYTES: usize = if Lease::BYTES > SyncState::BYTES {
+    Lease::BYTES
+} else {
+    SyncState::BYTES
+};
 /// Every slot value has this size, so the shared data never grows after the
-/// slots are created.
-pub const SLOT_BYTES: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+/// slots are created: 180 bytes (the mode block is 64 of them).
+pub const SLOT_BYTES: usize = MODE_AT + MODE_BYTES;
 
-fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+pub(crate) fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
         dst.copy_from_slice(bytes);
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
 }
 
@@ -135,6 +167,17 @@ impl Slot {
                 put(&mut b, at + 4, &[unit, u8::from(s.over_limit), s.name, 0]);
                 put(&mut b, at + 8, &s.remaining.to_le_bytes());
                 put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
+            }
+        }
+        if let Some(l) = &self.lease {
+            flags |= HAS_LEASE;
+            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + Lease::BYTES) {
+                l.encode(dst);
+            }
+        } else if let Some(s) = &self.sync {
+            flags |= HAS_SYNC;
+            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + SyncState::BYTES) {
+                s.encode(dst);
             }
         }
         put(&mut b, 0, &[VERSION, flags]);
@@ -177,10 +220,24 @@ impl Slot {
         } else {
             None
         };
+        let lease = if flags & HAS_LEASE != 0 {
+            Some(Lease::decode(b.get(MODE_AT..MODE_AT + Lease::BYTES)?)?)
+        } else {
+            None
+        };
+        let sync = if flags & HAS_SYNC != 0 && lease.is_none() {
+            Some(SyncState::decode(
+                b.get(MODE_AT..MODE_AT + SyncState::BYTES)?,
+            )?)
+        } else {
+            None
+        };
         Some(Slot {
             fingerprint: u64_at(b, 2)?,
             bucket,
             over_limit,
+            lease,
+            sync,
         })
     }
 }
@@ -387,6 +444,8 @@ mod tests {
                 until_ms,
                 statuses: Vec::new(),
             }),
+            lease: None,
+            sync: None,
         }
         .encode()
     }
@@ -401,6 +460,8 @@ mod tests {
             n in 0usize..=4,
             remaining in any::<u32>(),
             name in any::<u8>(),
+            tokens_left in any::<u32>(),
+            with_lease in any::<bool>(),
         ) {
             let slot = Slot {
                 fingerprint: fp,
@@ -415,6 +476,23 @@ mod tests {
                         reset_at_ms: until / 2,
                         name: name.wrapping_add(i as u8),
                     }).collect(),
+                }),
+                lease: with_lease.then_some(Lease {
+                    tokens: tokens_left,
+                    until_ms: until,
+                    refill_at_ms: updated,
+                    remaining,
+                    remaining_until_ms: until / 3,
+                    rate_second: tokens,
+                    rate_count: remaining / 2,
+                    rate_prev: tokens_left / 2,
+                }),
+                sync: (!with_lease).then_some(SyncState {
+                    views: [remaining, 1, 2, tokens_left],
+                    view_until_ms: [until, updated, 3, 4],
+                    unsynced: tokens_left,
+                    in_flight: remaining / 3,
+                    push_at_ms: updated / 2,
                 }),
             };
             let bytes = slot.encode();
