@@ -208,3 +208,76 @@ fn requests_are_admitted_locally_and_the_root_pushes_their_hits() {
     .unwrap();
     assert_eq!(slot.sync.unwrap().unsynced, 3);
 }
+
+fn config_with(extra: &str) -> Compiled {
+    let text = format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
+        "limits": {{"x-tenant-id": {{"default": {{"perminute": 10}}}}}},
+        "local": {{"mode": "sync", "sync": {{"interval_ms": 50, "max_unsynced": 6}}}}{extra}}}"#
+    );
+    match parse_plugin_config(text.as_bytes()) {
+        Ok((config, _)) => Compiled::new(config),
+        Err(e) => panic!("test configuration: {e:?}"),
+    }
+}
+
+/// Fills the view: 6 admitted locally, the seventh asks and hears that
+/// 10 of 10 are counted.
+fn fill_the_view(c: &Compiled, h: &MemHost) {
+    for _ in 0..6 {
+        assert_eq!(request(c, h, "acme").1, Next::Continue);
+    }
+    let (mut s, next) = request(c, h, "acme");
+    assert_eq!(next, Next::Pause);
+    let body = answer(
+        Code::Ok,
+        vec![status(Code::Ok, 10, RateLimitUnit::Minute, 0, 40)],
+    );
+    h.set_grpc_response(Some(body.clone()));
+    s.on_rls_answer(c, h, 0, body.len());
+}
+
+#[test]
+fn a_local_sync_refusal_is_the_source_sync_and_shadow_lets_it_through() {
+    let c = config_with("");
+    let h = MemHost::new();
+    h.create_slots(c.config.local.slots);
+    h.set_now_ms(NOW);
+    fill_the_view(&c, &h);
+    assert_eq!(request(&c, &h, "acme").1, Next::Pause);
+    assert_eq!(h.replies()[0].status, 429);
+    assert_eq!(h.group_counter(0, GroupCounter::SyncRefused), 1);
+    assert_eq!(
+        GroupCounter::SyncRefused.stat_name("default"),
+        "tenant_ratelimit.group.default.refused.sync"
+    );
+    // In shadow: let through, counted as a would-be refusal of source sync.
+    let c = config_with(r#", "shadow": true"#);
+    let h = MemHost::new();
+    h.create_slots(c.config.local.slots);
+    h.set_now_ms(NOW);
+    fill_the_view(&c, &h);
+    assert_eq!(request(&c, &h, "acme").1, Next::Continue);
+    assert!(h.replies().is_empty());
+    assert_eq!(h.group_counter(0, GroupCounter::SyncRefused), 0);
+    assert_eq!(h.group_counter(0, GroupCounter::ShadowRefusedSync), 1);
+}
+
+#[test]
+fn a_request_that_costs_more_than_one_asks_the_service_with_its_cost() {
+    let c = config_with(r#", "cost_header": "x-cost""#);
+    let h = MemHost::new();
+    h.create_slots(c.config.local.slots);
+    h.set_now_ms(NOW);
+    h.set_request_header("x-cost", b"3");
+    let (_, next) = request(&c, &h, "acme");
+    assert_eq!(next, Next::Pause);
+    let asked = RateLimitRequest::decode(&h.calls()[0].message[..]).unwrap();
+    assert_eq!(asked.hits_addend, 3);
+    // Nothing was admitted locally for it.
+    assert_eq!(h.group_counter(0, GroupCounter::SyncLocal), 0);
+    // A request of cost 1 is admitted locally again.
+    h.set_request_header("x-cost", b"1");
+    assert_eq!(request(&c, &h, "acme").1, Next::Continue);
+    assert_eq!(h.group_counter(0, GroupCounter::SyncLocal), 1);
+}
