@@ -25,7 +25,11 @@ GROUP_METRICS = {
     "tenant_ratelimit_group_near_limit": {"group"},
     "tenant_ratelimit_group_failed_open": {"group"},
 }
-SOURCES = ("service", "cache", "bucket")
+SOURCES = ("service", "cache", "bucket", "sync")
+# Every per-group counter (filter/src/counters.rs GroupCounter): the five
+# families above (refused and shadow_refused by 4 sources: 11 series) and
+# the 12 of lease and sync mode.
+PER_GROUP = 23
 
 
 def scrape(envoy: harness.Envoy) -> dict[tuple[str, tuple], float]:
@@ -92,9 +96,12 @@ def test_the_scrape_shows_each_groups_counters_with_group_and_source_labels(stac
     assert refused == 5
 
     # Exactly these series: 3 groups x (admitted, near_limit, failed_open, and
-    # refused and shadow_refused by 3 sources), whatever the tenants.
+    # refused and shadow_refused by 4 sources), whatever the tenants.
     group_series = [(n, dict(l)) for (n, l) in m if n in GROUP_METRICS]
-    assert len(group_series) == 3 * 9, group_series
+    assert len(group_series) == 3 * 11, group_series
+    every = [(n, dict(l)) for (n, l) in m if n.startswith("tenant_ratelimit_group_")]
+    assert len(every) == 3 * PER_GROUP, sorted(n for n, _ in every)
+    assert all(set(l) <= {"group", "source"} for _, l in every), every
     for name, labels in group_series:
         assert set(labels) == GROUP_METRICS[name], (name, labels)
         assert labels["group"] in ("default", "gold", "bronze")
