@@ -197,6 +197,20 @@ fn draw_secret(metrics: &Metrics) -> SlotSecret {
     SlotSecret::from_bytes(nanos.to_le_bytes())
 }
 
+/// A `ShouldRateLimit` call from the root context (a lease refill or a sync
+/// push): its answer comes back to the root's `on_grpc_call_response`
+/// under the token returned.
+fn ask_service(c: &Compiled, message: &[u8]) -> Result<u32, Status> {
+    hostcalls::dispatch_grpc_call(
+        &c.upstream,
+        crate::proto::SERVICE,
+        crate::proto::METHOD,
+        Vec::new(),
+        Some(message),
+        Duration::from_millis(u64::from(c.config.timeout_ms)),
+    )
+}
+
 /// `Host` for one stream (or the root context), through proxy-wasm
 /// hostcalls.
 struct Envoy<'a> {
@@ -445,14 +459,7 @@ impl Root {
             let Some((push, message)) = push else {
                 continue;
             };
-            let sent = hostcalls::dispatch_grpc_call(
-                &c.upstream,
-                crate::proto::SERVICE,
-                crate::proto::METHOD,
-                Vec::new(),
-                Some(&message),
-                Duration::from_millis(u64::from(c.config.timeout_ms)),
-            );
+            let sent = ask_service(c, &message);
             match sent {
                 Ok(token) => {
                     self.in_flight.insert(token, Pending::Push(push));
@@ -582,16 +589,7 @@ impl RootContext for Root {
         let host = shared.host();
         for refill in queued {
             let now = host.now_ms();
-            let sent = refill_message(c, &refill).map(|message| {
-                hostcalls::dispatch_grpc_call(
-                    &c.upstream,
-                    crate::proto::SERVICE,
-                    crate::proto::METHOD,
-                    Vec::new(),
-                    Some(&message),
-                    Duration::from_millis(u64::from(c.config.timeout_ms)),
-                )
-            });
+            let sent = refill_message(c, &refill).map(|message| ask_service(c, &message));
             match sent {
                 Some(Ok(token)) => {
                     self.in_flight.insert(token, Pending::Refill(refill, now));
