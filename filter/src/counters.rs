@@ -201,8 +201,9 @@ group_counters! {
     /// undershoot).
     ModeChangeLeaseTokens => "mode_change.lease_tokens",
     /// The group left sync mode (a new configuration): hits its tenants had
-    /// admitted that no push had taken yet. The root pushes them (counted
-    /// in `sync.pushes` and `sync.hits` when the service answers).
+    /// admitted that no push had taken yet. Each tenant's next request
+    /// carries them in its own call to the service (`hits_addend`), so the
+    /// service still counts them.
     ModeChangeSyncHits => "mode_change.sync_hits",
 }
 

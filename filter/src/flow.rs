@@ -124,6 +124,9 @@ impl Stream {
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
         let local = &c.config.local;
+        // Hits of a sync block a mode change dropped: this call carries
+        // them (`modes`).
+        let mut carried = 0;
         if local.enabled {
             let at = slot_for(
                 &vm.slot_secret,
@@ -135,23 +138,23 @@ impl Stream {
             let mode = c.config.headers;
             let names = |id| lookup(host, id);
             let verdict = match local_step(c, host, vm, &limited, at, now, &names, cost) {
-                Ok((_, ModeStep::Admitted)) => return Next::Continue,
-                Ok((_, ModeStep::Refused(headers))) => {
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Sync,
-                        headers,
-                        Vec::new(),
-                    );
+                Ok(step) => {
+                    carried = step.carried;
+                    match step.mode {
+                        ModeStep::Admitted => return Next::Continue,
+                        ModeStep::Refused(headers) => {
+                            let tenant = Some(limited.tenant.as_ref());
+                            let none = Vec::new();
+                            return self.refuse(c, host, tenant, Source::Sync, headers, none);
+                        }
+                        ModeStep::Ask { lease_batch, sync } => {
+                            self.lease_batch = lease_batch;
+                            self.sync = sync;
+                        }
+                        ModeStep::Exact => {}
+                    }
+                    Ok(step.verdict)
                 }
-                Ok((v, ModeStep::Ask { lease_batch, sync })) => {
-                    self.lease_batch = lease_batch;
-                    self.sync = sync;
-                    Ok(v)
-                }
-                Ok((v, ModeStep::Exact)) => Ok(v),
                 Err(e) => Err(e),
             };
             match verdict {
@@ -187,8 +190,8 @@ impl Stream {
             self.asked_at_ms = now;
         }
         let hits = match self.lease_batch {
-            Some(batch) => batch,
-            None => hits_addend(cost),
+            Some(batch) => batch.saturating_add(carried),
+            None => hits_addend(cost.saturating_add(carried)),
         };
         let message = encode_request(c, &limited, hits);
         self.sent_ms = host.now_ms();

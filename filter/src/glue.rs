@@ -142,6 +142,7 @@ fn draw_secret(host: &Envoy<'_>) -> SlotSecret {
 
 fn since_epoch() -> Option<Duration> {
     hostcalls::get_current_time()
+        .map_err(|e| log::debug!("cannot read the clock: status {}", e as u32))
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
 }

@@ -13,7 +13,7 @@
 //!
 //! - `flow`: one request, from its headers to its response.
 //! - `root`: what a worker's root context does at configure, on a tick and
-//!   on an answer (lease refills, sync pushes, the mailbox drained).
+//!   on an answer (lease refills, sync pushes).
 //! - `modes`: the local layer's step by the group's mode (exact, lease,
 //!   sync), and what a mode's answer leaves in the tenant's slot.
 //! - `lease`: lease mode's state machine (reserve a batch, spend it).

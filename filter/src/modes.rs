@@ -6,10 +6,12 @@
 //! only sends and receives.
 //!
 //! A slot outlives configurations: when a new one changes a group's mode,
-//! the tenant's next request finds the old mode's block and drops it
-//! (`Slot::switch_mode`), counting what it held (`mode_change.*`); a sync
-//! block's unpushed hits go to the root, which pushes them (a `Drain`
-//! call), so the service still counts every admitted hit.
+//! the tenant's next request that the local layer lets through finds the
+//! old mode's block and drops it (`Slot::switch_mode`), counting what it
+//! held (`mode_change.*`). That request always calls the service (exact
+//! mode does; a fresh lease has no token), and its call carries a sync
+//! block's unpushed hits (`LocalStep::carried`), so the service counts
+//! every hit admitted, before it decides on this one.
 
 use ratelimit_config::{BucketParams, HeaderMode, Mode};
 
@@ -22,6 +24,16 @@ use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot, SlotRef, 
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::{CallKind, TenantCall, Tracked, Vm};
+
+/// The local layer's step for one request.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LocalStep {
+    pub verdict: LocalVerdict,
+    pub mode: ModeStep,
+    /// Hits of a sync block dropped by a mode change, that no push took:
+    /// the request's call to the service adds them to its own.
+    pub carried: u32,
+}
 
 /// What the mode adds to the local layer's verdict.
 #[derive(Debug, PartialEq, Eq)]
@@ -163,9 +175,8 @@ pub fn admit(
 
 /// The local layer and the mode for a request of `limited` at `now` that
 /// costs `cost` hits (`cost_header`); `names` reads the rule names of a
-/// cached refusal. Queues what the root must send (a lease refill, the
-/// hits of a dropped sync block) and the sync tenants it must push in
-/// `vm`'s mailbox.
+/// cached refusal. Queues what the root must send (a lease refill) and the
+/// sync tenants it must push in `vm`'s mailbox.
 #[allow(clippy::too_many_arguments)]
 pub fn local_step<H: Host + ?Sized>(
     c: &Compiled,
@@ -176,7 +187,7 @@ pub fn local_step<H: Host + ?Sized>(
     now: u64,
     names: &dyn Fn(u8) -> Option<String>,
     cost: u32,
-) -> Result<(LocalVerdict, ModeStep), UpdateError> {
+) -> Result<LocalStep, UpdateError> {
     let group = limited.group_index;
     let bucket = c.config.local.bucket_for(limited.group);
     let params = ModeParams::of(c, limited.group);
@@ -184,9 +195,10 @@ pub fn local_step<H: Host + ?Sized>(
     let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
         admit(stored, at, now, bucket, headers, names, cost, params)
     })?;
-    if let Some(stranded) = a.switched {
-        mode_changed(host, vm, limited, at, stranded);
-    }
+    let carried = match a.switched {
+        Some(stranded) => mode_changed(host, group, stranded),
+        None => 0,
+    };
     if a.lease_stranded > 0 {
         host.add_group(
             group,
@@ -229,7 +241,11 @@ pub fn local_step<H: Host + ?Sized>(
             sync: true,
         },
     };
-    Ok((a.verdict, step))
+    Ok(LocalStep {
+        verdict: a.verdict,
+        mode: step,
+        carried,
+    })
 }
 
 fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) -> TenantCall {
@@ -242,16 +258,9 @@ fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) ->
     }
 }
 
-/// The tenant's slot held another mode's block: count what it held, and
-/// hand unpushed sync hits to the root.
-fn mode_changed<H: Host + ?Sized>(
-    host: &H,
-    vm: &Vm,
-    limited: &Limited<'_>,
-    at: SlotRef,
-    stranded: Stranded,
-) {
-    let group = limited.group_index;
+/// The tenant's slot held another mode's block: counts what it held, and
+/// returns the sync hits the request's call must carry.
+fn mode_changed<H: Host + ?Sized>(host: &H, group: usize, stranded: Stranded) -> u32 {
     if stranded.lease_tokens > 0 {
         host.add_group(
             group,
@@ -265,11 +274,8 @@ fn mode_changed<H: Host + ?Sized>(
             GroupCounter::ModeChangeSyncHits,
             u64::from(stranded.sync_hits),
         );
-        let call = tenant_call(CallKind::Drain, limited, at, stranded.sync_hits);
-        if !vm.mailbox.queue(call) {
-            log::debug!("sync hits of a mode change dropped: the root's mailbox is full");
-        }
     }
+    stranded.sync_hits
 }
 
 fn lease_params(c: &Compiled, group: usize) -> Option<LeaseParams> {
@@ -348,7 +354,7 @@ pub fn store_outcome<H: Host + ?Sized>(
 
 /// Counts a push of `hits` sync hits the service answered (`heard`; None:
 /// it failed).
-pub fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
+fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
     match heard {
         None => host.count_group(group, GroupCounter::SyncFailed),
         Some(answer) => {

@@ -9,8 +9,7 @@
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
-//!   its mailbox (`vm::Mailbox`: lease refills, the hits of a dropped sync
-//!   block) go out, each as one call; then, once per sync interval, the
+//!   its mailbox (`vm::Mailbox`: lease refills) go out, each as one call; then, once per sync interval, the
 //!   unsynced hits of every tracked tenant (one call per tenant), and a
 //!   tenant with nothing left pending is forgotten until its next request.
 //!   A call that cannot be sent is handled as its failed answer: a refill
@@ -33,7 +32,7 @@ use crate::host::{Host, HostError, SharedData};
 use crate::lease::{LeaseParams, Outcome};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{count_push, next_push, store_heard, store_outcome};
+use crate::modes::{next_push, store_heard, store_outcome};
 use crate::proto::{METHOD, SERVICE};
 use crate::sync::SyncParams;
 use crate::vm::{CallKind, TenantCall, Vm};
@@ -241,7 +240,6 @@ fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, p: &Pending, heard: Option<&
             Outcome::of(heard),
         ),
         CallKind::Push => store_heard(c, host, t.group, t.at, p.asked_at_ms, t.hits, true, heard),
-        CallKind::Drain => count_push(host, t.group, t.hits, heard),
     }
 }
 

@@ -30,9 +30,6 @@ pub enum CallKind {
     Refill,
     /// Sync mode: the tenant's `hits` admitted since the last push.
     Push,
-    /// The sync hits a tenant's slot held when its group left sync mode
-    /// (`Slot::switch_mode`): counted at the service, nothing stored.
-    Drain,
 }
 
 /// A call to the service about one tenant of a group, sent by the root:
