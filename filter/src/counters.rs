@@ -72,6 +72,15 @@ counters! {
     /// (at the limit), no call. Not in `over_limit`, which counts the
     /// service's refusals only.
     SyncOverLimit => "tenant_ratelimit.sync_over_limit",
+    /// A group left lease mode (a new configuration): tokens of its
+    /// tenants' leases dropped unspent (the service counted them:
+    /// undershoot), counted when each tenant's next request drops its lease.
+    ModeChangeLeaseTokens => "tenant_ratelimit.mode_change_lease_tokens",
+    /// A group left sync mode (a new configuration): hits its tenants had
+    /// admitted that no push had taken yet. Each tenant's next request
+    /// carries them in its own call to the service (`hits_addend`), so the
+    /// service still counts them.
+    ModeChangeSyncHits => "tenant_ratelimit.mode_change_sync_hits",
 }
 
 /// How many counters there are.
@@ -170,7 +179,7 @@ group_counters! {
     LeaseSpent => "lease.spent",
     /// Lease mode: tokens reserved and never spent (their window ended, or
     /// the slot went to another tenant): undershoot this Envoy observed
-    /// (with `mode_change.lease_tokens`).
+    /// (with the global `mode_change_lease_tokens`).
     LeaseStranded => "lease.stranded",
     /// Lease mode: batches the service refused (the limit was near).
     LeasesRefused => "lease.refused",
@@ -196,15 +205,6 @@ group_counters! {
     SyncFailed => "sync.failed",
     /// Sync mode: would have been refused locally (shadow).
     ShadowRefusedSync => "shadow_refused.sync",
-    /// The group left lease mode (a new configuration): tokens of its
-    /// tenants' leases that were dropped unspent (the service counted them:
-    /// undershoot).
-    ModeChangeLeaseTokens => "mode_change.lease_tokens",
-    /// The group left sync mode (a new configuration): hits its tenants had
-    /// admitted that no push had taken yet. Each tenant's next request
-    /// carries them in its own call to the service (`hits_addend`), so the
-    /// service still counts them.
-    ModeChangeSyncHits => "mode_change.sync_hits",
 }
 
 /// How many counters each group has.
@@ -301,7 +301,7 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 16);
+        assert_eq!(COUNTERS, 18);
         assert_eq!(
             Counter::SyncOverLimit.name(),
             "tenant_ratelimit.sync_over_limit"

@@ -93,8 +93,9 @@ fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
 
 /// A metric that cannot be updated is logged at debug, not counted: there
 /// is no other metric to count it in.
-fn add_metric(id: Option<u32>, n: i64) {
+fn add_metric(id: Option<u32>, n: u64) {
     if let Some(id) = id {
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         if let Err(e) = hostcalls::increment_metric(id, n) {
             log::debug!("cannot update metric {id}: status {}", e as u32);
         }
@@ -226,12 +227,11 @@ impl Host for Envoy<'_> {
             .map_err(failed(HostCall::AddRequestHeader))
     }
 
-    fn count(&self, counter: Counter) {
-        add_metric(self.0.counter(counter), 1);
+    fn add(&self, counter: Counter, n: u64) {
+        add_metric(self.0.counter(counter), n);
     }
 
     fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
         add_metric(self.0.group(group, counter), n);
     }
 

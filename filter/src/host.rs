@@ -147,8 +147,13 @@ pub trait Host: SharedData {
     /// paused for the service's answer).
     fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError>;
 
-    /// Adds one to a counter (a failure to count is the host's to log).
-    fn count(&self, counter: Counter);
+    /// Adds `n` to a counter (a failure to count is the host's to log).
+    fn add(&self, counter: Counter, n: u64);
+
+    /// Adds one to a counter.
+    fn count(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
 
     /// Adds `n` to a counter of the group with index `group` (its position
     /// in `limits.all_groups()`, `Limited::group_index`).

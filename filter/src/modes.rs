@@ -8,7 +8,7 @@
 //! A slot outlives configurations: when a new one changes a group's mode,
 //! the tenant's next request that the local layer lets through finds the
 //! old mode's block and drops it (`Slot::switch_mode`), counting what it
-//! held (`mode_change.*`). That request always calls the service (exact
+//! held (`mode_change_lease_tokens`, `mode_change_sync_hits`). That request always calls the service (exact
 //! mode does; a fresh lease has no token), and its call carries a sync
 //! block's unpushed hits (`LocalStep::carried`), so the service counts
 //! every hit admitted, before it decides on this one.
@@ -16,7 +16,7 @@
 use ratelimit_config::{BucketParams, HeaderMode, Mode};
 
 use crate::answer::Answer;
-use crate::counters::GroupCounter;
+use crate::counters::{Counter, GroupCounter};
 use crate::decision::{Compiled, Limited};
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
@@ -196,7 +196,7 @@ pub fn local_step<H: Host + ?Sized>(
         admit(stored, at, now, bucket, headers, names, cost, params)
     })?;
     let carried = match a.switched {
-        Some(stranded) => mode_changed(host, group, stranded),
+        Some(stranded) => mode_changed(host, stranded),
         None => 0,
     };
     if a.lease_stranded > 0 {
@@ -260,20 +260,13 @@ fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) ->
 
 /// The tenant's slot held another mode's block: counts what it held, and
 /// returns the sync hits the request's call must carry.
-fn mode_changed<H: Host + ?Sized>(host: &H, group: usize, stranded: Stranded) -> u32 {
+fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
     if stranded.lease_tokens > 0 {
-        host.add_group(
-            group,
-            GroupCounter::ModeChangeLeaseTokens,
-            u64::from(stranded.lease_tokens),
-        );
+        let tokens = u64::from(stranded.lease_tokens);
+        host.add(Counter::ModeChangeLeaseTokens, tokens);
     }
     if stranded.sync_hits > 0 {
-        host.add_group(
-            group,
-            GroupCounter::ModeChangeSyncHits,
-            u64::from(stranded.sync_hits),
-        );
+        host.add(Counter::ModeChangeSyncHits, u64::from(stranded.sync_hits));
     }
     stranded.sync_hits
 }

@@ -550,9 +550,9 @@ impl Host for MemHost {
         Ok(())
     }
 
-    fn count(&self, counter: Counter) {
+    fn add(&self, counter: Counter, n: u64) {
         if let Some(c) = self.counters.get(counter.index()) {
-            c.set(c.get() + 1);
+            c.set(c.get() + n);
         }
     }
 
@@ -688,8 +688,8 @@ impl Host for Worker {
         self.host.add_request_header(name, value)
     }
 
-    fn count(&self, counter: Counter) {
-        self.host.count(counter);
+    fn add(&self, counter: Counter, n: u64) {
+        self.host.add(counter, n);
     }
 
     fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {

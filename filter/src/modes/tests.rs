@@ -502,6 +502,7 @@ mod all_modes {
 /// still counted).
 mod mode_change {
     use super::*;
+    use crate::counters::Counter;
     use crate::root::Root;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -657,8 +658,8 @@ mod mode_change {
                 );
                 assert!(fits, "{:?}: {what}", f.block());
                 // What the old block held is counted.
-                let tokens = f.h.group_counter(0, GroupCounter::ModeChangeLeaseTokens);
-                let hits = f.h.group_counter(0, GroupCounter::ModeChangeSyncHits);
+                let tokens = f.h.counter(Counter::ModeChangeLeaseTokens);
+                let hits = f.h.counter(Counter::ModeChangeSyncHits);
                 match held {
                     ModeState::Lease(l) => assert_eq!(tokens, u64::from(l.tokens), "{what}"),
                     ModeState::Sync(s) => assert_eq!(hits, u64::from(s.unsynced), "{what}"),
@@ -711,7 +712,7 @@ mod mode_change {
             assert_eq!((f.admitted, f.counted), (4, 4), "{to}");
             let asked = RateLimitRequest::decode(&f.h.calls()[0].message[..]).unwrap();
             assert_eq!(asked.hits_addend, 4, "{to}");
-            assert_eq!(f.h.group_counter(0, GroupCounter::ModeChangeSyncHits), 3);
+            assert_eq!(f.h.counter(Counter::ModeChangeSyncHits), 3);
             // Nothing is left for the root to push.
             f.tick();
             assert_eq!((f.counted, f.h.call_count()), (4, 1), "{to}");
