@@ -15,6 +15,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
 
 use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
+#[cfg(test)]
+use crate::decision::Compiled;
 pub use crate::host::HostCall;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::{SlotKey, SlotSecret};
@@ -59,6 +61,15 @@ pub struct Call {
     pub method: String,
     pub message: Vec<u8>,
     pub timeout_ms: u32,
+}
+
+/// A plugin configuration compiled, for a test (it panics on a bad one).
+#[cfg(test)]
+pub fn compiled(text: &str) -> Compiled {
+    match ratelimit_config::parse_plugin_config(text.as_bytes()) {
+        Ok((config, _)) => Compiled::new(config),
+        Err(e) => panic!("test configuration: {e:?}"),
+    }
 }
 
 /// One descriptor's status in a `RateLimitResponse`: `limit` per `unit`,
@@ -610,6 +621,26 @@ impl Worker {
             host,
             vm: Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
         }
+    }
+
+    /// A worker for `c` at `now_ms`: every slot created, as the root
+    /// creates them at configure.
+    #[cfg(test)]
+    pub fn ready(c: &Compiled, now_ms: u64) -> Worker {
+        let w = Worker::new();
+        w.create_slots(c.config.local.slots);
+        w.set_now_ms(now_ms);
+        w
+    }
+
+    /// A request of `tenant` (in the configured tenant header), up to its
+    /// first answer.
+    #[cfg(test)]
+    pub fn request(&self, c: &Compiled, tenant: &str) -> (crate::flow::Stream, crate::flow::Next) {
+        self.set_request_header(&c.config.limits.header, tenant.as_bytes());
+        let mut s = crate::flow::Stream::default();
+        let next = s.on_request_headers(c, self, &self.vm);
+        (s, next)
     }
 
     pub fn slot_secret(&self) -> SlotSecret {

@@ -3,7 +3,6 @@
 //! traffic (a new configuration over the same slots).
 
 use prost::Message;
-use ratelimit_config::parse_plugin_config;
 
 use super::*;
 use crate::answer::decode;
@@ -11,7 +10,7 @@ use crate::flow::{Next, Stream};
 use crate::lease::Lease;
 use crate::local::{slot_for, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, status, Worker};
+use crate::testing::{answer, compiled, status, Worker};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -23,8 +22,6 @@ mod lease_mode {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const HEADER: &str = "x-tenant-id";
-
     fn config(local: &str) -> Compiled {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
@@ -33,24 +30,15 @@ mod lease_mode {
                     "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}},
                 "local": {local}}}"#
         );
-        match parse_plugin_config(text.as_bytes()) {
-            Ok((config, _)) => Compiled::new(config),
-            Err(e) => panic!("test configuration: {e:?}"),
-        }
+        compiled(&text)
     }
 
     fn host(c: &Compiled) -> Worker {
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
-        h
+        Worker::ready(c, NOW)
     }
 
     fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
-        h.set_request_header(HEADER, tenant.as_bytes());
-        let mut s = Stream::default();
-        let next = s.on_request_headers(c, h, &h.vm);
-        (s, next)
+        h.request(c, tenant)
     }
 
     fn ok(remaining: u32) -> Vec<DescriptorStatus> {
@@ -228,31 +216,21 @@ mod sync_mode {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const HEADER: &str = "x-tenant-id";
-
     fn config() -> Compiled {
         let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
             "limits": {"x-tenant-id": {"default": {"perminute": 10}}},
             "local": {"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}}}"#;
-        match parse_plugin_config(text.as_bytes()) {
-            Ok((config, _)) => Compiled::new(config),
-            Err(e) => panic!("test configuration: {e:?}"),
-        }
+        compiled(text)
     }
 
     fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
-        h.set_request_header(HEADER, tenant.as_bytes());
-        let mut s = Stream::default();
-        let next = s.on_request_headers(c, h, &h.vm);
-        (s, next)
+        h.request(c, tenant)
     }
 
     #[test]
     fn requests_are_admitted_locally_and_the_root_pushes_their_hits() {
         let c = config();
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
+        let h = Worker::ready(&c, NOW);
         for _ in 0..6 {
             assert_eq!(request(&c, &h, "acme").1, Next::Continue);
         }
@@ -329,10 +307,7 @@ mod sync_mode {
             "limits": {{"x-tenant-id": {{"default": {{"perminute": 10}}}}}},
             "local": {{"mode": "sync", "sync": {{"interval_ms": 50, "max_unsynced": 6}}}}{extra}}}"#
         );
-        match parse_plugin_config(text.as_bytes()) {
-            Ok((config, _)) => Compiled::new(config),
-            Err(e) => panic!("test configuration: {e:?}"),
-        }
+        compiled(&text)
     }
 
     /// Fills the view: 6 admitted locally, the seventh asks and hears that
@@ -354,9 +329,7 @@ mod sync_mode {
     #[test]
     fn a_local_sync_refusal_is_the_source_sync_and_shadow_lets_it_through() {
         let c = config_with("");
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
+        let h = Worker::ready(&c, NOW);
         fill_the_view(&c, &h);
         assert_eq!(request(&c, &h, "acme").1, Next::Pause);
         assert_eq!(h.replies()[0].status, 429);
@@ -367,9 +340,7 @@ mod sync_mode {
         );
         // In shadow: let through, counted as a would-be refusal of source sync.
         let c = config_with(r#", "shadow": true"#);
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
+        let h = Worker::ready(&c, NOW);
         fill_the_view(&c, &h);
         assert_eq!(request(&c, &h, "acme").1, Next::Continue);
         assert!(h.replies().is_empty());
@@ -380,9 +351,7 @@ mod sync_mode {
     #[test]
     fn a_request_that_costs_more_than_one_asks_the_service_with_its_cost() {
         let c = config_with(r#", "cost_header": "x-cost""#);
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
+        let h = Worker::ready(&c, NOW);
         h.set_request_header("x-cost", b"3");
         let (_, next) = request(&c, &h, "acme");
         assert_eq!(next, Next::Pause);
@@ -405,24 +374,16 @@ mod all_modes {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const HEADER: &str = "x-tenant-id";
-
     fn config(limits: &str, local: &str) -> Compiled {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
                 "limits": {{"x-tenant-id": {{"default": {limits}}}}}, "local": {local}}}"#
         );
-        match parse_plugin_config(text.as_bytes()) {
-            Ok((config, _)) => Compiled::new(config),
-            Err(e) => panic!("test configuration: {e:?}"),
-        }
+        compiled(&text)
     }
 
     fn request(c: &Compiled, h: &Worker) -> (Stream, Next) {
-        h.set_request_header(HEADER, b"acme");
-        let mut s = Stream::default();
-        let next = s.on_request_headers(c, h, &h.vm);
-        (s, next)
+        h.request(c, "acme")
     }
 
     #[test]
@@ -430,9 +391,7 @@ mod all_modes {
         // A sync group with a quota of 5 per minute, 40 requests: 5
         // admitted from the view, 35 refused by it, none by the service.
         let c = config(r#"{"perminute": 5}"#, r#"{"mode": "sync"}"#);
-        let h = Worker::new();
-        h.create_slots(c.config.local.slots);
-        h.set_now_ms(NOW);
+        let h = Worker::ready(&c, NOW);
         let nexts: Vec<Next> = (0..40).map(|_| request(&c, &h).1).collect();
         assert_eq!(nexts.iter().filter(|n| **n == Next::Continue).count(), 5);
         assert_eq!(h.replies().len(), 35);
@@ -470,9 +429,7 @@ mod all_modes {
             r#"{"mode": "sync", "sync": {"max_unsynced": 1}}"#,
         ] {
             let c = config(r#"{"perminute": 10}"#, local);
-            let h = Worker::new();
-            h.create_slots(c.config.local.slots);
-            h.set_now_ms(NOW);
+            let h = Worker::ready(&c, NOW);
             let (mut s, mut next) = request(&c, &h);
             if next == Next::Continue {
                 (s, next) = request(&c, &h);
@@ -492,6 +449,40 @@ mod all_modes {
             }
             assert_eq!(h.counter(Counter::CachedOverLimit), 1, "{local}");
         }
+    }
+
+    #[test]
+    fn a_lease_then_sync_admits_at_most_max_unsynced_before_asking() {
+        let lease = config(
+            r#"{"perminute": 600}"#,
+            r#"{"mode": "lease", "lease": {"max_batch": 50}}"#,
+        );
+        let sync = config(
+            r#"{"perminute": 600}"#,
+            r#"{"mode": "sync", "sync": {"max_unsynced": 4}}"#,
+        );
+        let h = Worker::ready(&lease, NOW);
+        // A lease with tokens.
+        for i in 0..2 {
+            let (mut s, next) = request(&lease, &h);
+            assert_eq!(next, Next::Pause, "{i}");
+            let body = answer(
+                Code::Ok,
+                vec![status(Code::Ok, 600, RateLimitUnit::Minute, 500, 40)],
+            );
+            h.set_grpc_response(Some(body.clone()));
+            s.on_rls_answer(&lease, &h, 0, body.len());
+        }
+        assert_eq!(request(&lease, &h).1, Next::Continue);
+        // Sync: at most max_unsynced (4) hits admitted before the service
+        // is asked (it was every request, without limit).
+        let calls = h.call_count();
+        let admitted = (0..20)
+            .take_while(|_| request(&sync, &h).1 == Next::Continue)
+            .count();
+        assert_eq!(admitted, 4, "admitted {admitted} without asking");
+        assert_eq!(h.call_count(), calls + 1);
+        assert_eq!(h.counter(Counter::OverLimit), 0);
     }
 }
 
@@ -518,10 +509,7 @@ mod mode_change {
                 "local": {{"mode": "{mode}", "lease": {{"max_batch": 5}},
                            "sync": {{"interval_ms": 50, "max_unsynced": 4}}}}}}"#
         );
-        match parse_plugin_config(text.as_bytes()) {
-            Ok((config, _)) => Compiled::new(config),
-            Err(e) => panic!("test configuration: {e:?}"),
-        }
+        compiled(&text)
     }
 
     /// One Envoy worker and the service's count of this minute (`sync`'s
@@ -539,9 +527,7 @@ mod mode_change {
     impl Fleet {
         fn new(mode: &str) -> Fleet {
             let c = config(mode);
-            let h = Worker::new();
-            h.create_slots(c.config.local.slots);
-            h.set_now_ms(NOW);
+            let h = Worker::ready(&c, NOW);
             Fleet {
                 c,
                 h,
@@ -717,65 +703,5 @@ mod mode_change {
             f.tick();
             assert_eq!((f.counted, f.h.call_count()), (4, 1), "{to}");
         }
-    }
-}
-
-/// The three behaviour bugs, each as it was seen (these fail on the layout
-/// and flow before the mode block became one enum).
-mod seen {
-    use super::*;
-    use crate::counters::Counter;
-    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
-
-    fn cfg(limits: &str, local: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-                "limits": {{"x-tenant-id": {{"default": {limits}}}}}, "local": {local}}}"#
-        );
-        Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0)
-    }
-
-    fn req(c: &Compiled, h: &Worker) -> (Stream, Next) {
-        h.set_request_header("x-tenant-id", b"acme");
-        let mut s = Stream::default();
-        let next = s.on_request_headers(c, h, &h.vm);
-        (s, next)
-    }
-
-    #[test]
-    fn a_lease_then_sync_admits_at_most_max_unsynced_before_asking() {
-        let lease = cfg(
-            r#"{"perminute": 600}"#,
-            r#"{"mode": "lease", "lease": {"max_batch": 50}}"#,
-        );
-        let sync = cfg(
-            r#"{"perminute": 600}"#,
-            r#"{"mode": "sync", "sync": {"max_unsynced": 4}}"#,
-        );
-        let h = Worker::new();
-        h.create_slots(lease.config.local.slots);
-        h.set_now_ms(NOW);
-        // A lease with tokens.
-        for i in 0..2 {
-            let (mut s, next) = req(&lease, &h);
-            assert_eq!(next, Next::Pause, "{i}");
-            let body = answer(
-                Code::Ok,
-                vec![status(Code::Ok, 600, RateLimitUnit::Minute, 500, 40)],
-            );
-            h.set_grpc_response(Some(body.clone()));
-            s.on_rls_answer(&lease, &h, 0, body.len());
-        }
-        assert_eq!(req(&lease, &h).1, Next::Continue);
-        // Sync: at most max_unsynced (4) hits admitted before the service
-        // is asked (it was every request, without limit).
-        let calls = h.call_count();
-        let admitted = (0..20)
-            .take_while(|_| req(&sync, &h).1 == Next::Continue)
-            .count();
-        assert_eq!(admitted, 4, "admitted {admitted} without asking");
-        assert_eq!(h.call_count(), calls + 1);
-        assert_eq!(h.counter(Counter::OverLimit), 0);
     }
 }

@@ -3,7 +3,6 @@
 //! push schedule, idle tenants forgotten, the shared data at configure.
 
 use prost::Message;
-use ratelimit_config::parse_plugin_config;
 
 use super::*;
 use crate::counters::GroupCounter;
@@ -12,14 +11,13 @@ use crate::host::HostCall;
 use crate::lease::Lease;
 use crate::local::{slot_for, ModeState, Slot, SlotRef};
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, status, MemHost, Worker};
+use crate::testing::{answer, compiled, status, MemHost, Worker};
 use crate::vm::MAX_QUEUED_CALLS;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 /// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
 const NOW: u64 = 1_700_000_000_250;
-const HEADER: &str = "x-tenant-id";
 
 fn config(local: &str) -> Compiled {
     let text = format!(
@@ -29,27 +27,18 @@ fn config(local: &str) -> Compiled {
                 "gold": {{"perminute": 1000, "header_value": ["tenant-b"]}}}}}},
             "local": {local}}}"#
     );
-    match parse_plugin_config(text.as_bytes()) {
-        Ok((config, _)) => Compiled::new(config),
-        Err(e) => panic!("test configuration: {e:?}"),
-    }
+    compiled(&text)
 }
 
 const SYNC: &str = r#"{"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}}"#;
 const LEASE: &str = r#"{"groups": {"gold": {"mode": "lease"}}, "lease": {"max_batch": 20}}"#;
 
 fn worker(c: &Compiled) -> Worker {
-    let h = Worker::new();
-    h.create_slots(c.config.local.slots);
-    h.set_now_ms(NOW);
-    h
+    Worker::ready(c, NOW)
 }
 
 fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
-    h.set_request_header(HEADER, tenant.as_bytes());
-    let mut s = Stream::default();
-    let next = s.on_request_headers(c, h, &h.vm);
-    (s, next)
+    h.request(c, tenant)
 }
 
 fn at(c: &Compiled, h: &Worker, group: &str, tenant: &str) -> SlotRef {
