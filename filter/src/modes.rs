@@ -8,10 +8,10 @@
 //! A slot outlives configurations: when a new one changes a group's mode,
 //! the tenant's next request that the local layer lets through finds the
 //! old mode's block and drops it (`Slot::switch_mode`), counting what it
-//! held (`mode_change_lease_tokens`, `mode_change_sync_hits`). That request always calls the service (exact
-//! mode does; a fresh lease has no token), and its call carries a sync
-//! block's unpushed hits (`LocalStep::carried`), so the service counts
-//! every hit admitted, before it decides on this one.
+//! held (`mode_change_lease_tokens`, `mode_change_sync_hits`). That request
+//! always calls the service (exact mode does; a fresh lease has no token),
+//! and its call carries a sync block's unpushed hits (`LocalStep::carried`),
+//! so the service counts every hit admitted before it decides on this one.
 
 use ratelimit_config::{BucketParams, HeaderMode, Mode};
 
