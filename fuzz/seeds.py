@@ -6,7 +6,7 @@ minimised corpus) plus these seeds; this script only needs to run again
 when the input formats change. Seeds: the team files of the CLI's fixtures
 and the demo, plugin configurations built around them, RateLimitResponse
 messages encoded by hand (field numbers of envoyproxy/data-plane-api
-rls.proto), and slot values in the layout of filter/src/local.rs.
+rls.proto), and slot values in the layout of filter/src/local/slot.rs.
 """
 import json
 import pathlib
@@ -132,10 +132,14 @@ write("verdict", "no-body", bytes([2]))
 write("verdict", "grpc-14", bytes([4 | (13 << 3)]))
 
 # ---------------------------------------------------------------- slots
-SLOT_BYTES = 36 + 4 * 20
+# Version 3: header (36 bytes, the mode tag at 35), four statuses, the mode
+# block (a lease, 48 bytes, or a sync state, 64).
+SLOT_VERSION = 3
+MODE_AT = 36 + 4 * 20
+SLOT_BYTES = MODE_AT + 64
 
 
-def slot(fp, bucket=None, over=None):
+def slot(fp, bucket=None, over=None, lease=None, sync=None):
     b = bytearray(SLOT_BYTES)
     flags = 0
     b[2:10] = struct.pack("<Q", fp)
@@ -150,7 +154,18 @@ def slot(fp, bucket=None, over=None):
         for i, (rpu, unit, over_limit, remaining, reset) in enumerate(statuses):
             at = 36 + i * 20
             b[at:at + 20] = struct.pack("<IBBxxIQ", rpu, unit, over_limit, remaining, reset)
-    b[0] = 1
+    if lease:
+        # tokens, until, refill_at, remaining, remaining_until, rate second,
+        # rate count, rate of the second before.
+        b[35] = 1
+        b[MODE_AT:MODE_AT + 48] = struct.pack("<IQQIQQII", *lease)
+    elif sync:
+        # views (4), their windows' ends (4), unsynced, in flight, push_at.
+        b[35] = 2
+        views, untils, unsynced, in_flight, push_at = sync
+        b[MODE_AT:MODE_AT + 64] = struct.pack("<4I4QIIQ", *views, *untils, unsynced,
+                                              in_flight, push_at)
+    b[0] = SLOT_VERSION
     b[1] = flags
     return bytes(b)
 
@@ -168,6 +183,11 @@ slots = {
     "over": slot(42, over=(NOW + 5000, [(30, 3, 1, 0, NOW + 5000), (5, 1, 0, 4, NOW + 100)])),
     "both": slot(42, bucket=(1000, NOW - 3000),
                  over=(NOW - 1, [(100, 2, 1, 0, NOW - 1)])),
+    "lease": slot(42, bucket=(1000, NOW - 3000),
+                  lease=(7, NOW + 20_000, 0, 40, NOW + 20_000, NOW // 1000, 3, 9)),
+    "sync": slot(42, sync=([3, 9, 0, 0], [NOW + 20_000, NOW + 2_000_000, 0, 0], 5, 2, NOW - 10)),
+    "bad-mode": slot(42, lease=(1, 2, 3, 4, 5, 6, 7, 8))[:35] + bytes([3])
+                + slot(42, lease=(1, 2, 3, 4, 5, 6, 7, 8))[36:],
     "zero": bytes(SLOT_BYTES),
     "short": slot(42)[:40],
 }

@@ -27,7 +27,7 @@ mod native {
     /// where the flow looks for them.
     const KEY: SlotSecret = SlotSecret::from_bytes(MEMHOST_SECRET);
     use tenant_ratelimit::proto::{Code, RateLimitUnit};
-    use tenant_ratelimit::testing::{status, MemHost};
+    use tenant_ratelimit::testing::{status, MemHost, Worker};
 
     const TENANTS: usize = 1_000;
     const GOLD_TENANTS: usize = 100;
@@ -94,11 +94,11 @@ mod native {
     /// One request through the real flow, up to its first answer: the
     /// tenant header, then `on_request_headers` with a fresh stream, as
     /// Envoy creates one per request.
-    fn decide(c: &Compiled, host: &MemHost, tenant: &[u8], now_ms: u64) -> Next {
-        host.set_request_header(HEADER, tenant);
-        host.set_now_ms(now_ms);
+    fn decide(c: &Compiled, worker: &Worker, tenant: &[u8], now_ms: u64) -> Next {
+        worker.set_request_header(HEADER, tenant);
+        worker.set_now_ms(now_ms);
         let mut stream = Stream::default();
-        stream.on_request_headers(c, host)
+        stream.on_request_headers(c, &worker.host, &worker.vm)
     }
 
     /// What the last `decide` did, from what the host saw.
@@ -164,13 +164,7 @@ mod native {
 
     /// Every tenant's decision at `now_ms` must be `expected`, before the
     /// case is timed.
-    fn expect_all(
-        c: &Compiled,
-        host: &MemHost,
-        tenants: &[String],
-        now_ms: u64,
-        expected: Outcome,
-    ) {
+    fn expect_all(c: &Compiled, host: &Worker, tenants: &[String], now_ms: u64, expected: Outcome) {
         for t in tenants {
             let (calls, replies) = (host.call_count(), host.reply_count());
             let next = decide(c, host, t.as_bytes(), now_ms);
@@ -210,11 +204,11 @@ mod native {
     }
 
     /// The shared data of one VM id, every slot created zeroed up front
-    /// (as the glue does).
-    fn new_host() -> MemHost {
+    /// (as the root does at configure), and one VM's state.
+    fn new_host() -> Worker {
         let host = MemHost::counting();
         host.create_slots(SLOTS);
-        host
+        Worker::with(host)
     }
 
     pub fn benches(c: &mut Criterion) {

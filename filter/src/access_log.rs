@@ -4,7 +4,7 @@
 //! Only refusals set them (an admitted request costs no host call here);
 //! the README's access-log format prints them.
 
-use crate::counters::GroupCounter;
+use crate::counters::{Counter, GroupCounter};
 use crate::host::Host;
 
 /// The tenant header's value (its lossy UTF-8 form, at most
@@ -47,6 +47,19 @@ impl Source {
             Source::MissingTenant => "missing_tenant",
             Source::TenantTooLong => "tenant_too_long",
             Source::LimiterError => "limiter_error",
+        }
+    }
+
+    /// The global counter of an enforced refusal by this source; None for
+    /// the sources that are not a rate limit (they have counters of their
+    /// own). Only the service's refusals are `over_limit`.
+    pub const fn counter(self) -> Option<Counter> {
+        match self {
+            Source::Service => Some(Counter::OverLimit),
+            Source::Cache => Some(Counter::CachedOverLimit),
+            Source::Bucket => Some(Counter::LocalOverLimit),
+            Source::Sync => Some(Counter::SyncOverLimit),
+            Source::MissingTenant | Source::TenantTooLong | Source::LimiterError => None,
         }
     }
 
@@ -96,7 +109,7 @@ pub fn record<H: Host + ?Sized>(
     for (name, value) in fields {
         if let Some(value) = value {
             if let Err(e) = host.set_property(name, value) {
-                log::debug!("cannot set {name}: {}", e.0);
+                log::debug!("cannot set {name}: {e}");
             }
         }
     }

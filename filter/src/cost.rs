@@ -11,6 +11,8 @@
 //!
 //! The header is read only for a request whose tenant is limited.
 
+use std::fmt;
+
 use crate::decision::Compiled;
 use crate::host::{Host, HostError};
 
@@ -22,6 +24,17 @@ pub enum CostError {
     /// The host could not read the header (a limiter failure).
     Host(HostError),
 }
+
+impl fmt::Display for CostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CostError::Invalid(why) => f.write_str(why.trim_end()),
+            CostError::Host(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CostError {}
 
 /// The cost of the request: 1 without the header.
 pub fn request_cost<H: Host + ?Sized>(c: &Compiled, host: &H) -> Result<u32, CostError> {

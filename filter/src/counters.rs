@@ -68,6 +68,19 @@ counters! {
     /// Refused (400): the `cost_header` value is not an integer from 1 to
     /// `max_cost`; no call.
     CostInvalid => "tenant_ratelimit.cost_invalid",
+    /// Refused in sync mode by the Envoy's own view of the fleet's count
+    /// (at the limit), no call. Not in `over_limit`, which counts the
+    /// service's refusals only.
+    SyncOverLimit => "tenant_ratelimit.sync_over_limit",
+    /// A group left lease mode (a new configuration): tokens of its
+    /// tenants' leases dropped unspent (the service counted them:
+    /// undershoot), counted when each tenant's next request drops its lease.
+    ModeChangeLeaseTokens => "tenant_ratelimit.mode_change_lease_tokens",
+    /// A group left sync mode (a new configuration): hits its tenants had
+    /// admitted that no push had taken yet. Each tenant's next request
+    /// carries them in its own call to the service (`hits_addend`), so the
+    /// service still counts them.
+    ModeChangeSyncHits => "tenant_ratelimit.mode_change_sync_hits",
 }
 
 /// How many counters there are.
@@ -165,7 +178,8 @@ group_counters! {
     /// Lease mode: requests admitted with a token of a lease, no call.
     LeaseSpent => "lease.spent",
     /// Lease mode: tokens reserved and never spent (their window ended, or
-    /// the slot went to another tenant): undershoot this Envoy observed.
+    /// the slot went to another tenant): undershoot this Envoy observed
+    /// (with the global `mode_change_lease_tokens`).
     LeaseStranded => "lease.stranded",
     /// Lease mode: batches the service refused (the limit was near).
     LeasesRefused => "lease.refused",
@@ -196,6 +210,69 @@ group_counters! {
 /// How many counters each group has.
 pub const GROUP_COUNTERS: usize = GroupCounter::ALL.len();
 
+/// A kind of metric to define.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricKind {
+    Counter,
+    Histogram,
+}
+
+/// The ids the host gave every metric when they were defined (None: that
+/// one could not be defined, and is not updated): the counters by
+/// `Counter::index`, the group counters by group index then
+/// `GroupCounter::index`, the histograms by `Histogram::index`.
+#[derive(Debug)]
+pub struct MetricIds {
+    counters: [Option<u32>; COUNTERS],
+    groups: Vec<[Option<u32>; GROUP_COUNTERS]>,
+    histograms: [Option<u32>; HISTOGRAMS],
+}
+
+impl MetricIds {
+    /// Defines every metric, with the group counters of these groups (in
+    /// `limits.all_groups()` order), through `define`.
+    pub fn define<'a>(
+        groups: impl Iterator<Item = &'a str>,
+        mut define: impl FnMut(MetricKind, &str) -> Option<u32>,
+    ) -> MetricIds {
+        let mut counters = [None; COUNTERS];
+        for (id, c) in counters.iter_mut().zip(Counter::ALL) {
+            *id = define(MetricKind::Counter, c.name());
+        }
+        let groups = groups
+            .map(|group| {
+                let mut ids = [None; GROUP_COUNTERS];
+                for (id, c) in ids.iter_mut().zip(GroupCounter::ALL) {
+                    *id = define(MetricKind::Counter, &c.stat_name(group));
+                }
+                ids
+            })
+            .collect();
+        let mut histograms = [None; HISTOGRAMS];
+        for (id, h) in histograms.iter_mut().zip(Histogram::ALL) {
+            *id = define(MetricKind::Histogram, h.name());
+        }
+        MetricIds {
+            counters,
+            groups,
+            histograms,
+        }
+    }
+
+    pub fn counter(&self, c: Counter) -> Option<u32> {
+        self.counters.get(c.index()).copied().flatten()
+    }
+
+    /// A counter of the group with index `group`.
+    pub fn group(&self, group: usize, c: GroupCounter) -> Option<u32> {
+        self.groups.get(group)?.get(c.index()).copied().flatten()
+    }
+
+    pub fn histogram(&self, h: Histogram) -> Option<u32> {
+        self.histograms.get(h.index()).copied().flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,7 +301,11 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 15);
+        assert_eq!(COUNTERS, 18);
+        assert_eq!(
+            Counter::SyncOverLimit.name(),
+            "tenant_ratelimit.sync_over_limit"
+        );
         assert_eq!(
             Counter::RlsDispatchFailed.name(),
             "tenant_ratelimit.rls_dispatch_failed"
@@ -233,6 +314,38 @@ mod tests {
             Histogram::RlsLatencyMs.name(),
             "tenant_ratelimit.rls_latency_ms"
         );
+    }
+
+    #[test]
+    fn every_metric_is_defined_once_under_its_name_and_found_by_its_id() {
+        let mut defined = Vec::new();
+        let ids = MetricIds::define(["default", "gold"].into_iter(), |kind, name| {
+            defined.push((kind, name.to_string()));
+            // One that the host refuses.
+            (name != "tenant_ratelimit.group.gold.admitted").then_some(defined.len() as u32)
+        });
+        assert_eq!(defined.len(), COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS);
+        let id_of = |name: &str| {
+            defined
+                .iter()
+                .position(|(_, n)| n == name)
+                .map(|i| i as u32 + 1)
+        };
+        assert_eq!(
+            ids.counter(Counter::SyncOverLimit),
+            id_of("tenant_ratelimit.sync_over_limit")
+        );
+        assert_eq!(
+            ids.group(0, GroupCounter::SyncRefused),
+            id_of("tenant_ratelimit.group.default.refused.sync")
+        );
+        assert_eq!(ids.group(1, GroupCounter::Admitted), None);
+        assert_eq!(ids.group(2, GroupCounter::Admitted), None);
+        assert_eq!(
+            ids.histogram(Histogram::RlsLatencyMs),
+            id_of("tenant_ratelimit.rls_latency_ms")
+        );
+        assert_eq!(defined.last().map(|(k, _)| *k), Some(MetricKind::Histogram));
     }
 
     #[test]

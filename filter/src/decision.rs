@@ -1,17 +1,19 @@
 //! The two decisions the request flow (`flow`) takes from data alone: the
 //! first step, from the compiled configuration and the tenant header; the
-//! verdict, from the rate-limit service's answer (with its headers).
+//! verdict, from the rate-limit service's answer (`answer`, with its
+//! headers). Also the call's message, for a request or for a tenant the
+//! root calls about.
 
 use std::borrow::Cow;
 
-use prost::Message;
 use ratelimit_config::plugin::PPM;
 use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
 
+use crate::answer::{decode, Answer};
 use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
-use crate::proto::{
-    encode_rate_limit_request, grpc_upstream, Code, DescriptorStatus, RateLimitResponse,
-};
+use crate::proto::{encode_rate_limit_request, grpc_upstream, DescriptorStatus};
+
+pub use crate::answer::RlsError;
 
 /// The configuration compiled once per VM in `on_configure`.
 pub struct Compiled {
@@ -96,17 +98,16 @@ pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8
     })
 }
 
-/// Why the service's answer could not be used.
-#[derive(Debug, PartialEq, Eq)]
-pub enum RlsError {
-    /// A gRPC status other than OK (14 for timeouts and refused connections).
-    Grpc(u32),
-    /// The body was missing or was not a `RateLimitResponse`.
-    Undecodable,
-    /// `overall_code` was UNKNOWN or a code this filter does not know.
-    UnknownCode,
-    /// A host call failed (reading the header, dispatching the call).
-    Host(String),
+/// The message of a call about `tenant` of the group with index `group`
+/// (a lease refill, a sync push): the group's descriptors, each counting
+/// `hits`. None if the configuration has no such group.
+pub fn tenant_message(c: &Compiled, group: usize, tenant: &str, hits: u32) -> Option<Vec<u8>> {
+    let limited = Limited {
+        group: c.config.limits.all_groups().nth(group)?,
+        group_index: group,
+        tenant: Cow::Borrowed(tenant),
+    };
+    Some(encode_request(c, &limited, hits))
 }
 
 /// The decision on a request that the service has answered.
@@ -127,11 +128,12 @@ pub use crate::headers::{
     X_RATELIMIT_RESET,
 };
 
-/// The service's answer: the verdict, and the service's own headers to
-/// forward (`response_headers_to_add` to the client, on the 429 or the
-/// upstream's response; `request_headers_to_add` to the upstream).
+/// What the flow does with the service's answer: the verdict, and the
+/// service's own headers to forward (`response_headers_to_add` to the
+/// client, on the 429 or the upstream's response; `request_headers_to_add`
+/// to the upstream).
 #[derive(Debug, PartialEq)]
-pub struct Answer {
+pub struct Decision {
     pub verdict: Verdict,
     pub to_client: Vec<(String, String)>,
     pub to_upstream: Vec<(String, String)>,
@@ -155,33 +157,30 @@ pub fn near_limit(statuses: &[DescriptorStatus], ratio_ppm: u32) -> bool {
 
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
-    answer(mode, grpc_status, body).verdict
+    decide(mode, decode(grpc_status, body)).verdict
 }
 
-/// Decides from the gRPC status and the response body, with the service's
-/// headers to forward. The filter's own headers win: a forwarded header of
-/// the same name is left out. A refusal carries Retry-After from the
-/// statuses; without any that says when its window resets, from the
-/// service's own Retry-After or reset header; else none (never a guess).
-pub fn answer(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Answer {
-    let failed = |why| Answer {
-        verdict: Verdict::Error(why),
-        to_client: Vec::new(),
-        to_upstream: Vec::new(),
-        dropped: 0,
+/// Decides from the decoded answer, with the service's headers to forward.
+/// The filter's own headers win: a forwarded header of the same name is
+/// left out. A refusal carries Retry-After from the statuses; without any
+/// that says when its window resets, from the service's own Retry-After or
+/// reset header; else none (never a guess).
+pub fn decide(mode: HeaderMode, answer: Result<Answer, RlsError>) -> Decision {
+    let Answer {
+        over_limit: over,
+        response,
+    } = match answer {
+        Ok(a) => a,
+        Err(why) => {
+            return Decision {
+                verdict: Verdict::Error(why),
+                to_client: Vec::new(),
+                to_upstream: Vec::new(),
+                dropped: 0,
+            }
+        }
     };
-    if grpc_status != 0 {
-        return failed(RlsError::Grpc(grpc_status));
-    }
-    let Some(response) = body.and_then(|b| RateLimitResponse::decode(b).ok()) else {
-        return failed(RlsError::Undecodable);
-    };
-    let code = response.overall_code();
-    if code == Code::Unknown {
-        return failed(RlsError::UnknownCode);
-    }
     let mut headers = limit_headers(mode, &response.statuses);
-    let over = code == Code::OverLimit;
     let own_retry = if over {
         retry_after(&response.statuses)
     } else {
@@ -217,7 +216,7 @@ pub fn answer(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Answer
     } else {
         Verdict::Allow(headers, response.statuses)
     };
-    Answer {
+    Decision {
         verdict,
         to_client,
         to_upstream,
@@ -228,7 +227,12 @@ pub fn answer(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Answer
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{RateLimitRequest, RateLimitUnit};
+    use crate::proto::{Code, RateLimitRequest, RateLimitResponse, RateLimitUnit};
+    use prost::Message;
+
+    fn decide_body(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Decision {
+        decide(mode, decode(grpc_status, body))
+    }
     use crate::testing::{answer, status};
     use ratelimit_config::parse_plugin_config;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -431,11 +435,11 @@ mod tests {
         // A server that sends no statuses (Limitador): no Retry-After of our
         // own, and no X-RateLimit-* (nothing to describe).
         let bare = with_headers(Code::OverLimit, vec![], &[], &[]);
-        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&bare));
+        let a = decide_body(HeaderMode::DraftVersion03, 0, Some(&bare));
         assert_eq!(a.verdict, Verdict::OverLimit(vec![], vec![]));
         // Its own reset header gives the Retry-After.
         let reset = with_headers(Code::OverLimit, vec![], &[("RateLimit-Reset", "54")], &[]);
-        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&reset));
+        let a = decide_body(HeaderMode::DraftVersion03, 0, Some(&reset));
         assert_eq!(
             a.verdict,
             Verdict::OverLimit(vec![(RETRY_AFTER, "54".into())], vec![])
@@ -443,7 +447,7 @@ mod tests {
         assert_eq!(a.to_client, pairs_of(&[("ratelimit-reset", "54")]));
         // Its own Retry-After is forwarded, once.
         let retry = with_headers(Code::OverLimit, vec![], &[("Retry-After", "59")], &[]);
-        let a = super::answer(HeaderMode::IetfDraft10, 0, Some(&retry));
+        let a = decide_body(HeaderMode::IetfDraft10, 0, Some(&retry));
         assert_eq!(a.verdict, Verdict::OverLimit(vec![], vec![]));
         assert_eq!(a.to_client, pairs_of(&[("retry-after", "59")]));
     }
@@ -460,7 +464,7 @@ mod tests {
             ],
             &[("x-to-upstream", "u")],
         );
-        let a = super::answer(HeaderMode::DraftVersion03, 0, Some(&body));
+        let a = decide_body(HeaderMode::DraftVersion03, 0, Some(&body));
         match &a.verdict {
             Verdict::OverLimit(h, _) => {
                 assert!(h.contains(&(RETRY_AFTER, "20".into())));
@@ -473,7 +477,7 @@ mod tests {
         // A refused request never goes upstream: nothing for it.
         assert!(a.to_upstream.is_empty());
         // With headers off, the service's X-RateLimit-* pass.
-        let a = super::answer(HeaderMode::Off, 0, Some(&body));
+        let a = decide_body(HeaderMode::Off, 0, Some(&body));
         assert_eq!(
             a.to_client,
             pairs_of(&[("x-ratelimit-limit", "99"), ("x-service", "s")])
@@ -484,7 +488,7 @@ mod tests {
             &[("x-service", "s")],
             &[("X-To-Upstream", "u\r\n")],
         );
-        let a = super::answer(HeaderMode::IetfDraft10, 0, Some(&ok));
+        let a = decide_body(HeaderMode::IetfDraft10, 0, Some(&ok));
         assert_eq!(
             a.verdict,
             Verdict::Allow(

@@ -18,31 +18,31 @@
 //! 3. `on_response_headers`: adds the kept headers to the upstream's
 //!    response.
 //!
-//! Everything the flow needs from Envoy goes through the `Host` trait
-//! (`host`), which the glue implements with proxy-wasm hostcalls and
-//! `testing::MemHost` in memory; so this file is pure code, tested path by
-//! path below. A host call that fails is a limiter failure (fail open,
-//! unless `failure_mode_deny`) or, in the local layer, skips that layer; it
-//! never panics.
+//! Everything the flow needs from Envoy goes through the ports (`host`),
+//! which the glue implements with proxy-wasm hostcalls and
+//! `testing::MemHost` in memory, and what it keeps per VM is `vm::Vm`; so
+//! this file is pure code, tested path by path below. A host call that
+//! fails is a limiter failure (fail open, unless `failure_mode_deny`) or,
+//! in the local layer, skips that layer; it never panics.
 
 use crate::access_log::{record, Source};
+use crate::answer::{decode, RlsError};
 use crate::cost::{hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    answer, encode_request, first_step, near_limit, Answer, Compiled, RlsError, Step, Verdict,
-    RETRY_AFTER,
+    decide, encode_request, first_step, near_limit, Compiled, Decision, Step, Verdict, RETRY_AFTER,
 };
 use crate::headers::group_policy;
 use crate::health;
 use crate::host::Host;
-use crate::lease::{store_outcome, Outcome};
+use crate::lease::Outcome;
 use crate::local::names::{intern, lookup};
 use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
-use crate::modes::{local_step, ModeStep};
+use crate::modes::{local_step, store_heard, store_outcome, ModeStep};
 use crate::proto::{DescriptorStatus, METHOD, SERVICE};
-use crate::sync::{store_heard, Heard};
+use crate::vm::Vm;
 use ratelimit_config::HeaderMode;
 
 /// What Envoy does with the request after a callback.
@@ -84,10 +84,15 @@ pub struct Stream {
 
 impl Stream {
     /// The request's headers have arrived.
-    pub fn on_request_headers<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H) -> Next {
+    pub fn on_request_headers<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+    ) -> Next {
         let tenant = match host.request_header(&c.config.limits.header) {
             Ok(t) => t,
-            Err(e) => return limiter_error(c, host, None, &RlsError::Host(e.0)),
+            Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
         };
         let limited = match first_step(c, tenant.as_deref()) {
             Step::AllowMissingTenant => {
@@ -113,36 +118,43 @@ impl Stream {
                 host.count(Counter::CostInvalid);
                 return local_reply(host, 400, &[], &why);
             }
-            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e.0)),
+            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e)),
         };
         let group = limited.group_index;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
         let local = &c.config.local;
+        // Hits of a sync block a mode change dropped: this call carries
+        // them (`modes`).
+        let mut carried = 0;
         if local.enabled {
-            let key = host.slot_secret();
-            let at = slot_for(&key, &limited.group.name, &limited.tenant, local.slots);
+            let at = slot_for(
+                &vm.slot_secret,
+                &limited.group.name,
+                &limited.tenant,
+                local.slots,
+            );
             let now = host.now_ms();
             let mode = c.config.headers;
             let names = |id| lookup(host, id);
-            let verdict = match local_step(c, host, &limited, at, now, &names, cost) {
-                Ok((_, ModeStep::Admitted)) => return Next::Continue,
-                Ok((_, ModeStep::Refused(headers))) => {
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Sync,
-                        headers,
-                        Vec::new(),
-                    );
+            let verdict = match local_step(c, host, vm, &limited, at, now, &names, cost) {
+                Ok(step) => {
+                    carried = step.carried;
+                    match step.mode {
+                        ModeStep::Admitted => return Next::Continue,
+                        ModeStep::Refused(headers) => {
+                            let tenant = Some(limited.tenant.as_ref());
+                            let none = Vec::new();
+                            return self.refuse(c, host, tenant, Source::Sync, headers, none);
+                        }
+                        ModeStep::Ask { lease_batch, sync } => {
+                            self.lease_batch = lease_batch;
+                            self.sync = sync;
+                        }
+                        ModeStep::Exact => {}
+                    }
+                    Ok(step.verdict)
                 }
-                Ok((v, ModeStep::Ask { lease_batch, sync })) => {
-                    self.lease_batch = lease_batch;
-                    self.sync = sync;
-                    Ok(v)
-                }
-                Ok((v, ModeStep::Exact)) => Ok(v),
                 Err(e) => Err(e),
             };
             match verdict {
@@ -178,15 +190,15 @@ impl Stream {
             self.asked_at_ms = now;
         }
         let hits = match self.lease_batch {
-            Some(batch) => batch,
-            None => hits_addend(cost),
+            Some(batch) => batch.saturating_add(carried),
+            None => hits_addend(cost.saturating_add(carried)),
         };
         let message = encode_request(c, &limited, hits);
         self.sent_ms = host.now_ms();
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
-            Ok(()) => Next::Pause,
+            Ok(_token) => Next::Pause,
             Err(e) => {
-                health::dispatch_failed(c, host, &e);
+                health::dispatch_failed(c, host, &vm.dispatch_warnings, &e);
                 if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
                     store_outcome(
                         c,
@@ -199,7 +211,7 @@ impl Stream {
                         Outcome::Failed,
                     );
                 }
-                limiter_error(c, host, Some(group), &RlsError::Host(e.0))
+                limiter_error(c, host, Some(group), &RlsError::Host(e))
             }
         }
     }
@@ -216,26 +228,30 @@ impl Stream {
     ) {
         health::answered(host, self.sent_ms, grpc_status);
         let body = if grpc_status == 0 {
-            host.grpc_response(body_size).ok().flatten()
+            host.grpc_response(body_size).unwrap_or_else(|e| {
+                log::debug!("the service's answer not read: {e}");
+                None
+            })
         } else {
             None
         };
+        let decoded = decode(grpc_status, body.as_deref());
         if let (Some(batch), Some(at), Some(group)) = (self.lease_batch, self.slot, self.group) {
             // This request asked for a batch: the first hit is its own.
-            let outcome = Outcome::of(grpc_status, body.as_deref());
+            let outcome = Outcome::of(decoded.as_ref().ok());
             let tokens = batch.saturating_sub(1);
             store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
         }
         if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
-            let heard = Heard::of(grpc_status, body.as_deref());
-            store_heard(c, host, group, at, self.asked_at_ms, 1, false, &heard);
+            let heard = decoded.as_ref().ok();
+            store_heard(c, host, group, at, self.asked_at_ms, 1, false, heard);
         }
-        let Answer {
+        let Decision {
             verdict,
             to_client,
             to_upstream,
             dropped,
-        } = answer(c.config.headers, grpc_status, body.as_deref());
+        } = decide(c.config.headers, decoded);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
@@ -251,7 +267,9 @@ impl Stream {
                 self.response_headers = headers;
                 self.forwarded = to_client;
                 for (name, value) in &to_upstream {
-                    let _ = host.add_request_header(name, value);
+                    if let Err(e) = host.add_request_header(name, value) {
+                        log::debug!("a header of the service not added: {e}");
+                    }
                 }
                 Next::Continue
             }
@@ -281,7 +299,9 @@ impl Stream {
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
         };
         if next == Next::Continue {
-            let _ = host.resume_request();
+            if let Err(e) = host.resume_request() {
+                log::error!("cannot resume a request paused for the service: {e}");
+            }
         }
     }
 
@@ -298,12 +318,8 @@ impl Stream {
         mut headers: Vec<(&'static str, String)>,
         service: Vec<(String, String)>,
     ) -> Next {
-        if !self.shadow {
-            host.count(match source {
-                Source::Bucket => Counter::LocalOverLimit,
-                Source::Cache => Counter::CachedOverLimit,
-                _ => Counter::OverLimit,
-            });
+        if let (false, Some(counter)) = (self.shadow, source.counter()) {
+            host.count(counter);
         }
         let group = self.group;
         if let (Some(g), Some(counter)) = (group, source.group_counter(self.shadow)) {
@@ -315,7 +331,12 @@ impl Stream {
         match tenant {
             Some(t) => record(host, Some(t), group_name, self.shadow, source),
             None => {
-                let read = host.request_header(&c.config.limits.header).ok().flatten();
+                let read = host
+                    .request_header(&c.config.limits.header)
+                    .unwrap_or_else(|e| {
+                        log::debug!("the tenant not read again for the access log: {e}");
+                        None
+                    });
                 let t = read.as_deref().map(String::from_utf8_lossy);
                 record(host, t.as_deref(), group_name, self.shadow, source);
             }
@@ -333,12 +354,18 @@ impl Stream {
     /// own local replies, which carry their headers already).
     pub fn on_response_headers<H: Host + ?Sized>(&mut self, host: &H) -> Next {
         for (name, value) in self.response_headers.drain(..) {
-            let _ = host.add_response_header(name, &value);
+            add_response_header(host, name, &value);
         }
         for (name, value) in self.forwarded.drain(..) {
-            let _ = host.add_response_header(&name, &value);
+            add_response_header(host, &name, &value);
         }
         Next::Continue
+    }
+}
+
+fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {
+    if let Err(e) = host.add_response_header(name, value) {
+        log::debug!("a response header not added: {e}");
     }
 }
 
@@ -378,7 +405,7 @@ fn local_reply<H: Host + ?Sized>(
     match host.send_reply(status, headers, body) {
         Ok(()) => Next::Pause,
         Err(e) => {
-            log::error!("cannot send a local reply: {}", e.0);
+            log::error!("cannot send a local reply: {e}");
             Next::Continue
         }
     }
@@ -405,7 +432,7 @@ fn limiter_error<H: Host + ?Sized>(
     why: &RlsError,
 ) -> Next {
     host.count(Counter::RlsError);
-    log::debug!("limiter error: {why:?}");
+    log::debug!("limiter error: {why}");
     if c.config.failure_mode_deny {
         host.count(Counter::FailureModeDenied);
         record(host, None, None, false, Source::LimiterError);

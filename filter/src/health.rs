@@ -21,7 +21,7 @@ pub const WARN_INTERVAL_MS: u64 = 60_000;
 
 /// Lets a repeated warning through once, then at most once per interval,
 /// counting what it held back in between. Pure: time is passed in. One per
-/// VM (kept by the host: the flow has no per-VM state of its own).
+/// VM (`vm::Vm::dispatch_warnings`).
 #[derive(Debug, Default)]
 pub struct LogThrottle {
     /// When the last warning went out; None before the first.
@@ -63,12 +63,14 @@ impl LogThrottle {
 /// The call could not be sent: count it, and warn (throttled) with the
 /// cluster's name. The caller then fails open or denies, as for any
 /// limiter failure.
-pub fn dispatch_failed<H: Host + ?Sized>(c: &Compiled, host: &H, why: &HostError) {
+pub fn dispatch_failed<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    warnings: &LogThrottle,
+    why: &HostError,
+) {
     host.count(Counter::RlsDispatchFailed);
-    if let Some(held) = host
-        .dispatch_warnings()
-        .due(host.now_ms(), WARN_INTERVAL_MS)
-    {
+    if let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
         let meanwhile = if c.config.failure_mode_deny {
             "requests are refused meanwhile (failure_mode_deny)"
         } else {
@@ -79,7 +81,7 @@ pub fn dispatch_failed<H: Host + ?Sized>(c: &Compiled, host: &H, why: &HostError
              does Envoy have a cluster of that name (rate_limit_service.cluster)? {}; \
              {} more failures since the last warning",
             c.config.cluster,
-            why.0,
+            why,
             meanwhile,
             held
         );

@@ -1,19 +1,78 @@
-//! What the request flow needs from Envoy, as a trait: the glue implements
-//! it with proxy-wasm hostcalls, `testing::MemHost` in memory for the tests
-//! and the benchmark. Every method returns the host's failure instead of
-//! panicking; the flow decides what a failure means (see `flow`).
+//! The ports: what the filter asks of Envoy, as two traits. The glue
+//! implements them with proxy-wasm hostcalls, `testing::MemHost` in memory
+//! for the tests and the benchmark. Only what Envoy provides is here (shared
+//! data, the request and response, gRPC, the clock, metrics, properties);
+//! what a VM keeps between callbacks is `vm::Vm`. Every method returns the
+//! host's failure instead of panicking; the caller decides what a failure
+//! means (see `flow` and `root`).
+
+use std::fmt;
 
 use crate::counters::{Counter, GroupCounter, Histogram};
-use crate::health::LogThrottle;
-use crate::lease::Refill;
-use crate::local::{SlotRef, SlotSecret};
 
-/// A host call that failed: what the host said, for the debug log.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostError(pub String);
+/// A call of the ports, to say which one failed (and, in the tests, to
+/// make one fail).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostCall {
+    RequestHeader,
+    GetShared,
+    SetShared,
+    Dispatch,
+    GrpcResponse,
+    Reply,
+    Resume,
+    AddHeader,
+    SetProperty,
+    AddRequestHeader,
+}
+
+impl HostCall {
+    pub const fn name(self) -> &'static str {
+        match self {
+            HostCall::RequestHeader => "request_header",
+            HostCall::GetShared => "get_shared",
+            HostCall::SetShared => "set_shared",
+            HostCall::Dispatch => "dispatch_grpc",
+            HostCall::GrpcResponse => "grpc_response",
+            HostCall::Reply => "send_reply",
+            HostCall::Resume => "resume_request",
+            HostCall::AddHeader => "add_response_header",
+            HostCall::SetProperty => "set_property",
+            HostCall::AddRequestHeader => "add_request_header",
+        }
+    }
+}
+
+/// A host call that failed: which, and the proxy-wasm status the host
+/// answered (`proxy_wasm::types::Status` as its number: 1 not found, 2 bad
+/// argument, 8 CAS mismatch, 10 internal failure, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostError {
+    pub call: HostCall,
+    pub status: u32,
+}
+
+impl HostError {
+    /// proxy-wasm's `InternalFailure`.
+    pub const INTERNAL_FAILURE: u32 = 10;
+    /// proxy-wasm's `CasMismatch`.
+    pub const CAS_MISMATCH: u32 = 8;
+
+    pub const fn new(call: HostCall, status: u32) -> HostError {
+        HostError { call, status }
+    }
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed (status {})", self.call.name(), self.status)
+    }
+}
+
+impl std::error::Error for HostError {}
 
 /// Why a shared-data call failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SharedDataError {
     /// Another writer changed the key since it was read (the CAS token given
     /// is stale).
@@ -21,6 +80,17 @@ pub enum SharedDataError {
     /// Any other host failure.
     Host(HostError),
 }
+
+impl fmt::Display for SharedDataError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedDataError::CasMismatch => f.write_str("shared data: CAS mismatch"),
+            SharedDataError::Host(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SharedDataError {}
 
 /// Envoy's shared data (one map per VM id, shared by every worker), with
 /// its compare-and-swap: every value carries a CAS token that changes on
@@ -35,8 +105,8 @@ pub trait SharedData {
     fn set_shared(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError>;
 }
 
-/// Everything else the request flow asks of the host, for the stream it is
-/// called for.
+/// Everything else the filter asks of Envoy, for the context it is called
+/// for (a stream, or the root context).
 pub trait Host: SharedData {
     /// The request header `name`'s raw bytes, None when it is absent.
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
@@ -44,7 +114,9 @@ pub trait Host: SharedData {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
 
-    /// Sends the gRPC call; its answer comes back in `Stream::on_rls_answer`.
+    /// Sends the gRPC call; returns its token. Its answer comes back to the
+    /// context that sent it, under that token (`Stream::on_rls_answer` for
+    /// a stream, `Root::on_answer` for the root).
     fn dispatch_grpc(
         &self,
         upstream: &str,
@@ -52,7 +124,7 @@ pub trait Host: SharedData {
         method: &str,
         message: &[u8],
         timeout_ms: u32,
-    ) -> Result<(), HostError>;
+    ) -> Result<u32, HostError>;
 
     /// The body of the gRPC answer, `size` bytes of it.
     fn grpc_response(&self, size: usize) -> Result<Option<Vec<u8>>, HostError>;
@@ -75,8 +147,13 @@ pub trait Host: SharedData {
     /// paused for the service's answer).
     fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError>;
 
-    /// Adds one to a counter (a failure to count is not worth failing for).
-    fn count(&self, counter: Counter);
+    /// Adds `n` to a counter (a failure to count is the host's to log).
+    fn add(&self, counter: Counter, n: u64);
+
+    /// Adds one to a counter.
+    fn count(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
 
     /// Adds `n` to a counter of the group with index `group` (its position
     /// in `limits.all_groups()`, `Limited::group_index`).
@@ -87,24 +164,9 @@ pub trait Host: SharedData {
         self.add_group(group, counter, 1);
     }
 
-    /// Records a value in a histogram (a failure to record is dropped).
+    /// Records a value in a histogram (a failure to record is the host's to
+    /// log).
     fn record(&self, histogram: Histogram, value: u64);
-
-    /// The VM's throttle of the "cannot call the service" warning
-    /// (`health::dispatch_failed`).
-    fn dispatch_warnings(&self) -> &LogThrottle;
-    /// Hands a lease refill to this worker's root context, which sends it
-    /// on its next tick (a call from the stream would be cancelled with it).
-    fn request_refill(&self, refill: Refill);
-
-    /// Sync mode: this worker's root context pushes the unsynced hits of
-    /// this tenant (of group `group`, at slot `at`) from now on, every
-    /// `local.sync.interval_ms`, until it has nothing left to push.
-    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef);
-
-    /// The key of the slot hash, agreed at configure (`local::secret`):
-    /// no host call.
-    fn slot_secret(&self) -> SlotSecret;
 
     /// Sets a property of this stream that Envoy's access log can print:
     /// proxy-wasm `set_property`, which Envoy keeps as the filter state

@@ -5,16 +5,49 @@
 //! one `ShouldRateLimit` call, answers 429 with X-RateLimit-* headers and
 //! Retry-After, and fails open (counted) when the limiter breaks.
 //!
-//! Start with `flow`: the whole request flow, as pure code over the `Host`
-//! trait (`host`). It uses `decision` (first step, verdict, headers),
-//! `local` (token bucket, over-limit cache, slots in shared data), `proto`
-//! (the gRPC messages) and `counters`. `glue` is the only module that names
-//! proxy-wasm: it implements `Host` with hostcalls, registers the contexts
-//! and reads the plugin configuration; it is compiled for the wasm32-wasip1
-//! build only. `testing` is an in-memory `Host` for the tests and the
-//! benchmark.
+//! Start with `flow` (a request) and `root` (a worker's root context): both
+//! are pure code over the ports (`host`) and a VM's state (`vm`). `glue` is
+//! the only module that names proxy-wasm. No module depends on a module
+//! that depends on it back (`tests/module_graph.rs` checks it). The modules,
+//! one line each (docs/architecture.md tells the whole story):
+//!
+//! - `flow`: one request, from its headers to its response.
+//! - `root`: what a worker's root context does at configure, on a tick and
+//!   on an answer (lease refills, sync pushes).
+//! - `modes`: the local layer's step by the group's mode (exact, lease,
+//!   sync), and what a mode's answer leaves in the tenant's slot.
+//! - `lease`: lease mode's state machine (reserve a batch, spend it).
+//! - `sync`: sync mode's state machine (admit against a view, push hits).
+//! - `decision`: the compiled configuration, the first step, the call's
+//!   message, the verdict from the service's answer.
+//! - `answer`: the service's answer, decoded once.
+//! - `headers`: the rate-limit headers written, and the service's headers
+//!   forwarded.
+//! - `cost`: a request's cost (`cost_header`).
+//! - `access_log`: the properties Envoy's access log prints for refusals.
+//! - `health`: the service call's latency, and the throttled warning when
+//!   it cannot be sent.
+//! - `counters`: every counter and histogram, with its stat name.
+//! - `window`: window arithmetic (clock-aligned windows).
+//! - `proto`: the gRPC messages of the rate-limit service.
+//! - `host`: the ports, what the filter asks of Envoy, and their errors.
+//! - `vm`: what one VM keeps between callbacks (the slot secret, the
+//!   warning throttle, the root's mailbox).
+//! - `local`: the local layer, decided before any call:
+//!   - `local::bucket`: token-bucket arithmetic;
+//!   - `local::over_limit`: the over-limit cache and its headers;
+//!   - `local::placement`: where a tenant lives (keyed hash, slot key);
+//!   - `local::slot`: a slot's state, its encoding, who owns it;
+//!   - `local::cas`: the read-modify-write of a slot under CAS;
+//!   - `local::names`: the rule names of cached refusals;
+//!   - `local::secret`: the slot secret every VM agrees on.
+//! - `testing`: an in-memory host for the tests and the benchmark (native
+//!   builds only).
+//! - `glue`: the proxy-wasm adapter: implements the ports, registers the
+//!   contexts, reads the configuration (the wasm32-wasip1 build only).
 
 pub mod access_log;
+pub mod answer;
 pub mod cost;
 pub mod counters;
 pub mod decision;
@@ -26,7 +59,10 @@ pub mod lease;
 pub mod local;
 pub mod modes;
 pub mod proto;
+pub mod root;
 pub mod sync;
+pub mod vm;
+pub mod window;
 
 #[cfg(any(test, not(target_arch = "wasm32")))]
 pub mod testing;

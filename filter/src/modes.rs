@@ -1,14 +1,39 @@
-//! The local layer's step for one request, by the group's mode: exact (the
-//! bucket and the over-limit cache, then a call), lease (`lease`) or sync
-//! (`sync`). One read-modify-write of the tenant's slot in every mode; the
-//! mode's counters are counted here, so `flow` only acts on the outcome.
+//! The local layer's step for one request, by the group's mode (exact:
+//! the bucket and the over-limit cache, then a call; `lease`; `sync`), and
+//! what an answer to a mode's call leaves in the tenant's slot. One
+//! read-modify-write of the slot per request in every mode; the mode's
+//! counters are counted here, so `flow` only acts on the outcome and `root`
+//! only sends and receives.
+//!
+//! A slot outlives configurations: when a new one changes a group's mode,
+//! the tenant's next request that the local layer lets through finds the
+//! old mode's block and drops it (`Slot::switch_mode`), counting what it
+//! held (`mode_change_lease_tokens`, `mode_change_sync_hits`). That request
+//! always calls the service (exact mode does; a fresh lease has no token),
+//! and its call carries a sync block's unpushed hits (`LocalStep::carried`),
+//! so the service counts every hit admitted before it decides on this one.
 
-use crate::counters::GroupCounter;
+use ratelimit_config::{BucketParams, HeaderMode, Mode};
+
+use crate::answer::Answer;
+use crate::counters::{Counter, GroupCounter};
 use crate::decision::{Compiled, Limited};
 use crate::host::Host;
-use crate::lease::{admit_lease, LeaseParams, Refill, Spend};
-use crate::local::{admit_named, update, LocalVerdict, SlotRef, UpdateError, CAS_ATTEMPTS};
-use crate::sync::{admit_sync, refusal_headers, SyncParams, SyncStep};
+use crate::lease::{self, LeaseParams, Outcome, Spend};
+use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot, SlotRef, Stranded};
+use crate::local::{UpdateError, CAS_ATTEMPTS};
+use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
+use crate::vm::{CallKind, TenantCall, Tracked, Vm};
+
+/// The local layer's step for one request.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LocalStep {
+    pub verdict: LocalVerdict,
+    pub mode: ModeStep,
+    /// Hits of a sync block dropped by a mode change, that no push took:
+    /// the request's call to the service adds them to its own.
+    pub carried: u32,
+}
 
 /// What the mode adds to the local layer's verdict.
 #[derive(Debug, PartialEq, Eq)]
@@ -29,80 +54,395 @@ pub enum ModeStep {
     },
 }
 
+/// A group's mode, with its settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeParams {
+    Exact,
+    Lease(LeaseParams),
+    Sync(SyncParams),
+}
+
+impl ModeParams {
+    pub fn of(c: &Compiled, group: &ratelimit_config::Group) -> ModeParams {
+        if let Some(p) = LeaseParams::for_group(c, group) {
+            ModeParams::Lease(p)
+        } else if let Some(p) = SyncParams::for_group(c, group) {
+            ModeParams::Sync(p)
+        } else {
+            ModeParams::Exact
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        match self {
+            ModeParams::Exact => Mode::Exact,
+            ModeParams::Lease(_) => Mode::Lease,
+            ModeParams::Sync(_) => Mode::Sync,
+        }
+    }
+}
+
+/// What the mode decided for a request the local layer let through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decided {
+    Lease(Spend),
+    Sync(SyncStep),
+}
+
+/// The local layer and the mode's decision on one request, from the
+/// stored slot.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Admission {
+    pub verdict: LocalVerdict,
+    /// None: exact mode, a request that costs more than 1, or a refusal.
+    pub decided: Option<Decided>,
+    /// The block of another mode the slot held, dropped.
+    pub switched: Option<Stranded>,
+    /// Lease tokens whose window ended unspent.
+    pub lease_stranded: u32,
+}
+
+impl Admission {
+    fn just(verdict: LocalVerdict) -> Admission {
+        Admission {
+            verdict,
+            decided: None,
+            switched: None,
+            lease_stranded: 0,
+        }
+    }
+}
+
+/// The local layer, then the mode, for a request at `now_ms` that costs
+/// `cost` hits, on the stored slot; returns the slot to write, if any.
+/// `names` reads the rule names of a cached refusal (every mode answers
+/// cached refusals alike). A request that costs more than 1 asks the
+/// service itself in every mode, as in exact mode (leases and sync views
+/// count single hits), and leaves the mode's block as it is.
+#[allow(clippy::too_many_arguments)]
+pub fn admit(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    now_ms: u64,
+    bucket: Option<BucketParams>,
+    headers: HeaderMode,
+    names: &dyn Fn(u8) -> Option<String>,
+    cost: u32,
+    params: ModeParams,
+) -> (Admission, Option<Slot>) {
+    let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
+        return (Admission::just(LocalVerdict::Contended), None);
+    };
+    let changed = match local::decide(&mut slot, now_ms, bucket, headers, names, cost) {
+        Ok(changed) => changed,
+        Err(refusal) => return (Admission::just(refusal), None),
+    };
+    let switched = slot.switch_mode(params.mode());
+    let mut a = Admission {
+        switched,
+        ..Admission::just(LocalVerdict::Proceed)
+    };
+    let write = match params {
+        ModeParams::Lease(p) if cost <= 1 => {
+            let held = match slot.mode {
+                ModeState::Lease(l) => Some(l),
+                _ => None,
+            };
+            let (l, spend, stranded) = lease::spend(held, &p, now_ms);
+            slot.mode = ModeState::Lease(l);
+            a.decided = Some(Decided::Lease(spend));
+            a.lease_stranded = stranded;
+            true
+        }
+        ModeParams::Sync(p) if cost <= 1 => {
+            let before = slot.mode;
+            let held = match before {
+                ModeState::Sync(s) => Some(s),
+                _ => None,
+            };
+            let (state, step) = sync::decide(held, &p, now_ms);
+            slot.mode = ModeState::Sync(state);
+            a.decided = Some(Decided::Sync(step));
+            // A refusal writes only what changed in the view (a rolled
+            // window) or a dropped block, so a flood of refusals costs no
+            // writes.
+            switched.is_some() || slot.mode != before || !matches!(step, SyncStep::Refuse { .. })
+        }
+        _ => changed || switched.is_some(),
+    };
+    (a, write.then_some(slot))
+}
+
 /// The local layer and the mode for a request of `limited` at `now` that
 /// costs `cost` hits (`cost_header`); `names` reads the rule names of a
-/// cached refusal. A request that costs more than 1 asks the service
-/// itself in every mode, as in exact mode: leases and sync views count
-/// single hits.
+/// cached refusal. Queues what the root must send (a lease refill) and the
+/// sync tenants it must push in `vm`'s mailbox.
 #[allow(clippy::too_many_arguments)]
 pub fn local_step<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
+    vm: &Vm,
     limited: &Limited<'_>,
     at: SlotRef,
     now: u64,
     names: &dyn Fn(u8) -> Option<String>,
     cost: u32,
-) -> Result<(LocalVerdict, ModeStep), UpdateError> {
+) -> Result<LocalStep, UpdateError> {
     let group = limited.group_index;
     let bucket = c.config.local.bucket_for(limited.group);
+    let params = ModeParams::of(c, limited.group);
     let headers = c.config.headers;
-    let single = cost <= 1;
-    if let Some(p) = LeaseParams::for_group(c, limited.group).filter(|_| single) {
-        let (verdict, spend, stranded) = update(host, at.index, CAS_ATTEMPTS, |stored| {
-            admit_lease(stored, at, now, bucket, headers, &p)
-        })?;
-        if stranded > 0 {
-            host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
-        }
-        let step = match spend {
-            Some(Spend::Token { refill }) => {
-                if let Some(batch) = refill {
-                    host.request_refill(Refill {
-                        group,
-                        tenant: limited.tenant.to_string(),
-                        at,
-                        batch,
-                    });
-                }
-                host.count_group(group, GroupCounter::Admitted);
-                host.count_group(group, GroupCounter::LeaseSpent);
-                ModeStep::Admitted
-            }
-            Some(Spend::Ask { batch }) => ModeStep::Ask {
-                lease_batch: Some(batch),
-                sync: false,
-            },
-            None => ModeStep::Exact,
-        };
-        return Ok((verdict, step));
-    }
-    if let Some(p) = SyncParams::for_group(c, limited.group).filter(|_| single) {
-        let (verdict, step) = update(host, at.index, CAS_ATTEMPTS, |stored| {
-            admit_sync(stored, at, now, bucket, headers, &p)
-        })?;
-        let step = match step {
-            Some(SyncStep::Admit) => {
-                host.track_sync(group, &limited.tenant, at);
-                host.count_group(group, GroupCounter::Admitted);
-                host.count_group(group, GroupCounter::SyncLocal);
-                ModeStep::Admitted
-            }
-            // Counted by the flow, as a refusal (or, in shadow, a would-be
-            // refusal) from the source `sync`.
-            Some(SyncStep::Refuse { retry_after_s }) => {
-                ModeStep::Refused(refusal_headers(retry_after_s))
-            }
-            Some(SyncStep::Ask) => ModeStep::Ask {
-                lease_batch: None,
-                sync: true,
-            },
-            None => ModeStep::Exact,
-        };
-        return Ok((verdict, step));
-    }
-    let verdict = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        admit_named(stored, at, now, bucket, headers, names, cost)
+    let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        admit(stored, at, now, bucket, headers, names, cost, params)
     })?;
-    Ok((verdict, ModeStep::Exact))
+    let carried = match a.switched {
+        Some(stranded) => mode_changed(host, stranded),
+        None => 0,
+    };
+    if a.lease_stranded > 0 {
+        host.add_group(
+            group,
+            GroupCounter::LeaseStranded,
+            u64::from(a.lease_stranded),
+        );
+    }
+    let step = match a.decided {
+        None => ModeStep::Exact,
+        Some(Decided::Lease(Spend::Token { refill })) => {
+            if let Some(batch) = refill {
+                let call = tenant_call(CallKind::Refill, limited, at, batch);
+                if !vm.mailbox.queue(call) {
+                    log::debug!("lease refill dropped: the root's mailbox is full");
+                }
+            }
+            host.count_group(group, GroupCounter::Admitted);
+            host.count_group(group, GroupCounter::LeaseSpent);
+            ModeStep::Admitted
+        }
+        Some(Decided::Lease(Spend::Ask { batch })) => ModeStep::Ask {
+            lease_batch: Some(batch),
+            sync: false,
+        },
+        Some(Decided::Sync(SyncStep::Admit)) => {
+            if !vm.mailbox.track(group, &limited.tenant, at) {
+                log::debug!("sync tenant not tracked: the root tracks the most it may");
+            }
+            host.count_group(group, GroupCounter::Admitted);
+            host.count_group(group, GroupCounter::SyncLocal);
+            ModeStep::Admitted
+        }
+        // Counted by the flow, as a refusal (or, in shadow, a would-be
+        // refusal) from the source `sync`.
+        Some(Decided::Sync(SyncStep::Refuse { retry_after_s })) => {
+            ModeStep::Refused(refusal_headers(retry_after_s))
+        }
+        Some(Decided::Sync(SyncStep::Ask)) => ModeStep::Ask {
+            lease_batch: None,
+            sync: true,
+        },
+    };
+    Ok(LocalStep {
+        verdict: a.verdict,
+        mode: step,
+        carried,
+    })
 }
+
+fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) -> TenantCall {
+    TenantCall {
+        kind,
+        group: limited.group_index,
+        tenant: limited.tenant.to_string(),
+        at,
+        hits,
+    }
+}
+
+/// The tenant's slot held another mode's block: counts what it held, and
+/// returns the sync hits the request's call must carry.
+fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
+    if stranded.lease_tokens > 0 {
+        let tokens = u64::from(stranded.lease_tokens);
+        host.add(Counter::ModeChangeLeaseTokens, tokens);
+    }
+    if stranded.sync_hits > 0 {
+        host.add(Counter::ModeChangeSyncHits, u64::from(stranded.sync_hits));
+    }
+    stranded.sync_hits
+}
+
+fn lease_params(c: &Compiled, group: usize) -> Option<LeaseParams> {
+    let g = c.config.limits.all_groups().nth(group)?;
+    LeaseParams::for_group(c, g)
+}
+
+fn sync_params(c: &Compiled, group: usize) -> Option<SyncParams> {
+    let g = c.config.limits.all_groups().nth(group)?;
+    SyncParams::for_group(c, g)
+}
+
+/// Stores the outcome of a call for `batch` tokens of the tenant at `at`
+/// (of group `group`), asked at `asked_at_ms`, of which `tokens` become the
+/// lease's (the batch, less the asking request's own hit); counted in the
+/// group. Nothing is stored once the group is no longer in lease mode.
+#[allow(clippy::too_many_arguments)]
+pub fn store_outcome<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    group: usize,
+    at: SlotRef,
+    asked_at_ms: u64,
+    batch: u32,
+    tokens: u32,
+    outcome: Outcome,
+) {
+    let Some(p) = lease_params(c, group) else {
+        return;
+    };
+    let now = host.now_ms();
+    match outcome {
+        Outcome::Granted { .. } => {
+            host.count_group(group, GroupCounter::LeasesTaken);
+            host.add_group(group, GroupCounter::LeaseTokens, u64::from(batch));
+        }
+        Outcome::Refused => {
+            host.count_group(group, GroupCounter::LeasesRefused);
+            host.add_group(group, GroupCounter::LeaseRefusedTokens, u64::from(batch));
+        }
+        Outcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
+    }
+    let granted = match outcome {
+        Outcome::Granted { .. } => tokens,
+        _ => 0,
+    };
+    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        match Slot::claim(stored, at.fingerprint, now, Claim::Request) {
+            Some(mut slot) => {
+                let held = match slot.mode {
+                    ModeState::Lease(l) => Some(l),
+                    ModeState::None => None,
+                    // A block of another mode: the tenant's next request
+                    // drops it; the granted tokens are lost to us.
+                    ModeState::Sync(_) => return (granted, None),
+                };
+                let (l, stranded) = lease::settle(held, &p, asked_at_ms, now, tokens, outcome);
+                slot.mode = ModeState::Lease(l);
+                (stranded, Some(slot))
+            }
+            // Another tenant holds the slot: granted tokens are lost to us.
+            None => (granted, None),
+        }
+    });
+    let stranded = match stored {
+        Ok(stranded) => stranded,
+        Err(e) => {
+            log::debug!("lease outcome not stored: {e}");
+            granted
+        }
+    };
+    if stranded > 0 {
+        host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
+    }
+}
+
+/// Counts a push of `hits` sync hits the service answered (`heard`; None:
+/// it failed).
+fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
+    match heard {
+        None => host.count_group(group, GroupCounter::SyncFailed),
+        Some(answer) => {
+            host.count_group(group, GroupCounter::Syncs);
+            host.add_group(group, GroupCounter::SyncHits, u64::from(hits));
+            if answer.any_over_limit() {
+                host.add_group(group, GroupCounter::SyncOverLimitHits, u64::from(hits));
+            }
+        }
+    }
+}
+
+/// Stores what the service said to a call asked at `asked_at_ms` that
+/// carried `delta` pending hits of the tenant at `at` (a push's, `pushed`,
+/// or 1 for a request that asked itself); a push is counted in the group.
+/// `heard` None: the call failed.
+#[allow(clippy::too_many_arguments)]
+pub fn store_heard<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    group: usize,
+    at: SlotRef,
+    asked_at_ms: u64,
+    delta: u32,
+    pushed: bool,
+    heard: Option<&Answer>,
+) {
+    let Some(p) = sync_params(c, group) else {
+        return;
+    };
+    if pushed {
+        count_push(host, group, delta, heard);
+    }
+    let now = host.now_ms();
+    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
+            return ((), None);
+        };
+        let held = match slot.mode {
+            ModeState::Sync(s) => Some(s),
+            ModeState::None => None,
+            // The tenant's next request drops it.
+            ModeState::Lease(_) => return ((), None),
+        };
+        let s = sync::settle(held, &p, asked_at_ms, now, delta, pushed, heard);
+        slot.mode = ModeState::Sync(s);
+        ((), Some(slot))
+    });
+    if let Err(e) = stored {
+        log::debug!("sync answer not stored: {e}");
+    }
+}
+
+/// Takes the unsynced hits of a tracked tenant out of its slot at `now_ms`
+/// and returns the push to send (None: nothing to push, or another worker
+/// has it under way). The second value says whether the tenant has nothing
+/// pending any more (the root forgets it until its next request).
+pub fn next_push<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    t: &Tracked,
+    now_ms: u64,
+) -> (Option<TenantCall>, bool) {
+    let Some(p) = sync_params(c, t.group) else {
+        return (None, true);
+    };
+    let at = t.at;
+    let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
+            return ((0, true), None);
+        };
+        let ModeState::Sync(held) = slot.mode else {
+            return ((0, true), None);
+        };
+        let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
+        let idle = state.pending() == 0;
+        slot.mode = ModeState::Sync(state);
+        ((delta, idle), (delta > 0).then_some(slot))
+    });
+    let (delta, idle) = match taken {
+        Ok(t) => t,
+        Err(e) => {
+            log::debug!("sync push not taken: {e}");
+            return (None, false);
+        }
+    };
+    let push = (delta > 0).then(|| TenantCall {
+        kind: CallKind::Push,
+        group: t.group,
+        tenant: t.tenant.clone(),
+        at,
+        hits: delta,
+    });
+    (push, idle)
+}
+
+#[cfg(test)]
+mod tests;

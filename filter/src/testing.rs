@@ -1,9 +1,10 @@
-//! An in-memory host for the flow's tests and the criterion benchmark:
-//! Envoy's shared data with its CAS semantics, a settable clock, request
-//! headers, and a record of what the flow did (local replies, gRPC calls,
-//! response headers, counters, resumes). Every host call can be made to
-//! fail (`fail`), and other workers can be made to write between a read and
-//! a write (`interfere`).
+//! An in-memory host for the tests and the criterion benchmark: Envoy's
+//! shared data with its CAS semantics, a settable clock, request headers,
+//! and a record of what the flow and the root did (local replies, gRPC
+//! calls, response headers, counters, resumes). Every host call can be made
+//! to fail (`fail`), and other workers can be made to write between a read
+//! and a write (`interfere`). `Worker` pairs it with a VM's state
+//! (`vm::Vm`), as the glue gives both to a stream or the root.
 //!
 //! Compiled for tests and for native builds (the benchmark) only, never
 //! into the `.wasm`.
@@ -11,54 +12,25 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::Deref;
 
 use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
-use crate::health::LogThrottle;
+#[cfg(test)]
+use crate::decision::Compiled;
+pub use crate::host::HostCall;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
-use crate::lease::Refill;
-use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{SlotKey, SlotRef, SlotSecret, SLOT_BYTES};
-
-/// The slot secret of every `MemHost` until `set_slot_secret`.
-pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
+use crate::local::{SlotKey, SlotSecret};
 use crate::proto::{
     Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,
 };
+use crate::root::create_shared;
+use crate::vm::Vm;
 
-/// A host call, to make it fail.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HostCall {
-    RequestHeader,
-    GetShared,
-    SetShared,
-    Dispatch,
-    GrpcResponse,
-    Reply,
-    Resume,
-    AddHeader,
-    SetProperty,
-    AddRequestHeader,
-}
+/// The slot secret of every `Worker`'s VM until `set_slot_secret`.
+pub const MEMHOST_SECRET: [u8; 16] = *b"memhost-secret!!";
 
-impl HostCall {
-    fn bit(self) -> u16 {
-        1 << self as u16
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            HostCall::RequestHeader => "request_header",
-            HostCall::GetShared => "get_shared",
-            HostCall::SetShared => "set_shared",
-            HostCall::Dispatch => "dispatch_grpc",
-            HostCall::GrpcResponse => "grpc_response",
-            HostCall::Reply => "send_reply",
-            HostCall::Resume => "resume_request",
-            HostCall::AddHeader => "add_response_header",
-            HostCall::SetProperty => "set_property",
-            HostCall::AddRequestHeader => "add_request_header",
-        }
-    }
+fn bit(call: HostCall) -> u16 {
+    1 << call as u16
 }
 
 /// A local reply the flow sent.
@@ -79,14 +51,25 @@ impl Reply {
     }
 }
 
-/// A gRPC call the flow dispatched.
+/// A gRPC call the flow or the root dispatched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Call {
+    /// What `dispatch_grpc` returned (1, 2, ... in order).
+    pub token: u32,
     pub upstream: String,
     pub service: String,
     pub method: String,
     pub message: Vec<u8>,
     pub timeout_ms: u32,
+}
+
+/// A plugin configuration compiled, for a test (it panics on a bad one).
+#[cfg(test)]
+pub fn compiled(text: &str) -> Compiled {
+    match ratelimit_config::parse_plugin_config(text.as_bytes()) {
+        Ok((config, _)) => Compiled::new(config),
+        Err(e) => panic!("test configuration: {e:?}"),
+    }
 }
 
 /// One descriptor's status in a `RateLimitResponse`: `limit` per `unit`,
@@ -199,10 +182,6 @@ pub struct MemHost {
     /// host).
     recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
     recorded_count: Cell<u64>,
-    dispatch_warnings: LogThrottle,
-    slot_secret: Cell<SlotSecret>,
-    refills: RefCell<Vec<Refill>>,
-    tracked: RefCell<Vec<(usize, String, SlotRef)>>,
 }
 
 impl Default for MemHost {
@@ -237,10 +216,6 @@ impl MemHost {
             group_counters: RefCell::new(Vec::new()),
             recorded: Default::default(),
             recorded_count: Cell::new(0),
-            dispatch_warnings: LogThrottle::new(),
-            slot_secret: Cell::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
-            refills: RefCell::new(Vec::new()),
-            tracked: RefCell::new(Vec::new()),
         }
     }
 
@@ -278,15 +253,11 @@ impl MemHost {
     }
 
     /// Creates slots `trl.0` … `trl.<slots-1>` zeroed, and the rule-name
-    /// table's entries, as the glue does.
+    /// table's entries, as the root does at configure
+    /// (`root::create_shared`).
     pub fn create_slots(&self, slots: u32) {
-        for index in 0..slots {
-            let key = SlotKey::new(index);
-            let _ = self.set_shared(key.as_str(), &[0; SLOT_BYTES], None);
-        }
-        for i in 0..NAME_ENTRIES {
-            let _ = self.set_shared(&name_key(i), &empty_entry(), None);
-        }
+        let created = create_shared(self, slots);
+        assert_eq!(created, Default::default(), "creating the slots failed");
     }
 
     /// The value stored under a slot's key.
@@ -295,10 +266,6 @@ impl MemHost {
             .borrow()
             .get(key.as_str())
             .map(|(v, _)| v.clone())
-    }
-
-    pub fn set_slot_secret(&self, key: SlotSecret) {
-        self.slot_secret.set(key);
     }
 
     /// Every shared-data key and value, sorted by key (to see that nothing
@@ -316,16 +283,16 @@ impl MemHost {
 
     /// Makes every later call of this kind fail.
     pub fn fail(&self, call: HostCall) {
-        self.failing.set(self.failing.get() | call.bit());
+        self.failing.set(self.failing.get() | bit(call));
     }
 
     pub fn heal(&self, call: HostCall) {
-        self.failing.set(self.failing.get() & !call.bit());
+        self.failing.set(self.failing.get() & !bit(call));
     }
 
     fn check(&self, call: HostCall) -> Result<(), HostError> {
-        if self.failing.get() & call.bit() != 0 {
-            Err(HostError(format!("{} failed", call.name())))
+        if self.failing.get() & bit(call) != 0 {
+            Err(HostError::new(call, HostError::INTERNAL_FAILURE))
         } else {
             Ok(())
         }
@@ -375,17 +342,6 @@ impl MemHost {
     }
 
     /// The local replies sent, in order (empty for a `counting` host).
-    /// The tenants sync mode tracks (each once, in the order first seen),
-    /// as the glue's root context would.
-    pub fn tracked(&self) -> Vec<(usize, String, SlotRef)> {
-        self.tracked.borrow().clone()
-    }
-
-    /// The lease refills requested since the last call (taken out).
-    pub fn take_refills(&self) -> Vec<Refill> {
-        std::mem::take(&mut *self.refills.borrow_mut())
-    }
-
     pub fn replies(&self) -> Vec<Reply> {
         self.replies.borrow().clone()
     }
@@ -531,11 +487,13 @@ impl Host for MemHost {
         method: &str,
         message: &[u8],
         timeout_ms: u32,
-    ) -> Result<(), HostError> {
+    ) -> Result<u32, HostError> {
         self.check(HostCall::Dispatch)?;
+        let token = u32::try_from(self.call_count.get() + 1).unwrap_or(u32::MAX);
         self.call_count.set(self.call_count.get() + 1);
         if self.keep {
             self.calls.borrow_mut().push(Call {
+                token,
                 upstream: upstream.to_string(),
                 service: service.to_string(),
                 method: method.to_string(),
@@ -543,7 +501,7 @@ impl Host for MemHost {
                 timeout_ms,
             });
         }
-        Ok(())
+        Ok(token)
     }
 
     fn grpc_response(&self, size: usize) -> Result<Option<Vec<u8>>, HostError> {
@@ -603,9 +561,9 @@ impl Host for MemHost {
         Ok(())
     }
 
-    fn count(&self, counter: Counter) {
+    fn add(&self, counter: Counter, n: u64) {
         if let Some(c) = self.counters.get(counter.index()) {
-            c.set(c.get() + 1);
+            c.set(c.get() + n);
         }
     }
 
@@ -626,14 +584,6 @@ impl Host for MemHost {
         }
     }
 
-    fn dispatch_warnings(&self) -> &LogThrottle {
-        &self.dispatch_warnings
-    }
-
-    fn slot_secret(&self) -> SlotSecret {
-        self.slot_secret.get()
-    }
-
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
         self.check(HostCall::SetProperty)?;
         if self.keep {
@@ -643,18 +593,146 @@ impl Host for MemHost {
         }
         Ok(())
     }
+}
 
-    fn track_sync(&self, group: usize, tenant: &str, at: SlotRef) {
-        let mut t = self.tracked.borrow_mut();
-        if self.keep && !t.iter().any(|(_, _, a)| a.fingerprint == at.fingerprint) {
-            t.push((group, tenant.to_string(), at));
+/// One worker of one Envoy, for the tests: the in-memory host and one VM's
+/// state (`vm`), as the glue gives them to a stream or the root. It derefs
+/// to the host, so a test reads it as one.
+pub struct Worker {
+    pub host: MemHost,
+    pub vm: Vm,
+}
+
+impl Default for Worker {
+    fn default() -> Worker {
+        Worker::new()
+    }
+}
+
+impl Worker {
+    /// A host that keeps everything, at time 0, and a VM with the secret
+    /// `MEMHOST_SECRET`.
+    pub fn new() -> Worker {
+        Worker::with(MemHost::new())
+    }
+
+    pub fn with(host: MemHost) -> Worker {
+        Worker {
+            host,
+            vm: Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
         }
     }
 
-    fn request_refill(&self, refill: Refill) {
-        if self.keep {
-            self.refills.borrow_mut().push(refill);
-        }
+    /// A worker for `c` at `now_ms`: every slot created, as the root
+    /// creates them at configure.
+    #[cfg(test)]
+    pub fn ready(c: &Compiled, now_ms: u64) -> Worker {
+        let w = Worker::new();
+        w.create_slots(c.config.local.slots);
+        w.set_now_ms(now_ms);
+        w
+    }
+
+    /// A request of `tenant` (in the configured tenant header), up to its
+    /// first answer.
+    #[cfg(test)]
+    pub fn request(&self, c: &Compiled, tenant: &str) -> (crate::flow::Stream, crate::flow::Next) {
+        self.set_request_header(&c.config.limits.header, tenant.as_bytes());
+        let mut s = crate::flow::Stream::default();
+        let next = s.on_request_headers(c, self, &self.vm);
+        (s, next)
+    }
+
+    pub fn slot_secret(&self) -> SlotSecret {
+        self.vm.slot_secret
+    }
+
+    /// Another VM's secret (as if this VM had drawn it alone).
+    pub fn set_slot_secret(&mut self, key: SlotSecret) {
+        self.vm.slot_secret = key;
+    }
+}
+
+impl Deref for Worker {
+    type Target = MemHost;
+
+    fn deref(&self) -> &MemHost {
+        &self.host
+    }
+}
+
+/// The worker's host, so that a test passes the worker where a port is
+/// asked for.
+impl SharedData for Worker {
+    fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
+        self.host.get_shared(key)
+    }
+
+    fn set_shared(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError> {
+        self.host.set_shared(key, value, cas)
+    }
+}
+
+impl Host for Worker {
+    fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.request_header(name)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.host.now_ms()
+    }
+
+    fn dispatch_grpc(
+        &self,
+        upstream: &str,
+        service: &str,
+        method: &str,
+        message: &[u8],
+        timeout_ms: u32,
+    ) -> Result<u32, HostError> {
+        self.host
+            .dispatch_grpc(upstream, service, method, message, timeout_ms)
+    }
+
+    fn grpc_response(&self, size: usize) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.grpc_response(size)
+    }
+
+    fn send_reply(
+        &self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<(), HostError> {
+        self.host.send_reply(status, headers, body)
+    }
+
+    fn resume_request(&self) -> Result<(), HostError> {
+        self.host.resume_request()
+    }
+
+    fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.host.add_response_header(name, value)
+    }
+
+    fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.host.add_request_header(name, value)
+    }
+
+    fn add(&self, counter: Counter, n: u64) {
+        self.host.add(counter, n);
+    }
+
+    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+        self.host.add_group(group, counter, n);
+    }
+
+    fn record(&self, histogram: Histogram, value: u64) {
+        self.host.record(histogram, value);
+    }
+
+    fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
+        self.host.set_property(name, value)
     }
 }
 

@@ -8,10 +8,9 @@ use crate::access_log;
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
 use crate::health::WARN_INTERVAL_MS;
-use crate::host::Host;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
-use crate::testing::{status, HostCall, MemHost};
+use crate::testing::{status, HostCall, MemHost, Worker};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -40,21 +39,21 @@ fn config_with_limits(limits: &str, extra: &str) -> Compiled {
     }
 }
 
-fn host(c: &Compiled) -> MemHost {
-    let h = MemHost::new();
+fn host(c: &Compiled) -> Worker {
+    let h = Worker::new();
     h.create_slots(c.config.local.slots);
     h.set_now_ms(NOW);
     h
 }
 
 /// A request of `tenant` (None: without the header) up to its first answer.
-fn request(c: &Compiled, h: &MemHost, tenant: Option<&str>) -> (Stream, Next) {
+fn request(c: &Compiled, h: &Worker, tenant: Option<&str>) -> (Stream, Next) {
     match tenant {
         Some(t) => h.set_request_header(HEADER, t.as_bytes()),
         None => h.remove_request_header(HEADER),
     }
     let mut s = Stream::default();
-    let next = s.on_request_headers(c, h);
+    let next = s.on_request_headers(c, h, &h.vm);
     (s, next)
 }
 
@@ -428,7 +427,7 @@ fn a_local_reply_that_fails_lets_the_request_through() {
 #[test]
 fn without_the_local_layer_nothing_is_read_or_written() {
     let c = config(r#", "local": {"enabled": false}"#);
-    let h = MemHost::new();
+    let h = Worker::new();
     h.set_now_ms(NOW);
     // Any shared-data call would fail: none is made.
     h.fail(HostCall::GetShared);
@@ -482,12 +481,12 @@ fn the_length_is_counted_in_raw_bytes_not_in_lossy_characters() {
     // bytes, once lossy): within the cap, limited.
     h.set_request_header(HEADER, &[0xff; 4]);
     let mut s = Stream::default();
-    assert_eq!(s.on_request_headers(&c, &h), Next::Pause);
+    assert_eq!(s.on_request_headers(&c, &h, &h.vm), Next::Pause);
     assert_eq!(h.call_count(), 1);
     // Five: refused.
     h.set_request_header(HEADER, &[0xff; 5]);
     let mut s = Stream::default();
-    assert_eq!(s.on_request_headers(&c, &h), Next::Pause);
+    assert_eq!(s.on_request_headers(&c, &h, &h.vm), Next::Pause);
     assert_eq!(h.call_count(), 1);
     assert_eq!(h.replies()[0].status, 431);
     assert_eq!(counted(&h), vec![n(Counter::TenantTooLong, 1)]);
@@ -540,6 +539,7 @@ fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
     // A VM with another secret would look elsewhere and find a full
     // bucket: what `local::secret::agree` prevents.
     let used = h.shared_snapshot();
+    let mut h = h;
     h.set_slot_secret(crate::local::SlotSecret::from_bytes([42; 16]));
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!((next, h.call_count()), (Next::Pause, 6));
@@ -1056,7 +1056,7 @@ fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
     // The first warning went out; the next four were held back, and the
     // next warning, a minute later, says so.
     assert_eq!(
-        h.dispatch_warnings()
+        h.vm.dispatch_warnings
             .due(NOW + WARN_INTERVAL_MS, WARN_INTERVAL_MS),
         Some(4)
     );

@@ -2,21 +2,35 @@
 //! worker of an Envoy shares the slots, and a write is only taken when no
 //! other worker wrote in between.
 
-use crate::host::{SharedData, SharedDataError};
-use crate::local::slot::{Slot, SlotKey};
+use std::fmt;
+
+use crate::host::{HostCall, HostError, SharedData, SharedDataError};
+use crate::local::placement::SlotKey;
+use crate::local::slot::Slot;
 
 /// How many times a read-modify-write of a slot is tried before the local
 /// layer gives up on that request (and lets it through to the service).
 pub const CAS_ATTEMPTS: u32 = 8;
 
 /// Why a read-modify-write of a slot did not complete.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpdateError {
     /// Every attempt lost its CAS race.
     CasRetriesExhausted,
     /// The host failed to read or write the slot.
-    Host(String),
+    Host(HostError),
 }
+
+impl fmt::Display for UpdateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UpdateError::CasRetriesExhausted => f.write_str("every CAS attempt lost its race"),
+            UpdateError::Host(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for UpdateError {}
 
 /// Reads slot `index`, computes, and writes the result back under the CAS
 /// token of the read, retrying up to `attempts` times when another worker
@@ -30,8 +44,11 @@ where
     let key = SlotKey::new(index);
     for _ in 0..attempts {
         let (stored, cas) = store.get_shared(key.as_str()).map_err(|e| match e {
-            SharedDataError::Host(e) => UpdateError::Host(e.0),
-            SharedDataError::CasMismatch => UpdateError::Host("CasMismatch on a read".into()),
+            SharedDataError::Host(e) => UpdateError::Host(e),
+            // Not a thing a read answers: a host failure.
+            SharedDataError::CasMismatch => {
+                UpdateError::Host(HostError::new(HostCall::GetShared, HostError::CAS_MISMATCH))
+            }
         })?;
         let (result, write) = step(stored.as_deref());
         let Some(slot) = write else {
@@ -40,7 +57,7 @@ where
         match store.set_shared(key.as_str(), &slot.encode_fixed(), cas) {
             Ok(()) => return Ok(result),
             Err(SharedDataError::CasMismatch) => continue,
-            Err(SharedDataError::Host(e)) => return Err(UpdateError::Host(e.0)),
+            Err(SharedDataError::Host(e)) => return Err(UpdateError::Host(e)),
         }
     }
     Err(UpdateError::CasRetriesExhausted)
@@ -49,9 +66,10 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::slot::{SlotRef, SLOT_BYTES};
+    use crate::local::placement::SlotRef;
+    use crate::local::slot::SLOT_BYTES;
     use crate::local::{admit, LocalVerdict};
-    use crate::testing::{HostCall, MemHost};
+    use crate::testing::MemHost;
     use proptest::prelude::*;
     use ratelimit_config::{BucketParams, HeaderMode};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -144,7 +162,10 @@ mod tests {
         store.fail(HostCall::SetShared);
         assert_eq!(
             take_one(&store),
-            Err(UpdateError::Host("set_shared failed".into()))
+            Err(UpdateError::Host(HostError::new(
+                HostCall::SetShared,
+                HostError::INTERNAL_FAILURE
+            )))
         );
         store.heal(HostCall::SetShared);
         store.fail(HostCall::GetShared);

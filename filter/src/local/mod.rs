@@ -17,18 +17,21 @@
 //! since the Unix epoch:
 //!
 //! - `bucket`: token-bucket arithmetic;
-//! - `slot`: a slot's binary encoding, where a tenant lives, and who owns a
-//!   slot (decided in one place, `Slot::claim`);
 //! - `over_limit`: the over-limit cache and the headers of its refusals;
+//! - `placement`: where a tenant lives (the keyed hash, the slot's key);
+//! - `slot`: a slot's state, its binary encoding, and who owns a slot
+//!   (decided in one place, `Slot::claim`);
 //! - `names`: the rule names of cached refusals, in a fixed shared table;
 //! - `secret`: the key of the slot hash, agreed by every VM at configure;
 //! - `cas`: the read-modify-write of a slot under Envoy's CAS;
-//! - this file: the local decision for one request (`admit`).
+//! - this file: the local decision for one request (`admit`), and what a
+//!   refusal of the service leaves in the slot (`remember_refusal`).
 
 pub mod bucket;
 pub mod cas;
 pub mod names;
 pub mod over_limit;
+pub mod placement;
 pub mod secret;
 pub mod slot;
 
@@ -36,14 +39,13 @@ use ratelimit_config::{BucketParams, HeaderMode};
 
 pub use bucket::TokenBucket;
 pub use cas::{update, UpdateError, CAS_ATTEMPTS};
-pub use over_limit::{
-    cached_headers, cached_headers_named, remember_over_limit, remember_refusal, window_end_ms,
-    OverLimit, StatusSnapshot,
-};
+pub use over_limit::{cached_headers, cached_headers_named, OverLimit, StatusSnapshot};
+pub use placement::{slot_for, SlotKey, SlotRef, SlotSecret};
 pub use secret::{agree, Agreed, SECRET_KEY};
-pub use slot::{slot_for, Claim, Slot, SlotKey, SlotRef, SlotSecret, SLOT_BYTES, SLOT_HOLD_MS};
+pub use slot::{Claim, ModeState, Slot, Stranded, SLOT_BYTES, SLOT_HOLD_MS};
 
 use crate::headers::RETRY_AFTER;
+use crate::proto::DescriptorStatus;
 
 /// What the local layer decided for a request.
 #[derive(Debug, PartialEq, Eq)]
@@ -100,13 +102,30 @@ pub fn admit_named(
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (LocalVerdict::Contended, None);
     };
+    match decide(&mut slot, now_ms, bucket, mode, name, cost) {
+        Ok(changed) => (LocalVerdict::Proceed, changed.then_some(slot)),
+        Err(refusal) => (refusal, None),
+    }
+}
+
+/// The local decision on a slot the tenant holds: `Ok(changed)` when the
+/// request proceeds (whether the slot changed and needs writing), else the
+/// refusal (the slot unchanged: a refusal writes nothing, so floods cost no
+/// writes).
+pub fn decide(
+    slot: &mut Slot,
+    now_ms: u64,
+    bucket: Option<BucketParams>,
+    mode: HeaderMode,
+    name: &dyn Fn(u8) -> Option<String>,
+    cost: u32,
+) -> Result<bool, LocalVerdict> {
     let mut expired = false;
     if let Some(o) = &slot.over_limit {
         if now_ms < o.until_ms {
-            return (
-                LocalVerdict::CachedOverLimit(cached_headers_named(o, now_ms, mode, name)),
-                None,
-            );
+            return Err(LocalVerdict::CachedOverLimit(cached_headers_named(
+                o, now_ms, mode, name,
+            )));
         }
         slot.over_limit = None;
         expired = true;
@@ -116,16 +135,48 @@ pub fn admit_named(
         match current.take_n(p, now_ms, cost) {
             Ok(next) => slot.bucket = Some(next),
             Err(retry_after) => {
-                return (
-                    LocalVerdict::BucketEmpty(vec![(RETRY_AFTER, retry_after.to_string())]),
-                    None,
-                )
+                return Err(LocalVerdict::BucketEmpty(vec![(
+                    RETRY_AFTER,
+                    retry_after.to_string(),
+                )]))
             }
         }
     }
     // Without a bucket, a tenant with nothing cached needs no write.
-    let write = (expired || slot.bucket.is_some()).then_some(slot);
-    (LocalVerdict::Proceed, write)
+    Ok(expired || slot.bucket.is_some())
+}
+
+/// The slot after the service refused the tenant, for a call sent at
+/// `asked_at_ms`: `remember_refusal` with the answer read at once.
+pub fn remember_over_limit(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    asked_at_ms: u64,
+    statuses: &[DescriptorStatus],
+) -> Option<Slot> {
+    remember_refusal(stored, at, asked_at_ms, asked_at_ms, statuses, &[])
+}
+
+/// The slot after the service refused the tenant, for a call sent at
+/// `asked_at_ms` and answered at `answered_at_ms` (`over_limit::refusal`;
+/// `names[i]` is the id of status `i`'s rule name); None when there is
+/// nothing to remember, or the slot's holder keeps it (`Claim::Refusal`).
+pub fn remember_refusal(
+    stored: Option<&[u8]>,
+    at: SlotRef,
+    asked_at_ms: u64,
+    answered_at_ms: u64,
+    statuses: &[DescriptorStatus],
+    names: &[u8],
+) -> Option<Slot> {
+    let refusal = over_limit::refusal(asked_at_ms, answered_at_ms, statuses, names)?;
+    let now_ms = answered_at_ms.max(asked_at_ms);
+    if refusal.until_ms <= now_ms {
+        return None;
+    }
+    let mut slot = Slot::claim(stored, at.fingerprint, now_ms, Claim::Refusal)?;
+    slot.over_limit = Some(refusal);
+    Some(slot)
 }
 
 #[cfg(test)]

@@ -86,7 +86,10 @@ pub fn intern<S: SharedData + ?Sized>(shared: &S, name: &str) -> u8 {
         for _ in 0..2 {
             let (stored, cas) = match shared.get_shared(&key) {
                 Ok(read) => read,
-                Err(_) => return 0,
+                Err(e) => {
+                    log::debug!("rule-name table: {e}");
+                    return 0;
+                }
             };
             // Only entries created at configure: a CAS on a key that does
             // not exist always writes, so two workers could both win.
@@ -99,7 +102,10 @@ pub fn intern<S: SharedData + ?Sized>(shared: &S, name: &str) -> u8 {
                 None => match shared.set_shared(&key, &encode(&name), Some(cas)) {
                     Ok(()) => return i + 1,
                     Err(SharedDataError::CasMismatch) => continue,
-                    Err(SharedDataError::Host(_)) => return 0,
+                    Err(SharedDataError::Host(e)) => {
+                        log::debug!("rule-name table: {e}");
+                        return 0;
+                    }
                 },
             }
         }
@@ -112,8 +118,13 @@ pub fn lookup<S: SharedData + ?Sized>(shared: &S, id: u8) -> Option<String> {
     if id == 0 || id > NAME_ENTRIES {
         return None;
     }
-    let (stored, _) = shared.get_shared(&name_key(id - 1)).ok()?;
-    decode(&stored?).map(str::to_string)
+    match shared.get_shared(&name_key(id - 1)) {
+        Ok((stored, _)) => decode(&stored?).map(str::to_string),
+        Err(e) => {
+            log::debug!("rule-name table: {e}");
+            None
+        }
+    }
 }
 
 /// A zeroed entry, as the glue creates them at configure.
@@ -124,7 +135,8 @@ pub fn empty_entry() -> [u8; NAME_VALUE_BYTES] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{HostCall, MemHost};
+    use crate::host::HostCall;
+    use crate::testing::MemHost;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -5,8 +5,8 @@
 use ratelimit_config::HeaderMode;
 
 use crate::headers::{limit_headers, RETRY_AFTER};
-use crate::local::slot::{Claim, Slot, SlotRef};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
+use crate::window;
 
 /// What the service said about one descriptor, kept to answer from the cache.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -32,10 +32,6 @@ pub struct OverLimit {
     pub statuses: Vec<StatusSnapshot>,
 }
 
-fn floor_second(ms: u64) -> u64 {
-    ms - ms % 1_000
-}
-
 fn duration_ms(d: Option<&Duration>) -> u64 {
     d.map(|d| {
         let s = u64::try_from(d.seconds).unwrap_or(0);
@@ -45,60 +41,20 @@ fn duration_ms(d: Option<&Duration>) -> u64 {
     .unwrap_or(0)
 }
 
-/// When a window the service reported on ends, as an absolute time. The
-/// service counts in windows aligned to the clock (a window of `W` seconds
-/// ends at a multiple of `W`) and reports whole seconds until the end, from
-/// its own clock, which read a second `s` between the call's dispatch
-/// (`asked_at_ms`) and its answer (`answered_at_ms`): the end is `s +
-/// duration`. Of those candidates, the one that is a multiple of the window
-/// is the end; a server whose windows are not aligned (none is) gets the
-/// earliest, `floor(asked_at) + duration`, which is never late.
-pub fn window_end_ms(
-    asked_at_ms: u64,
-    answered_at_ms: u64,
-    duration_ms: u64,
-    window_s: u64,
-) -> u64 {
-    let earliest = floor_second(asked_at_ms).saturating_add(duration_ms);
-    let latest = floor_second(answered_at_ms.max(asked_at_ms)).saturating_add(duration_ms);
-    let window_ms = window_s.saturating_mul(1_000);
-    if window_ms <= 1_000 || duration_ms % 1_000 != 0 {
-        return earliest;
-    }
-    let aligned = earliest.div_ceil(window_ms).saturating_mul(window_ms);
-    if aligned <= latest {
-        aligned
-    } else {
-        earliest
-    }
-}
-
-/// The slot after the service refused the tenant, for a call sent at
-/// `asked_at_ms`: `remember_refusal` with the answer read at once.
-pub fn remember_over_limit(
-    stored: Option<&[u8]>,
-    at: SlotRef,
-    asked_at_ms: u64,
-    statuses: &[DescriptorStatus],
-) -> Option<Slot> {
-    remember_refusal(stored, at, asked_at_ms, asked_at_ms, statuses, &[])
-}
-
-/// The slot after the service refused the tenant, for a call sent at
+/// What the cache keeps of the service's refusal, for a call sent at
 /// `asked_at_ms` and answered at `answered_at_ms`; `names[i]` is the id of
 /// status `i`'s rule name in `names` (missing: none). Each window's end is
-/// `window_end_ms`: exact for the service's clock-aligned windows, else at
-/// most a second early (costing one more call), never late. It refuses
-/// until every over-limit window has reset, because until then the service
-/// would refuse too.
-pub fn remember_refusal(
-    stored: Option<&[u8]>,
-    at: SlotRef,
+/// `window::reported_end`: exact for the service's clock-aligned windows,
+/// else at most a second early (costing one more call), never late. It
+/// refuses until every over-limit window has reset, because until then the
+/// service would refuse too. None when no over-limit window is left to wait
+/// for.
+pub fn refusal(
     asked_at_ms: u64,
     answered_at_ms: u64,
     statuses: &[DescriptorStatus],
     names: &[u8],
-) -> Option<Slot> {
+) -> Option<OverLimit> {
     let snapshots: Vec<StatusSnapshot> = statuses
         .iter()
         .take(MAX_STATUSES)
@@ -114,7 +70,7 @@ pub fn remember_refusal(
                 unit,
                 remaining: s.limit_remaining,
                 over_limit: s.code() == Code::OverLimit,
-                reset_at_ms: window_end_ms(
+                reset_at_ms: window::reported_end(
                     asked_at_ms,
                     answered_at_ms,
                     duration_ms(s.duration_until_reset.as_ref()),
@@ -133,12 +89,10 @@ pub fn remember_refusal(
     if until_ms <= now_ms {
         return None;
     }
-    let mut slot = Slot::claim(stored, at.fingerprint, now_ms, Claim::Refusal)?;
-    slot.over_limit = Some(OverLimit {
+    Some(OverLimit {
         until_ms,
         statuses: snapshots,
-    });
-    Some(slot)
+    })
 }
 
 /// The headers of a refusal from the cache: the X-RateLimit-* headers the
@@ -219,7 +173,9 @@ fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
 mod tests {
     use super::*;
     use crate::local::names::{intern, lookup, MAX_KEPT_NAME};
-    use crate::local::{admit, LocalVerdict};
+    use crate::local::placement::SlotRef;
+    use crate::local::slot::Slot;
+    use crate::local::{admit, remember_over_limit, remember_refusal, LocalVerdict};
     use crate::testing::status;
     use crate::testing::MemHost;
     use ratelimit_config::BucketParams;
@@ -315,24 +271,6 @@ mod tests {
             ),
             None
         );
-    }
-
-    #[test]
-    fn the_window_end_is_the_aligned_candidate_or_the_earliest() {
-        // Asked at 100.7 s, answered at 101.2 s: the service read 100 or 101.
-        // "19 s" of a minute: only 101 + 19 = 120 is a multiple of 60.
-        assert_eq!(window_end_ms(100_700, 101_200, 19_000, 60), 120_000);
-        // "20 s": 100 + 20 = 120.
-        assert_eq!(window_end_ms(100_700, 101_200, 20_000, 60), 120_000);
-        // No aligned candidate (a server with windows of its own): the
-        // earliest, never late.
-        assert_eq!(window_end_ms(100_700, 101_200, 7_000, 60), 107_000);
-        // Seconds, and sub-second durations: the earliest.
-        assert_eq!(window_end_ms(100_700, 101_200, 1_000, 1), 101_000);
-        assert_eq!(window_end_ms(100_700, 101_200, 19_500, 60), 119_500);
-        // An answer read before the dispatch time (a clock step back).
-        assert_eq!(window_end_ms(100_700, 90_000, 20_000, 60), 120_000);
-        assert_eq!(window_end_ms(u64::MAX, u64::MAX, u64::MAX, 60), u64::MAX);
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! would take two VMs creating the key in that one instant.)
 
 use crate::host::{SharedData, SharedDataError};
-use crate::local::slot::SlotSecret;
+use crate::local::placement::SlotSecret;
 
 /// The shared-data key of the secret (slot keys are `trl.<digits>`).
 pub const SECRET_KEY: &str = "trl.secret";
@@ -91,7 +91,8 @@ fn claim_token<S: SharedData + ?Sized>(shared: &S) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{HostCall, MemHost};
+    use crate::host::HostCall;
+    use crate::testing::MemHost;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

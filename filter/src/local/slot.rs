@@ -1,11 +1,15 @@
-//! One tenant's state in one shared-data slot: the fixed-size binary
-//! encoding, where a tenant lives (index and fingerprint), the slot's key,
-//! and who owns a slot (`Slot::claim`, the one place that decides it).
+//! One tenant's state in one shared-data slot, and its fixed-size binary
+//! encoding: the bucket, the over-limit cache, and the mode block (a lease
+//! or a sync view: one enum, so a slot never holds two modes' state). Who
+//! owns a slot is decided here, in `Slot::claim`, and nowhere else. Where a
+//! tenant lives is `placement`'s business.
+
+use ratelimit_config::Mode;
 
 use crate::lease::Lease;
 use crate::local::bucket::TokenBucket;
 use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
-use crate::sync::SyncState;
+use crate::sync::{SyncState, UNITS};
 
 /// One tenant's state in one shared-data slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -13,12 +17,44 @@ pub struct Slot {
     pub fingerprint: u64,
     pub bucket: Option<TokenBucket>,
     pub over_limit: Option<OverLimit>,
-    /// The tenant's lease (lease mode only).
-    pub lease: Option<Lease>,
-    /// The tenant's view of the fleet's count and its unsynced hits (sync
-    /// mode only; a slot's tenant has one group, so one mode: the lease and
-    /// the sync state share the slot's mode block).
-    pub sync: Option<SyncState>,
+    /// The state of the tenant's group's mode (a slot's tenant has one
+    /// group, so one mode at a time).
+    pub mode: ModeState,
+}
+
+/// A slot's mode block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ModeState {
+    /// Exact mode, or nothing kept yet.
+    #[default]
+    None,
+    /// The tenant's lease (`lease`).
+    Lease(Lease),
+    /// The tenant's view of the fleet's count and its unsynced hits
+    /// (`sync`).
+    Sync(SyncState),
+}
+
+impl ModeState {
+    /// Whether another tenant must leave the slot alone.
+    fn in_use(&self, now_ms: u64) -> bool {
+        match self {
+            ModeState::None => false,
+            ModeState::Lease(l) => l.in_use(now_ms),
+            ModeState::Sync(s) => s.in_use(now_ms),
+        }
+    }
+}
+
+/// What a mode block held when its group's mode changed (a new
+/// configuration) and it was dropped for the new mode's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stranded {
+    /// Tokens of a lease: reserved at the service, never spent.
+    pub lease_tokens: u32,
+    /// Hits a sync view admitted that no push has taken yet: the service
+    /// has not counted them.
+    pub sync_hits: u32,
 }
 
 /// Why a tenant claims a slot; the two give way to a holder differently.
@@ -37,8 +73,7 @@ impl Slot {
             fingerprint,
             bucket: None,
             over_limit: None,
-            lease: None,
-            sync: None,
+            mode: ModeState::None,
         }
     }
 
@@ -79,14 +114,37 @@ impl Slot {
 
     /// Whether the slot's state still matters at `now_ms`: a cached refusal
     /// that has not ended, a bucket that took a token less than
-    /// `SLOT_HOLD_MS` ago, or a lease in use (`Lease::in_use`).
+    /// `SLOT_HOLD_MS` ago, or a mode block in use (`Lease::in_use`,
+    /// `SyncState::in_use`).
     fn in_use(&self, now_ms: u64) -> bool {
         self.refusing(now_ms)
             || self
                 .bucket
                 .is_some_and(|b| now_ms < b.updated_ms.saturating_add(SLOT_HOLD_MS))
-            || self.lease.as_ref().is_some_and(|l| l.in_use(now_ms))
-            || self.sync.as_ref().is_some_and(|s| s.in_use(now_ms))
+            || self.mode.in_use(now_ms)
+    }
+
+    /// Makes the mode block fit `mode`, the group's mode now. A block of
+    /// another mode (written before a new configuration changed the
+    /// group's mode; slots outlive configurations) is dropped, and what it
+    /// held is returned, for the caller to count (and, for sync hits, to
+    /// push); None when the block already fits (or is empty).
+    pub fn switch_mode(&mut self, mode: Mode) -> Option<Stranded> {
+        let stranded = match (&self.mode, mode) {
+            (ModeState::None, _)
+            | (ModeState::Lease(_), Mode::Lease)
+            | (ModeState::Sync(_), Mode::Sync) => return None,
+            (ModeState::Lease(l), _) => Stranded {
+                lease_tokens: l.tokens,
+                sync_hits: 0,
+            },
+            (ModeState::Sync(s), _) => Stranded {
+                lease_tokens: 0,
+                sync_hits: s.unsynced,
+            },
+        };
+        self.mode = ModeState::None;
+        Some(stranded)
     }
 }
 
@@ -102,45 +160,98 @@ impl Slot {
 /// refusal is still cached.
 pub const SLOT_HOLD_MS: u64 = 2_000;
 
-// Version 2 added the lease block. Every VM of one Envoy runs the same
-// .wasm, so a slot of another version is only met across a reload, and is
-// then taken as empty.
-const VERSION: u8 = 2;
+// The layout's version: any change of the layout bumps it. Version 2 added
+// the lease block, version 3 the sync block and the mode tag (byte 35).
+// Every VM of one Envoy runs the same .wasm, so a slot of another version
+// is only met across a reload, and is then taken as empty.
+const VERSION: u8 = 3;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
-const HAS_LEASE: u8 = 4;
-const HAS_SYNC: u8 = 8;
+/// Byte 35: which mode block follows the statuses.
+const MODE_TAG_AT: usize = 35;
+const TAG_NONE: u8 = 0;
+const TAG_LEASE: u8 = 1;
+const TAG_SYNC: u8 = 2;
 const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
 const MODE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
+const LEASE_BYTES: usize = 48;
+const SYNC_BYTES: usize = 64;
 /// The mode block: a lease or a sync state, whichever is larger.
-const MODE_BYTES: usize = if Lease::BYTES > SyncState::BYTES {
-    Lease::BYTES
+const MODE_BYTES: usize = if LEASE_BYTES > SYNC_BYTES {
+    LEASE_BYTES
 } else {
-    SyncState::BYTES
+    SYNC_BYTES
 };
 /// Every slot value has this size, so the shared data never grows after the
 /// slots are created: 180 bytes (the mode block is 64 of them).
 pub const SLOT_BYTES: usize = MODE_AT + MODE_BYTES;
 
-pub(crate) fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
         dst.copy_from_slice(bytes);
     }
 }
 
-pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
 }
 
-pub(crate) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
+}
+
+fn encode_lease(l: &Lease, b: &mut [u8]) {
+    put(b, 0, &l.tokens.to_le_bytes());
+    put(b, 4, &l.until_ms.to_le_bytes());
+    put(b, 12, &l.refill_at_ms.to_le_bytes());
+    put(b, 20, &l.remaining.to_le_bytes());
+    put(b, 24, &l.remaining_until_ms.to_le_bytes());
+    put(b, 32, &l.rate_second.to_le_bytes());
+    put(b, 40, &l.rate_count.to_le_bytes());
+    put(b, 44, &l.rate_prev.to_le_bytes());
+}
+
+fn decode_lease(b: &[u8]) -> Option<Lease> {
+    Some(Lease {
+        tokens: u32_at(b, 0)?,
+        until_ms: u64_at(b, 4)?,
+        refill_at_ms: u64_at(b, 12)?,
+        remaining: u32_at(b, 20)?,
+        remaining_until_ms: u64_at(b, 24)?,
+        rate_second: u64_at(b, 32)?,
+        rate_count: u32_at(b, 40)?,
+        rate_prev: u32_at(b, 44)?,
+    })
+}
+
+fn encode_sync(s: &SyncState, b: &mut [u8]) {
+    for (i, (view, until)) in s.views.iter().zip(&s.view_until_ms).enumerate() {
+        put(b, 4 * i, &view.to_le_bytes());
+        put(b, 4 * UNITS + 8 * i, &until.to_le_bytes());
+    }
+    put(b, 48, &s.unsynced.to_le_bytes());
+    put(b, 52, &s.in_flight.to_le_bytes());
+    put(b, 56, &s.push_at_ms.to_le_bytes());
+}
+
+fn decode_sync(b: &[u8]) -> Option<SyncState> {
+    let mut s = SyncState::default();
+    for (i, (view, until)) in s.views.iter_mut().zip(&mut s.view_until_ms).enumerate() {
+        *view = u32_at(b, 4 * i)?;
+        *until = u64_at(b, 4 * UNITS + 8 * i)?;
+    }
+    s.unsynced = u32_at(b, 48)?;
+    s.in_flight = u32_at(b, 52)?;
+    s.push_at_ms = u64_at(b, 56)?;
+    Some(s)
 }
 
 impl Slot {
     /// The fixed-size encoding: version, flags, fingerprint, bucket,
-    /// over-limit deadline and up to four descriptor statuses (each with
-    /// the id of its rule's name in `names`, 0 for none).
+    /// over-limit deadline, the mode tag, up to four descriptor statuses
+    /// (each with the id of its rule's name in `names`, 0 for none), and
+    /// the mode block.
     pub fn encode(&self) -> Vec<u8> {
         self.encode_fixed().to_vec()
     }
@@ -169,23 +280,25 @@ impl Slot {
                 put(&mut b, at + 12, &s.reset_at_ms.to_le_bytes());
             }
         }
-        if let Some(l) = &self.lease {
-            flags |= HAS_LEASE;
-            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + Lease::BYTES) {
-                l.encode(dst);
+        let block = b.get_mut(MODE_AT..).unwrap_or_default();
+        let tag = match &self.mode {
+            ModeState::None => TAG_NONE,
+            ModeState::Lease(l) => {
+                encode_lease(l, block);
+                TAG_LEASE
             }
-        } else if let Some(s) = &self.sync {
-            flags |= HAS_SYNC;
-            if let Some(dst) = b.get_mut(MODE_AT..MODE_AT + SyncState::BYTES) {
-                s.encode(dst);
+            ModeState::Sync(s) => {
+                encode_sync(s, block);
+                TAG_SYNC
             }
-        }
+        };
+        put(&mut b, MODE_TAG_AT, &[tag]);
         put(&mut b, 0, &[VERSION, flags]);
         b
     }
 
     /// None for anything that is not a slot of this version (including the
-    /// zeroed value a slot is created with).
+    /// zeroed value a slot is created with, and an unknown mode tag).
     pub fn decode(b: &[u8]) -> Option<Slot> {
         if b.len() != SLOT_BYTES || *b.first()? != VERSION {
             return None;
@@ -220,209 +333,19 @@ impl Slot {
         } else {
             None
         };
-        let lease = if flags & HAS_LEASE != 0 {
-            Some(Lease::decode(b.get(MODE_AT..MODE_AT + Lease::BYTES)?)?)
-        } else {
-            None
-        };
-        let sync = if flags & HAS_SYNC != 0 && lease.is_none() {
-            Some(SyncState::decode(
-                b.get(MODE_AT..MODE_AT + SyncState::BYTES)?,
-            )?)
-        } else {
-            None
+        let block = b.get(MODE_AT..)?;
+        let mode = match *b.get(MODE_TAG_AT)? {
+            TAG_NONE => ModeState::None,
+            TAG_LEASE => ModeState::Lease(decode_lease(block)?),
+            TAG_SYNC => ModeState::Sync(decode_sync(block)?),
+            _ => return None,
         };
         Some(Slot {
             fingerprint: u64_at(b, 2)?,
             bucket,
             over_limit,
-            lease,
-            sync,
+            mode,
         })
-    }
-}
-
-/// Where a tenant lives: a slot index and the fingerprint that says the
-/// slot is that tenant's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotRef {
-    pub index: u32,
-    pub fingerprint: u64,
-}
-
-/// The key of the hash that places tenants in slots: 128 bits drawn when the
-/// first VM of an Envoy configures, the same in every VM (they share the
-/// slots; see `secret`). Without it, whoever knows the hash could pick tenant
-/// values that land on a victim's slot and take it over.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct SlotSecret {
-    k0: u64,
-    k1: u64,
-}
-
-impl SlotSecret {
-    pub const BYTES: usize = 16;
-
-    pub const fn from_bytes(b: [u8; SlotSecret::BYTES]) -> SlotSecret {
-        let [a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7] = b;
-        SlotSecret {
-            k0: u64::from_le_bytes([a0, a1, a2, a3, a4, a5, a6, a7]),
-            k1: u64::from_le_bytes([b0, b1, b2, b3, b4, b5, b6, b7]),
-        }
-    }
-
-    /// None unless `b` is exactly `BYTES` long.
-    pub fn from_slice(b: &[u8]) -> Option<SlotSecret> {
-        <[u8; SlotSecret::BYTES]>::try_from(b)
-            .ok()
-            .map(SlotSecret::from_bytes)
-    }
-
-    pub fn to_bytes(self) -> [u8; SlotSecret::BYTES] {
-        let mut b = [0u8; SlotSecret::BYTES];
-        put(&mut b, 0, &self.k0.to_le_bytes());
-        put(&mut b, 8, &self.k1.to_le_bytes());
-        b
-    }
-}
-
-/// Never shows the key (in a debug log, a panic message).
-impl std::fmt::Debug for SlotSecret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SlotSecret(..)")
-    }
-}
-
-/// SipHash-2-4 (Aumasson and Bernstein), a keyed hash meant for exactly
-/// this: short inputs an attacker chooses, a key they do not know. Byte by
-/// byte: tenants are short (`max_tenant_length`, 128 by default).
-struct SipHasher {
-    v: [u64; 4],
-    tail: u64,
-    len: u64,
-}
-
-impl SipHasher {
-    fn new(key: &SlotSecret) -> SipHasher {
-        SipHasher {
-            v: [
-                key.k0 ^ 0x736f_6d65_7073_6575,
-                key.k1 ^ 0x646f_7261_6e64_6f6d,
-                key.k0 ^ 0x6c79_6765_6e65_7261,
-                key.k1 ^ 0x7465_6462_7974_6573,
-            ],
-            tail: 0,
-            len: 0,
-        }
-    }
-
-    fn round(&mut self) {
-        let [mut v0, mut v1, mut v2, mut v3] = self.v;
-        v0 = v0.wrapping_add(v1);
-        v1 = v1.rotate_left(13) ^ v0;
-        v0 = v0.rotate_left(32);
-        v2 = v2.wrapping_add(v3);
-        v3 = v3.rotate_left(16) ^ v2;
-        v0 = v0.wrapping_add(v3);
-        v3 = v3.rotate_left(21) ^ v0;
-        v2 = v2.wrapping_add(v1);
-        v1 = v1.rotate_left(17) ^ v2;
-        v2 = v2.rotate_left(32);
-        self.v = [v0, v1, v2, v3];
-    }
-
-    fn compress(&mut self, m: u64) {
-        self.v[3] ^= m;
-        self.round();
-        self.round();
-        self.v[0] ^= m;
-    }
-
-    fn write(&mut self, bytes: impl IntoIterator<Item = u8>) {
-        for b in bytes {
-            self.tail |= u64::from(b) << (8 * (self.len % 8));
-            self.len = self.len.wrapping_add(1);
-            if self.len % 8 == 0 {
-                self.compress(self.tail);
-                self.tail = 0;
-            }
-        }
-    }
-
-    fn finish(mut self) -> u64 {
-        self.compress(((self.len & 0xff) << 56) | self.tail);
-        self.v[2] ^= 0xff;
-        for _ in 0..4 {
-            self.round();
-        }
-        let [v0, v1, v2, v3] = self.v;
-        v0 ^ v1 ^ v2 ^ v3
-    }
-}
-
-/// The keyed hash of the group name and the tenant (a tenant that moves to
-/// another group starts afresh).
-fn fingerprint(key: &SlotSecret, group: &str, tenant: &str) -> u64 {
-    let mut h = SipHasher::new(key);
-    h.write(group.bytes().chain([0xff]).chain(tenant.bytes()));
-    // 0 marks an empty slot.
-    h.finish().max(1)
-}
-
-/// Where `tenant` of `group` lives among `slots` slots, under `key`.
-pub fn slot_for(key: &SlotSecret, group: &str, tenant: &str, slots: u32) -> SlotRef {
-    let fp = fingerprint(key, group, tenant);
-    let index = u32::try_from((fp >> 32) % u64::from(slots.max(1))).unwrap_or(0);
-    SlotRef {
-        index,
-        fingerprint: fp,
-    }
-}
-
-/// The shared-data key of a slot, `trl.<index>`, formatted on the stack:
-/// it is named on every request (a read, and a write when one is needed).
-#[derive(Clone, Copy)]
-pub struct SlotKey {
-    buf: [u8; SlotKey::CAPACITY],
-    len: usize,
-}
-
-impl SlotKey {
-    const PREFIX: &'static [u8] = b"trl.";
-    /// The prefix and the ten digits of `u32::MAX`.
-    const CAPACITY: usize = 14;
-
-    pub fn new(index: u32) -> SlotKey {
-        let mut digits = [0u8; 10];
-        let mut n = index;
-        let mut count = 0;
-        for d in digits.iter_mut().rev() {
-            *d = b'0' + (n % 10) as u8;
-            n /= 10;
-            count += 1;
-            if n == 0 {
-                break;
-            }
-        }
-        let mut buf = [0u8; SlotKey::CAPACITY];
-        let prefix = SlotKey::PREFIX.len();
-        put(&mut buf, 0, SlotKey::PREFIX);
-        put(
-            &mut buf,
-            prefix,
-            digits.get(digits.len() - count..).unwrap_or_default(),
-        );
-        SlotKey {
-            buf,
-            len: prefix + count,
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        self.buf
-            .get(..self.len)
-            .and_then(|b| std::str::from_utf8(b).ok())
-            .unwrap_or_default()
     }
 }
 
@@ -444,8 +367,7 @@ mod tests {
                 until_ms,
                 statuses: Vec::new(),
             }),
-            lease: None,
-            sync: None,
+            mode: ModeState::None,
         }
         .encode()
     }
@@ -461,7 +383,7 @@ mod tests {
             remaining in any::<u32>(),
             name in any::<u8>(),
             tokens_left in any::<u32>(),
-            with_lease in any::<bool>(),
+            block in 0u8..3,
         ) {
             let slot = Slot {
                 fingerprint: fp,
@@ -477,23 +399,26 @@ mod tests {
                         name: name.wrapping_add(i as u8),
                     }).collect(),
                 }),
-                lease: with_lease.then_some(Lease {
-                    tokens: tokens_left,
-                    until_ms: until,
-                    refill_at_ms: updated,
-                    remaining,
-                    remaining_until_ms: until / 3,
-                    rate_second: tokens,
-                    rate_count: remaining / 2,
-                    rate_prev: tokens_left / 2,
-                }),
-                sync: (!with_lease).then_some(SyncState {
-                    views: [remaining, 1, 2, tokens_left],
-                    view_until_ms: [until, updated, 3, 4],
-                    unsynced: tokens_left,
-                    in_flight: remaining / 3,
-                    push_at_ms: updated / 2,
-                }),
+                mode: match block {
+                    0 => ModeState::None,
+                    1 => ModeState::Lease(Lease {
+                        tokens: tokens_left,
+                        until_ms: until,
+                        refill_at_ms: updated,
+                        remaining,
+                        remaining_until_ms: until / 3,
+                        rate_second: tokens,
+                        rate_count: remaining / 2,
+                        rate_prev: tokens_left / 2,
+                    }),
+                    _ => ModeState::Sync(SyncState {
+                        views: [remaining, 1, 2, tokens_left],
+                        view_until_ms: [until, updated, 3, 4],
+                        unsynced: tokens_left,
+                        in_flight: remaining / 3,
+                        push_at_ms: updated / 2,
+                    }),
+                },
             };
             let bytes = slot.encode();
             prop_assert_eq!(bytes.len(), SLOT_BYTES);
@@ -561,108 +486,94 @@ mod tests {
         );
     }
 
-    #[test]
-    fn slot_keys_are_the_prefix_and_the_index() {
-        for i in [0, 7, 10, 99, 4_095, 1_048_575, u32::MAX] {
-            assert_eq!(SlotKey::new(i).as_str(), format!("trl.{i}"));
+    fn with_mode(mode: ModeState) -> Slot {
+        Slot {
+            mode,
+            ..Slot::empty(9)
         }
     }
 
-    const KEY: SlotSecret = SlotSecret { k0: 1, k1: 2 };
+    const LEASED: Lease = Lease {
+        tokens: 7,
+        until_ms: 60_000,
+        refill_at_ms: 0,
+        remaining: 40,
+        remaining_until_ms: 60_000,
+        rate_second: 1,
+        rate_count: 2,
+        rate_prev: 3,
+    };
+
+    const SYNCED: SyncState = SyncState {
+        views: [3, 0, 0, 0],
+        view_until_ms: [60_000, 0, 0, 0],
+        unsynced: 5,
+        in_flight: 2,
+        push_at_ms: 1_000,
+    };
 
     #[test]
-    fn slots_spread_and_stay_in_range() {
-        let slots = 64;
-        let mut used = std::collections::HashSet::new();
-        for i in 0..10_000 {
-            let r = slot_for(&KEY, "default", &format!("tenant-{i}"), slots);
-            assert!(r.index < slots);
-            used.insert(r.index);
-        }
-        assert_eq!(used.len(), 64);
-        assert_ne!(
-            slot_for(&KEY, "default", "a", slots).fingerprint,
-            slot_for(&KEY, "gold", "a", slots).fingerprint
-        );
-        assert_eq!(slot_for(&KEY, "g", "t", 0).index, 0);
-    }
-
-    #[test]
-    fn the_same_key_places_a_tenant_the_same_and_another_key_elsewhere() {
-        let other = SlotSecret::from_bytes(*b"another 16 bytes");
-        let slots = 4_096;
-        let tenants: Vec<String> = (0..1_000).map(|i| format!("tenant-{i}")).collect();
-        let mut moved = 0;
-        for t in &tenants {
-            let a = slot_for(&KEY, "default", t, slots);
-            assert_eq!(a, slot_for(&KEY, "default", t, slots));
-            assert_eq!(
-                a,
-                slot_for(&SlotSecret { k0: 1, k1: 2 }, "default", t, slots)
-            );
-            let b = slot_for(&other, "default", t, slots);
-            assert_ne!(a.fingerprint, b.fingerprint, "{t}");
-            moved += usize::from(a.index != b.index);
-        }
-        // Under another key, the placement is unrelated: about 1 in 4,096
-        // tenants would keep its index by chance.
-        assert!(moved >= 990, "{moved}");
-        // Tenants that share a slot under one key do not under another: a
-        // collision found against one Envoy's key is worth nothing against
-        // another's.
-        let mut by_index = std::collections::HashMap::new();
-        let pair = tenants.iter().find_map(|t| {
-            let i = slot_for(&KEY, "default", t, 64).index;
-            by_index
-                .insert(i, t)
-                .map(|first| (first.clone(), t.clone()))
-        });
-        let (x, y) = pair.unwrap();
-        let keys = [
-            other,
-            SlotSecret::from_bytes([7; 16]),
-            SlotSecret::from_bytes([9; 16]),
+    fn a_mode_block_of_another_mode_is_dropped_and_what_it_held_returned() {
+        let modes = [Mode::Exact, Mode::Lease, Mode::Sync];
+        let blocks = [
+            ModeState::None,
+            ModeState::Lease(LEASED),
+            ModeState::Sync(SYNCED),
         ];
-        assert!(keys
-            .iter()
-            .any(|k| slot_for(k, "default", &x, 64).index != slot_for(k, "default", &y, 64).index));
-    }
-
-    #[test]
-    fn sip_hash_is_sip_hash_2_4() {
-        // The reference vectors of the SipHash paper (key 00..0f, message
-        // 00..n-1), first and last of the 64.
-        let key = SlotSecret::from_bytes(core::array::from_fn(|i| i as u8));
-        let hash = |n: u8| {
-            let mut h = SipHasher::new(&key);
-            h.write(0..n);
-            h.finish()
-        };
-        assert_eq!(hash(0), 0x726f_db47_dd0e_0e31);
-        assert_eq!(hash(63), 0x958a_324c_eb06_4572);
-    }
-
-    #[test]
-    fn the_secret_round_trips_and_is_never_shown() {
-        let bytes: [u8; 16] = core::array::from_fn(|i| 200 + i as u8);
-        let s = SlotSecret::from_bytes(bytes);
-        assert_eq!(s.to_bytes(), bytes);
-        assert_eq!(SlotSecret::from_slice(&bytes), Some(s));
-        assert_eq!(SlotSecret::from_slice(&bytes[..15]), None);
-        assert_eq!(format!("{s:?}"), "SlotSecret(..)");
-    }
-
-    proptest! {
-        #[test]
-        #[allow(deprecated)]
-        fn sip_hash_agrees_with_std(k0 in any::<u64>(), k1 in any::<u64>(),
-                                    msg in prop::collection::vec(any::<u8>(), 0..300)) {
-            use std::hash::Hasher;
-            let mut ours = SipHasher::new(&SlotSecret { k0, k1 });
-            ours.write(msg.iter().copied());
-            let mut theirs = std::hash::SipHasher::new_with_keys(k0, k1);
-            theirs.write(&msg);
-            prop_assert_eq!(ours.finish(), theirs.finish());
+        for block in blocks {
+            for mode in modes {
+                let mut slot = with_mode(block);
+                let stranded = slot.switch_mode(mode);
+                let expected = match (block, mode) {
+                    (ModeState::None, _)
+                    | (ModeState::Lease(_), Mode::Lease)
+                    | (ModeState::Sync(_), Mode::Sync) => None,
+                    // The lease's tokens: reserved, never spent.
+                    (ModeState::Lease(_), _) => Some(Stranded {
+                        lease_tokens: 7,
+                        sync_hits: 0,
+                    }),
+                    // The hits no push took (those in flight reached the
+                    // service already).
+                    (ModeState::Sync(_), _) => Some(Stranded {
+                        lease_tokens: 0,
+                        sync_hits: 5,
+                    }),
+                };
+                assert_eq!(stranded, expected, "{block:?} -> {mode:?}");
+                let kept = if expected.is_some() {
+                    ModeState::None
+                } else {
+                    block
+                };
+                assert_eq!(slot.mode, kept, "{block:?} -> {mode:?}");
+                // Whatever it holds, it encodes as itself.
+                assert_eq!(Slot::decode(&slot.encode()), Some(slot));
+            }
         }
+    }
+
+    #[test]
+    fn the_layout_is_version_3_with_the_mode_tag_at_byte_35() {
+        let bytes = with_mode(ModeState::Sync(SYNCED)).encode();
+        assert_eq!((bytes[0], bytes[MODE_TAG_AT]), (3, TAG_SYNC));
+        assert_eq!(SLOT_BYTES, 180);
+        // A slot of the previous layout is taken as empty.
+        let mut old = bytes.clone();
+        old[0] = 2;
+        assert_eq!(Slot::decode(&old), None);
+        // An unknown mode tag is not a slot.
+        let mut unknown = bytes;
+        unknown[MODE_TAG_AT] = 3;
+        assert_eq!(Slot::decode(&unknown), None);
+    }
+
+    #[test]
+    fn a_mode_block_in_use_holds_the_slot() {
+        let lease = with_mode(ModeState::Lease(LEASED)).encode();
+        assert_eq!(Slot::claim(Some(&lease), 2, 59_999, Claim::Request), None);
+        assert!(Slot::claim(Some(&lease), 2, 60_000, Claim::Request).is_some());
+        let sync = with_mode(ModeState::Sync(SYNCED)).encode();
+        assert_eq!(Slot::claim(Some(&sync), 2, u64::MAX, Claim::Request), None);
     }
 }

@@ -1,0 +1,209 @@
+//! What one VM (one Envoy worker, or the main thread) keeps between
+//! callbacks, apart from its configuration: the slot secret it agreed at
+//! configure, the throttle of its "cannot call the service" warning, and
+//! the mailbox through which its streams hand work to its root context.
+//! Plain state: the flow and the root are given it (`&Vm`); the glue keeps
+//! one per VM. Envoy's own state (shared data, metrics, ...) is behind the
+//! ports (`host`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::decision::Compiled;
+use crate::health::LogThrottle;
+use crate::local::{SlotRef, SlotSecret};
+
+/// The most calls a worker keeps queued for its root's next tick; one
+/// queued beyond it is dropped (a lease refill's tenant asks again after
+/// `refill_lost_ms`).
+pub const MAX_QUEUED_CALLS: usize = 4_096;
+
+/// The most tenants one worker tracks for sync; a tenant beyond it is
+/// pushed by another worker that tracks it, or its requests ask the service
+/// once `max_unsynced` of its hits are pending.
+pub const MAX_TRACKED: usize = 16_384;
+
+/// Why the root calls the service about a tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallKind {
+    /// Lease mode: reserve a batch of `hits` tokens for the tenant's lease.
+    Refill,
+    /// Sync mode: the tenant's `hits` admitted since the last push.
+    Push,
+}
+
+/// A call to the service about one tenant of a group, sent by the root:
+/// its descriptors, each counting `hits`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantCall {
+    pub kind: CallKind,
+    /// The group's index in `limits.all_groups()`.
+    pub group: usize,
+    pub tenant: String,
+    pub at: SlotRef,
+    pub hits: u32,
+}
+
+impl TenantCall {
+    /// The call's message; None if the configuration has no such group.
+    pub fn message(&self, c: &Compiled) -> Option<Vec<u8>> {
+        crate::decision::tenant_message(c, self.group, &self.tenant, self.hits)
+    }
+}
+
+/// A tenant whose sync hits this worker's root pushes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    pub group: usize,
+    pub tenant: String,
+    pub at: SlotRef,
+}
+
+/// Work a worker's streams hand to its root context, bounded: calls to send
+/// on the next tick (from the root, so that an HTTP stream that ends cannot
+/// cancel them), and the sync tenants to push. Borrowed only for the length
+/// of one method: a borrow that fails (never, in one thread) drops the work
+/// as a full mailbox would.
+#[derive(Debug, Default)]
+pub struct Mailbox {
+    queued: RefCell<Vec<TenantCall>>,
+    /// By the tenant's slot fingerprint.
+    tracked: RefCell<HashMap<u64, Tracked>>,
+}
+
+impl Mailbox {
+    /// Queues a call for the root's next tick; false when the mailbox is
+    /// full (`MAX_QUEUED_CALLS`) and the call was dropped.
+    pub fn queue(&self, call: TenantCall) -> bool {
+        match self.queued.try_borrow_mut() {
+            Ok(mut q) if q.len() < MAX_QUEUED_CALLS => {
+                q.push(call);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes every queued call out, oldest first.
+    pub fn take_queued(&self) -> Vec<TenantCall> {
+        self.queued
+            .try_borrow_mut()
+            .map(|mut q| std::mem::take(&mut *q))
+            .unwrap_or_default()
+    }
+
+    /// Sync mode: the root pushes this tenant's hits from now on, until it
+    /// has nothing left to push. False when it is not tracked (the mailbox
+    /// holds `MAX_TRACKED` others); a tenant tracked already stays as it is
+    /// (no allocation).
+    pub fn track(&self, group: usize, tenant: &str, at: SlotRef) -> bool {
+        let Ok(mut t) = self.tracked.try_borrow_mut() else {
+            return false;
+        };
+        if t.contains_key(&at.fingerprint) {
+            return true;
+        }
+        if t.len() >= MAX_TRACKED {
+            return false;
+        }
+        t.insert(
+            at.fingerprint,
+            Tracked {
+                group,
+                tenant: tenant.to_string(),
+                at,
+            },
+        );
+        true
+    }
+
+    /// The tenants tracked, by slot fingerprint (a copy: the root calls the
+    /// host for each).
+    pub fn tracked(&self) -> Vec<Tracked> {
+        self.tracked
+            .try_borrow()
+            .map(|t| t.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Stops tracking the tenant at `at` (it has nothing left to push).
+    pub fn forget(&self, at: SlotRef) {
+        if let Ok(mut t) = self.tracked.try_borrow_mut() {
+            t.remove(&at.fingerprint);
+        }
+    }
+}
+
+/// One VM's state, given to the flow and the root.
+#[derive(Debug)]
+pub struct Vm {
+    /// The key of the slot hash, agreed at configure (`local::secret`).
+    pub slot_secret: SlotSecret,
+    /// This VM's "cannot call the service" warnings
+    /// (`health::dispatch_failed`).
+    pub dispatch_warnings: LogThrottle,
+    pub mailbox: Mailbox,
+}
+
+impl Vm {
+    pub fn new(slot_secret: SlotSecret) -> Vm {
+        Vm {
+            slot_secret,
+            dispatch_warnings: LogThrottle::new(),
+            mailbox: Mailbox::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn at(fingerprint: u64) -> SlotRef {
+        SlotRef {
+            index: 0,
+            fingerprint,
+        }
+    }
+
+    fn refill(i: usize) -> TenantCall {
+        TenantCall {
+            kind: CallKind::Refill,
+            group: 0,
+            tenant: format!("t{i}"),
+            at: at(i as u64 + 1),
+            hits: 1,
+        }
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_max_queued_calls_until_taken() {
+        let m = Mailbox::default();
+        for i in 0..MAX_QUEUED_CALLS {
+            assert!(m.queue(refill(i)));
+        }
+        assert!(!m.queue(refill(MAX_QUEUED_CALLS)));
+        let taken = m.take_queued();
+        assert_eq!(taken.len(), MAX_QUEUED_CALLS);
+        assert_eq!(taken[0].tenant, "t0");
+        assert!(m.take_queued().is_empty());
+        assert!(m.queue(refill(0)));
+    }
+
+    #[test]
+    fn at_most_max_tracked_tenants_each_once_until_forgotten() {
+        let m = Mailbox::default();
+        for i in 0..MAX_TRACKED as u64 {
+            assert!(m.track(0, "t", at(i + 1)));
+        }
+        // Tracked already: still tracked, not added twice.
+        assert!(m.track(0, "t", at(1)));
+        assert!(!m.track(0, "t", at(u64::MAX)));
+        assert_eq!(m.tracked().len(), MAX_TRACKED);
+        m.forget(at(1));
+        assert!(m.track(0, "other", at(u64::MAX)));
+        assert_eq!(m.tracked().len(), MAX_TRACKED);
+    }
+}
