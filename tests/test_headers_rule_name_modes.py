@@ -30,7 +30,7 @@ EXPECTED_LIMIT = (f'{QUOTA}, {QUOTA};w=60;name="{RULE_NAMES["minute"]}", '
                   f'100;w=3600;name="{RULE_NAMES["hour"]}"')
 # Starting the stack and the requests take a few seconds; in sync mode the
 # first push comes interval_ms after the Envoy starts.
-MINUTE_ROOM_S = 40
+MINUTE_ROOM_S = 25
 SYNC = {"interval_ms": 60_000, "max_unsynced": 1}
 _RULE = re.compile(r"rate_limit: \{ unit: (\w+), requests_per_unit: (\d+) \}")
 
