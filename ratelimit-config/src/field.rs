@@ -28,7 +28,9 @@ pub fn describe(v: &Value) -> String {
         Value::Number(n) => n.to_string(),
         Value::String(s) => {
             let (shown, cut) = cut(s);
-            let quoted = Value::String(shown.to_string());
+            // JSON's quoting, of the string alone: a `Value`'s would link
+            // serde_json's serialiser of every kind of value into the filter.
+            let quoted = serde_json::to_string(shown).unwrap_or_default();
             match cut {
                 false => format!("string {quoted}"),
                 true => format!("string {quoted}… ({} bytes)", s.len()),
@@ -286,6 +288,19 @@ mod tests {
             Err("must be from 10 to 20, got 5".into())
         );
         assert_eq!(shown(positive_u32_in(&json!(20), 10, 20)), Ok(20));
+    }
+
+    #[test]
+    fn strings_are_shown_quoted_as_json_quotes_them() {
+        assert_eq!(
+            describe(&json!("a\"b\u{1}\u{e9}")),
+            "string \"a\\\"b\\u0001\u{e9}\""
+        );
+        let long = "x".repeat(100);
+        assert_eq!(
+            describe(&json!(long)),
+            format!("string \"{}\"… (100 bytes)", "x".repeat(64))
+        );
     }
 
     #[test]
