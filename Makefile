@@ -266,8 +266,9 @@ build: deps-rust deps-binaryen
 
 # What takes the .wasm's bytes: the same build with its function names kept
 # (in $(WASM_NAMES_DIR), so the shipped .wasm is not touched) and trimmed as
-# `make build` does, through twiggy: the largest functions, then the
-# dominator tree (what each keeps in the module). Before wasm-opt, which
+# `make build` does, through twiggy: the largest functions, the dominator
+# tree (what each function keeps in the module: on_configure keeps the
+# parser), and the generics copied most. Before wasm-opt, which
 # inlines every function called once into its caller and so would credit
 # them to the glue; it takes about a tenth off the whole.
 wasm-size: deps-rust deps-twiggy
@@ -277,7 +278,8 @@ wasm-size: deps-rust deps-twiggy
 	@names=$(WASM_NAMES_DIR)/$(WASM_TARGET)/release/tenant_ratelimit.wasm; \
 	  target/release/trim-exports --keep '$(WASM_EXPORTS)' $$names >/dev/null; \
 	  $(TWIGGY) top -n 40 $$names; \
-	  $(TWIGGY) dominators -d 2 -r 60 $$names
+	  $(TWIGGY) dominators -d 5 -r 40 $$names; \
+	  $(TWIGGY) monos -m 12 -n 3 $$names
 
 # ---------------------------------------------------------------- checks
 lint: deps-rust deps-python
