@@ -9,6 +9,7 @@
 #   .deps/bin/redis-server  Debian's redis-server
 #   .deps/venv              Python for tests/, e2e/ and bench/ (tests/requirements.txt)
 #   wrk                     Debian's wrk, the load generator of `make bench`
+#   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
@@ -40,6 +41,21 @@ WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,pro
 proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick
 CLI         := target/release/ratelimit-config
+# After trim-exports, binaryen's wasm-opt shrinks the .wasm by about a tenth;
+# every test runs against the module it gives. Debian's binaryen, pinned;
+# its wasm-opt at Debian's path, so no other one on PATH is used.
+# rustc's module carries no target_features section, so the features it uses
+# are named (without them wasm-opt assumes MVP wasm and refuses memory.copy).
+BINARYEN_VERSION := 108-1
+WASM_OPT         := /usr/bin/wasm-opt
+WASM_OPT_FLAGS   := -Oz --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
+                    --enable-nontrapping-float-to-int
+# The size budget of the .wasm, in bytes: `make build` fails past it.
+WASM_MAX_BYTES   := 250000
+# twiggy (`make wasm-size`): what takes the .wasm's bytes, by function.
+TWIGGY_VERSION   := 0.8.0
+TWIGGY           := $(DEPS)/cargo/bin/twiggy
+WASM_NAMES_DIR   := target/wasm-names
 # The filter's tests also run as wasm32-unknown-unknown under Node through
 # wasm-bindgen-test-runner, pinned to the wasm-bindgen of Cargo.lock.
 WASM_TEST_TARGET      := wasm32-unknown-unknown
@@ -89,14 +105,14 @@ BENCH_ARGS  ?=
 WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
-        build lint unit validate integration test demo bench bench-core compose-config \
+        deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core compose-config \
         clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
 
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
-deps: deps-rust deps-node deps-python deps-redis deps-wrk deps-ratelimit deps-links
+deps: deps-rust deps-node deps-python deps-redis deps-wrk deps-binaryen deps-ratelimit deps-links
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -148,6 +164,17 @@ deps-wrk:
 	  $$SUDO apt-get update -qq; \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq wrk=$(WRK_VERSION); \
 	fi
+
+deps-binaryen:
+	@if ! $(WASM_OPT) --version 2>/dev/null | grep -qx 'wasm-opt version $(firstword $(subst -, ,$(BINARYEN_VERSION)))'; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq binaryen=$(BINARYEN_VERSION); \
+	fi
+
+deps-twiggy: deps-rust
+	@$(TWIGGY) --version 2>/dev/null | grep -qx 'twiggy-opt $(TWIGGY_VERSION)' || \
+	  cargo install --quiet twiggy --version $(TWIGGY_VERSION) --locked --root $(DEPS)/cargo
 
 deps-ratelimit:
 	@if [ ! -x $(GOBIN_DIR)/service_cmd ]; then \
@@ -218,11 +245,41 @@ deps-arm: deps-python
 	    --platform manylinux_2_31_aarch64 -d $(DEPS)/arm
 
 # ---------------------------------------------------------------- build
-build: deps-rust
+# Cargo links its output to $(WASM) anew on every build, even when nothing
+# was compiled; trim-exports and wasm-opt each replace the file (a new
+# inode, so cargo's own copy stays as it was): every run starts from
+# cargo's module and gives the same bytes. The size and sha256 printed last
+# are the figures the docs refer to (never pasted there).
+build: deps-rust deps-binaryen
 	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
 	cargo build --release -p ratelimit-config -p trim-exports
 	target/release/trim-exports --keep '$(WASM_EXPORTS)' $(WASM)
-	@ls -l $(WASM) $(CLI)
+	$(WASM_OPT) $(WASM_OPT_FLAGS) $(WASM) -o $(WASM).opt-tmp
+	@mv $(WASM).opt-tmp $(WASM)
+	@ls -l $(CLI)
+	@size=$$(stat -c %s $(WASM)); \
+	  echo "$(WASM): $$size bytes, sha256 $$(sha256sum $(WASM) | cut -d' ' -f1)"; \
+	  if [ "$$size" -gt $(WASM_MAX_BYTES) ]; then \
+	    echo "$(WASM) is over its budget of $(WASM_MAX_BYTES) bytes: see what takes them with make wasm-size" >&2; \
+	    exit 1; \
+	  fi
+
+# What takes the .wasm's bytes: the same build with its function names kept
+# (in $(WASM_NAMES_DIR), so the shipped .wasm is not touched) and trimmed as
+# `make build` does, through twiggy: the largest functions, the dominator
+# tree (what each function keeps in the module: on_configure keeps the
+# parser), and the generics copied most. Before wasm-opt, which
+# inlines every function called once into its caller and so would credit
+# them to the glue; it takes about a tenth off the whole.
+wasm-size: deps-rust deps-twiggy
+	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit --target-dir $(WASM_NAMES_DIR) \
+	  --config 'profile.release.package.tenant-ratelimit.strip="none"'
+	cargo build --release -p trim-exports
+	@names=$(WASM_NAMES_DIR)/$(WASM_TARGET)/release/tenant_ratelimit.wasm; \
+	  target/release/trim-exports --keep '$(WASM_EXPORTS)' $$names >/dev/null; \
+	  $(TWIGGY) top -n 40 $$names; \
+	  $(TWIGGY) dominators -d 5 -r 40 $$names; \
+	  $(TWIGGY) monos -m 12 -n 3 $$names
 
 # ---------------------------------------------------------------- checks
 lint: deps-rust deps-python

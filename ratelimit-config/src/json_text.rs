@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use crate::validate::{excerpt, join};
+use crate::error::{excerpt, join};
 
 /// A place in the text: 1-based line, and 1-based column counted in
 /// characters (a tab is one).

@@ -9,6 +9,8 @@
 //! positions, writing YAML and JSON, `explain`, `check`, `schema`) sits
 //! behind the `cli` feature.
 
+pub mod error;
+pub mod field;
 pub mod json_text;
 pub mod model;
 pub mod plugin;

@@ -1,23 +1,25 @@
 //! `ratelimit-config`: validates a team limits file and generates the
 //! configurations that must agree with it.
 
+use std::fmt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Parser, Subcommand};
-use ratelimit_config::check::{check, parse_service_config, ServiceConfig};
+use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
 use ratelimit_config::envoy_rate_limits::envoy_rate_limits_yaml;
 use ratelimit_config::explain::{explain, ExplainOptions};
+use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
 use ratelimit_config::plugin::{
     plugin_config_json, PluginOptions, DEFAULT_DESCRIPTOR_KEY, DEFAULT_TIMEOUT_MS,
 };
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
-use ratelimit_config::span::scan;
-use ratelimit_config::team_file::{check_team_file, syntax_error};
-use ratelimit_config::validate::{starts_with_bom, BOM_MESSAGE};
-use ratelimit_config::{parse_plugin_config, PluginConfig, TeamLimits};
+use ratelimit_config::span::{scan, Position};
+use ratelimit_config::team_file::{check_team_file, syntax_error, Finding, Severity};
+use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits};
 use serde_json::Value;
 
 /// Per-tenant rate limits for Envoy, from one small JSON file.
@@ -114,63 +116,154 @@ enum Command {
     Schema,
 }
 
-fn read(path: &Path) -> Option<String> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            eprintln!("{}: cannot read: {e}", path.display());
-            None
+/// Why a command failed. Its `Display` is what stderr shows: one line per
+/// problem, each with its file (and line and column where there is one).
+#[derive(Debug)]
+enum CliError {
+    Read {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Create {
+        path: PathBuf,
+        source: io::Error,
+    },
+    Write {
+        path: PathBuf,
+        source: io::Error,
+    },
+    /// serde_json could not write a document (`what` names it).
+    Serialise {
+        what: &'static str,
+        source: serde_json::Error,
+    },
+    /// The problems of a team file or a plugin configuration (with the
+    /// warnings found before them).
+    Findings(Vec<Finding>),
+    /// The problems of a service config.
+    Service(Vec<Problem>),
+    /// `generate`'s options make a plugin configuration the filter refuses.
+    Refused(Vec<ConfigError>),
+    /// The generated ratelimit.yaml does not read back: a bug.
+    GeneratedYaml(Vec<Problem>),
+    /// The generated files disagree with each other: a bug.
+    Disagree(Vec<Problem>),
+}
+
+/// Each of `items` on a line of its own, after `prefix`.
+fn lines<T: fmt::Display>(f: &mut fmt::Formatter<'_>, prefix: &str, items: &[T]) -> fmt::Result {
+    for (i, item) in items.iter().enumerate() {
+        if i > 0 {
+            f.write_str("\n")?;
+        }
+        write!(f, "{prefix}{item}")?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CliError::Read { path, source } => {
+                write!(f, "{}: cannot read: {source}", path.display())
+            }
+            CliError::Create { path, source } => {
+                write!(f, "{}: cannot create: {source}", path.display())
+            }
+            CliError::Write { path, source } => {
+                write!(f, "{}: cannot write: {source}", path.display())
+            }
+            CliError::Serialise { what, source } => {
+                write!(f, "cannot serialise the {what}: {source}")
+            }
+            CliError::Findings(findings) => lines(f, "", findings),
+            CliError::Service(problems) => lines(f, "", problems),
+            CliError::Refused(errors) => lines(
+                f,
+                "the options give a plugin configuration the filter refuses: ",
+                errors,
+            ),
+            CliError::GeneratedYaml(problems) => {
+                lines(f, "generated ratelimit.yaml is wrong (a bug): ", problems)
+            }
+            CliError::Disagree(problems) => {
+                lines(f, "generated files disagree (a bug): ", problems)
+            }
         }
     }
 }
 
-/// Reads and checks one team file, printing its findings.
-fn load_team(path: &Path) -> Option<(Value, TeamLimits)> {
-    let text = read(path)?;
-    let report = check_team_file(&path.display().to_string(), &text);
-    for f in &report.findings {
-        eprintln!("{f}");
+impl std::error::Error for CliError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CliError::Read { source, .. }
+            | CliError::Create { source, .. }
+            | CliError::Write { source, .. } => Some(source),
+            CliError::Serialise { source, .. } => Some(source),
+            _ => None,
+        }
     }
-    report.parsed
 }
 
-/// Reads and parses a plugin configuration, printing its problems.
-fn load_plugin(path: &Path) -> Option<PluginConfig> {
+fn read(path: &Path) -> Result<String, CliError> {
+    std::fs::read_to_string(path).map_err(|source| CliError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads and checks one team file; its warnings are printed.
+fn load_team(path: &Path) -> Result<(Value, TeamLimits), CliError> {
     let text = read(path)?;
-    let shown = path.display();
+    let report = check_team_file(&path.display().to_string(), &text);
+    match report.parsed {
+        Some(parsed) => {
+            for warning in &report.findings {
+                eprintln!("{warning}");
+            }
+            Ok(parsed)
+        }
+        None => Err(CliError::Findings(report.findings)),
+    }
+}
+
+/// Reads and parses a plugin configuration.
+fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
+    let text = read(path)?;
+    let file = path.display().to_string();
+    let found = |at: Position, error: ConfigError| Finding {
+        file: file.clone(),
+        at,
+        severity: Severity::Error,
+        error,
+    };
     if starts_with_bom(text.as_bytes()) {
-        eprintln!("{shown}:1:1: {BOM_MESSAGE}");
-        return None;
+        let error = ConfigError {
+            path: String::new(),
+            message: BOM_MESSAGE.into(),
+        };
+        return Err(CliError::Findings(vec![found(Position::START, error)]));
     }
     if let Err(e) = serde_json::from_str::<Value>(&text) {
         let (at, error) = syntax_error(&text, &e);
-        eprintln!("{shown}:{}:{}: {error}", at.line, at.column);
-        return None;
+        return Err(CliError::Findings(vec![found(at, error)]));
     }
     match parse_plugin_config(text.as_bytes()) {
-        Ok((config, _)) => Some(config),
+        Ok((config, _)) => Ok(config),
         Err(errors) => {
             let map = scan(&text);
-            for e in errors {
-                let at = map.locate(&e.path, false);
-                eprintln!("{shown}:{}:{}: {e}", at.line, at.column);
-            }
-            None
+            let findings = errors
+                .into_iter()
+                .map(|e| found(map.locate(&e.path, false), e))
+                .collect();
+            Err(CliError::Findings(findings))
         }
     }
 }
 
-fn load_service(path: &Path) -> Option<ServiceConfig> {
+fn load_service(path: &Path) -> Result<ServiceConfig, CliError> {
     let text = read(path)?;
-    match parse_service_config(&path.display().to_string(), &text) {
-        Ok(s) => Some(s),
-        Err(problems) => {
-            for p in problems {
-                eprintln!("{p}");
-            }
-            None
-        }
-    }
+    parse_service_config(&path.display().to_string(), &text).map_err(CliError::Service)
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -181,13 +274,16 @@ fn exit(ok: bool) -> ExitCode {
     }
 }
 
+/// Checks every file, printing each one's problems.
 fn validate(files: &[PathBuf]) -> ExitCode {
     let mut ok = true;
     for f in files {
-        if load_team(f).is_some() {
-            println!("{}: ok", f.display());
-        } else {
-            ok = false;
+        match load_team(f) {
+            Ok(_) => println!("{}: ok", f.display()),
+            Err(e) => {
+                eprintln!("{e}");
+                ok = false;
+            }
         }
     }
     exit(ok)
@@ -202,10 +298,8 @@ struct GenerateArgs {
     descriptor_key: String,
 }
 
-fn generate(a: &GenerateArgs) -> ExitCode {
-    let Some((doc, limits)) = load_team(&a.file) else {
-        return ExitCode::FAILURE;
-    };
+fn generate(a: &GenerateArgs) -> Result<(), CliError> {
+    let (doc, limits) = load_team(&a.file)?;
     // Only the file name: the output must not depend on where it ran.
     let source = a
         .file
@@ -223,57 +317,36 @@ fn generate(a: &GenerateArgs) -> ExitCode {
             descriptor_key: &a.descriptor_key,
         },
     );
-    let plugin_text = match serde_json::to_string_pretty(&plugin) {
-        Ok(t) => t + "\n",
-        Err(e) => {
-            eprintln!("cannot serialise the plugin configuration: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let plugin_text = serde_json::to_string_pretty(&plugin)
+        .map(|t| t + "\n")
+        .map_err(|source| CliError::Serialise {
+            what: "plugin configuration",
+            source,
+        })?;
     // What is written must be what the filter accepts, and agree with the
     // service YAML: run both checks before writing anything.
-    let parsed = match parse_plugin_config(plugin_text.as_bytes()) {
-        Ok((p, _)) => p,
-        Err(errors) => {
-            for e in errors {
-                eprintln!("the options give a plugin configuration the filter refuses: {e}");
-            }
-            return ExitCode::FAILURE;
-        }
-    };
-    let service = match parse_service_config("ratelimit.yaml", &yaml) {
-        Ok(s) => s,
-        Err(problems) => {
-            for p in problems {
-                eprintln!("generated ratelimit.yaml is wrong (a bug): {p}");
-            }
-            return ExitCode::FAILURE;
-        }
-    };
+    let (parsed, _) = parse_plugin_config(plugin_text.as_bytes()).map_err(CliError::Refused)?;
+    let service = parse_service_config("ratelimit.yaml", &yaml).map_err(CliError::GeneratedYaml)?;
     let report = check(&parsed, &[service]);
     if !report.problems.is_empty() {
-        for p in report.problems {
-            eprintln!("generated files disagree (a bug): {p}");
-        }
-        return ExitCode::FAILURE;
+        return Err(CliError::Disagree(report.problems));
     }
-    if let Err(e) = std::fs::create_dir_all(&a.out) {
-        eprintln!("{}: cannot create: {e}", a.out.display());
-        return ExitCode::FAILURE;
-    }
+    std::fs::create_dir_all(&a.out).map_err(|source| CliError::Create {
+        path: a.out.clone(),
+        source,
+    })?;
     for (name, contents) in [
         ("ratelimit.yaml", &yaml),
         ("envoy-rate-limits.yaml", &native),
         ("plugin-config.json", &plugin_text),
     ] {
         let path = a.out.join(name);
-        if let Err(e) = std::fs::write(&path, contents) {
-            eprintln!("{}: cannot write: {e}", path.display());
-            return ExitCode::FAILURE;
+        if let Err(source) = std::fs::write(&path, contents) {
+            return Err(CliError::Write { path, source });
         }
         println!("wrote {}", path.display());
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 struct ExplainArgs {
@@ -286,12 +359,10 @@ struct ExplainArgs {
     at: Option<u64>,
 }
 
-fn explain_cmd(a: ExplainArgs) -> ExitCode {
+fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
     let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
-            let Some(c) = load_plugin(p) else {
-                return ExitCode::FAILURE;
-            };
+            let c = load_plugin(p)?;
             (
                 c.limits,
                 c.domain,
@@ -301,15 +372,14 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
             )
         }
         (Some(f), None) => {
-            let Some((_, limits)) = load_team(f) else {
-                return ExitCode::FAILURE;
-            };
+            let (_, limits) = load_team(f)?;
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
             (limits, a.domain.unwrap_or_default(), key, false, None)
         }
-        (None, None) => return ExitCode::FAILURE,
+        // clap requires one of them.
+        (None, None) => return Ok(ExitCode::FAILURE),
     };
     let now = a.at.unwrap_or_else(|| {
         SystemTime::now()
@@ -324,15 +394,21 @@ fn explain_cmd(a: ExplainArgs) -> ExitCode {
         local: local.as_ref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
-    let plugin = load_plugin(plugin_config);
-    let services: Vec<Option<ServiceConfig>> =
-        service_configs.iter().map(|s| load_service(s)).collect();
-    let (Some(plugin), Some(services)) = (plugin, services.into_iter().collect::<Option<Vec<_>>>())
-    else {
+    // Every input is read, so that every one's problems are shown.
+    let mut errors = Vec::new();
+    let plugin = load_plugin(plugin_config).map_err(|e| errors.push(e)).ok();
+    let services: Vec<ServiceConfig> = service_configs
+        .iter()
+        .filter_map(|s| load_service(s).map_err(|e| errors.push(e)).ok())
+        .collect();
+    let (Some(plugin), true) = (plugin, errors.is_empty()) else {
+        for e in &errors {
+            eprintln!("{e}");
+        }
         return ExitCode::FAILURE;
     };
     let report = check(&plugin, &services);
@@ -370,8 +446,8 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
-        Command::Validate { files } => validate(&files),
+    let result = match Cli::parse().command {
+        Command::Validate { files } => Ok(validate(&files)),
         Command::Generate {
             file,
             domain,
@@ -386,7 +462,8 @@ fn main() -> ExitCode {
             cluster,
             timeout_ms,
             descriptor_key,
-        }),
+        })
+        .map(|()| ExitCode::SUCCESS),
         Command::Explain {
             file,
             plugin_config,
@@ -407,16 +484,19 @@ fn main() -> ExitCode {
         Command::Check {
             plugin_config,
             service_config,
-        } => check_cmd(&plugin_config, &service_config),
-        Command::Schema => match serde_json::to_string_pretty(&team_limits_schema()) {
-            Ok(s) => {
+        } => Ok(check_cmd(&plugin_config, &service_config)),
+        Command::Schema => serde_json::to_string_pretty(&team_limits_schema())
+            .map(|s| {
                 println!("{s}");
                 ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("cannot serialise the schema: {e}");
-                ExitCode::FAILURE
-            }
-        },
-    }
+            })
+            .map_err(|source| CliError::Serialise {
+                what: "schema",
+                source,
+            }),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("{e}");
+        ExitCode::FAILURE
+    })
 }

@@ -106,7 +106,7 @@ pub fn char_column(text: &str, line: usize, byte_column: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::validate::join;
+    use crate::error::join;
     use proptest::prelude::*;
     use serde_json::Value;
 

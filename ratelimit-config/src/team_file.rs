@@ -9,9 +9,11 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::error::{Anchor, ConfigError};
+use crate::field::{starts_with_bom, BOM_MESSAGE};
 use crate::model::TeamLimits;
 use crate::span::{char_column, scan, Position};
-use crate::validate::{diagnose_team_limits, starts_with_bom, Anchor, ConfigError, BOM_MESSAGE};
+use crate::validate::diagnose_team_limits;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
@@ -35,6 +37,12 @@ impl fmt::Display for Finding {
             f.write_str("warning: ")?;
         }
         write!(f, "{}", self.error)
+    }
+}
+
+impl std::error::Error for Finding {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
     }
 }
 

@@ -8,44 +8,14 @@ use std::fmt;
 
 use serde_json::{Map, Value};
 
+use crate::error::{join, Errors};
+use crate::field::{boolean, describe, header_name, positive_u32, string, FieldError};
 use crate::model::{Group, TeamLimits, Unit, UnitLimits, DEFAULT_GROUP};
 
-/// One problem in a configuration, located by its JSON path
-/// (`x-tenant-id.group_1.perminute`, `header_value[2]`, …).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    pub path: String,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write_path(f, &self.path)?;
-            write!(f, ": {}", self.message)
-        }
-    }
-}
-
-/// A limit that is legal but can never take effect.
-pub type Warning = ConfigError;
-
-/// What an error points at in the source: the value at its path, or the key
-/// that names it (an unknown key, a bad header or group name).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Anchor {
-    Value,
-    Key,
-}
-
-/// An error with what it points at, for tools that show where it is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Diagnostic {
-    pub error: ConfigError,
-    pub anchor: Anchor,
-}
+// The toolkit both parsers share moved to `error` and `field`; these paths
+// stay for the users of this module.
+pub use crate::error::{excerpt, Anchor, ConfigError, Diagnostic, Warning, EXCERPT_CHARS};
+pub use crate::field::{starts_with_bom, BOM_MESSAGE};
 
 /// Longest tenant value accepted in `header_value`.
 pub const MAX_TENANT_LEN: usize = 256;
@@ -53,193 +23,108 @@ pub const MAX_TENANT_LEN: usize = 256;
 const HEADER_VALUE: &str = "header_value";
 /// A group's `"shadow": true`: counted, never enforced.
 const SHADOW: &str = "shadow";
+/// The keys of a group, as an unknown key's message lists them.
+const DEFAULT_GROUP_KEYS: &[&str] = &["persecond", "perminute", "perhour", "perday", SHADOW];
+const NAMED_GROUP_KEYS: &[&str] = &[
+    "persecond",
+    "perminute",
+    "perhour",
+    "perday",
+    SHADOW,
+    HEADER_VALUE,
+];
 
-pub(crate) fn join(base: &str, key: &str) -> String {
-    if base.is_empty() {
-        key.to_string()
-    } else {
-        format!("{base}.{key}")
-    }
+/// Why a key cannot name a group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GroupNameError {
+    /// A unit, `header_value` or `shadow`: a limit put where a group goes.
+    Reserved(String),
+    /// Not made of letters, digits, '_' and '-' (or empty).
+    BadCharacters(String),
 }
 
-/// Collects errors while walking a document. The second field holds the
-/// indices (into the first) of the errors that point at a key.
-#[derive(Default)]
-pub(crate) struct Errors(pub Vec<ConfigError>, pub Vec<usize>);
-
-impl Errors {
-    pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(ConfigError {
-            path: path.into(),
-            message: message.into(),
-        });
-    }
-
-    /// An error about the key at `path` rather than its value.
-    pub fn push_key(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.1.push(self.0.len());
-        self.push(path, message);
-    }
-
-    fn into_diagnostics(self) -> Vec<Diagnostic> {
-        let keys = self.1;
-        self.0
-            .into_iter()
-            .enumerate()
-            .map(|(i, error)| Diagnostic {
-                error,
-                anchor: if keys.contains(&i) {
-                    Anchor::Key
-                } else {
-                    Anchor::Value
-                },
-            })
-            .collect()
-    }
-}
-
-/// The most characters of a value (a key, a name, a string) that a message
-/// shows; a longer one is cut, and the message gives its full length.
-pub const EXCERPT_CHARS: usize = 64;
-
-/// `s`, or its first [`EXCERPT_CHARS`] characters and `true` when it is longer.
-fn cut(s: &str) -> (&str, bool) {
-    match s.char_indices().nth(EXCERPT_CHARS) {
-        Some((end, _)) => (s.get(..end).unwrap_or(s), true),
-        None => (s, false),
-    }
-}
-
-/// `s` quoted for a message (`"tenant-b"`, escapes as Rust writes them),
-/// bounded: `"aaaa…"… (1048576 bytes)` for a long one, so that a 1 MB
-/// value still gives a short line.
-pub fn excerpt(s: &str) -> String {
-    match cut(s) {
-        (shown, false) => format!("{shown:?}"),
-        (shown, true) => format!("{shown:?}… ({} bytes)", s.len()),
-    }
-}
-
-/// A JSON path for a message: any key in it longer than [`EXCERPT_CHARS`]
-/// is cut (`x-t.aaaa….perhour`).
-fn write_path(f: &mut fmt::Formatter<'_>, path: &str) -> fmt::Result {
-    for (i, segment) in path.split('.').enumerate() {
-        if i > 0 {
-            f.write_str(".")?;
-        }
-        let (shown, was_cut) = cut(segment);
-        f.write_str(shown)?;
-        if was_cut {
-            f.write_str("…")?;
+impl fmt::Display for GroupNameError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupNameError::Reserved(name) => write!(
+                f,
+                "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
+                excerpt(name)
+            ),
+            GroupNameError::BadCharacters(name) => write!(
+                f,
+                "group name {} must be made of letters, digits, '_' and '-'",
+                excerpt(name)
+            ),
         }
     }
-    Ok(())
 }
 
-/// What a text that starts with a UTF-8 byte order mark is told; serde_json
-/// would say "expected value at line 1 column 1".
-pub const BOM_MESSAGE: &str = "starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM";
+impl std::error::Error for GroupNameError {}
 
-/// Whether `bytes` start with the UTF-8 byte order mark (EF BB BF).
-pub fn starts_with_bom(bytes: &[u8]) -> bool {
-    bytes.starts_with(b"\xEF\xBB\xBF")
+/// Why a `header_value` entry could never match a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantValueError {
+    Empty,
+    /// Longer than [`MAX_TENANT_LEN`] bytes (its length).
+    TooLong(usize),
+    ControlCharacter(String),
+    /// Envoy strips a header value's leading and trailing whitespace.
+    Whitespace(String),
 }
 
-/// A short description of a JSON value for error messages.
-pub(crate) fn describe(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => {
-            let (shown, cut) = cut(s);
-            let quoted = Value::String(shown.to_string());
-            match cut {
-                false => format!("string {quoted}"),
-                true => format!("string {quoted}… ({} bytes)", s.len()),
-            }
+impl fmt::Display for TenantValueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TenantValueError::Empty => f.write_str("a tenant value must not be empty"),
+            TenantValueError::TooLong(len) => write!(
+                f,
+                "a tenant value must be at most {MAX_TENANT_LEN} bytes, got {len}"
+            ),
+            TenantValueError::ControlCharacter(value) => write!(
+                f,
+                "tenant value {} contains a control character",
+                excerpt(value)
+            ),
+            TenantValueError::Whitespace(value) => write!(
+                f,
+                "tenant value {} has leading or trailing whitespace, which Envoy strips from header values, so it could never match",
+                excerpt(value)
+            ),
         }
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
     }
 }
 
-/// A positive integer that fits in u32, or an error message.
-pub(crate) fn positive_u32(v: &Value) -> Result<u32, String> {
-    if let Some(n) = v.as_u64() {
-        if n == 0 {
-            return Err("must be a positive integer, got 0".into());
-        }
-        return u32::try_from(n)
-            .map_err(|_| format!("must be a positive integer at most {}, got {n}", u32::MAX));
-    }
-    Err(format!("must be a positive integer, got {}", describe(v)))
-}
+impl std::error::Error for TenantValueError {}
 
-/// RFC 9110 token characters, lowercase only.
-pub(crate) fn header_name_problem(name: &str) -> Option<String> {
-    if name.is_empty() {
-        return Some("the header name is empty".into());
-    }
-    if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        return Some(format!(
-            "header name {} must be lowercase (Envoy matches header names in lowercase)",
-            excerpt(name)
-        ));
-    }
-    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    if !name.bytes().all(tchar) {
-        return Some(format!(
-            "header name {} is not a valid HTTP header name",
-            excerpt(name)
-        ));
-    }
-    None
-}
-
-fn group_name_problem(name: &str) -> Option<String> {
+fn group_name(name: &str) -> Result<(), GroupNameError> {
     if Unit::from_json_key(name).is_some() || name == HEADER_VALUE || name == SHADOW {
-        return Some(format!(
-            "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
-            excerpt(name)
-        ));
+        return Err(GroupNameError::Reserved(name.to_string()));
     }
     let ok = !name.is_empty()
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !ok {
-        return Some(format!(
-            "group name {} must be made of letters, digits, '_' and '-'",
-            excerpt(name)
-        ));
+        return Err(GroupNameError::BadCharacters(name.to_string()));
     }
-    None
+    Ok(())
 }
 
-fn tenant_value_problem(value: &str) -> Option<String> {
+fn tenant_value(value: &str) -> Result<(), TenantValueError> {
     if value.is_empty() {
-        return Some("a tenant value must not be empty".into());
+        return Err(TenantValueError::Empty);
     }
     if value.len() > MAX_TENANT_LEN {
-        return Some(format!(
-            "a tenant value must be at most {MAX_TENANT_LEN} bytes, got {}",
-            value.len()
-        ));
+        return Err(TenantValueError::TooLong(value.len()));
     }
     if value.chars().any(char::is_control) {
-        return Some(format!(
-            "tenant value {} contains a control character",
-            excerpt(value)
-        ));
+        return Err(TenantValueError::ControlCharacter(value.to_string()));
     }
     if value.trim() != value {
-        return Some(format!(
-            "tenant value {} has leading or trailing whitespace, which Envoy strips from header values, so it could never match",
-            excerpt(value)
-        ));
+        return Err(TenantValueError::Whitespace(value.to_string()));
     }
-    None
+    Ok(())
 }
 
 /// Parses and validates a team limits document held at `base` (empty for a
@@ -264,7 +149,7 @@ fn walk(doc: &Value, base: &str) -> Result<(TeamLimits, Vec<Warning>), Errors> {
     let mut errors = Errors::default();
     let limits = team_limits(doc, base, &mut errors);
     match limits {
-        Some(l) if errors.0.is_empty() => {
+        Some(l) if errors.is_empty() => {
             let warnings = warnings(&l, base);
             Ok((l, warnings))
         }
@@ -304,8 +189,8 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
         }
     };
     let header_path = join(base, header);
-    if let Some(p) = header_name_problem(header) {
-        errors.push_key(&header_path, p);
+    if let Err(e) = header_name(header) {
+        errors.push_key(&header_path, e);
     }
     let Value::Object(groups_obj) = groups_value else {
         errors.push(
@@ -330,8 +215,8 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
     let mut seen: HashMap<&str, &str> = HashMap::new();
     for (name, gv) in groups_obj {
         let path = join(&header_path, name);
-        if let Some(p) = group_name_problem(name) {
-            errors.push_key(&path, p);
+        if let Err(e) = group_name(name) {
+            errors.push_key(&path, e);
             continue;
         }
         let is_default = name == DEFAULT_GROUP;
@@ -364,7 +249,7 @@ fn group<'a>(
         );
         return None;
     };
-    let before = errors.0.len();
+    let before = errors.len();
     let mut limits = UnitLimits::default();
     let mut tenants = Vec::new();
     let mut has_unit_key = false;
@@ -375,7 +260,7 @@ fn group<'a>(
             has_unit_key = true;
             match positive_u32(value) {
                 Ok(n) => limits.set(unit, n),
-                Err(m) => errors.push(&field, m),
+                Err(e) => errors.push(&field, e),
             }
         } else if key == HEADER_VALUE {
             if is_default {
@@ -387,21 +272,22 @@ fn group<'a>(
             }
             tenants = tenant_list(name, obj_key(obj, key), &field, seen, errors);
         } else if key == SHADOW {
-            match value {
-                Value::Bool(b) => shadow = *b,
-                other => errors.push(
-                    &field,
-                    format!("must be true or false, got {}", describe(other)),
-                ),
+            match boolean(value) {
+                Ok(b) => shadow = b,
+                Err(e) => errors.push(&field, e),
             }
         } else {
+            let expected = if is_default {
+                DEFAULT_GROUP_KEYS
+            } else {
+                NAMED_GROUP_KEYS
+            };
             errors.push_key(
                 &field,
-                format!(
-                    "unknown key {}, expected one of persecond, perminute, perhour, perday, shadow{}",
-                    excerpt(key),
-                    if is_default { "" } else { ", header_value" }
-                ),
+                FieldError::UnknownKey {
+                    key: key.clone(),
+                    expected,
+                },
             );
         }
     }
@@ -414,10 +300,10 @@ fn group<'a>(
     if !is_default && !obj.contains_key(HEADER_VALUE) {
         errors.push(
             join(path, HEADER_VALUE),
-            "missing: a named group must list its tenants in header_value",
+            FieldError::Missing("a named group must list its tenants in header_value"),
         );
     }
-    if errors.0.len() > before {
+    if errors.len() > before {
         return None;
     }
     Some(Group {
@@ -452,18 +338,18 @@ fn tenant_list<'a>(
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let item_path = format!("{path}[{i}]");
-        let Value::String(t) = item else {
-            errors.push(
-                &item_path,
-                format!("must be a string, got {}", describe(item)),
-            );
-            continue;
+        let t = match string(item) {
+            Ok(t) => t,
+            Err(e) => {
+                errors.push(&item_path, e);
+                continue;
+            }
         };
-        if let Some(p) = tenant_value_problem(t) {
-            errors.push(&item_path, p);
+        if let Err(e) = tenant_value(t) {
+            errors.push(&item_path, e);
             continue;
         }
-        match seen.get(t.as_str()) {
+        match seen.get(t) {
             Some(&other) if other == group => {
                 errors.push(
                     &item_path,
@@ -482,7 +368,7 @@ fn tenant_list<'a>(
             }
             None => {
                 seen.insert(t, group);
-                out.push(t.clone());
+                out.push(t.to_string());
             }
         }
     }

@@ -21,10 +21,10 @@ use std::collections::BTreeSet;
 pub use lookup::lookup;
 pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig};
 
+use crate::error::excerpt;
 use crate::model::{descriptors, Group};
 use crate::plugin::PluginConfig;
 use crate::span::Position;
-use crate::validate::excerpt;
 
 /// What `check` found.
 #[derive(Debug, Default)]

@@ -2,8 +2,8 @@
 //! it (src/config/config_impl.go), with what makes the service refuse a file.
 
 use super::yaml_tree::{load_yaml, Marked, Node};
+use crate::error::excerpt;
 use crate::span::Position;
-use crate::validate::excerpt;
 
 /// The keys envoyproxy/ratelimit accepts anywhere in its YAML; any other
 /// makes it refuse the file.
@@ -77,6 +77,8 @@ impl std::fmt::Display for Problem {
         )
     }
 }
+
+impl std::error::Error for Problem {}
 
 struct Reader<'a> {
     file: &'a str,
@@ -281,8 +283,8 @@ pub fn parse_service_config(file: &str, text: &str) -> Result<ServiceConfig, Vec
             r.problem(Position::START, "empty: no domain and no descriptors");
             return Err(r.problems);
         }
-        Err((at, message)) => {
-            r.problem(at, message);
+        Err((at, e)) => {
+            r.problem(at, e.to_string());
             return Err(r.problems);
         }
     };

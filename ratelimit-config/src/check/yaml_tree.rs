@@ -33,11 +33,34 @@ enum Frame {
     },
 }
 
+/// Why a text is not a YAML tree this reader takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum YamlError {
+    /// The YAML parser's own message.
+    Syntax(String),
+    KeyNotString,
+    Unbalanced,
+    Alias,
+}
+
+impl std::fmt::Display for YamlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            YamlError::Syntax(info) => write!(f, "not valid YAML: {info}"),
+            YamlError::KeyNotString => f.write_str("a key that is not a string"),
+            YamlError::Unbalanced => f.write_str("unbalanced document"),
+            YamlError::Alias => f.write_str("aliases (*name) are not supported here"),
+        }
+    }
+}
+
+impl std::error::Error for YamlError {}
+
 #[derive(Default)]
 struct Builder {
     stack: Vec<Frame>,
     root: Option<Marked>,
-    error: Option<(Position, String)>,
+    error: Option<(Position, YamlError)>,
 }
 
 fn position(m: &Marker) -> Position {
@@ -48,9 +71,9 @@ fn position(m: &Marker) -> Position {
 }
 
 impl Builder {
-    fn fail(&mut self, at: Position, message: &str) {
+    fn fail(&mut self, at: Position, e: YamlError) {
         if self.error.is_none() {
-            self.error = Some((at, message.to_string()));
+            self.error = Some((at, e));
         }
     }
 
@@ -66,7 +89,7 @@ impl Builder {
                 Some((k, at)) => entries.push((k, at, value)),
                 None => match value.node {
                     Node::Scalar { text, .. } => *key = Some((text, value.at)),
-                    _ => self.fail(value.at, "a key that is not a string"),
+                    _ => self.fail(value.at, YamlError::KeyNotString),
                 },
             },
         }
@@ -103,21 +126,21 @@ impl MarkedEventReceiver for Builder {
                     at,
                     node: Node::Seq(items),
                 }),
-                None => self.fail(at, "unbalanced document"),
+                None => self.fail(at, YamlError::Unbalanced),
             },
-            Event::Alias(_) => self.fail(at, "aliases (*name) are not supported here"),
+            Event::Alias(_) => self.fail(at, YamlError::Alias),
             _ => {}
         }
     }
 }
 
-pub(super) fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, String)> {
+pub(super) fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, YamlError)> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
     parser.load(&mut builder, false).map_err(|e| {
         (
             position(e.marker()),
-            format!("not valid YAML: {}", e.info()),
+            YamlError::Syntax(e.info().to_string()),
         )
     })?;
     match builder.error {

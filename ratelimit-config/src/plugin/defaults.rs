@@ -1,0 +1,65 @@
+//! Every default and bound of the plugin configuration, written once: the
+//! parser takes a default for a key left out, `generate` writes them out,
+//! and the CLI's flags default to them.
+
+use super::names::{HeaderMode, MissingTenant, Mode};
+
+pub const DEFAULT_TIMEOUT_MS: u32 = 20;
+pub const DEFAULT_FAILURE_MODE_DENY: bool = false;
+pub const DEFAULT_STATUS_ON_ERROR: u16 = 500;
+pub const DEFAULT_MISSING_TENANT: MissingTenant = MissingTenant::Allow;
+pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
+pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
+pub const DEFAULT_LOCAL_ENABLED: bool = true;
+pub const DEFAULT_MODE: Mode = Mode::Exact;
+pub const DEFAULT_SHADOW: bool = false;
+/// `near_limit_ratio` when it is left out (the rate-limit service's own
+/// default), in millionths.
+pub const DEFAULT_NEAR_LIMIT_PPM: u32 = 800_000;
+/// `near_limit_ratio` is kept in millionths: an integer comparison, so 0.8
+/// of 100 is exactly 80.
+pub const PPM: u32 = 1_000_000;
+/// Slots of the local layer when `local.slots` is not set.
+pub const DEFAULT_LOCAL_SLOTS: u32 = 4_096;
+/// Longest tenant header value, in bytes, when `max_tenant_length` is not
+/// set: a longer one is refused with 431 and never reaches the service.
+pub const DEFAULT_MAX_TENANT_LENGTH: u32 = 128;
+/// The most `max_tenant_length` may be (Envoy's own default header limit is
+/// 60 KiB; no tenant needs more than this).
+pub const MAX_MAX_TENANT_LENGTH: u32 = 4_096;
+pub const MAX_TIMEOUT_MS: u32 = 60_000;
+/// The most slots `local.slots` may ask for (about 320 MiB of shared data).
+pub const MAX_LOCAL_SLOTS: u32 = 1_048_576;
+/// The largest cost a request may carry when `cost_header` is set and
+/// `max_cost` is not.
+pub const DEFAULT_MAX_COST: u32 = 1_000;
+/// The most `max_cost` may be.
+pub const MAX_MAX_COST: u32 = 1_000_000;
+/// The most tokens one lease reserves when `local.lease.max_batch` is not
+/// set (the batch is about one second of the Envoy's own rate, at most this).
+pub const DEFAULT_LEASE_MAX_BATCH: u32 = 100;
+/// The most `local.lease.max_batch` may be.
+pub const MAX_LEASE_MAX_BATCH: u32 = 100_000;
+/// How often each worker's root context sends the lease refills its
+/// requests asked for (the period of `on_tick`), in milliseconds.
+pub const LEASE_TICK_MS: u32 = 20;
+/// How often sync mode pushes each active tenant's unsynced hits
+/// (`local.sync.interval_ms`), and the range it may be set in.
+pub const DEFAULT_SYNC_INTERVAL_MS: u32 = 100;
+pub const MIN_SYNC_INTERVAL_MS: u32 = 10;
+pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
+/// The most hits of one tenant an Envoy admits without the service having
+/// seen them (`local.sync.max_unsynced`); past it, requests ask the service
+/// one by one until the next sync. The overshoot bound scales with it.
+pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
+pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
+
+/// `max_tenant_length` for a team file whose longest listed tenant is
+/// `longest` bytes: the default, or that length when it is longer (a team
+/// file may list values up to 256 bytes), so that limits the CLI accepts are
+/// never refused by the filter.
+pub(super) fn max_tenant_length_fitting(longest: usize) -> u32 {
+    u32::try_from(longest)
+        .unwrap_or(u32::MAX)
+        .clamp(DEFAULT_MAX_TENANT_LENGTH, MAX_MAX_TENANT_LENGTH)
+}

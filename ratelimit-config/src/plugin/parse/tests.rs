@@ -1,0 +1,410 @@
+//! The parser's tests: every key's default, and every bad value named
+//! by its path with its exact message.
+
+use crate::plugin::*;
+
+fn errs(text: &str) -> Vec<String> {
+    match parse_plugin_config(text.as_bytes()) {
+        Ok(_) => vec![],
+        Err(e) => e.iter().map(ToString::to_string).collect(),
+    }
+}
+
+const LIMITS: &str = r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#;
+
+#[test]
+fn minimal_config_takes_defaults() {
+    let text = format!(
+        r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}}}"#
+    );
+    let (c, _) = parse_plugin_config(text.as_bytes()).unwrap();
+    assert_eq!(c.timeout_ms, 20);
+    assert!(!c.failure_mode_deny);
+    assert_eq!(c.status_on_error, 500);
+    assert_eq!(c.missing_tenant, MissingTenant::Allow);
+    assert_eq!(c.max_tenant_length, 128);
+    assert_eq!(c.descriptor_key, "tenant");
+    assert_eq!(c.headers, HeaderMode::DraftVersion03);
+    assert_eq!(c.local, LocalConfig::default());
+    assert!(!c.shadow);
+    assert_eq!(c.near_limit_ppm, 800_000);
+}
+
+fn with_top(extra: &str) -> Result<PluginConfig, Vec<String>> {
+    let text = format!(
+        r#"{{"domain": "d", "limits": {{"x-t": {{"default": {{"perhour": 1}}, "gold": {{"perhour": 2, "header_value": ["b"], "shadow": true}}}}}}, "rate_limit_service": {{"cluster": "rl"}}{extra}}}"#
+    );
+    parse_plugin_config(text.as_bytes())
+        .map(|(c, _)| c)
+        .map_err(|e| e.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn shadow_is_global_or_per_group() {
+    let c = with_top("").unwrap();
+    let default = c.limits.default.as_ref().unwrap();
+    let gold = c.limits.groups.first().unwrap();
+    assert!(!c.shadowed(default));
+    assert!(c.shadowed(gold));
+    let all = with_top(r#", "shadow": true"#).unwrap();
+    assert!(all.shadowed(all.limits.default.as_ref().unwrap()));
+    assert_eq!(
+        with_top(r#", "shadow": "yes""#).unwrap_err(),
+        vec!["shadow: must be true or false, got string \"yes\""]
+    );
+}
+
+#[test]
+fn near_limit_ratio_is_above_0_and_at_most_1() {
+    assert_eq!(
+        with_top(r#", "near_limit_ratio": 0.9"#)
+            .unwrap()
+            .near_limit_ppm,
+        900_000
+    );
+    assert_eq!(
+        with_top(r#", "near_limit_ratio": 1"#)
+            .unwrap()
+            .near_limit_ppm,
+        PPM
+    );
+    for bad in ["0", "1.5", "-0.2", "\"0.8\"", "0.0000001"] {
+        let e = with_top(&format!(r#", "near_limit_ratio": {bad}"#)).unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("near_limit_ratio: must be a number greater than 0 and at most 1"),
+            "{e:?}"
+        );
+    }
+}
+
+#[test]
+fn headers_take_each_family_by_name() {
+    let with = |h: &str| {
+        let text = format!(
+            r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "headers": {h}}}"#
+        );
+        parse_plugin_config(text.as_bytes())
+            .map(|(c, _)| c.headers)
+            .map_err(|e| e.iter().map(ToString::to_string).collect::<Vec<_>>())
+    };
+    assert_eq!(with(r#""ietf_draft_10""#), Ok(HeaderMode::IetfDraft10));
+    assert_eq!(with(r#""off""#), Ok(HeaderMode::Off));
+    assert_eq!(
+        with(r#""ietf""#),
+        Err(vec![
+            "headers: must be one of \"draft_version_03\", \"off\", \"ietf_draft_10\", got string \"ietf\"".to_string()
+        ])
+    );
+}
+
+fn with_cost(keys: &str) -> Result<PluginConfig, Vec<String>> {
+    let text = format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
+            "limits": {{"x-t": {{"default": {{"perhour": 30}}}}}}{keys}}}"#
+    );
+    parse_plugin_config(text.as_bytes())
+        .map(|(c, _)| c)
+        .map_err(|e| e.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn request_cost_is_off_unless_a_cost_header_is_named() {
+    assert_eq!(with_cost("").unwrap().cost, None);
+    let c = with_cost(r#", "cost_header": "x-cost""#).unwrap();
+    assert_eq!(
+        c.cost,
+        Some(CostConfig {
+            header: "x-cost".into(),
+            max: DEFAULT_MAX_COST
+        })
+    );
+    let c = with_cost(r#", "cost_header": "x-cost", "max_cost": 50"#).unwrap();
+    assert_eq!(c.cost.unwrap().max, 50);
+}
+
+#[test]
+fn bad_cost_settings_are_named() {
+    let err = |keys: &str| with_cost(keys).unwrap_err();
+    assert_eq!(
+        err(r#", "max_cost": 10"#),
+        vec!["max_cost: needs cost_header (the request header that carries the cost)"]
+    );
+    assert_eq!(
+        err(r#", "cost_header": "x-cost", "max_cost": 0"#),
+        vec!["max_cost: must be a positive integer, got 0"]
+    );
+    assert_eq!(
+        err(r#", "cost_header": "x-cost", "max_cost": 1000001"#),
+        vec!["max_cost: must be at most 1000000, got 1000001"]
+    );
+    assert_eq!(
+        err(r#", "cost_header": "x-cost", "max_cost": "5""#),
+        vec!["max_cost: must be a positive integer, got string \"5\""]
+    );
+    assert_eq!(
+        err(r#", "cost_header": "X-Cost""#),
+        vec!["cost_header: header name \"X-Cost\" must be lowercase (Envoy matches header names in lowercase)"]
+    );
+    assert_eq!(
+        err(r#", "cost_header": """#),
+        vec!["cost_header: must not be empty"]
+    );
+    assert_eq!(
+        err(r#", "cost_header": "x-t""#),
+        vec!["cost_header: \"x-t\" is the tenant header; the cost needs a header of its own"]
+    );
+}
+
+#[test]
+fn lease_max_batch_is_validated_and_defaults() {
+    let c = with_local(r#"{"mode": "lease"}"#).unwrap();
+    assert_eq!(c.local.lease_max_batch, DEFAULT_LEASE_MAX_BATCH);
+    let c = with_local(r#"{"mode": "lease", "lease": {"max_batch": 7}}"#).unwrap();
+    assert_eq!(c.local.lease_max_batch, 7);
+    assert_eq!(
+        with_local(r#"{"lease": {"max_batch": 0, "size": 1}}"#).unwrap_err(),
+        vec![
+            "local.lease.size: unknown key \"size\", expected one of max_batch",
+            "local.lease.max_batch: must be a positive integer, got 0",
+        ]
+    );
+    assert_eq!(
+        with_local(r#"{"lease": {"max_batch": 100001}}"#).unwrap_err(),
+        vec!["local.lease.max_batch: must be at most 100000, got 100001"]
+    );
+    assert_eq!(
+        with_local(r#"{"lease": 5}"#).unwrap_err(),
+        vec!["local.lease: must be an object, got 5"]
+    );
+}
+
+#[test]
+fn sync_settings_are_validated_and_default() {
+    let c = with_local(r#"{"mode": "sync"}"#).unwrap();
+    assert_eq!(
+        (c.local.sync_interval_ms, c.local.sync_max_unsynced),
+        (DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED)
+    );
+    let c = with_local(r#"{"sync": {"interval_ms": 250, "max_unsynced": 9}}"#).unwrap();
+    assert_eq!(
+        (c.local.sync_interval_ms, c.local.sync_max_unsynced),
+        (250, 9)
+    );
+    assert_eq!(
+        with_local(r#"{"sync": {"interval_ms": 5, "max_unsynced": 0, "x": 1}}"#).unwrap_err(),
+        vec![
+            "local.sync.x: unknown key \"x\", expected one of interval_ms, max_unsynced",
+            "local.sync.interval_ms: must be from 10 to 60000, got 5",
+            "local.sync.max_unsynced: must be a positive integer, got 0",
+        ]
+    );
+    assert_eq!(
+        with_local(r#"{"sync": []}"#).unwrap_err(),
+        vec!["local.sync: must be an object, got an array"]
+    );
+}
+
+fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
+    let text = format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
+            "limits": {{"x-t": {{"default": {{"persecond": 5, "perhour": 30}},
+                                "gold": {{"perminute": 70, "header_value": ["b"]}},
+                                "silver": {{"persecond": 9, "header_value": ["c"]}}}}}},
+            "local": {local}}}"#
+    );
+    parse_plugin_config(text.as_bytes())
+        .map(|(c, _)| c)
+        .map_err(|e| e.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn buckets_default_to_the_per_second_limit_and_groups_override_them() {
+    let c = with_local(r#"{"slots": 64, "groups": {"gold": {"tokens_per_second": 2, "burst": 10}, "silver": {"tokens_per_second": 3}}}"#).unwrap();
+    assert_eq!(c.local.slots, 64);
+    let bucket = |t: &str| c.local.bucket_for(c.limits.group_for(t).unwrap());
+    assert_eq!(
+        bucket("a"),
+        Some(BucketParams {
+            tokens_per_second: 5,
+            burst: 5
+        })
+    );
+    assert_eq!(
+        bucket("b"),
+        Some(BucketParams {
+            tokens_per_second: 2,
+            burst: 10
+        })
+    );
+    assert_eq!(
+        bucket("c"),
+        Some(BucketParams {
+            tokens_per_second: 3,
+            burst: 3
+        })
+    );
+    let plain = with_local("{}").unwrap();
+    // gold has no per-second limit and no override: no bucket.
+    assert_eq!(
+        plain.local.bucket_for(plain.limits.group_for("b").unwrap()),
+        None
+    );
+    let off = with_local(r#"{"enabled": false}"#).unwrap();
+    assert_eq!(
+        off.local.bucket_for(off.limits.group_for("a").unwrap()),
+        None
+    );
+}
+
+fn with_max_tenant_length(v: &str, tenant: &str) -> Result<PluginConfig, Vec<String>> {
+    let text = format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}}, "max_tenant_length": {v},
+            "limits": {{"x-t": {{"default": {{"perhour": 30}}, "gold": {{"perhour": 70, "header_value": ["{tenant}"]}}}}}}}}"#
+    );
+    parse_plugin_config(text.as_bytes())
+        .map(|(c, _)| c)
+        .map_err(|e| e.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn max_tenant_length_is_bytes_from_1_to_4096() {
+    assert_eq!(
+        with_max_tenant_length("1", "b").unwrap().max_tenant_length,
+        1
+    );
+    assert_eq!(
+        with_max_tenant_length("4096", "b")
+            .unwrap()
+            .max_tenant_length,
+        4096
+    );
+    assert_eq!(
+        with_max_tenant_length("0", "b").unwrap_err(),
+        vec!["max_tenant_length: must be a positive integer, got 0"]
+    );
+    assert_eq!(
+        with_max_tenant_length("4097", "b").unwrap_err(),
+        vec!["max_tenant_length: must be at most 4096 (bytes), got 4097"]
+    );
+    assert_eq!(
+        with_max_tenant_length("\"128\"", "b").unwrap_err(),
+        vec!["max_tenant_length: must be a positive integer, got string \"128\""]
+    );
+    // A listed tenant longer than the cap could never be served. Bytes,
+    // not characters: "é" is two.
+    assert_eq!(
+        with_max_tenant_length("3", "ééé").unwrap_err(),
+        vec!["limits.x-t.gold.header_value[0]: tenant value \"ééé\" is 6 bytes, longer than max_tenant_length (3): its requests would all be refused with 431; raise max_tenant_length"]
+    );
+    assert!(with_max_tenant_length("6", "ééé").is_ok());
+}
+
+#[test]
+fn modes_are_global_or_per_group() {
+    let c = with_local(r#"{"mode": "sync", "groups": {"gold": {"mode": "lease"}, "silver": {"tokens_per_second": 3}}}"#).unwrap();
+    let group = |name: &str| c.limits.all_groups().find(|g| g.name == name).unwrap();
+    assert_eq!(c.local.mode_for(group("gold")), Mode::Lease);
+    assert_eq!(c.local.mode_for(group("silver")), Mode::Sync);
+    assert_eq!(c.local.mode_for(group("default")), Mode::Sync);
+    // A mode alone keeps the group's default bucket.
+    assert_eq!(c.local.bucket_for(group("gold")), None);
+    assert_eq!(
+        c.local.bucket_for(group("silver")),
+        Some(BucketParams {
+            tokens_per_second: 3,
+            burst: 3
+        })
+    );
+    let exact = with_local("{}").unwrap();
+    assert_eq!(exact.local.mode_for(group("gold")), Mode::Exact);
+}
+
+#[test]
+fn bad_modes_name_their_field() {
+    assert_eq!(
+        with_local(r#"{"mode": "fast", "groups": {"gold": {"mode": 1}}}"#).unwrap_err(),
+        vec![
+            "local.mode: must be one of \"exact\", \"lease\", \"sync\", got string \"fast\"",
+            "local.groups.gold.mode: must be one of \"exact\", \"lease\", \"sync\", got 1",
+        ]
+    );
+    assert_eq!(
+        with_local(r#"{"enabled": false, "mode": "lease", "groups": {"gold": {"mode": "sync"}}}"#)
+            .unwrap_err(),
+        vec![
+            "local.mode: \"lease\" needs the local layer, which local.enabled turns off",
+            "local.groups.gold.mode: \"sync\" needs the local layer, which local.enabled turns off",
+        ]
+    );
+}
+
+#[test]
+fn bad_local_sections_name_their_field() {
+    assert_eq!(
+        with_local(r#"{"slots": 0, "enabled": "yes", "size": 1, "groups": {"bronze": {"burst": 3}, "gold": {"tokens_per_second": 1.5, "burst": -1}}}"#).unwrap_err(),
+        vec![
+            "local.size: unknown key \"size\", expected one of enabled, slots, mode, groups, lease, sync",
+            "local.enabled: must be true or false, got string \"yes\"",
+            "local.slots: must be a positive integer, got 0",
+            "local.groups.bronze: no such group in limits, expected one of default, gold, silver",
+            "local.groups.bronze.tokens_per_second: missing: a group's bucket needs its refill rate",
+            "local.groups.gold.tokens_per_second: must be a positive integer, got 1.5",
+            "local.groups.gold.burst: must be a positive integer, got -1",
+        ]
+    );
+    assert_eq!(
+        with_local(r#"{"slots": 2000000}"#).unwrap_err(),
+        vec!["local.slots: must be at most 1048576, got 2000000"]
+    );
+    assert_eq!(
+        with_local("[]").unwrap_err(),
+        vec!["local: must be an object, got an array"]
+    );
+}
+
+#[test]
+fn bad_configs_name_their_field() {
+    assert_eq!(
+        errs(&format!(
+            r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
+        )),
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost"]
+    );
+    assert_eq!(
+        errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
+        vec!["limits: missing: the team limits JSON is required"]
+    );
+    assert_eq!(
+        errs(
+            r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": -5}}}, "rate_limit_service": {"cluster": "rl", "timeout_ms": 0, "x": 1}, "missing_tenant": "block", "status_on_error": 42}"#
+        ),
+        vec![
+            "limits.x-t.default.perhour: must be a positive integer, got -5",
+            "rate_limit_service.x: unknown key \"x\", expected one of cluster, timeout_ms",
+            "rate_limit_service.timeout_ms: must be a positive integer, got 0",
+            "status_on_error: must be an HTTP status from 200 to 599, got 42",
+            "missing_tenant: must be one of \"allow\", \"deny\", got string \"block\"",
+        ]
+    );
+    assert_eq!(errs("[1]"), vec!["must be a JSON object, got an array"]);
+    assert_eq!(
+        errs("\u{feff}{}"),
+        vec!["starts with a UTF-8 byte order mark (BOM), which JSON does not allow: save it as UTF-8 without a BOM"]
+    );
+    let long = "d".repeat(1 << 20);
+    let out = errs(&format!(r#"{{"domain": 7, "missing_tenant": "{long}"}}"#));
+    assert!(out.iter().all(|l| l.len() < 300), "{out:?}");
+    assert!(out.contains(&format!("missing_tenant: must be one of \"allow\", \"deny\", got string \"{}\"… (1048576 bytes)", &long[..64])), "{out:?}");
+    assert_eq!(
+        errs(&format!(
+            "{{\"domain\": \"d\", \"limits\": {LIMITS}, \"rate_limit_service\": {{\"cluster\": \"rl\"}},\n \"domain\": \"e\"}}"
+        )),
+        vec!["domain: duplicate key \"domain\" at 2:2 (first at 1:2): JSON keeps only the last one"]
+    );
+    assert_eq!(
+        errs(r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1, "perhour": 2}}}, "rate_limit_service": {"cluster": "rl"}}"#),
+        vec!["limits.x-t.default.perhour: duplicate key \"perhour\" at 1:62 (first at 1:48): JSON keeps only the last one"]
+    );
+    assert!(errs("{").first().unwrap().starts_with("not valid JSON: "));
+}

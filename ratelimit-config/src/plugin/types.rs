@@ -1,0 +1,135 @@
+//! The plugin configuration, as the filter uses it once parsed.
+
+use crate::model::{Group, TeamLimits, Unit};
+
+use super::defaults::{
+    DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS, DEFAULT_MODE,
+    DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
+};
+use super::names::{HeaderMode, MissingTenant, Mode};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginConfig {
+    pub domain: String,
+    pub limits: TeamLimits,
+    pub cluster: String,
+    pub timeout_ms: u32,
+    pub failure_mode_deny: bool,
+    pub status_on_error: u16,
+    pub missing_tenant: MissingTenant,
+    /// A tenant header value longer than this many bytes is refused (431).
+    pub max_tenant_length: u32,
+    pub descriptor_key: String,
+    pub headers: HeaderMode,
+    pub local: LocalConfig,
+    /// `"shadow": true`: every group's refusals are counted, never enforced
+    /// (a group's own `"shadow": true` shadows only that group).
+    pub shadow: bool,
+    /// `near_limit_ratio` in millionths (0 < r <= 1): an admitted request
+    /// that leaves at most `1 - r` of a window's limit is near the limit.
+    pub near_limit_ppm: u32,
+    /// Request cost (`cost_header`, `max_cost`): None, every request costs 1.
+    pub cost: Option<CostConfig>,
+}
+
+impl PluginConfig {
+    /// Whether `group`'s refusals are only counted: the global `shadow`, or
+    /// the group's own.
+    pub fn shadowed(&self, group: &Group) -> bool {
+        self.shadow || group.shadow
+    }
+}
+
+/// Request cost: a request carrying `header` costs that many hits (an
+/// integer from 1 to `max`); without it, 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CostConfig {
+    /// The request header (lowercase) that carries the cost.
+    pub header: String,
+    /// The largest cost accepted; a larger one is refused (400).
+    pub max: u32,
+}
+
+/// A token bucket's parameters: refill rate and capacity, in requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketParams {
+    pub tokens_per_second: u32,
+    pub burst: u32,
+}
+
+/// The local layer (`local`): a token bucket and an over-limit cache per
+/// tenant, in proxy-wasm shared data, in front of the rate-limit service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalConfig {
+    pub enabled: bool,
+    /// Shared-data slots; tenants hash into them, a newcomer takes a slot over.
+    pub slots: u32,
+    /// The mode of every group that does not set its own (`local.mode`).
+    pub mode: Mode,
+    /// Per-group settings (`local.groups.<group>`), by group name.
+    pub groups: Vec<(String, GroupLocal)>,
+    /// The most tokens one lease reserves (`local.lease.max_batch`).
+    pub lease_max_batch: u32,
+    /// `local.sync.interval_ms`.
+    pub sync_interval_ms: u32,
+    /// `local.sync.max_unsynced`.
+    pub sync_max_unsynced: u32,
+}
+
+/// One group's `local.groups.<group>` entry: each key is optional.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupLocal {
+    /// Its own bucket (`tokens_per_second`, `burst`).
+    pub bucket: Option<BucketParams>,
+    /// Its own mode.
+    pub mode: Option<Mode>,
+}
+
+impl Default for LocalConfig {
+    fn default() -> LocalConfig {
+        LocalConfig {
+            enabled: DEFAULT_LOCAL_ENABLED,
+            slots: DEFAULT_LOCAL_SLOTS,
+            mode: DEFAULT_MODE,
+            groups: Vec::new(),
+            lease_max_batch: DEFAULT_LEASE_MAX_BATCH,
+            sync_interval_ms: DEFAULT_SYNC_INTERVAL_MS,
+            sync_max_unsynced: DEFAULT_SYNC_MAX_UNSYNCED,
+        }
+    }
+}
+
+impl LocalConfig {
+    /// A group's `local.groups` entry, if it has one.
+    pub fn group(&self, name: &str) -> Option<&GroupLocal> {
+        self.groups.iter().find(|(n, _)| n == name).map(|(_, g)| g)
+    }
+
+    /// The mode of a group: its own, else `local.mode`. Always `Exact`
+    /// when the local layer is off (lease and sync keep their state in it;
+    /// the parser refuses another mode there).
+    pub fn mode_for(&self, group: &Group) -> Mode {
+        if !self.enabled {
+            return Mode::Exact;
+        }
+        self.group(&group.name)
+            .and_then(|g| g.mode)
+            .unwrap_or(self.mode)
+    }
+
+    /// The bucket of a group: its own `local.groups` entry, else its
+    /// per-second limit as both rate and burst, else none (a group without
+    /// a per-second limit has no bucket unless it sets one).
+    pub fn bucket_for(&self, group: &Group) -> Option<BucketParams> {
+        if !self.enabled {
+            return None;
+        }
+        if let Some(p) = self.group(&group.name).and_then(|g| g.bucket) {
+            return Some(p);
+        }
+        group.limits.get(Unit::Second).map(|n| BucketParams {
+            tokens_per_second: n,
+            burst: n,
+        })
+    }
+}
