@@ -85,6 +85,8 @@ export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
 
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+# e.g. DEMO_ARGS=--hold: keep the demo's stack up for your own requests.
+DEMO_ARGS   ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
 WRK_VERSION := 4.1.0-3+b2
 
@@ -319,7 +321,7 @@ fuzz-cmin: deps-fuzz
 
 # ---------------------------------------------------------------- demo
 demo: deps build
-	$(PY) e2e/demo.py
+	$(PY) e2e/demo.py $(DEMO_ARGS)
 
 # The configs e2e/docker-compose.yml mounts, rendered into .run/compose/
 # (no container engine here: see the comments in that file).
