@@ -227,12 +227,19 @@ build: deps-rust
 	@ls -l $(WASM) $(CLI)
 
 # ---------------------------------------------------------------- checks
+# tools/check_docs.py: every relative link and anchor of README.md,
+# CHANGELOG.md and docs/ resolves, the module map (filter/src/lib.rs's crate
+# doc and docs/architecture.md) names every module of filter/src, and the
+# user pages speak of the product, not of how it was built. Its own tests
+# (tools/test_check_docs.py) run first.
 lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
-	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py tools/*.py
+	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py tools/*.py
+	$(PY) -m pytest -q -p no:cacheprovider tools/test_check_docs.py
+	$(PY) tools/check_docs.py
 
 # The pure core's tests run natively, again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap), and the
