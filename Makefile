@@ -101,6 +101,8 @@ export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
 
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+# e.g. DEMO_ARGS=--hold: keep the demo's stack up for your own requests.
+DEMO_ARGS   ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
 WRK_VERSION := 4.1.0-3+b2
 
@@ -282,12 +284,19 @@ wasm-size: deps-rust deps-twiggy
 	  $(TWIGGY) monos -m 12 -n 3 $$names
 
 # ---------------------------------------------------------------- checks
+# tools/check_docs.py: every relative link and anchor of README.md,
+# CHANGELOG.md and docs/ resolves, the module map (filter/src/lib.rs's crate
+# doc and docs/architecture.md) names every module of filter/src, and the
+# user pages speak of the product, not of how it was built. Its own tests
+# (tools/test_check_docs.py) run first.
 lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py
-	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py tools/*.py
+	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py tools/*.py
+	$(PY) -m pytest -q -p no:cacheprovider tools/test_check_docs.py
+	$(PY) tools/check_docs.py
 
 # The pure core's tests run natively, again as wasm32-wasip1 under Node's
 # WASI (tests/wasm-runner.mjs stubs the proxy-wasm imports to trap), and the
@@ -376,7 +385,7 @@ fuzz-cmin: deps-fuzz
 
 # ---------------------------------------------------------------- demo
 demo: deps build
-	$(PY) e2e/demo.py
+	$(PY) e2e/demo.py $(DEMO_ARGS)
 
 # The configs e2e/docker-compose.yml mounts, rendered into .run/compose/
 # (no container engine here: see the comments in that file).

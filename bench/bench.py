@@ -545,7 +545,7 @@ def main() -> int:
     ap.add_argument("--flood", type=int, default=FLOOD_TENANTS, metavar="N",
                     help="after the scenarios, N distinct tenants through one Envoy on a "
                          "stack of their own (bench/flood.lua), Envoy's heap against the "
-                         f"README's slot bound ({FLOOD_TENANTS:,}; 0: skip; --smoke: 0)")
+                         f"documented slot bound (docs/local-layer.md) ({FLOOD_TENANTS:,}; 0: skip; --smoke: 0)")
     args = ap.parse_args()
     if args.service_side is None:
         args.service_side = "off" if args.smoke else "on"

@@ -10,7 +10,8 @@ k6-like summary per status. A second run follows in the same hour window.
 Everything it started is stopped on exit, on Ctrl-C and on SIGTERM.
 
     make demo          (builds first)
-    .deps/venv/bin/python e2e/demo.py [--requests 1000] [--tenant tenant-a]
+    make demo DEMO_ARGS=--hold   (then keeps the stack up until Ctrl-C)
+    .deps/venv/bin/python e2e/demo.py [--requests 1000] [--tenant tenant-a] [--hold]
 """
 
 from __future__ import annotations
@@ -55,10 +56,27 @@ def run(label: str, fleet: harness.Fleet, n: int, tenant: str) -> list[harness.R
     return results
 
 
+def hold(fleet: harness.Fleet) -> None:
+    """Keep the stack up for requests of your own, until Ctrl-C or SIGTERM."""
+    envoy = fleet.envoys[0]
+    print("\nholding the stack for your own requests; Ctrl-C stops everything. Try:")
+    print(f"  for i in $(seq 101); do curl -s -o /dev/null -w '%{{http_code}} ' "
+          f"-H 'x-tenant-id: tenant-z' {envoy.url}; done; echo")
+    print(f"  curl -si -H 'x-tenant-id: tenant-z' {envoy.url}")
+    print(f"  curl -s {envoy.admin_url}/stats/prometheus | grep '^tenant_ratelimit'")
+    try:
+        while True:
+            time.sleep(3600)
+    except (KeyboardInterrupt, Stopped):
+        print("\nstopping everything")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="Exactly 100, not 101: two Envoys, one quota.")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--tenant", default="tenant-a")
+    ap.add_argument("--hold", action="store_true",
+                    help="after the runs, keep the stack up for your own requests until Ctrl-C")
     ap.add_argument("--workdir", type=Path,
                     default=REPO / ".run" / time.strftime("demo-%Y%m%d-%H%M%S"))
     args = ap.parse_args()
@@ -77,7 +95,7 @@ def main() -> int:
         gen = stack.generate(limits, DOMAIN)
         quota = gen.limits["x-tenant-id"]["default"]["perhour"]
         # Redis as shipped: append-only file, fsync every second (a restart
-        # keeps the counts; README "Failure behaviour").
+        # keeps the counts; docs/failures.md).
         fleet = stack.fleet(gen, envoys=2, redis_persist=True)
         print(f"tenant-ratelimit demo: quota {quota}/hour for {args.tenant} "
               f"(default rule of {LIMITS.relative_to(REPO)}), domain {DOMAIN}")
@@ -119,6 +137,8 @@ def main() -> int:
                 print(f"  {failed_open} requests failed open: the service did not answer "
                       f"within timeout_ms={timeout} (a loaded machine?), and every such "
                       f"request is an admitted one.")
+        if args.hold:
+            hold(fleet)
     except (KeyboardInterrupt, Stopped) as e:
         print(f"\ninterrupted ({str(e) or 'Ctrl-C'}): stopping everything", file=sys.stderr)
         return 130
