@@ -5,9 +5,9 @@ the EnvoyExtensionPolicy). Envoy Gateway pulls the OCI image `make oci` builds
 from a loopback registry itself, serves the module to the Envoy it starts,
 and the test sends traffic through that Envoy: real ratelimit, real Redis.
 
-Then the image cannot be had (a tag the registry does not have, or the
-digest written with a `sha256:` prefix), under both settings of the policy's
-failOpen."""
+Then the filter cannot run (a tag the registry does not have, the digest
+written with a `sha256:` prefix, a plugin configuration the filter refuses),
+under both settings of the policy's failOpen."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ class Deployment:
     """What a test deployed: the control plane, and the URL of its proxy's listener."""
 
     def __init__(self, stack: harness.Stack, image_ref: str, sha256: str | None,
-                 fail_open: bool, limits: dict):
+                 fail_open: bool, limits: dict, config_overrides: dict | None = None):
         self.gen = stack.generate(limits)
         self.rls = stack.ratelimit(stack.redis(), self.gen)
         upstream = stack.upstream()
@@ -76,7 +76,8 @@ class Deployment:
             wasm["code"]["image"]["sha256"] = sha256
         # The fixture's plugin configuration with this test's limits and domain;
         # its cluster stays the one envoyproxy.yaml adds.
-        config = self.gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS)
+        config = self.gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                                        **(config_overrides or {}))
         assert config["rate_limit_service"]["cluster"] == \
             wasm["config"]["rate_limit_service"]["cluster"] == "ratelimit"
         wasm["config"] = config
@@ -216,3 +217,17 @@ def test_image_missing_and_fail_open_the_route_serves_without_the_filter(deploy,
     assert wasm_filters(d.eg) == []
     assert group_counters(d.eg) == {}
     assert "MANIFEST_UNKNOWN" in d.eg.log_text()
+
+
+@pytest.mark.parametrize("fail_open, status", [(False, 503), (True, 200)],
+                         ids=["fail-closed", "fail-open"])
+def test_a_configuration_the_filter_refuses(deploy, image, fail_open, status):
+    """The module loads but refuses its configuration (on_configure false):
+    Envoy's own failure policy, which Envoy Gateway sets from failOpen."""
+    gold = unique("tenant-gold")
+    d = deploy(image_ref=image["ref"], sha256=image["sha256"], fail_open=fail_open,
+               limits=limits_with_gold(gold), config_overrides={"no_such_key": 1})
+    results = run_sequential([d.url], REQUESTS, tenant=gold)
+    assert tally(results) == Counter({status: REQUESTS}), harness.summary(results)
+    assert not any(k.startswith("x-ratelimit") for r in results for k in r.headers)
+    assert 'invalid configuration: no_such_key: unknown key "no_such_key"' in d.eg.log_text()
