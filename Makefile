@@ -9,6 +9,7 @@
 #   .deps/bin/redis-server  Debian's redis-server
 #   .deps/venv              Python for tests/, e2e/ and bench/ (tests/requirements.txt)
 #   wrk                     Debian's wrk, the load generator of `make bench`
+#   .deps/gobin/envoy-gateway  Envoy Gateway, pinned (make deps-envoy-gateway; for `make integration`)
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
