@@ -12,9 +12,11 @@ directory Envoy Gateway writes to (its certificates, func-e's data, state and
 runtime directories, the Wasm module cache under $HOME/.eg) is inside the
 test's work directory.
 
-    eg = EnvoyGateway(stack, docs)   # docs: the resources, as dicts
-    eg.wait_listener(port)
-    eg.admin_url                     # the proxy's admin, on the port the harness chose
+    proxy = proxy_bootstrap_for_tests(envoyproxy, admin_port=a, rls_port=r, version=envoy_version())
+    eg = EnvoyGateway(stack, [*docs, proxy], admin_port=a)   # the resources, as dicts
+    eg.wait_listener(gateway_listener_port)   # Envoy binds it once warm
+    eg.admin_url                              # the proxy's admin, on port a
+    eg.close()                                # stops it, releases the machine lock
 
 Envoy Gateway v1.9.1 binds some ports whatever its configuration says: its
 xDS server 0.0.0.0:18000, its Wasm module server :18002 and the file
