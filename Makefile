@@ -10,6 +10,7 @@
 #   .deps/venv              Python for tests/, e2e/ and bench/ (tests/requirements.txt)
 #   wrk                     Debian's wrk, the load generator of `make bench`
 #   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
+#   .deps/gobin/envoy-gateway  Envoy Gateway, pinned (make deps-envoy-gateway; for `make integration`)
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
@@ -91,6 +92,11 @@ export TRL_CRANE        := $(GOBIN_DIR)/crane
 export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
 export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
 export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
+export TRL_ISTIO_VALIDATE := $(GOBIN_DIR)/istio-validate
+# Envoy Gateway itself (tests/test_envoy_gateway.py runs it in standalone mode:
+# File resource provider, Host infrastructure provider, this project's Envoy).
+EG_CMD                  := github.com/envoyproxy/gateway/cmd/envoy-gateway
+export TRL_ENVOY_GATEWAY := $(GOBIN_DIR)/envoy-gateway
 # promtool (Prometheus 3.x's Go module tags are v0.3xx.y): tests/test_alerts.py
 # checks and unit-tests deploy/prometheus/alerts.yml with it.
 PROMTOOL_VERSION := v0.316.0
@@ -199,7 +205,8 @@ deps-links: deps-python deps-redis deps-ratelimit
 # Go programs under tools/ (their own go.mod/go.sum), and the module sources
 # the tests take the CRD and OpenAPI schemas from (go mod download, cached).
 # tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
-deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch
+deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch \
+           $(GOBIN_DIR)/istio-validate
 	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
 
 $(GOBIN_DIR)/crane:
@@ -219,6 +226,21 @@ $(GOBIN_DIR)/oci-wasm: tools/oci-wasm/main.go tools/oci-wasm/go.mod tools/oci-wa
 
 $(GOBIN_DIR)/wasm-fetch: tools/wasm-fetch/main.go tools/wasm-fetch/go.mod tools/wasm-fetch/go.sum
 	cd tools/wasm-fetch && go build -trimpath -o $@ .
+
+# Istio's own validation of WasmPlugin (and any Istio kind) YAML, at ISTIO_VERSION.
+$(GOBIN_DIR)/istio-validate: tools/istio-validate/main.go tools/istio-validate/go.mod tools/istio-validate/go.sum
+	cd tools/istio-validate && go build -trimpath -o $@ .
+
+# envoy-gateway at EG_VERSION (a few minutes to build); reinstalled only when
+# missing or built from another version of the module.
+.PHONY: deps-envoy-gateway
+deps-envoy-gateway:
+	@if ! go version -m $(GOBIN_DIR)/envoy-gateway 2>/dev/null | \
+	    grep -Eq '^[[:space:]]+mod[[:space:]]+github.com/envoyproxy/gateway[[:space:]]+$(EG_VERSION)([[:space:]]|$$)'; then \
+	  command -v go >/dev/null || { echo "go (>= 1.26) is required to build envoy-gateway" >&2; exit 1; }; \
+	  echo "go install $(EG_CMD)@$(EG_VERSION)"; \
+	  GOBIN=$(GOBIN_DIR) go install $(EG_CMD)@$(EG_VERSION); \
+	fi
 
 # Debian's docker.io and docker-compose (the compose demo starts its own
 # dockerd, e2e/dockerd.py), busybox-static (wget in the ratelimit image's
@@ -316,7 +338,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship deps-promtool
+integration: deps deps-ship deps-promtool deps-envoy-gateway
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration

@@ -47,6 +47,38 @@ def module_dir(module_at_version: str) -> Path:
     return Path(info["Dir"])
 
 
+def build_images(out: Path) -> dict[str, dict]:
+    """Both OCI variants of the built module (`oci-wasm`, as `make oci`), in
+    OCI image layouts under `out`: {variant: {"digest": "sha256:...", "layout": ...}}."""
+    proc = run([OCI_WASM, "-wasm", harness.WASM, "-out", out])
+    return {v["variant"]: v for v in map(json.loads, proc.stdout.splitlines())}
+
+
+class Registry:
+    """`crane registry serve` on a loopback port (an OCI registry over plain HTTP)."""
+
+    def __init__(self, workdir: Path):
+        port = harness.free_port()
+        self.address = f"{harness.LOOPBACK}:{port}"
+        self.process = harness.Process("registry", [CRANE, "registry", "serve", "--address",
+                                                    self.address], workdir / "registry.log")
+        try:
+            harness.wait_until(lambda: harness.http_ok(f"http://{self.address}/v2/"),
+                               "registry /v2/", process=self.process)
+        except BaseException:
+            self.process.stop()
+            raise
+
+    def push(self, layout: str | Path, ref: str) -> str:
+        """Push an image layout as `ref` (e.g. "tenant-ratelimit:0.1.0"); the full reference."""
+        full = f"{self.address}/{ref}"
+        run([CRANE, "push", layout, full])
+        return full
+
+    def close(self) -> None:
+        self.process.stop()
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -21,11 +21,6 @@ WASM_CONTENT = "application/vnd.module.wasm.content.layer.v1+wasm"
 OCI_LAYER = "application/vnd.oci.image.layer.v1.tar+gzip"
 
 
-def build(out: Path) -> dict[str, dict]:
-    proc = ship.run([ship.OCI_WASM, "-wasm", harness.WASM, "-out", out])
-    return {v["variant"]: v for v in map(json.loads, proc.stdout.splitlines())}
-
-
 def blob(layout: Path, digest: str) -> bytes:
     algo, hexd = digest.split(":")
     return (layout / "blobs" / algo / hexd).read_bytes()
@@ -40,11 +35,11 @@ def manifest(layout: Path) -> tuple[str, dict]:
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> dict[str, dict]:
-    return build(tmp_path_factory.mktemp("oci"))
+    return ship.build_images(tmp_path_factory.mktemp("oci"))
 
 
 def test_two_builds_give_byte_identical_images_with_the_same_digests(images, tmp_path):
-    again = build(tmp_path / "again")
+    again = ship.build_images(tmp_path / "again")
     assert {v: i["digest"] for v, i in again.items()} == {v: i["digest"] for v, i in images.items()}
     for variant in ("compat", "oci"):
         a, b = Path(images[variant]["layout"]), Path(again[variant]["layout"])
@@ -83,16 +78,11 @@ def test_oci_variant_has_the_wasm_config_and_the_module_as_its_own_layer(images)
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """`crane registry serve` on a loopback port, both variants pushed to it."""
-    workdir = tmp_path_factory.mktemp("registry")
-    port = harness.free_port()
-    proc = harness.Process("registry", [ship.CRANE, "registry", "serve", "--address",
-                                        f"{harness.LOOPBACK}:{port}"], workdir / "registry.log")
+    reg = ship.Registry(tmp_path_factory.mktemp("registry"))
     try:
-        harness.wait_until(lambda: harness.http_ok(f"http://{harness.LOOPBACK}:{port}/v2/"),
-                           "registry /v2/", process=proc)
-        yield f"{harness.LOOPBACK}:{port}"
+        yield reg.address
     finally:
-        proc.stop()
+        reg.close()
 
 
 @pytest.fixture(scope="module")
