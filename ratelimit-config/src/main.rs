@@ -360,7 +360,7 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
-    let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
+    let (limits, domain, descriptor_key, shadow, local, batch) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
             let c = load_plugin(p)?;
             (
@@ -369,6 +369,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 c.descriptor_key,
                 c.shadow,
                 Some(c.local),
+                Some(c.batch),
             )
         }
         (Some(f), None) => {
@@ -376,7 +377,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key, false, None)
+            (limits, a.domain.unwrap_or_default(), key, false, None, None)
         }
         // clap requires one of them.
         (None, None) => return Ok(ExitCode::FAILURE),
@@ -392,6 +393,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         key_prefix: &a.key_prefix,
         shadow,
         local: local.as_ref(),
+        batch: batch.as_ref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)

@@ -17,8 +17,8 @@ mod write;
 pub use defaults::*;
 pub use names::{HeaderMode, MissingTenant, Mode};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
-pub use types::{BucketParams, CostConfig, GroupLocal, LocalConfig, PluginConfig};
+pub use types::{BatchConfig, BucketParams, CostConfig, GroupLocal, LocalConfig, PluginConfig};
 #[cfg(feature = "cli")]
 pub use write::{
-    plugin_config_json, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
+    plugin_config_json, BatchJson, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
 };

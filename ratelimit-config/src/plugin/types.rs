@@ -3,8 +3,9 @@
 use crate::model::{Group, TeamLimits, Unit};
 
 use super::defaults::{
-    DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS, DEFAULT_MODE,
-    DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
+    max_unsynced_bound, DEFAULT_BATCH_ENABLED, DEFAULT_BATCH_MAX_DESCRIPTORS,
+    DEFAULT_BATCH_MAX_IN_FLIGHT, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED,
+    DEFAULT_LOCAL_SLOTS, DEFAULT_MODE, DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
 };
 use super::names::{HeaderMode, MissingTenant, Mode};
 
@@ -14,6 +15,8 @@ pub struct PluginConfig {
     pub limits: TeamLimits,
     pub cluster: String,
     pub timeout_ms: u32,
+    /// `rate_limit_service.batch`: how a worker's requests share calls.
+    pub batch: BatchConfig,
     pub failure_mode_deny: bool,
     pub status_on_error: u16,
     pub missing_tenant: MissingTenant,
@@ -37,6 +40,27 @@ impl PluginConfig {
     /// the group's own.
     pub fn shadowed(&self, group: &Group) -> bool {
         self.shadow || group.shadow
+    }
+}
+
+/// Batched calls (`rate_limit_service.batch`): per worker, a request that
+/// must ask the service joins the worker's next call while `max_in_flight`
+/// calls are under way; a call carries at most `max_descriptors`
+/// descriptors (whole requests). `enabled` false: one request per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    pub enabled: bool,
+    pub max_descriptors: u32,
+    pub max_in_flight: u32,
+}
+
+impl Default for BatchConfig {
+    fn default() -> BatchConfig {
+        BatchConfig {
+            enabled: DEFAULT_BATCH_ENABLED,
+            max_descriptors: DEFAULT_BATCH_MAX_DESCRIPTORS,
+            max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+        }
     }
 }
 
@@ -72,7 +96,7 @@ pub struct LocalConfig {
     pub lease_max_batch: u32,
     /// `local.sync.interval_ms`.
     pub sync_interval_ms: u32,
-    /// `local.sync.max_unsynced`.
+    /// `local.sync.max_unsynced`: for a group, at most `max_unsynced_for`.
     pub sync_max_unsynced: u32,
 }
 
@@ -115,6 +139,20 @@ impl LocalConfig {
         self.group(&group.name)
             .and_then(|g| g.mode)
             .unwrap_or(self.mode)
+    }
+
+    /// The most unsynced hits of a tenant of `group` in sync mode:
+    /// `local.sync.max_unsynced`, but never more than half of the group's
+    /// smallest limit (a value set above that is refused by the parser; the
+    /// default is lowered to it).
+    pub fn max_unsynced_for(&self, group: &Group) -> u32 {
+        let smallest = group
+            .limits
+            .iter()
+            .map(|(_, l)| l)
+            .min()
+            .unwrap_or(u32::MAX);
+        self.sync_max_unsynced.min(max_unsynced_bound(smallest))
     }
 
     /// The bucket of a group: its own `local.groups` entry, else its
