@@ -110,6 +110,16 @@ pub fn tenant_message(c: &Compiled, group: usize, tenant: &str, hits: u32) -> Op
     Some(encode_request(c, &limited, hits))
 }
 
+/// How many descriptors a call about a tenant of group `group` sends (one
+/// per unit the group limits; 0 if the configuration has no such group).
+pub fn descriptor_count(c: &Compiled, group: usize) -> usize {
+    c.config
+        .limits
+        .all_groups()
+        .nth(group)
+        .map_or(0, |g| g.limits.iter().count())
+}
+
 /// The decision on a request that the service has answered.
 #[derive(Debug, PartialEq)]
 pub enum Verdict {

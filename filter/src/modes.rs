@@ -15,7 +15,8 @@
 
 use ratelimit_config::{BucketParams, HeaderMode, Mode};
 
-use crate::answer::Answer;
+use crate::answer::{Answer, RlsError};
+use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{Compiled, Limited};
 use crate::host::Host;
@@ -23,7 +24,7 @@ use crate::lease::{self, LeaseParams, Outcome, Spend};
 use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot, SlotRef, Stranded};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
-use crate::vm::{CallKind, TenantCall, Tracked, Vm};
+use crate::vm::{Tracked, Vm};
 
 /// The local layer's step for one request.
 #[derive(Debug, PartialEq, Eq)]
@@ -442,6 +443,74 @@ pub fn next_push<H: Host + ?Sized>(
         hits: delta,
     });
     (push, idle)
+}
+
+/// What the finished parts of calls leave: each part's answer stored in
+/// its tenant's slot (`settle`), and each request's answer handed to its
+/// stream (`vm.batch`'s outbox, which the glue delivers), except the
+/// answer of `own`, the stream calling, which is returned.
+pub fn finish<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    vm: &Vm,
+    done: Vec<Done>,
+    own: Option<u32>,
+) -> Option<Result<Answer, RlsError>> {
+    let mut mine = None;
+    for Done { part, heard } in done {
+        settle(c, host, &part, heard.as_ref().ok());
+        match part.stream() {
+            Some(id) if Some(id) == own => mine = Some(heard),
+            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
+            None => {}
+        }
+    }
+    mine
+}
+
+/// What the answer to a part (`heard`; None: the call failed) leaves in
+/// its tenant's slot and its group's counters: a lease's batch, a sync
+/// view, a push's hits.
+pub fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, heard: Option<&Answer>) {
+    let (group, asked) = (part.group, part.asked_at_ms);
+    match part.owner {
+        Owner::Tenant {
+            kind: CallKind::Refill,
+            at,
+        } => {
+            let outcome = Outcome::of(heard);
+            store_outcome(c, host, group, at, asked, part.hits, part.hits, outcome);
+        }
+        Owner::Tenant {
+            kind: CallKind::Push,
+            at,
+        } => store_heard(c, host, group, at, asked, part.hits, true, heard),
+        Owner::Stream { settle, .. } => match settle {
+            Settle::Exact => {}
+            // The request asked for a batch: the first hit is its own.
+            Settle::Lease { at, batch } => {
+                let tokens = batch.saturating_sub(1);
+                store_outcome(c, host, group, at, asked, batch, tokens, Outcome::of(heard));
+            }
+            Settle::Sync { at } => store_heard(c, host, group, at, asked, 1, false, heard),
+        },
+    }
+}
+
+/// Parts dropped before they were sent (their stream ended): a sync
+/// request's pending hit is released, as for a request whose call failed
+/// (it was never admitted). A lease's ask is taken as lost after
+/// `refill_lost_ms`, as any unanswered one.
+pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
+    for part in dropped {
+        if let Owner::Stream {
+            settle: Settle::Sync { at },
+            ..
+        } = part.owner
+        {
+            store_heard(c, host, part.group, at, part.asked_at_ms, 1, false, None);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! What one VM (one Envoy worker, or the main thread) keeps between
 //! callbacks, apart from its configuration: the slot secret it agreed at
-//! configure, the throttle of its "cannot call the service" warning, and
-//! the mailbox through which its streams hand work to its root context.
+//! configure, its calls to the service (`batch::Batcher`: the queue, the
+//! calls under way, the answers for its streams), and the mailbox through
+//! which its streams hand work to its root context.
 //! Plain state: the flow and the root are given it (`&Vm`); the glue keeps
 //! one per VM. Envoy's own state (shared data, metrics, ...) is behind the
 //! ports (`host`).
@@ -9,8 +10,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::decision::Compiled;
-use crate::health::LogThrottle;
+use crate::batch::{Batcher, TenantCall};
 use crate::local::{SlotRef, SlotSecret};
 
 /// The most calls a worker keeps queued for its root's next tick; one
@@ -22,34 +22,6 @@ pub const MAX_QUEUED_CALLS: usize = 4_096;
 /// pushed by another worker that tracks it, or its requests ask the service
 /// once `max_unsynced` of its hits are pending.
 pub const MAX_TRACKED: usize = 16_384;
-
-/// Why the root calls the service about a tenant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallKind {
-    /// Lease mode: reserve a batch of `hits` tokens for the tenant's lease.
-    Refill,
-    /// Sync mode: the tenant's `hits` admitted since the last push.
-    Push,
-}
-
-/// A call to the service about one tenant of a group, sent by the root:
-/// its descriptors, each counting `hits`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TenantCall {
-    pub kind: CallKind,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
-    pub tenant: String,
-    pub at: SlotRef,
-    pub hits: u32,
-}
-
-impl TenantCall {
-    /// The call's message; None if the configuration has no such group.
-    pub fn message(&self, c: &Compiled) -> Option<Vec<u8>> {
-        crate::decision::tenant_message(c, self.group, &self.tenant, self.hits)
-    }
-}
 
 /// A tenant whose sync hits this worker's root pushes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,9 +111,8 @@ impl Mailbox {
 pub struct Vm {
     /// The key of the slot hash, agreed at configure (`local::secret`).
     pub slot_secret: SlotSecret,
-    /// This VM's "cannot call the service" warnings
-    /// (`health::dispatch_failed`).
-    pub dispatch_warnings: LogThrottle,
+    /// The worker's calls to the service.
+    pub batch: Batcher,
     pub mailbox: Mailbox,
 }
 
@@ -149,7 +120,7 @@ impl Vm {
     pub fn new(slot_secret: SlotSecret) -> Vm {
         Vm {
             slot_secret,
-            dispatch_warnings: LogThrottle::new(),
+            batch: Batcher::default(),
             mailbox: Mailbox::default(),
         }
     }
@@ -158,6 +129,7 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::CallKind;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
