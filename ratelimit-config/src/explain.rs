@@ -73,10 +73,14 @@ fn mode_line(local: &LocalConfig, group: &crate::model::Group) -> String {
     };
     match local.mode_for(group) {
         Mode::Exact => format!("exact ({whence}): one call to the service per request"),
-        Mode::Lease => format!(
-            "lease ({whence}): batches of up to {} tokens reserved with one call, spent without calls",
-            local.lease_max_batch
-        ),
+        Mode::Lease => {
+            let n = local.lease_max_batch_for(group);
+            let s = if n == 1 { "" } else { "s" };
+            format!(
+                "lease ({whence}): batches of up to {n} token{s} reserved with one call, spent without calls \
+                 (local.lease.max_batch, at most a twentieth of the group's smallest limit)"
+            )
+        }
         Mode::Sync => {
             let n = local.max_unsynced_for(group);
             format!(
@@ -307,7 +311,8 @@ mod tests {
         };
         let a = explain(&seed(), &opts, "tenant-a", 0);
         assert!(
-            a.contains("\nmode:    lease (local.mode): batches of up to 100 tokens reserved with one call, spent without calls\n"),
+            a.contains("\nmode:    lease (local.mode): batches of up to 1 token reserved with one call, spent without calls \
+                       (local.lease.max_batch, at most a twentieth of the group's smallest limit)\n"),
             "{a}"
         );
         let c = explain(&seed(), &opts, "tenant-c", 0);

@@ -504,7 +504,7 @@ mod mode_change {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const HEADER: &str = "x-tenant-id";
-    const LIMIT: u32 = 10;
+    const LIMIT: u32 = 60;
     const MODES: [&str; 3] = ["exact", "lease", "sync"];
 
     fn config(mode: &str) -> Compiled {

@@ -65,6 +65,25 @@ pub const MAX_BATCH_MAX_DESCRIPTORS: u32 = 1_000;
 pub const DEFAULT_BATCH_MAX_IN_FLIGHT: u32 = 2;
 pub const MAX_BATCH_MAX_IN_FLIGHT: u32 = 64;
 
+/// A lease batch is at most this fraction (1/n) of its group's tightest
+/// limit. The service adds a refused batch to every descriptor's counter
+/// anyway: a batch the minute refuses still counts in the hour, and one
+/// that crosses the limit loses what was left below it. Each costs at most
+/// one batch: so at most a twentieth (5%) of a window.
+pub const LEASE_BATCH_SHARE_OF_LIMIT: u32 = 20;
+
+/// The largest lease batch of a group whose smallest limit is `smallest`:
+/// `max_batch`, at most `smallest / LEASE_BATCH_SHARE_OF_LIMIT`, at least 1.
+pub const fn lease_batch_cap(max_batch: u32, smallest: u32) -> u32 {
+    let share = smallest / LEASE_BATCH_SHARE_OF_LIMIT;
+    let cap = if max_batch < share { max_batch } else { share };
+    if cap == 0 {
+        1
+    } else {
+        cap
+    }
+}
+
 /// The most hits `local.sync.max_unsynced` may leave unsynced for a group
 /// whose smallest limit is `smallest`: half of it (at least 1), so that
 /// sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced, stays below

@@ -3,7 +3,7 @@
 use crate::model::{Group, TeamLimits, Unit};
 
 use super::defaults::{
-    max_unsynced_bound, DEFAULT_BATCH_ENABLED, DEFAULT_BATCH_MAX_DESCRIPTORS,
+    lease_batch_cap, max_unsynced_bound, DEFAULT_BATCH_ENABLED, DEFAULT_BATCH_MAX_DESCRIPTORS,
     DEFAULT_BATCH_MAX_IN_FLIGHT, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED,
     DEFAULT_LOCAL_SLOTS, DEFAULT_MODE, DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
 };
@@ -139,6 +139,19 @@ impl LocalConfig {
         self.group(&group.name)
             .and_then(|g| g.mode)
             .unwrap_or(self.mode)
+    }
+
+    /// The largest lease batch of a tenant of `group`:
+    /// `local.lease.max_batch`, at most a twentieth of the group's smallest
+    /// limit (`lease_batch_cap`).
+    pub fn lease_max_batch_for(&self, group: &Group) -> u32 {
+        let smallest = group
+            .limits
+            .iter()
+            .map(|(_, l)| l)
+            .min()
+            .unwrap_or(u32::MAX);
+        lease_batch_cap(self.lease_max_batch, smallest)
     }
 
     /// The most unsynced hits of a tenant of `group` in sync mode:

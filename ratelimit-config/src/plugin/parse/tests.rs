@@ -292,6 +292,22 @@ fn max_unsynced_is_at_most_half_of_a_sync_groups_smallest_limit() {
     );
 }
 
+#[test]
+fn a_lease_batch_is_at_most_a_twentieth_of_the_groups_smallest_limit() {
+    // default 5/s and 30/h (1), gold 70/min (3), silver 9/s (1).
+    let c = with_local(r#"{"mode": "lease"}"#).unwrap();
+    let caps: Vec<u32> = c
+        .limits
+        .all_groups()
+        .map(|g| c.local.lease_max_batch_for(g))
+        .collect();
+    assert_eq!(caps, [1, 3, 1]);
+    assert_eq!(lease_batch_cap(100, 1_500), 75);
+    assert_eq!(lease_batch_cap(50, 1_500), 50);
+    assert_eq!(lease_batch_cap(100, 19), 1);
+    assert_eq!(lease_batch_cap(100, u32::MAX), 100);
+}
+
 fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
     let text = format!(
         r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
