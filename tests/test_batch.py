@@ -30,14 +30,15 @@ def rls_calls(fleet: harness.EnvoysView) -> int:
                .get("cluster.ratelimit.upstream_rq_total", 0) for e in fleet.envoys)
 
 
-def flood(fleet: harness.EnvoysView, pairs: list[tuple[str, int]], enough) -> None:
-    """CLIENTS keep-alive clients (wrk, spread over the fleet's Envoys) send
-    `pairs` (tenant, cost) round and round until `enough()`; then every
+def flood(fleet: harness.EnvoysView, pairs: list[tuple[str, int]], enough,
+          clients: int = CLIENTS) -> None:
+    """`clients` keep-alive clients (wrk, spread over the fleet's Envoys)
+    send `pairs` (tenant, cost) round and round until `enough()`; then every
     request wrk left in flight is decided."""
     n = len(fleet.envoys)
     procs = []
     for i, e in enumerate(fleet.envoys):
-        connections = CLIENTS // n + (1 if i < CLIENTS % n else 0)
+        connections = clients // n + (1 if i < clients % n else 0)
         argv = ["wrk", "-t1", f"-c{connections}", "-d600s", "--timeout", "10s",
                 "-s", str(MIXED_SCRIPT), e.url, "--", harness.TENANT_HEADER, COST_HEADER,
                 *(f"{t}:{c}" for t, c in pairs)]
@@ -118,6 +119,38 @@ def test_two_tenants_and_mixed_costs_share_calls_and_each_gets_exactly_its_quota
     assert calls < 0.5 * 350, (calls, c)
     # Calls carried more than one request each.
     assert c["rls_descriptors"] > 2 * calls, (calls, c)
+
+
+def test_lease_hot_tenant_minute_and_hour_hold_and_refused_batches_do_not_fill_the_hour(stack):
+    # 20 per minute, 100 per hour: a lease batch is at most a twentieth of
+    # the smallest limit (1 here), so lease asks as exact mode does, and a
+    # refusal by the minute adds 1 to the hour, never a batch of up to
+    # max_batch.
+    fleet = stack.fleet({"x-tenant-id": {"default": {"perminute": 20, "perhour": 100}}},
+                        envoys=1, timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                        local={"enabled": True, "mode": "lease"})
+    tenant = unique("hot")
+    ensure_window_room(60, MINUTE_ROOM_S)
+    ensure_window_room(3600, MINUTE_ROOM_S)
+
+    # A few clients: when the minute is spent, each request under way is
+    # refused by the service (one hit in both windows) before the
+    # over-limit cache answers the rest.
+    flood(fleet, [(tenant, 1)], lambda: refused(fleet.counters()) >= 500, clients=4)
+    c = fleet.counters()
+    g = Counter({k[len("group.default."):]: v for k, v in c.items()
+                 if k.startswith("group.default.")})
+    assert g["admitted"] == 20, (c, g)
+    minute = fleet.redis.get_int(harness.redis_key(fleet.domain, "minute", tenant))
+    hour = fleet.redis.get_int(harness.redis_key(fleet.domain, "hour", tenant))
+    # Every call counted the same hits in both windows; beyond the 20
+    # admitted, only single refused hits: the hour keeps 80 for the next
+    # minutes.
+    assert minute == hour, (minute, hour)
+    # (A request refused with its own one-hit batch counts in both.)
+    assert hour <= 20 + c["over_limit"] + g["lease.refused_tokens"], (hour, c, g)
+    assert g["lease.refused_tokens"] == g["lease.refused"], g
+    assert hour < 40, (hour, c, g)
 
 
 # ------------------------------------------------------------- with a stub
