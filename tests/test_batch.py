@@ -13,6 +13,8 @@ import socket
 import subprocess
 from collections import Counter
 
+import pytest
+
 import harness
 from harness import LOOPBACK, ensure_window_room, send, unique, wait_until
 from rlsstub import RlsStub
@@ -151,6 +153,26 @@ def test_lease_hot_tenant_minute_and_hour_hold_and_refused_batches_do_not_fill_t
     assert hour <= 20 + c["over_limit"] + g["lease.refused_tokens"], (hour, c, g)
     assert g["lease.refused_tokens"] == g["lease.refused"], g
     assert hour < 40, (hour, c, g)
+
+
+@pytest.mark.parametrize("mode", ["lease", "sync"])
+def test_requests_admitted_without_a_call_carry_headers_and_one_envoy_counts_down_exactly(
+        stack, mode):
+    # One Envoy alone spends the tenant's quota: its estimate (the last
+    # answer less what it admitted since) is then the service's own count.
+    quota = 1500
+    fleet = stack.fleet({"x-tenant-id": {"default": {"perminute": quota}}}, envoys=1,
+                        timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                        local={"enabled": True, "mode": mode})
+    tenant = unique(mode)
+    ensure_window_room(60, MINUTE_ROOM_S)
+    results = harness.run_sequential(fleet.urls, 600, tenant=tenant)
+    assert [r.status for r in results] == [200] * 600, harness.summary(results)
+    g = fleet.counters()
+    local = g["group.default.lease.spent"] + g["group.default.sync.local"]
+    assert local > 300, g
+    remaining = [harness.parse_ratelimit_headers(r.headers).remaining for r in results]
+    assert remaining == list(range(quota - 1, quota - 601, -1))
 
 
 # ------------------------------------------------------------- with a stub

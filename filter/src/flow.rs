@@ -153,7 +153,12 @@ impl Stream {
                 Ok(step) => {
                     carried = step.carried;
                     match step.mode {
-                        ModeStep::Admitted => return Next::Continue,
+                        ModeStep::Admitted(headers) => {
+                            // An estimate: this Envoy's last answer, less
+                            // what it admitted since.
+                            self.response_headers = headers;
+                            return Next::Continue;
+                        }
                         ModeStep::Refused(headers) => {
                             let tenant = Some(limited.tenant.as_ref());
                             let none = Vec::new();

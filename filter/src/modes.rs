@@ -13,16 +13,18 @@
 //! and its call carries a sync block's unpushed hits (`LocalStep::carried`),
 //! so the service counts every hit admitted before it decides on this one.
 
-use ratelimit_config::{BucketParams, HeaderMode, Mode};
+use ratelimit_config::{BucketParams, HeaderMode, Mode, Unit};
 
 use crate::answer::{Answer, RlsError};
 use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{Compiled, Limited};
+use crate::headers::limit_headers;
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
 use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot, SlotRef, Stranded};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
+use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::{Tracked, Vm};
 
@@ -43,8 +45,8 @@ pub enum ModeStep {
     /// verdict says.
     Exact,
     /// Admitted without a call (a lease's token, or a local admission in
-    /// sync mode).
-    Admitted,
+    /// sync mode), with the rate-limit headers of its estimate (`Left`).
+    Admitted(Vec<(&'static str, String)>),
     /// Refused without a call (sync: the view is at the limit).
     Refused(Vec<(&'static str, String)>),
     /// Call the service: `lease_batch` hits for a lease (None: one hit); in
@@ -101,6 +103,8 @@ pub struct Admission {
     pub switched: Option<Stranded>,
     /// Lease tokens whose window ended unspent.
     pub lease_stranded: u32,
+    /// An admission without a call: what it leaves, for its headers.
+    pub left: Option<Left>,
 }
 
 impl Admission {
@@ -110,7 +114,93 @@ impl Admission {
             decided: None,
             switched: None,
             lease_stranded: 0,
+            left: None,
         }
+    }
+}
+
+/// What an admission without a call leaves of each of its group's limits
+/// (shortest unit first), as this Envoy knows it: the last answer of the
+/// service, less what this Envoy admitted since. An estimate (other Envoys
+/// may have taken some since), never more than that.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Left {
+    pub remaining: [u32; sync::UNITS],
+    /// When each unit's window ends.
+    pub until_ms: [u64; sync::UNITS],
+    pub units: usize,
+}
+
+impl Left {
+    /// A lease's: the smallest `limit_remaining` of its last answer plus
+    /// its tokens unspent (the service counted them with that answer), in
+    /// every unit, at most the unit's limit.
+    fn lease(l: &lease::Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
+        let mut left = Left::default();
+        let estimate = l.remaining.saturating_add(l.tokens);
+        for (i, (unit, limit)) in limits.iter().enumerate().take(sync::UNITS) {
+            left.remaining[i] = estimate.min(limit);
+            left.until_ms[i] = crate::window::end(unit.seconds().saturating_mul(1_000), now_ms);
+            left.units = i + 1;
+        }
+        left
+    }
+
+    /// A sync view's: each unit's limit less the fleet's last reported
+    /// count and this Envoy's hits the service has not counted yet.
+    fn sync(s: &sync::SyncState, p: &SyncParams) -> Left {
+        let mut left = Left::default();
+        let pending = s.pending();
+        for i in 0..p.units.min(sync::UNITS) {
+            let limit = p.windows.get(i).map_or(0, |w| w.1);
+            let used = s.views.get(i).copied().unwrap_or(0).saturating_add(pending);
+            left.remaining[i] = limit.saturating_sub(used);
+            left.until_ms[i] = s.view_until_ms.get(i).copied().unwrap_or(0);
+            left.units = i + 1;
+        }
+        left
+    }
+
+    /// The rate-limit headers of this estimate, as an answer with these
+    /// statuses would give them.
+    pub fn headers(
+        &self,
+        mode: HeaderMode,
+        limits: &ratelimit_config::UnitLimits,
+        now_ms: u64,
+    ) -> Vec<(&'static str, String)> {
+        if mode == HeaderMode::Off {
+            return Vec::new();
+        }
+        let statuses: Vec<DescriptorStatus> = limits
+            .iter()
+            .zip(self.remaining.iter().zip(&self.until_ms))
+            .take(self.units)
+            .map(|((unit, limit), (remaining, until))| DescriptorStatus {
+                code: Code::Ok as i32,
+                current_limit: Some(RateLimit {
+                    name: String::new(),
+                    requests_per_unit: limit,
+                    unit: rls_unit(unit) as i32,
+                }),
+                limit_remaining: *remaining,
+                duration_until_reset: Some(Duration {
+                    seconds: i64::try_from(until.saturating_sub(now_ms).div_ceil(1_000))
+                        .unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+            })
+            .collect();
+        limit_headers(mode, &statuses)
+    }
+}
+
+fn rls_unit(unit: Unit) -> RateLimitUnit {
+    match unit {
+        Unit::Second => RateLimitUnit::Second,
+        Unit::Minute => RateLimitUnit::Minute,
+        Unit::Hour => RateLimitUnit::Hour,
+        Unit::Day => RateLimitUnit::Day,
     }
 }
 
@@ -130,6 +220,7 @@ pub fn admit(
     names: &dyn Fn(u8) -> Option<String>,
     cost: u32,
     params: ModeParams,
+    limits: &ratelimit_config::UnitLimits,
 ) -> (Admission, Option<Slot>) {
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (Admission::just(LocalVerdict::Contended), None);
@@ -151,6 +242,9 @@ pub fn admit(
             };
             let (l, spend, stranded) = lease::spend(held, &p, now_ms);
             slot.mode = ModeState::Lease(l);
+            if let Spend::Token { .. } = spend {
+                a.left = Some(Left::lease(&l, limits, now_ms));
+            }
             a.decided = Some(Decided::Lease(spend));
             a.lease_stranded = stranded;
             true
@@ -163,6 +257,9 @@ pub fn admit(
             };
             let (state, step) = sync::decide(held, &p, now_ms);
             slot.mode = ModeState::Sync(state);
+            if step == SyncStep::Admit {
+                a.left = Some(Left::sync(&state, &p));
+            }
             a.decided = Some(Decided::Sync(step));
             // A refusal writes only what changed in the view (a rolled
             // window) or a dropped block, so a flood of refusals costs no
@@ -194,7 +291,17 @@ pub fn local_step<H: Host + ?Sized>(
     let params = ModeParams::of(c, limited.group);
     let headers = c.config.headers;
     let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        admit(stored, at, now, bucket, headers, names, cost, params)
+        admit(
+            stored,
+            at,
+            now,
+            bucket,
+            headers,
+            names,
+            cost,
+            params,
+            &limited.group.limits,
+        )
     })?;
     let carried = match a.switched {
         Some(stranded) => mode_changed(host, stranded),
@@ -218,7 +325,7 @@ pub fn local_step<H: Host + ?Sized>(
             }
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::LeaseSpent);
-            ModeStep::Admitted
+            ModeStep::Admitted(left_headers(c, limited, a.left, now))
         }
         Some(Decided::Lease(Spend::Ask { batch })) => ModeStep::Ask {
             lease_batch: Some(batch),
@@ -230,7 +337,7 @@ pub fn local_step<H: Host + ?Sized>(
             }
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::SyncLocal);
-            ModeStep::Admitted
+            ModeStep::Admitted(left_headers(c, limited, a.left, now))
         }
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
@@ -445,6 +552,17 @@ pub fn next_push<H: Host + ?Sized>(
     (push, idle)
 }
 
+/// The headers of an admission without a call, from its estimate.
+fn left_headers(
+    c: &Compiled,
+    limited: &Limited<'_>,
+    left: Option<Left>,
+    now_ms: u64,
+) -> Vec<(&'static str, String)> {
+    left.map(|l| l.headers(c.config.headers, &limited.group.limits, now_ms))
+        .unwrap_or_default()
+}
+
 /// What the finished parts of calls leave: each part's answer stored in
 /// its tenant's slot (`settle`), and each request's answer handed to its
 /// stream (`vm.batch`'s outbox, which the glue delivers), except the
@@ -457,8 +575,11 @@ pub fn finish<H: Host + ?Sized>(
     own: Option<u32>,
 ) -> Option<Result<Answer, RlsError>> {
     let mut mine = None;
-    for Done { part, heard } in done {
+    for Done { part, mut heard } in done {
         settle(c, host, &part, heard.as_ref().ok());
+        if let Ok(answer) = &mut heard {
+            with_lease_tokens(c, host, &part, answer);
+        }
         match part.stream() {
             Some(id) if Some(id) == own => mine = Some(heard),
             Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
@@ -466,6 +587,35 @@ pub fn finish<H: Host + ?Sized>(
         }
     }
     mine
+}
+
+/// A request that asked for a lease batch and got it holds the batch's
+/// other tokens: its headers count them as remaining, as those of the
+/// requests that will spend them do (`Left::lease`). Not when the batch was
+/// granted after its window ended (the tokens were stranded).
+fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &mut Answer) {
+    let Owner::Stream {
+        settle: Settle::Lease { batch, .. },
+        ..
+    } = part.owner
+    else {
+        return;
+    };
+    if answer.over_limit || batch <= 1 {
+        return;
+    }
+    let Some(group) = c.config.limits.all_groups().nth(part.group) else {
+        return;
+    };
+    let in_window = LeaseParams::for_group(c, group)
+        .is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
+    if !in_window {
+        return;
+    }
+    for s in &mut answer.response.statuses {
+        let limit = s.current_limit.as_ref().map_or(u32::MAX, |l| l.requests_per_unit);
+        s.limit_remaining = s.limit_remaining.saturating_add(batch - 1).min(limit);
+    }
 }
 
 /// What the answer to a part (`heard`; None: the call failed) leaves in

@@ -145,6 +145,42 @@ mod lease_mode {
     }
 
     #[test]
+    fn a_request_admitted_from_a_lease_gets_headers_from_the_last_answer_less_what_was_spent() {
+        let c = config(r#"{"mode": "lease", "lease": {"max_batch": 20}}"#);
+        let h = host(&c);
+        // 30 requests in a second: the next one asks for a batch of 20.
+        let mut waiting: Vec<Stream> = (0..30).map(|_| request(&c, &h, "acme").0).collect();
+        h.answer_all(&c, &mut waiting, Code::Ok, &|_| ok(900));
+        h.set_now_ms(NOW + 1_000);
+        let (mut s, _) = request(&c, &h, "acme");
+        respond(&c, &h, &mut s, Code::Ok, ok(870));
+        let tokens = lease_of(&c, &h, "acme").tokens;
+        assert_eq!(tokens, 19);
+        // Two requests from the lease: the service's 870, plus the tokens
+        // this Envoy holds, less the ones just spent.
+        for spent in 1..=2 {
+            let (mut s, next) = request(&c, &h, "acme");
+            assert_eq!(next, Next::Continue);
+            let before = h.added_headers().len();
+            s.on_response_headers(&h);
+            let added: Vec<(String, String)> = h.added_headers().split_off(before);
+            let remaining = (870 + tokens - spent).to_string();
+            assert_eq!(
+                added,
+                [
+                    (
+                        "x-ratelimit-limit".into(),
+                        "1000, 1000;w=60, 5000;w=3600".into()
+                    ),
+                    ("x-ratelimit-remaining".into(), remaining),
+                    // 21.25 s into the minute: 39 s left, rounded up.
+                    ("x-ratelimit-reset".into(), "39".into()),
+                ]
+            );
+        }
+    }
+
+    #[test]
     fn when_the_service_fails_the_lease_left_is_spent_then_failure_mode_decides() {
         let c = config(r#"{"mode": "lease", "lease": {"max_batch": 4}}"#);
         let h = host(&c);
@@ -271,7 +307,19 @@ mod sync_mode {
             true,
             Some(&heard),
         );
-        let statuses: Vec<Next> = (0..7).map(|_| request(&c, &h, "acme").1).collect();
+        // Admitted locally, with headers from the view: 12 - 7 - this hit.
+        let (mut first, next) = request(&c, &h, "acme");
+        assert_eq!(next, Next::Continue);
+        let before = h.added_headers().len();
+        first.on_response_headers(&h);
+        let added: Vec<(String, String)> = h.added_headers().split_off(before);
+        assert!(
+            added.contains(&("x-ratelimit-remaining".into(), "4".into())),
+            "{added:?}"
+        );
+        let statuses: Vec<Next> = std::iter::once(next)
+            .chain((0..6).map(|_| request(&c, &h, "acme").1))
+            .collect();
         assert_eq!(
             statuses,
             [
