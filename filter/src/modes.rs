@@ -613,7 +613,10 @@ fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answ
         return;
     }
     for s in &mut answer.response.statuses {
-        let limit = s.current_limit.as_ref().map_or(u32::MAX, |l| l.requests_per_unit);
+        let limit = s
+            .current_limit
+            .as_ref()
+            .map_or(u32::MAX, |l| l.requests_per_unit);
         s.limit_remaining = s.limit_remaining.saturating_add(batch - 1).min(limit);
     }
 }
