@@ -138,10 +138,11 @@ impl Left {
     fn lease(l: &lease::Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
         let mut left = Left::default();
         let estimate = l.remaining.saturating_add(l.tokens);
-        for (i, (unit, limit)) in limits.iter().enumerate().take(sync::UNITS) {
-            left.remaining[i] = estimate.min(limit);
-            left.until_ms[i] = crate::window::end(unit.seconds().saturating_mul(1_000), now_ms);
-            left.units = i + 1;
+        let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
+        for ((unit, limit), (remaining, until)) in limits.iter().zip(slots) {
+            *remaining = estimate.min(limit);
+            *until = crate::window::end(unit.seconds().saturating_mul(1_000), now_ms);
+            left.units += 1;
         }
         left
     }
@@ -151,12 +152,13 @@ impl Left {
     fn sync(s: &sync::SyncState, p: &SyncParams) -> Left {
         let mut left = Left::default();
         let pending = s.pending();
-        for i in 0..p.units.min(sync::UNITS) {
-            let limit = p.windows.get(i).map_or(0, |w| w.1);
-            let used = s.views.get(i).copied().unwrap_or(0).saturating_add(pending);
-            left.remaining[i] = limit.saturating_sub(used);
-            left.until_ms[i] = s.view_until_ms.get(i).copied().unwrap_or(0);
-            left.units = i + 1;
+        let units = p.windows.iter().zip(s.views.iter().zip(&s.view_until_ms));
+        let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
+        for (((_, limit), (view, view_until)), (remaining, until)) in units.zip(slots).take(p.units)
+        {
+            *remaining = limit.saturating_sub(view.saturating_add(pending));
+            *until = *view_until;
+            left.units += 1;
         }
         left
     }
