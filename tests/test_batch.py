@@ -77,8 +77,9 @@ def test_300_per_minute_over_three_envoys_and_64_clients_exactly_300_in_fewer_ca
     ensure_window_room(60, MINUTE_ROOM_S)
     before = rls_calls(fleet)
 
-    flood(fleet, [(tenant, 1)],
-          lambda: (lambda c: c["allowed"] >= 300 and refused(c) >= 300)(fleet.counters()))
+    # The flood stops once the quota is spent: the calls counted are those
+    # of the admitted requests, and of the few under way when it ran out.
+    flood(fleet, [(tenant, 1)], lambda: fleet.counters()["allowed"] >= 300)
     c = fleet.counters()
     assert c["allowed"] == 300, c
     assert c["failure_mode_allowed"] == 0 and c["rls_error"] == 0, c
@@ -92,6 +93,10 @@ def test_300_per_minute_over_three_envoys_and_64_clients_exactly_300_in_fewer_ca
           f"{c['batch_queued']} requests queued")
     assert calls < 0.5 * 300, (calls, c)
     assert c["rls_descriptors"] > 2 * calls, (calls, c)
+    # Not one more: the 64 clients are refused from then on.
+    over = harness.run_concurrent(fleet.urls, 300, clients=CLIENTS, tenant=tenant)
+    assert harness.tally(over) == Counter({429: 300}), harness.summary(over)
+    assert fleet.counters()["allowed"] == 300
     # The service's view agrees: 300 within the limit.
     m = fleet.ratelimit.settled_metrics()
     assert fleet.ratelimit.rule_counter("within_limit", fleet.domain, "minute", metrics=m) == 300
@@ -166,7 +171,8 @@ def test_lease_hot_tenant_minute_and_hour_hold_and_refused_batches_do_not_fill_t
 def test_requests_admitted_without_a_call_carry_headers_and_one_envoy_counts_down_exactly(
         stack, mode):
     # One Envoy alone spends the tenant's quota: its estimate (the last
-    # answer less what it admitted since) is then the service's own count.
+    # answer less what it admitted since) is then the service's own count,
+    # but while a lease refill is under way.
     quota = 1500
     fleet = stack.fleet({"x-tenant-id": {"default": {"perminute": quota}}}, envoys=1,
                         timeout_ms=harness.COUNTING_TIMEOUT_MS,
@@ -179,7 +185,15 @@ def test_requests_admitted_without_a_call_carry_headers_and_one_envoy_counts_dow
     local = g["group.default.lease.spent"] + g["group.default.sync.local"]
     assert local > 300, g
     remaining = [harness.parse_ratelimit_headers(r.headers).remaining for r in results]
-    assert remaining == list(range(quota - 1, quota - 601, -1))
+    truth = list(range(quota - 1, quota - 601, -1))
+    # Never more remaining than the truth; less by at most one lease batch
+    # (a refill under way: the service counted it, its tokens not here yet;
+    # the batch cap is 1500 / 20) or by nothing in sync mode.
+    slack = 75 if mode == "lease" else 0
+    assert all(t - slack <= r <= t for r, t in zip(remaining, truth)), \
+        [(i, r, t) for i, (r, t) in enumerate(zip(remaining, truth)) if not t - slack <= r <= t]
+    exact = sum(r == t for r, t in zip(remaining, truth))
+    print(f"{mode}: {exact} of 600 headers exactly the service's count")
 
 
 # ------------------------------------------------------------- with a stub
