@@ -39,7 +39,7 @@ WASM        := target/$(WASM_TARGET)/release/tenant_ratelimit.wasm
 # exported. tools/trim-exports removes the others. A callback the glue
 # (filter/src/glue.rs) starts to implement must be added here.
 WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,proxy_on_vm_start,\
-proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,\
+proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,proxy_on_response_trailers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick
 CLI         := target/release/ratelimit-config
 # After trim-exports, binaryen's wasm-opt shrinks the .wasm by about a tenth;

@@ -28,8 +28,8 @@ GROUP_METRICS = {
 SOURCES = ("service", "cache", "bucket", "sync")
 # Every per-group counter (filter/src/counters.rs GroupCounter): the five
 # families above (refused and shadow_refused by 4 sources: 11 series) and
-# the 12 of lease and sync mode.
-PER_GROUP = 23
+# the 12 of lease and sync mode, and the 3 of response costs.
+PER_GROUP = 26
 
 
 def scrape(envoy: harness.Envoy) -> dict[tuple[str, tuple], float]:

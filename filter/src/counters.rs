@@ -81,6 +81,10 @@ counters! {
     /// carries them in its own call to the service (`hits_addend`), so the
     /// service still counts them.
     ModeChangeSyncHits => "tenant_ratelimit.mode_change_sync_hits",
+    /// A `response_cost_header` value (header or trailer) that is not an
+    /// integer from 1 to `max_cost`: nothing more charged, the response
+    /// untouched.
+    ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
 }
 
 /// How many counters there are.
@@ -205,6 +209,15 @@ group_counters! {
     SyncFailed => "sync.failed",
     /// Sync mode: would have been refused locally (shadow).
     ShadowRefusedSync => "shadow_refused.sync",
+    /// Response costs charged after the response (`response_cost_header`):
+    /// charges the service answered.
+    ResponseCostCharges => "response_cost.charges",
+    /// The hits those charges added (each the response's cost less what its
+    /// request was charged).
+    ResponseCostHits => "response_cost.hits",
+    /// Charges that failed, timed out or were dropped (a full mailbox): those
+    /// hits were never counted (undershoot).
+    ResponseCostFailed => "response_cost.failed",
 }
 
 /// How many counters each group has.
@@ -301,7 +314,7 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 18);
+        assert_eq!(COUNTERS, 19);
         assert_eq!(
             Counter::SyncOverLimit.name(),
             "tenant_ratelimit.sync_over_limit"

@@ -6,8 +6,9 @@
 
 use std::borrow::Cow;
 
+use ratelimit_config::model::{RequestDescriptors, Route};
 use ratelimit_config::plugin::PPM;
-use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
+use ratelimit_config::{Group, HeaderMode, MissingTenant, PluginConfig};
 
 use crate::answer::{decode, Answer};
 use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
@@ -61,6 +62,29 @@ pub struct Limited<'a> {
     /// The group's index in `limits.all_groups()`: its per-group counters.
     pub group_index: usize,
     pub tenant: Cow<'a, str>,
+    /// The route the request matched, when the group limits it (`routes`):
+    /// its descriptors follow the group's in the call.
+    pub route: Option<&'a Route>,
+}
+
+impl Limited<'_> {
+    /// How many descriptors the request's call carries, the group's first
+    /// (`own_statuses`), then the route's: the service answers one status
+    /// per descriptor, in that order.
+    pub fn descriptor_count(&self) -> usize {
+        self.group.limits.len() + self.route.map_or(0, |r| r.limits.len())
+    }
+}
+
+/// How many of the statuses answering a call about a tenant of group
+/// `group` are the tenant's own (the group's units): the rest are the
+/// route's. 0 when the configuration has no such group.
+pub fn own_statuses(c: &Compiled, group: usize) -> usize {
+    c.config
+        .limits
+        .all_groups()
+        .nth(group)
+        .map_or(0, |g| g.limits.len())
 }
 
 /// Decides the first step. `tenant` is the raw header value, if any. Its
@@ -85,27 +109,45 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
             group,
             group_index,
             tenant,
+            route: None,
         }),
         None => Step::NotLimited,
     }
 }
 
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
-/// unit its group limits, each counting `hits_addend` hits (0 counts 1).
+/// unit its group limits, then one per unit of its route's limits
+/// (`Limited::descriptor_count`), each counting `hits_addend` hits (0
+/// counts 1).
 pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8> {
+    let key = &c.config.descriptor_key;
+    let d = RequestDescriptors::new(l.group, l.route, key, &l.tenant);
     encode_rate_limit_request(&c.config.domain, hits_addend, || {
-        descriptors(l.group, &c.config.descriptor_key, &l.tenant).map(|(_, entries)| entries)
+        d.as_slice().iter().map(|(_, entries)| entries)
     })
 }
 
 /// The message of a call about `tenant` of the group with index `group`
-/// (a lease refill, a sync push): the group's descriptors, each counting
-/// `hits`. None if the configuration has no such group.
-pub fn tenant_message(c: &Compiled, group: usize, tenant: &str, hits: u32) -> Option<Vec<u8>> {
+/// (a lease refill, a sync push; a charge, on `route` too): the group's
+/// descriptors (and the route's), each counting `hits`. None if the
+/// configuration has no such group, or the group no such route.
+pub fn tenant_message(
+    c: &Compiled,
+    group: usize,
+    tenant: &str,
+    route: Option<&str>,
+    hits: u32,
+) -> Option<Vec<u8>> {
+    let g = c.config.limits.all_groups().nth(group)?;
+    let route = match route {
+        Some(name) => Some(g.route(name.as_bytes())?),
+        None => None,
+    };
     let limited = Limited {
-        group: c.config.limits.all_groups().nth(group)?,
+        group: g,
         group_index: group,
         tenant: Cow::Borrowed(tenant),
+        route,
     };
     Some(encode_request(c, &limited, hits))
 }

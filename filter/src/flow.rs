@@ -27,23 +27,23 @@
 
 use crate::access_log::{record, Source};
 use crate::answer::{decode, RlsError};
-use crate::cost::{hits_addend, request_cost, CostError};
+use crate::cost::{charge_response, hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    decide, encode_request, first_step, near_limit, Compiled, Decision, Step, Verdict, RETRY_AFTER,
+    decide, encode_request, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict,
+    RETRY_AFTER,
 };
 use crate::headers::group_policy;
 use crate::health;
-use crate::host::Host;
+use crate::host::{Host, HostError};
 use crate::lease::Outcome;
-use crate::local::names::{intern, lookup};
-use crate::local::over_limit::MAX_STATUSES;
-use crate::local::{remember_refusal, slot_for, update, LocalVerdict, SlotRef};
-use crate::local::{UpdateError, CAS_ATTEMPTS};
-use crate::modes::{local_step, store_heard, store_outcome, ModeStep};
-use crate::proto::{DescriptorStatus, METHOD, SERVICE};
-use crate::vm::Vm;
-use ratelimit_config::HeaderMode;
+use crate::local::names::lookup;
+use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError};
+use crate::modes::ModeStep;
+use crate::modes::{local_error, local_step, remember, route_step, store_heard, store_outcome};
+use crate::proto::{METHOD, SERVICE};
+use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
+use ratelimit_config::UnitLimits;
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +80,17 @@ pub struct Stream {
     /// Sync mode: this request asked the service itself; its answer
     /// refreshes the tenant's view (`sync`).
     sync: bool,
+    /// The tenant's slot on its route, when the request is on a route with
+    /// limits of its own and the local layer is on.
+    route_slot: Option<SlotRef>,
+    /// How many of the answer's statuses are the tenant's own (its group's
+    /// units); the rest are its route's.
+    own_statuses: usize,
+    /// With `response_cost_header`: the charge to queue once the response
+    /// tells its cost, `hits` holding what the request was charged.
+    charge: Option<Box<TenantCall>>,
+    /// The request went upstream counted: its response's cost is charged.
+    charge_armed: bool,
 }
 
 impl Stream {
@@ -94,7 +105,7 @@ impl Stream {
             Ok(t) => t,
             Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
         };
-        let limited = match first_step(c, tenant.as_deref()) {
+        let mut limited = match first_step(c, tenant.as_deref()) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
                 return Next::Continue;
@@ -112,6 +123,14 @@ impl Stream {
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
+        // A hostcall per request only for the tenants of groups with routes.
+        if !limited.group.routes.is_empty() {
+            match host.route_name() {
+                Ok(Some(name)) => limited.route = limited.group.route(&name),
+                Ok(None) => {}
+                Err(e) => log::debug!("the route's name not read: {e}"),
+            }
+        }
         let cost = match request_cost(c, host) {
             Ok(cost) => cost,
             Err(CostError::Invalid(why)) => {
@@ -123,25 +142,42 @@ impl Stream {
         let group = limited.group_index;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
+        self.own_statuses = limited.group.limits.len();
         let local = &c.config.local;
+        let (at, route_at) = if local.enabled {
+            let (secret, name, tenant) = (&vm.slot_secret, &limited.group.name, &limited.tenant);
+            let at = slot_for(secret, name, tenant, local.slots);
+            let on_route = limited
+                .route
+                .map(|r| route_slot_for(secret, name, tenant, &r.name, local.slots));
+            (Some(at), on_route)
+        } else {
+            (None, None)
+        };
+        if c.config.response_cost.is_some() {
+            self.charge = Some(charge_for(&limited, at, route_at, cost));
+        }
         // Hits of a sync block a mode change dropped: this call carries
         // them (`modes`).
         let mut carried = 0;
-        if local.enabled {
-            let at = slot_for(
-                &vm.slot_secret,
-                &limited.group.name,
-                &limited.tenant,
-                local.slots,
-            );
+        if let Some(at) = at {
             let now = host.now_ms();
-            let mode = c.config.headers;
             let names = |id| lookup(host, id);
+            // The route's state first: a refusal there writes nothing.
+            if let (Some(route), Some(route_at)) = (limited.route, route_at) {
+                let verdict = route_step(c, host, route, route_at, now, &names, cost);
+                if let Some(next) = self.local_verdict(c, host, &limited, &route.limits, verdict) {
+                    return next;
+                }
+            }
             let verdict = match local_step(c, host, vm, &limited, at, now, &names, cost) {
                 Ok(step) => {
                     carried = step.carried;
                     match step.mode {
-                        ModeStep::Admitted => return Next::Continue,
+                        ModeStep::Admitted => {
+                            self.charge_armed = true;
+                            return Next::Continue;
+                        }
                         ModeStep::Refused(headers) => {
                             let tenant = Some(limited.tenant.as_ref());
                             let none = Vec::new();
@@ -157,36 +193,12 @@ impl Stream {
                 }
                 Err(e) => Err(e),
             };
-            match verdict {
-                Ok(LocalVerdict::Proceed) => {}
-                Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
-                // In shadow, a local would-be refusal is let through
-                // without a call, as the refusal would have gone out
-                // without one: one would-be refusal per request.
-                Ok(LocalVerdict::BucketEmpty(mut headers)) => {
-                    headers.extend(group_policy(mode, limited.group));
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Bucket,
-                        headers,
-                        Vec::new(),
-                    );
-                }
-                Ok(LocalVerdict::CachedOverLimit(headers)) => {
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Cache,
-                        headers,
-                        Vec::new(),
-                    );
-                }
-                Err(e) => local_error(host, &e),
+            let limits = &limited.group.limits;
+            if let Some(next) = self.local_verdict(c, host, &limited, limits, verdict) {
+                return next;
             }
             self.slot = Some(at);
+            self.route_slot = route_at;
             self.asked_at_ms = now;
         }
         let hits = match self.lease_batch {
@@ -258,6 +270,7 @@ impl Stream {
         let next = match verdict {
             Verdict::Allow(headers, statuses) => {
                 host.count(Counter::Allowed);
+                self.charge_armed = true;
                 if let Some(group) = self.group {
                     host.count_group(group, GroupCounter::Admitted);
                     if near_limit(&statuses, c.config.near_limit_ppm) {
@@ -276,24 +289,18 @@ impl Stream {
             Verdict::OverLimit(headers, statuses) => {
                 // Remembered in shadow too: the cache then lets through
                 // (and counts) what it would have refused, as enforcing
-                // would, and spares the service the same calls.
+                // would, and spares the service the same calls. Each slot
+                // keeps its part of the answer (`own_statuses`).
+                let own = self.own_statuses.min(statuses.len());
+                let (own, on_route) = statuses.split_at(own);
                 if let Some(at) = self.slot {
-                    let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
-                    // Only X-RateLimit-Limit repeats rule names.
-                    let names = if c.config.headers == HeaderMode::DraftVersion03 {
-                        rule_names(host, &statuses)
-                    } else {
-                        [0; MAX_STATUSES]
-                    };
-                    let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-                        let slot =
-                            remember_refusal(stored, at, asked_at, answered_at, &statuses, &names);
-                        ((), slot)
-                    });
-                    if let Err(e) = remembered {
-                        local_error(host, &e);
-                    }
+                    remember(c, host, at, self.asked_at_ms, own);
                 }
+                if let Some(at) = self.route_slot {
+                    remember(c, host, at, self.asked_at_ms, on_route);
+                }
+                // In shadow the request goes upstream, counted.
+                self.charge_armed = self.shadow;
                 self.refuse(c, host, None, Source::Service, headers, to_client)
             }
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
@@ -350,35 +357,128 @@ impl Stream {
         over_limit_reply_with(host, &headers, &service)
     }
 
+    /// What the local layer's verdict on a slot (the tenant's, or its
+    /// state on the route, whose limits are `limits`) does to the request:
+    /// None, it goes on to the service; else it was answered.
+    fn local_verdict<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        limited: &Limited<'_>,
+        limits: &UnitLimits,
+        verdict: Result<LocalVerdict, UpdateError>,
+    ) -> Option<Next> {
+        let (source, headers) = match verdict {
+            Ok(LocalVerdict::Proceed) => return None,
+            Ok(LocalVerdict::Contended) => {
+                host.count(Counter::SlotContended);
+                return None;
+            }
+            Err(e) => {
+                local_error(host, &e);
+                return None;
+            }
+            // In shadow, a local would-be refusal is let through
+            // without a call, as the refusal would have gone out
+            // without one: one would-be refusal per request.
+            Ok(LocalVerdict::BucketEmpty(mut headers)) => {
+                headers.extend(group_policy(c.config.headers, limits));
+                (Source::Bucket, headers)
+            }
+            Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
+        };
+        let tenant = Some(limited.tenant.as_ref());
+        Some(self.refuse(c, host, tenant, source, headers, Vec::new()))
+    }
+
     /// The upstream's response headers have arrived (also for the filter's
-    /// own local replies, which carry their headers already).
-    pub fn on_response_headers<H: Host + ?Sized>(&mut self, host: &H) -> Next {
+    /// own local replies, which carry their headers already). A cost the
+    /// upstream reports in them is charged.
+    pub fn on_response_headers<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+    ) -> Next {
         for (name, value) in self.response_headers.drain(..) {
             add_response_header(host, name, &value);
         }
         for (name, value) in self.forwarded.drain(..) {
             add_response_header(host, &name, &value);
         }
+        if let (true, Some(rc)) = (self.charge_armed, &c.config.response_cost) {
+            let found = host.response_header(&rc.header);
+            self.response_cost(c, host, vm, found);
+        }
         Next::Continue
     }
+
+    /// The upstream's response trailers have arrived (gRPC, streamed
+    /// responses): a cost the headers did not carry is charged from them.
+    pub fn on_response_trailers<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+    ) -> Next {
+        if let (true, Some(rc)) = (self.charge_armed, &c.config.response_cost) {
+            let found = host.response_trailer(&rc.header);
+            self.response_cost(c, host, vm, found);
+        }
+        Next::Continue
+    }
+
+    /// The response's cost field, as read: charged once, when there is one
+    /// (the headers' wins over the trailers').
+    fn response_cost<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+        found: Result<Option<Vec<u8>>, HostError>,
+    ) {
+        let value = match found {
+            Ok(Some(v)) => v,
+            Ok(None) => return,
+            Err(e) => return log::debug!("the response's cost not read: {e}"),
+        };
+        self.charge_armed = false;
+        if let Some(call) = self.charge.take() {
+            charge_response(c, host, vm, *call, &value);
+        }
+    }
+}
+
+/// The charge a response's cost will queue for this request: on its
+/// descriptors (the group's, and its route's), `hits` what the request was
+/// charged. Without the local layer, the slots are none (fingerprint 0).
+fn charge_for(
+    limited: &Limited<'_>,
+    at: Option<SlotRef>,
+    route_at: Option<SlotRef>,
+    cost: u32,
+) -> Box<TenantCall> {
+    const NO_SLOT: SlotRef = SlotRef {
+        index: 0,
+        fingerprint: 0,
+    };
+    Box::new(TenantCall {
+        kind: CallKind::Charge,
+        group: limited.group_index,
+        tenant: limited.tenant.to_string(),
+        at: at.unwrap_or(NO_SLOT),
+        hits: cost,
+        route: limited.route.map(|r| OnRoute {
+            name: r.name.clone(),
+            at: route_at.unwrap_or(NO_SLOT),
+        }),
+    })
 }
 
 fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {
     if let Err(e) = host.add_response_header(name, value) {
         log::debug!("a response header not added: {e}");
     }
-}
-
-/// The ids of the statuses' rule names in the shared name table (0: none);
-/// no host call for a status whose rule has no name.
-fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
-    let mut ids = [0u8; MAX_STATUSES];
-    for (id, s) in ids.iter_mut().zip(statuses) {
-        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
-            *id = intern(host, &limit.name);
-        }
-    }
-    ids
 }
 
 /// A 429 for the limiter, with these headers and the service's own.
@@ -407,18 +507,6 @@ fn local_reply<H: Host + ?Sized>(
         Err(e) => {
             log::error!("cannot send a local reply: {e}");
             Next::Continue
-        }
-    }
-}
-
-/// A failure of the local layer skips it (the service still decides).
-fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
-    match e {
-        UpdateError::CasRetriesExhausted => host.count(Counter::CasRetriesExhausted),
-        UpdateError::Host(why) => {
-            host.count(Counter::LocalError);
-            // `debug!` formats nothing unless debug is on (a static check).
-            log::debug!("local layer error: {why}");
         }
     }
 }
@@ -453,3 +541,6 @@ fn limiter_error<H: Host + ?Sized>(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod expensive_tests;

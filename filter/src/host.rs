@@ -24,6 +24,9 @@ pub enum HostCall {
     AddHeader,
     SetProperty,
     AddRequestHeader,
+    RouteName,
+    ResponseHeader,
+    ResponseTrailer,
 }
 
 impl HostCall {
@@ -39,6 +42,9 @@ impl HostCall {
             HostCall::AddHeader => "add_response_header",
             HostCall::SetProperty => "set_property",
             HostCall::AddRequestHeader => "add_request_header",
+            HostCall::RouteName => "route_name",
+            HostCall::ResponseHeader => "response_header",
+            HostCall::ResponseTrailer => "response_trailer",
         }
     }
 }
@@ -110,6 +116,16 @@ pub trait SharedData {
 pub trait Host: SharedData {
     /// The request header `name`'s raw bytes, None when it is absent.
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The name of the route the request matched (Envoy's `xds.route_name`
+    /// property), None when it has none.
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The upstream response's header `name`, None when it is absent.
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The upstream response's trailer `name`, None when it is absent.
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
 
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;

@@ -152,10 +152,19 @@ type SharedMap = HashMap<String, (Vec<u8>, u32), BuildHasherDefault<Fnv>>;
 
 type Writer = Box<dyn FnMut(Option<&[u8]>) -> Vec<u8>>;
 
+/// A response's headers or trailers.
+type Fields = Vec<(String, Vec<u8>)>;
+
 /// The in-memory host. Single-threaded, like a proxy-wasm VM.
 pub struct MemHost {
     now_ms: Cell<u64>,
     request_headers: RefCell<Vec<(String, Vec<u8>)>>,
+    /// The matched route's name (`xds.route_name`), and how often it was
+    /// read.
+    route_name: RefCell<Option<Vec<u8>>>,
+    route_name_reads: Cell<u64>,
+    /// The upstream response's headers, then its trailers.
+    response: RefCell<[Fields; 2]>,
     shared: RefCell<SharedMap>,
     last_cas: Cell<u32>,
     failing: Cell<u16>,
@@ -196,6 +205,9 @@ impl MemHost {
         MemHost {
             now_ms: Cell::new(0),
             request_headers: RefCell::new(Vec::new()),
+            route_name: RefCell::new(None),
+            route_name_reads: Cell::new(0),
+            response: RefCell::new(Default::default()),
             shared: RefCell::new(SharedMap::default()),
             last_cas: Cell::new(0),
             failing: Cell::new(0),
@@ -248,6 +260,37 @@ impl MemHost {
     }
 
     /// What `grpc_response` returns: the body of the service's answer.
+    /// The route the next requests match (None: no route name).
+    pub fn set_route_name(&self, name: Option<&str>) {
+        *self.route_name.borrow_mut() = name.map(|n| n.as_bytes().to_vec());
+    }
+
+    /// How often the flow read the route's name.
+    pub fn route_name_reads(&self) -> u64 {
+        self.route_name_reads.get()
+    }
+
+    /// The upstream response's headers (`trailers` false) or trailers,
+    /// replacing those set before.
+    pub fn set_response(&self, trailers: bool, fields: &[(&str, &[u8])]) {
+        let mut r = self.response.borrow_mut();
+        if let Some(map) = r.get_mut(usize::from(trailers)) {
+            *map = fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect();
+        }
+    }
+
+    fn response_field(&self, trailers: bool, name: &str) -> Option<Vec<u8>> {
+        self.response
+            .borrow()
+            .get(usize::from(trailers))?
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
     pub fn set_grpc_response(&self, body: Option<Vec<u8>>) {
         *self.grpc_body.borrow_mut() = body;
     }
@@ -476,6 +519,22 @@ impl Host for MemHost {
             .map(|(_, v)| v.clone()))
     }
 
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        self.route_name_reads.set(self.route_name_reads.get() + 1);
+        self.check(HostCall::RouteName)?;
+        Ok(self.route_name.borrow().clone())
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::ResponseHeader)?;
+        Ok(self.response_field(false, name))
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::ResponseTrailer)?;
+        Ok(self.response_field(true, name))
+    }
+
     fn now_ms(&self) -> u64 {
         self.now_ms.get()
     }
@@ -676,6 +735,18 @@ impl SharedData for Worker {
 impl Host for Worker {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
         self.host.request_header(name)
+    }
+
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.route_name()
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.response_header(name)
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.response_trailer(name)
     }
 
     fn now_ms(&self) -> u64 {

@@ -9,7 +9,7 @@
 
 use std::fmt::Write;
 
-use crate::model::{descriptors, TeamLimits, Unit};
+use crate::model::{descriptors, RequestDescriptors, TeamLimits, Unit};
 use crate::plugin::{LocalConfig, Mode};
 
 /// The Redis key the service counts `entries` under at `now`.
@@ -94,6 +94,50 @@ pub struct ExplainOptions<'a> {
     /// The plugin configuration's `local`, when explaining one: shows the
     /// group's mode.
     pub local: Option<&'a LocalConfig>,
+    /// The Envoy route (its name) to explain the tenant's limits on.
+    pub route: Option<&'a str>,
+}
+
+/// One descriptor's section: its limit, entries, rule, Redis key and window.
+fn descriptor_section(
+    out: &mut String,
+    opts: &ExplainOptions<'_>,
+    (unit, limit): (Unit, u32),
+    entries: &[(&str, &str)],
+    rule: &str,
+    now: u64,
+) {
+    let start = window_start(unit, now);
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{}: {limit} per {}",
+        unit.json_key(),
+        unit.service_unit()
+    );
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!("({k:?}, {v:?})"))
+        .collect();
+    let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
+    let _ = writeln!(
+        out,
+        "  rule:       {}.generic_key_{}.{rule}",
+        opts.domain,
+        unit.descriptor_value()
+    );
+    let _ = writeln!(
+        out,
+        "  redis key:  {}",
+        redis_key(opts.key_prefix, opts.domain, entries, unit, now)
+    );
+    let _ = writeln!(
+        out,
+        "  window:     {} to {} ({start} + {}s)",
+        utc(start),
+        utc(start + unit.seconds()),
+        unit.seconds()
+    );
 }
 
 /// The explanation, as the CLI prints it.
@@ -130,47 +174,58 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
     }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
+    let tenant_rule = if listed {
+        format!("{}_{tenant}", opts.descriptor_key)
+    } else {
+        opts.descriptor_key.to_string()
+    };
     for (unit, entries) in descriptors(group, opts.descriptor_key, tenant) {
         let limit = group.limits.get(unit).unwrap_or_default();
-        let start = window_start(unit, now);
         let rule_tail = if listed {
-            format!("{}_{tenant}", opts.descriptor_key)
+            tenant_rule.clone()
         } else {
-            format!(
-                "{} (the default rule; the counter is still this tenant's own)",
-                opts.descriptor_key
-            )
+            format!("{tenant_rule} (the default rule; the counter is still this tenant's own)")
         };
-        let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "{}: {limit} per {}",
-            unit.json_key(),
-            unit.service_unit()
-        );
-        let shown: Vec<String> = entries
-            .iter()
-            .map(|(k, v)| format!("({k:?}, {v:?})"))
-            .collect();
-        let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
-        let _ = writeln!(
-            out,
-            "  rule:       {}.generic_key_{}.{rule_tail}",
-            opts.domain,
-            unit.descriptor_value()
-        );
-        let _ = writeln!(
-            out,
-            "  redis key:  {}",
-            redis_key(opts.key_prefix, opts.domain, &entries, unit, now)
-        );
-        let _ = writeln!(
-            out,
-            "  window:     {} to {} ({start} + {}s)",
-            utc(start),
-            utc(start + unit.seconds()),
-            unit.seconds()
-        );
+        descriptor_section(&mut out, opts, (unit, limit), &entries, &rule_tail, now);
+    }
+    let route = opts.route.map(|name| (name, group.route(name.as_bytes())));
+    match route {
+        Some((name, Some(r))) => {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "on route {name:?}: also these, the tenant's own counters on the route (both must admit a request)"
+            );
+            let all = RequestDescriptors::new(group, Some(r), opts.descriptor_key, tenant);
+            for &(unit, entries) in all.as_slice().iter().skip(group.limits.len()) {
+                let limit = r.limits.get(unit).unwrap_or_default();
+                let rule = format!("{tenant_rule}.route_{name}");
+                descriptor_section(&mut out, opts, (unit, limit), entries.as_ref(), &rule, now);
+            }
+        }
+        Some((name, None)) => {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "on route {name:?}: {} sets no limits on it: only the limits above apply",
+                group.name
+            );
+        }
+        None if !group.routes.is_empty() => {
+            let names: Vec<String> = group
+                .routes
+                .iter()
+                .map(|r| format!("{:?}", r.name))
+                .collect();
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "routes:  {} has limits of its own on {} (see one with --route)",
+                group.name,
+                names.join(", ")
+            );
+        }
+        None => {}
     }
     let unset: Vec<&str> = limits
         .units_in_use()
@@ -245,6 +300,7 @@ mod tests {
         key_prefix: "",
         shadow: false,
         local: None,
+        route: None,
     };
 
     #[test]
@@ -351,5 +407,60 @@ not limited: perday (default sets none; the filter sends no descriptor for it)
             explain(&l, &OPTS, "b", 0),
             "tenant:  \"b\" (header x-t)\ngroup:   none: no named group lists it and there is no default group, so the filter sends no descriptor and it is not limited\n"
         );
+    }
+
+    #[test]
+    fn a_tenants_limits_on_a_route() {
+        let doc = json!({"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perminute": 50}}}}});
+        let limits = parse_team_limits(&doc, "").unwrap().0;
+        let on = |tenant, route| {
+            let opts = ExplainOptions {
+                route,
+                domain: "api",
+                ..OPTS
+            };
+            explain(&limits, &opts, tenant, 1_670_320_834)
+        };
+        let text = on("acme", Some("reports"));
+        assert!(
+            text.ends_with(
+                r#"
+perminute: 6000 per minute
+  descriptor: [("generic_key", "per_minute"), ("tenant", "acme")]
+  rule:       api.generic_key_per_minute.tenant_acme
+  redis key:  api_generic_key_per_minute_tenant_acme_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T10:01:00Z (1670320800 + 60s)
+
+on route "reports": also these, the tenant's own counters on the route (both must admit a request)
+
+perminute: 50 per minute
+  descriptor: [("generic_key", "per_minute"), ("tenant", "acme"), ("route", "reports")]
+  rule:       api.generic_key_per_minute.tenant_acme.route_reports
+  redis key:  api_generic_key_per_minute_tenant_acme_route_reports_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T10:01:00Z (1670320800 + 60s)
+"#
+            ),
+            "{text}"
+        );
+        let text = on("b", Some("reports"));
+        assert!(
+            text.contains("  rule:       api.generic_key_per_minute.tenant.route_reports\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  redis key:  api_generic_key_per_minute_tenant_b_route_reports_1670320800\n"
+            ),
+            "{text}"
+        );
+        assert!(on("b", Some("search")).ends_with(
+            "\non route \"search\": default sets no limits on it: only the limits above apply\n"
+        ));
+        assert!(on("b", None).ends_with(
+            "\nroutes:  default has limits of its own on \"reports\" (see one with --route)\n"
+        ));
     }
 }

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Parser, Subcommand};
 use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
-use ratelimit_config::envoy_rate_limits::envoy_rate_limits_yaml;
+use ratelimit_config::envoy_rate_limits::{envoy_rate_limits_yaml, envoy_route_rate_limits_yaml};
 use ratelimit_config::explain::{explain, ExplainOptions};
 use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
 use ratelimit_config::plugin::{
@@ -38,6 +38,8 @@ use serde_json::Value;
 ///   non-empty "header_value"; a tenant may be in only one group.
 /// - Units: persecond, perminute, perhour, perday, each a positive integer
 ///   up to 4294967295; a unit left out is not limited; a group needs one.
+/// - "routes" (optional, in any group): limits per Envoy route name, on top
+///   of the group's, e.g. "routes": {"reports": {"perminute": 5}}.
 ///
 /// Problems are reported all at once, as <file>:<line>:<col>: <path>: <message>,
 /// e.g. limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5
@@ -58,7 +60,9 @@ enum Command {
         files: Vec<PathBuf>,
     },
     /// Write ratelimit.yaml (the service's rules), envoy-rate-limits.yaml (the
-    /// rate_limits of Envoy's own filter) and plugin-config.json (the wasm filter's).
+    /// rate_limits of Envoy's own filter), plugin-config.json (the wasm filter's),
+    /// and, when a group limits routes, envoy-route-rate-limits.yaml (those
+    /// routes' rate_limits for Envoy's own filter).
     Generate {
         /// The team limits JSON file.
         file: PathBuf,
@@ -101,6 +105,9 @@ enum Command {
         /// The moment, in Unix seconds (default: now).
         #[arg(long)]
         at: Option<u64>,
+        /// An Envoy route's name: also show the tenant's limits on that route.
+        #[arg(long)]
+        route: Option<String>,
     },
     /// Prove that every descriptor the filter can send matches a service rule
     /// with the same limit and unit; name each one that does not.
@@ -308,6 +315,8 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         .unwrap_or_else(|| a.file.display().to_string());
     let yaml = service_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let native = envoy_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
+    let native_routes =
+        envoy_route_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let plugin = plugin_config_json(
         &doc,
         &PluginOptions {
@@ -335,11 +344,14 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         path: a.out.clone(),
         source,
     })?;
-    for (name, contents) in [
-        ("ratelimit.yaml", &yaml),
-        ("envoy-rate-limits.yaml", &native),
-        ("plugin-config.json", &plugin_text),
-    ] {
+    let outputs = [
+        ("ratelimit.yaml", Some(&yaml)),
+        ("envoy-rate-limits.yaml", Some(&native)),
+        ("envoy-route-rate-limits.yaml", native_routes.as_ref()),
+        ("plugin-config.json", Some(&plugin_text)),
+    ];
+    for (name, contents) in outputs {
+        let Some(contents) = contents else { continue };
         let path = a.out.join(name);
         if let Err(source) = std::fs::write(&path, contents) {
             return Err(CliError::Write { path, source });
@@ -357,6 +369,7 @@ struct ExplainArgs {
     descriptor_key: Option<String>,
     key_prefix: String,
     at: Option<u64>,
+    route: Option<String>,
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
@@ -392,6 +405,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         key_prefix: &a.key_prefix,
         shadow,
         local: local.as_ref(),
+        route: a.route.as_deref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)
@@ -472,6 +486,7 @@ fn main() -> ExitCode {
             descriptor_key,
             key_prefix,
             at,
+            route,
         } => explain_cmd(ExplainArgs {
             file,
             plugin_config,
@@ -480,6 +495,7 @@ fn main() -> ExitCode {
             descriptor_key,
             key_prefix,
             at,
+            route,
         }),
         Command::Check {
             plugin_config,

@@ -173,7 +173,7 @@ mod tests {
             lines(text),
             vec![
                 "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
-                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, shadow, header_value",
+                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, shadow, routes, header_value",
             ]
         );
     }
@@ -209,7 +209,7 @@ mod tests {
             out,
             vec![
                 format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
-                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, shadow"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, shadow, routes"),
             ]
         );
     }

@@ -125,7 +125,7 @@ fn a_tenant_no_group_limits_passes_uncounted() {
     let h = host(&c);
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Continue);
-    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    assert_eq!(s.on_response_headers(&c, &h, &h.vm), Next::Continue);
     // Not a missing tenant: nothing is counted, nothing asked.
     assert_eq!(counted(&h), vec![]);
     assert_eq!((h.call_count(), h.reply_count()), (0, 0));
@@ -162,7 +162,7 @@ fn an_admitted_request_asks_once_and_carries_the_headers() {
 
     respond(&c, &h, &mut s, Code::Ok, ok_answer());
     assert_eq!(h.resumed(), 1);
-    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    assert_eq!(s.on_response_headers(&c, &h, &h.vm), Next::Continue);
     assert_eq!(
         h.added_headers(),
         vec![
@@ -196,7 +196,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
     assert_eq!(r.header("x-envoy-ratelimited"), Some("true"));
     assert_eq!(counted(&h), vec![n(Counter::OverLimit, 1)]);
     // Its own headers are on the reply, none is added to it again.
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     assert!(h.added_headers().is_empty());
     // The tenant's slot remembers the refusal until the minute's window
     // ends: asked at 20.25 s past a whole second, 40 s left.
@@ -285,7 +285,7 @@ fn a_failed_call_fails_open_by_default() {
     s.on_rls_answer(&c, &h, 14, 0);
     assert_eq!(h.resumed(), 1);
     assert_eq!(h.reply_count(), 0);
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     assert!(h.added_headers().is_empty());
     assert_eq!(
         counted(&h),
@@ -459,7 +459,7 @@ fn a_tenant_longer_than_max_tenant_length_is_a_431_never_asked_and_never_stored(
     // Never sent to the service, and the local layer was not touched.
     assert_eq!(h.call_count(), 0);
     assert_eq!(h.shared_snapshot(), slots_before);
-    assert_eq!(s.on_response_headers(&h), Next::Continue);
+    assert_eq!(s.on_response_headers(&c, &h, &h.vm), Next::Continue);
     assert!(h.added_headers().is_empty());
 }
 
@@ -666,7 +666,7 @@ fn a_shadowed_service_refusal_is_let_through_with_the_admitted_headers() {
     respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
     // Resumed, no 429.
     assert_eq!((h.resumed(), h.reply_count()), (1, 0));
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     let added = h.added_headers();
     let names: Vec<&str> = added.iter().map(|(k, _)| k.as_str()).collect();
     assert_eq!(
@@ -707,7 +707,7 @@ fn a_shadowed_refusal_is_remembered_and_then_counted_from_the_cache() {
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Continue);
     assert_eq!((h.call_count(), h.reply_count()), (1, 0));
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     assert!(h
         .added_headers()
         .iter()
@@ -743,7 +743,7 @@ fn a_shadowed_empty_bucket_lets_through_without_a_call() {
     // The bucket's refusal has no X-RateLimit-* headers to pass on, and
     // its Retry-After is dropped.
     let before = h.added_count();
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     assert_eq!(h.added_count(), before);
     assert_eq!(
         h.group_counted(),
@@ -913,7 +913,7 @@ fn the_services_headers_reach_the_client_and_the_upstream() {
     // Added to the request before it was resumed.
     assert_eq!(h.added_request_headers(), pairs(&[("x-quota-left", "3")]));
     assert_eq!(h.resumed(), 1);
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     let added = h.added_headers();
     assert!(added.contains(&("ratelimit-limit".into(), "20".into())));
     assert!(added.contains(&("x-bad".into(), "ax-injected: 1".into())));
@@ -954,7 +954,7 @@ fn the_ietf_family_comes_from_the_service_the_cache_and_the_bucket() {
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond(&c, &h, &mut s, Code::Ok, ok_answer());
-    s.on_response_headers(&h);
+    s.on_response_headers(&c, &h, &h.vm);
     let policy = r#""per_second";q=5;w=1, "per_minute";q=20;w=60, "per_hour";q=30;w=3600"#;
     assert_eq!(
         h.added_headers(),

@@ -41,6 +41,24 @@ where
     S: SharedData + ?Sized,
     F: FnMut(Option<&[u8]>) -> (T, Option<Slot>),
 {
+    // The loop is compiled once per store, not once per caller's closure:
+    // `step`'s result waits here.
+    let mut result = None;
+    update_slot(store, index, attempts, &mut |stored| {
+        let (r, write) = step(stored);
+        result = Some(r);
+        write
+    })?;
+    result.ok_or(UpdateError::CasRetriesExhausted)
+}
+
+/// `update`'s loop, with the step behind a pointer.
+fn update_slot<S: SharedData + ?Sized>(
+    store: &S,
+    index: u32,
+    attempts: u32,
+    step: &mut dyn FnMut(Option<&[u8]>) -> Option<Slot>,
+) -> Result<(), UpdateError> {
     let key = SlotKey::new(index);
     for _ in 0..attempts {
         let (stored, cas) = store.get_shared(key.as_str()).map_err(|e| match e {
@@ -50,12 +68,11 @@ where
                 UpdateError::Host(HostError::new(HostCall::GetShared, HostError::CAS_MISMATCH))
             }
         })?;
-        let (result, write) = step(stored.as_deref());
-        let Some(slot) = write else {
-            return Ok(result);
+        let Some(slot) = step(stored.as_deref()) else {
+            return Ok(());
         };
         match store.set_shared(key.as_str(), &slot.encode_fixed(), cas) {
-            Ok(()) => return Ok(result),
+            Ok(()) => return Ok(()),
             Err(SharedDataError::CasMismatch) => continue,
             Err(SharedDataError::Host(e)) => return Err(UpdateError::Host(e)),
         }

@@ -99,8 +99,8 @@ impl SipHasher {
         self.v[0] ^= m;
     }
 
-    fn write(&mut self, bytes: impl IntoIterator<Item = u8>) {
-        for b in bytes {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
             self.tail |= u64::from(b) << (8 * (self.len % 8));
             self.len = self.len.wrapping_add(1);
             if self.len % 8 == 0 {
@@ -122,17 +122,39 @@ impl SipHasher {
 }
 
 /// The keyed hash of the group name and the tenant (a tenant that moves to
-/// another group starts afresh).
-fn fingerprint(key: &SlotSecret, group: &str, tenant: &str) -> u64 {
+/// another group starts afresh), and of the route for the tenant's state on
+/// a route. 0xff separates them: no UTF-8 text holds that byte.
+fn fingerprint(key: &SlotSecret, group: &str, tenant: &str, route: Option<&str>) -> u64 {
     let mut h = SipHasher::new(key);
-    h.write(group.bytes().chain([0xff]).chain(tenant.bytes()));
+    h.write(group.as_bytes());
+    h.write(&[0xff]);
+    h.write(tenant.as_bytes());
+    if let Some(route) = route {
+        h.write(&[0xff]);
+        h.write(route.as_bytes());
+    }
     // 0 marks an empty slot.
     h.finish().max(1)
 }
 
 /// Where `tenant` of `group` lives among `slots` slots, under `key`.
 pub fn slot_for(key: &SlotSecret, group: &str, tenant: &str, slots: u32) -> SlotRef {
-    let fp = fingerprint(key, group, tenant);
+    place(fingerprint(key, group, tenant, None), slots)
+}
+
+/// Where the state of `tenant` of `group` on `route` lives: a slot of its
+/// own, apart from the tenant's (the same slots, bounded as they are).
+pub fn route_slot_for(
+    key: &SlotSecret,
+    group: &str,
+    tenant: &str,
+    route: &str,
+    slots: u32,
+) -> SlotRef {
+    place(fingerprint(key, group, tenant, Some(route)), slots)
+}
+
+fn place(fp: u64, slots: u32) -> SlotRef {
     let index = u32::try_from((fp >> 32) % u64::from(slots.max(1))).unwrap_or(0);
     SlotRef {
         index,
@@ -224,6 +246,18 @@ mod tests {
             slot_for(&KEY, "gold", "a", slots).fingerprint
         );
         assert_eq!(slot_for(&KEY, "g", "t", 0).index, 0);
+        // A tenant's state on a route is apart from its own, and from
+        // another tenant's on that route; the bytes cannot be shifted
+        // from one part to the other.
+        let own = slot_for(&KEY, "g", "t", 1 << 20).fingerprint;
+        let on_route = route_slot_for(&KEY, "g", "t", "reports", 1 << 20);
+        assert!(on_route.index < 1 << 20);
+        assert_ne!(own, on_route.fingerprint);
+        assert_ne!(on_route, route_slot_for(&KEY, "g", "u", "reports", 1 << 20));
+        assert_ne!(
+            route_slot_for(&KEY, "g", "t\u{ff}a", "b", 64).fingerprint,
+            route_slot_for(&KEY, "g", "t", "a\u{ff}b", 64).fingerprint
+        );
     }
 
     #[test]
@@ -274,7 +308,7 @@ mod tests {
         let key = SlotSecret::from_bytes(core::array::from_fn(|i| i as u8));
         let hash = |n: u8| {
             let mut h = SipHasher::new(&key);
-            h.write(0..n);
+            h.write(&(0..n).collect::<Vec<u8>>());
             h.finish()
         };
         assert_eq!(hash(0), 0x726f_db47_dd0e_0e31);
@@ -298,7 +332,7 @@ mod tests {
                                     msg in prop::collection::vec(any::<u8>(), 0..300)) {
             use std::hash::Hasher;
             let mut ours = SipHasher::new(&SlotSecret { k0, k1 });
-            ours.write(msg.iter().copied());
+            ours.write(&msg);
             let mut theirs = std::hash::SipHasher::new_with_keys(k0, k1);
             theirs.write(&msg);
             prop_assert_eq!(ours.finish(), theirs.finish());

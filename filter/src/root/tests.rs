@@ -162,6 +162,7 @@ fn queued_refill(h: &Worker, tenant: String) -> bool {
             fingerprint: 1,
         },
         hits: 5,
+        route: None,
     })
 }
 
@@ -197,6 +198,7 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
             tenant: "tenant-b".into(),
             at: b,
             hits: 7,
+            route: None,
         })
     };
     // Dispatch fails: the refill's outcome is a failure, at once.

@@ -22,7 +22,7 @@ pub use lookup::lookup;
 pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig};
 
 use crate::error::excerpt;
-use crate::model::{descriptors, Group};
+use crate::model::{descriptors, Group, RequestDescriptors, Unit};
 use crate::plugin::PluginConfig;
 use crate::span::Position;
 
@@ -142,62 +142,88 @@ fn check_tenant(
     shown: &str,
 ) {
     for (unit, entries) in descriptors(group, key, tenant) {
-        report.checked += 1;
         let want = group.limits.get(unit).unwrap_or_default();
-        let want_text = format!("{} {}", unit.json_key(), want);
         let who = format!("{} {shown}, {}", group.name, unit.descriptor_value());
-        let (found, walked) = lookup(&service.descriptors, &entries);
-        let path: Vec<&str> = walked.iter().map(|r| r.composite.as_str()).collect();
-        let rule_name = format!("{}.{}", service.domain, path.join("."));
-        let mut problem = |at: Position, message: String| {
-            report.problems.push(Problem {
-                file: service.file.clone(),
-                at,
-                message: format!("{who}: {message}"),
-            });
-        };
-        let shown_entries: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let Some(rule) = found else {
-            let at = walked.last().map_or(service.domain_at, |r| r.at);
-            problem(
-                at,
-                format!(
-                    "no rule matches the descriptor [{}]; the service answers OK, so {want_text} is not enforced",
-                    shown_entries.join(", ")
-                ),
+        check_descriptor(report, service, &who, unit, want, &entries);
+    }
+    for route in &group.routes {
+        let all = RequestDescriptors::new(group, Some(route), key, tenant);
+        for &(unit, entries) in all.as_slice().iter().skip(group.limits.len()) {
+            let want = route.limits.get(unit).unwrap_or_default();
+            let who = format!(
+                "{} {shown} on route {}, {}",
+                group.name,
+                excerpt(&route.name),
+                unit.descriptor_value()
             );
-            continue;
-        };
-        let Some(limit) = &rule.limit else { continue };
-        if limit.unlimited {
-            problem(
-                limit.at,
-                format!("matches {rule_name}, which is unlimited, but the group sets {want_text}"),
-            );
-        } else if limit.unit != unit.service_unit() || limit.requests_per_unit != want {
-            let at = if limit.unit == unit.service_unit() {
-                limit.count_at
-            } else {
-                limit.unit_at
-            };
-            problem(
-                at,
-                format!(
-                    "matches {rule_name}, which allows {} per {}, but the group sets {want_text}",
-                    limit.requests_per_unit, limit.unit
-                ),
-            );
-        } else if rule.shadow_mode {
-            // The service answers OK to a rule in its shadow_mode: the
-            // filter never sees the refusal, so it can neither enforce it
-            // nor count it as a shadow refusal.
-            problem(
-                rule.at,
-                format!(
-                    "{rule_name} is in the service's shadow_mode: the service answers OK, so the filter never sees a refusal (not enforced, and not counted as a shadow refusal either); remove shadow_mode and set \"shadow\": true on the group in the team file instead"
-                ),
-            );
+            check_descriptor(report, service, &who, unit, want, entries.as_ref());
         }
+    }
+}
+
+/// Checks that `entries` match a rule of `service` that allows `want` per
+/// `unit`; `who` names the descriptor in a problem.
+fn check_descriptor(
+    report: &mut CheckReport,
+    service: &ServiceConfig,
+    who: &str,
+    unit: Unit,
+    want: u32,
+    entries: &[(&str, &str)],
+) {
+    report.checked += 1;
+    let want_text = format!("{} {}", unit.json_key(), want);
+    let (found, walked) = lookup(&service.descriptors, entries);
+    let path: Vec<&str> = walked.iter().map(|r| r.composite.as_str()).collect();
+    let rule_name = format!("{}.{}", service.domain, path.join("."));
+    let mut problem = |at: Position, message: String| {
+        report.problems.push(Problem {
+            file: service.file.clone(),
+            at,
+            message: format!("{who}: {message}"),
+        });
+    };
+    let shown_entries: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let Some(rule) = found else {
+        let at = walked.last().map_or(service.domain_at, |r| r.at);
+        problem(
+            at,
+            format!(
+                "no rule matches the descriptor [{}]; the service answers OK, so {want_text} is not enforced",
+                shown_entries.join(", ")
+            ),
+        );
+        return;
+    };
+    let Some(limit) = &rule.limit else { return };
+    if limit.unlimited {
+        problem(
+            limit.at,
+            format!("matches {rule_name}, which is unlimited, but the group sets {want_text}"),
+        );
+    } else if limit.unit != unit.service_unit() || limit.requests_per_unit != want {
+        let at = if limit.unit == unit.service_unit() {
+            limit.count_at
+        } else {
+            limit.unit_at
+        };
+        problem(
+            at,
+            format!(
+                "matches {rule_name}, which allows {} per {}, but the group sets {want_text}",
+                limit.requests_per_unit, limit.unit
+            ),
+        );
+    } else if rule.shadow_mode {
+        // The service answers OK to a rule in its shadow_mode: the
+        // filter never sees the refusal, so it can neither enforce it
+        // nor count it as a shadow refusal.
+        problem(
+            rule.at,
+            format!(
+                "{rule_name} is in the service's shadow_mode: the service answers OK, so the filter never sees a refusal (not enforced, and not counted as a shadow refusal either); remove shadow_mode and set \"shadow\": true on the group in the team file instead"
+            ),
+        );
     }
 }
 
@@ -372,5 +398,42 @@ mod tests {
         let r = check(&p, &[s]);
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(r.shadowed, vec!["default", "group_1"]);
+    }
+
+    #[test]
+    fn route_limits_are_checked_and_a_wrong_one_is_named() {
+        let team = r#"{"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perday": 50}}}}}"#;
+        let text = format!(
+            r#"{{"domain": "api", "limits": {team}, "rate_limit_service": {{"cluster": "rl"}}}}"#
+        );
+        let p = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let yaml = service_yaml(&p.limits, "api", "tenant", "limits.json");
+        let s = parse_service_config("ratelimit.yaml", &yaml).unwrap();
+        let r = check(&p, &[s]);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        // default: 1 own + 1 route; gold: 1 own + 1 route.
+        assert_eq!(r.checked, 4);
+        let y = yaml.replacen("requests_per_unit: 5 ", "requests_per_unit: 6 ", 1);
+        let s = parse_service_config("ratelimit.yaml", &y).unwrap();
+        let out: Vec<String> = check(&p, &[s])
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(out[0].contains("default any other tenant on route \"reports\", per_minute: matches api.generic_key_per_minute.tenant.route_reports, which allows 6 per minute, but the group sets perminute 5"), "{out:?}");
+        // A route rule with another name: the route's limit is off, named.
+        let y = yaml.replace("value: reports  # gold", "value: report  # gold");
+        let s = parse_service_config("ratelimit.yaml", &y).unwrap();
+        let out: Vec<String> = check(&p, &[s])
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(out.len(), 1, "{y}\n{out:?}");
+        assert!(out[0].contains("gold tenant \"acme\" on route \"reports\", per_day: no rule matches the descriptor [generic_key=per_day, tenant=acme, route=reports]"), "{out:?}");
     }
 }

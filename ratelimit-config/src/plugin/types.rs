@@ -30,6 +30,10 @@ pub struct PluginConfig {
     pub near_limit_ppm: u32,
     /// Request cost (`cost_header`, `max_cost`): None, every request costs 1.
     pub cost: Option<CostConfig>,
+    /// A cost the upstream reports (`response_cost_header`, in a response
+    /// header or trailer; at most `max_cost`): None, the request's cost is
+    /// all that is charged.
+    pub response_cost: Option<CostConfig>,
 }
 
 impl PluginConfig {

@@ -42,6 +42,7 @@ const KEYS: &[&str] = &[
     "near_limit_ratio",
     "cost_header",
     "max_cost",
+    "response_cost_header",
 ];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
@@ -213,12 +214,18 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     let near_limit_ppm = or_default(get("near_limit_ratio"), DEFAULT_NEAR_LIMIT_PPM, |v| {
         near_limit_ratio(v, &mut errors)
     });
-    let cost = cost_config(
+    let response_cost = response_cost_header(get("response_cost_header"), &mut errors);
+    let (cost, max_cost) = cost_config(
         get("cost_header"),
         get("max_cost"),
         limits.as_ref(),
+        response_cost.is_some(),
         &mut errors,
     );
+    let response_cost = response_cost.map(|header| CostConfig {
+        header,
+        max: max_cost,
+    });
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -239,6 +246,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 shadow,
                 near_limit_ppm,
                 cost,
+                response_cost,
             },
             warnings,
         )),
@@ -310,23 +318,53 @@ fn listed_tenants_fit(limits: &TeamLimits, max: u32, errors: &mut Errors) {
     }
 }
 
+/// `response_cost_header`: the response header (and trailer) whose value
+/// the upstream sets to what the request cost.
+fn response_cost_header(v: Option<&Value>, errors: &mut Errors) -> Option<String> {
+    let name = errors.record("response_cost_header", non_empty_string(v?))?;
+    errors.record("response_cost_header", header_name(name))?;
+    Some(name.to_string())
+}
+
 /// `cost_header` and `max_cost`: both optional; `max_cost` only with a
-/// `cost_header` (alone it would do nothing, which is a mistake to report).
+/// `cost_header` or a `response_cost_header` (alone it would do nothing,
+/// which is a mistake to report). Also returns `max_cost`, which bounds a
+/// response's cost too.
 fn cost_config(
     header: Option<&Value>,
     max_value: Option<&Value>,
     limits: Option<&TeamLimits>,
+    response_cost: bool,
     errors: &mut Errors,
-) -> Option<CostConfig> {
+) -> (Option<CostConfig>, u32) {
     let max = match max_value {
         None => Some(DEFAULT_MAX_COST),
         Some(v) => errors.record("max_cost", positive_u32_at_most(v, MAX_MAX_COST)),
     };
+    let cost = request_cost(
+        header,
+        max_value.is_some(),
+        max,
+        limits,
+        response_cost,
+        errors,
+    );
+    (cost, max.unwrap_or(DEFAULT_MAX_COST))
+}
+
+fn request_cost(
+    header: Option<&Value>,
+    max_given: bool,
+    max: Option<u32>,
+    limits: Option<&TeamLimits>,
+    response_cost: bool,
+    errors: &mut Errors,
+) -> Option<CostConfig> {
     let Some(header) = header else {
-        if max_value.is_some() {
+        if max_given && !response_cost {
             errors.push(
                 "max_cost",
-                "needs cost_header (the request header that carries the cost)",
+                "needs cost_header or response_cost_header (the header that carries the cost)",
             );
         }
         return None;

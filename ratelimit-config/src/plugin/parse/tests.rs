@@ -124,11 +124,42 @@ fn request_cost_is_off_unless_a_cost_header_is_named() {
 }
 
 #[test]
+fn a_response_cost_header_is_bounded_by_max_cost() {
+    assert_eq!(with_cost("").unwrap().response_cost, None);
+    let c = with_cost(r#", "response_cost_header": "x-cost""#).unwrap();
+    assert_eq!(
+        c.response_cost,
+        Some(CostConfig {
+            header: "x-cost".into(),
+            max: 1000
+        })
+    );
+    assert_eq!(c.cost, None);
+    // max_cost bounds it, without a cost_header too; the same name as the
+    // request's cost header is fine (one is a request header, one a response's).
+    let c = with_cost(r#", "response_cost_header": "x-cost", "max_cost": 100000"#).unwrap();
+    assert_eq!(c.response_cost.unwrap().max, 100_000);
+    let c =
+        with_cost(r#", "response_cost_header": "x-cost", "cost_header": "x-cost", "max_cost": 7"#)
+            .unwrap();
+    assert_eq!((c.cost.unwrap().max, c.response_cost.unwrap().max), (7, 7));
+    let err = |keys: &str| with_cost(keys).unwrap_err();
+    assert_eq!(
+        err(r#", "response_cost_header": "X-Cost""#),
+        vec!["response_cost_header: header name \"X-Cost\" must be lowercase (Envoy matches header names in lowercase)"]
+    );
+    assert_eq!(
+        err(r#", "response_cost_header": 5"#),
+        vec!["response_cost_header: must be a string, got 5"]
+    );
+}
+
+#[test]
 fn bad_cost_settings_are_named() {
     let err = |keys: &str| with_cost(keys).unwrap_err();
     assert_eq!(
         err(r#", "max_cost": 10"#),
-        vec!["max_cost: needs cost_header (the request header that carries the cost)"]
+        vec!["max_cost: needs cost_header or response_cost_header (the header that carries the cost)"]
     );
     assert_eq!(
         err(r#", "cost_header": "x-cost", "max_cost": 0"#),
@@ -369,7 +400,7 @@ fn bad_configs_name_their_field() {
         errs(&format!(
             r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
         )),
-        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost"]
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header"]
     );
     assert_eq!(
         errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
