@@ -9,8 +9,8 @@
 
 use std::fmt::Write;
 
-use crate::model::{descriptors, TeamLimits, Unit};
-use crate::plugin::{LocalConfig, Mode};
+use crate::model::{descriptors, tenant_value, TeamLimits, Unit};
+use crate::plugin::{LocalConfig, Mode, TenantSource};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -94,12 +94,37 @@ pub struct ExplainOptions<'a> {
     /// The plugin configuration's `local`, when explaining one: shows the
     /// group's mode.
     pub local: Option<&'a LocalConfig>,
+    /// Where the filter reads the tenant (`tenant_source`).
+    pub tenant_source: &'a TenantSource,
+}
+
+/// Where the tenant comes from, as `explain` and `check` say it.
+pub fn tenant_from(limits: &TeamLimits, source: &TenantSource) -> String {
+    match source {
+        TenantSource::Header => format!("header {}", limits.header),
+        TenantSource::Property(path) => format!(
+            "property {} (tenant_source; the {} header is not read)",
+            TenantSource::dotted(path),
+            limits.header
+        ),
+    }
 }
 
 /// The explanation, as the CLI prints it.
 pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now: u64) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "tenant:  {tenant:?} (header {})", limits.header);
+    let _ = writeln!(
+        out,
+        "tenant:  {tenant:?} ({})",
+        tenant_from(limits, opts.tenant_source)
+    );
+    let sent = tenant_value(tenant.as_bytes());
+    if sent != tenant {
+        let _ = writeln!(
+            out,
+            "sent as: {sent:?} (a '%' is written %25, so that no two tenant values share a counter)"
+        );
+    }
     let Some(group) = limits.group_for(tenant) else {
         let _ = writeln!(
             out,
@@ -114,6 +139,7 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         "not listed in any named group"
     };
     let _ = writeln!(out, "group:   {} ({why})", group.name);
+    let tenant = sent.as_ref();
     if opts.shadow || group.shadow {
         let whose = if group.shadow {
             "the group's \"shadow\": true"
@@ -245,7 +271,38 @@ mod tests {
         key_prefix: "",
         shadow: false,
         local: None,
+        tenant_source: &TenantSource::Header,
     };
+
+    #[test]
+    fn the_tenant_source_and_the_value_sent_are_named() {
+        let limits = seed();
+        let a = explain(&limits, &OPTS, "tenant-a", 0);
+        assert!(
+            a.starts_with("tenant:  \"tenant-a\" (header x-tenant-id)\ngroup:"),
+            "{a}"
+        );
+        let path = vec![
+            "metadata".to_string(),
+            "filter_metadata".into(),
+            "jwt".into(),
+            "tenant".into(),
+        ];
+        let source = TenantSource::Property(path);
+        let opts = ExplainOptions {
+            tenant_source: &source,
+            ..OPTS
+        };
+        let a = explain(&limits, &opts, "50%off", 0);
+        assert!(
+            a.starts_with("tenant:  \"50%off\" (property metadata.filter_metadata.jwt.tenant (tenant_source; the x-tenant-id header is not read))\nsent as: \"50%25off\" (a '%' is written %25, so that no two tenant values share a counter)\ngroup:   default"),
+            "{a}"
+        );
+        assert!(
+            a.contains("redis key:  internal-api_generic_key_per_second_tenant_50%25off_0"),
+            "{a}"
+        );
+    }
 
     #[test]
     fn a_shadowed_group_says_so() {

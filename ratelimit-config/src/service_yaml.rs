@@ -8,7 +8,7 @@
 
 use std::fmt::Write;
 
-use crate::model::{Group, TeamLimits, Unit};
+use crate::model::{tenant_value, Group, TeamLimits, Unit};
 
 /// `s` as a YAML scalar that Go's yaml.v2 (YAML 1.1, what the rate-limit
 /// service reads with) and any YAML 1.2 reader both read back as this exact
@@ -122,7 +122,9 @@ fn group_rules(out: &mut String, g: &Group, descriptor_key: &str, unit: Unit) {
     let limit = g.limits.get(unit);
     let label = label(g);
     for t in &g.tenants {
-        rule(out, descriptor_key, Some(t), &label, unit, limit);
+        // The value as the filter sends it (a `%` written `%25`).
+        let sent = tenant_value(t.as_bytes());
+        rule(out, descriptor_key, Some(&sent), &label, unit, limit);
     }
 }
 

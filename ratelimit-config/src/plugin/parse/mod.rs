@@ -22,10 +22,10 @@ use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS,
     DEFAULT_MAX_COST, DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM,
     DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_MAX_COST,
-    MAX_MAX_TENANT_LENGTH, MAX_TIMEOUT_MS, PPM,
+    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_PATH_BYTES, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
 };
 use super::names::Named;
-use super::types::{CostConfig, PluginConfig};
+use super::types::{CostConfig, PluginConfig, TenantSource};
 
 const KEYS: &[&str] = &[
     "domain",
@@ -42,7 +42,9 @@ const KEYS: &[&str] = &[
     "near_limit_ratio",
     "cost_header",
     "max_cost",
+    "tenant_source",
 ];
+const TENANT_SOURCE_KEYS: &[&str] = &["property"];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
@@ -219,6 +221,8 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         limits.as_ref(),
         &mut errors,
     );
+    let tenant_source =
+        get("tenant_source").map_or(TenantSource::Header, |v| tenant_source(v, &mut errors));
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -239,6 +243,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 shadow,
                 near_limit_ppm,
                 cost,
+                tenant_source,
             },
             warnings,
         )),
@@ -347,6 +352,64 @@ fn cost_config(
         header: name.to_string(),
         max: max?,
     })
+}
+
+/// `tenant_source`: `{"property": [segment, ...]}`, the path of an Envoy
+/// attribute (each segment a non-empty string; proxy-wasm joins them with
+/// NUL, so a segment cannot hold one).
+fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
+    const BASE: &str = "tenant_source";
+    let Some(obj) = errors.record(BASE, object(v)) else {
+        return TenantSource::Header;
+    };
+    check_keys(obj, BASE, TENANT_SOURCE_KEYS, errors);
+    let path = join(BASE, "property");
+    let Some(p) = obj.get("property") else {
+        errors.push(
+            path,
+            FieldError::Missing(
+                "the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]",
+            ),
+        );
+        return TenantSource::Header;
+    };
+    let Some(items) = p.as_array() else {
+        errors.push(
+            path,
+            format!(
+                "must be an array of path segments (strings), got {}",
+                describe(p)
+            ),
+        );
+        return TenantSource::Header;
+    };
+    if items.is_empty() || items.len() > MAX_PROPERTY_SEGMENTS {
+        errors.push(
+            path,
+            format!(
+                "must have 1 to {MAX_PROPERTY_SEGMENTS} segments, got {}",
+                items.len()
+            ),
+        );
+        return TenantSource::Header;
+    }
+    let mut segments = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        match errors.record(&at, non_empty_string(item)) {
+            Some(s) if s.contains('\0') => errors.push(at, "must not contain a NUL character"),
+            Some(s) => segments.push(s.to_string()),
+            None => {}
+        }
+    }
+    let bytes: usize = segments.iter().map(|s| s.len() + 1).sum();
+    if bytes > MAX_PROPERTY_PATH_BYTES {
+        errors.push(
+            path,
+            format!("is {bytes} bytes long, more than {MAX_PROPERTY_PATH_BYTES}"),
+        );
+    }
+    TenantSource::Property(segments)
 }
 
 fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {
