@@ -43,7 +43,8 @@ counters! {
     FailureModeDenied => "tenant_ratelimit.failure_mode_denied",
     /// The call failed, timed out, or its answer was unusable.
     RlsError => "tenant_ratelimit.rls_error",
-    /// No tenant header (or an empty one), allowed or denied by the policy.
+    /// No tenant (no header, or no attribute), allowed or denied by the
+    /// policy.
     MissingTenant => "tenant_ratelimit.missing_tenant",
     /// Refused by the token bucket, no call.
     LocalOverLimit => "tenant_ratelimit.local_over_limit",
@@ -81,6 +82,8 @@ counters! {
     /// carries them in its own call to the service (`hits_addend`), so the
     /// service still counts them.
     ModeChangeSyncHits => "tenant_ratelimit.mode_change_sync_hits",
+    /// Refused (400): the tenant header was sent more than once; no call.
+    TenantRepeated => "tenant_ratelimit.tenant_repeated",
 }
 
 /// How many counters there are.
@@ -301,7 +304,11 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 18);
+        assert_eq!(COUNTERS, 19);
+        assert_eq!(
+            Counter::TenantRepeated.name(),
+            "tenant_ratelimit.tenant_repeated"
+        );
         assert_eq!(
             Counter::SyncOverLimit.name(),
             "tenant_ratelimit.sync_over_limit"

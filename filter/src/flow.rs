@@ -4,8 +4,9 @@
 //! Envoy calls the filter three times per request, and each call is one
 //! method of `Stream` here:
 //!
-//! 1. `on_request_headers`: read the tenant header; a value longer than
-//!    `max_tenant_length` is refused with 431 (`tenant_too_long`); a missing
+//! 1. `on_request_headers`: read the tenant (`tenant`); a value longer than
+//!    `max_tenant_length` is refused with 431 (`tenant_too_long`), a header
+//!    sent more than once with 400 (`tenant_repeated`); a missing
 //!    tenant is allowed or refused (`missing_tenant`); a tenant no group limits
 //!    passes; a limited one goes through the local layer (over-limit cache,
 //!    token bucket: a refusal there is a 429 with no call), then the request
@@ -42,6 +43,7 @@ use crate::local::{remember_refusal, slot_for, update, LocalVerdict, SlotRef};
 use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::modes::{local_step, store_heard, store_outcome, ModeStep};
 use crate::proto::{DescriptorStatus, METHOD, SERVICE};
+use crate::tenant;
 use crate::vm::Vm;
 use ratelimit_config::HeaderMode;
 
@@ -90,11 +92,11 @@ impl Stream {
         host: &H,
         vm: &Vm,
     ) -> Next {
-        let tenant = match host.request_header(&c.config.limits.header) {
+        let tenant = match tenant::read(&c.tenant, host) {
             Ok(t) => t,
             Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
         };
-        let limited = match first_step(c, tenant.as_deref()) {
+        let limited = match first_step(c, &tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
                 return Next::Continue;
@@ -108,6 +110,11 @@ impl Stream {
                 host.count(Counter::TenantTooLong);
                 record(host, None, None, false, Source::TenantTooLong);
                 return local_reply(host, 431, &[], "tenant header value too long\n");
+            }
+            Step::RepeatedTenant => {
+                host.count(Counter::TenantRepeated);
+                record(host, None, None, false, Source::TenantRepeated);
+                return local_reply(host, 400, &[], "tenant header sent more than once\n");
             }
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
@@ -128,12 +135,8 @@ impl Stream {
         // them (`modes`).
         let mut carried = 0;
         if local.enabled {
-            let at = slot_for(
-                &vm.slot_secret,
-                &limited.group.name,
-                &limited.tenant,
-                local.slots,
-            );
+            let scope = c.scope(limited.group_index);
+            let at = slot_for(&vm.slot_secret, scope, &limited.tenant, local.slots);
             let now = host.now_ms();
             let mode = c.config.headers;
             let names = |id| lookup(host, id);
