@@ -200,33 +200,34 @@ pub fn descriptors<'a>(
 /// protobuf string must be. Borrowed when there is nothing to write (valid
 /// UTF-8 without `%`: nearly every tenant); at most three times as long.
 pub fn tenant_value(raw: &[u8]) -> Cow<'_, str> {
-    if let Ok(s) = std::str::from_utf8(raw) {
-        if !s.contains('%') {
+    if !raw.contains(&b'%') {
+        if let Ok(s) = std::str::from_utf8(raw) {
             return Cow::Borrowed(s);
         }
     }
-    let hex = |n: u8| char::from_digit(u32::from(n), 16).map_or('0', |c| c.to_ascii_uppercase());
-    let escape = |out: &mut String, b: u8| {
-        out.push('%');
-        out.push(hex(b >> 4));
-        out.push(hex(b & 15));
-    };
     let mut out = String::with_capacity(raw.len() + 8);
     for chunk in raw.utf8_chunks() {
-        for part in chunk.valid().split_inclusive('%') {
-            match part.strip_suffix('%') {
-                Some(before) => {
-                    out.push_str(before);
-                    escape(&mut out, b'%');
-                }
-                None => out.push_str(part),
-            }
+        let mut valid = chunk.valid();
+        while let Some(at) = valid.bytes().position(|b| b == b'%') {
+            out.push_str(valid.get(..at).unwrap_or_default());
+            push_escaped(&mut out, b'%');
+            valid = valid.get(at + 1..).unwrap_or_default();
         }
+        out.push_str(valid);
         for &b in chunk.invalid() {
-            escape(&mut out, b);
+            push_escaped(&mut out, b);
         }
     }
     Cow::Owned(out)
+}
+
+/// `%XX`, uppercase.
+fn push_escaped(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let hex = |n: u8| char::from(HEX.get(usize::from(n)).copied().unwrap_or(b'0'));
+    out.push('%');
+    out.push(hex(b >> 4));
+    out.push(hex(b & 15));
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS,
     DEFAULT_MAX_COST, DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM,
     DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_MAX_COST,
-    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_PATH_BYTES, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
+    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
 };
 use super::names::Named;
 use super::types::{CostConfig, PluginConfig, TenantSource};
@@ -45,6 +45,7 @@ const KEYS: &[&str] = &[
     "tenant_source",
 ];
 const TENANT_SOURCE_KEYS: &[&str] = &["property"];
+const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
@@ -373,26 +374,13 @@ fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
         );
         return TenantSource::Header;
     };
-    let Some(items) = p.as_array() else {
-        errors.push(
-            path,
-            format!(
-                "must be an array of path segments (strings), got {}",
-                describe(p)
-            ),
-        );
-        return TenantSource::Header;
+    let items = match p.as_array() {
+        Some(items) if (1..=MAX_PROPERTY_SEGMENTS).contains(&items.len()) => items,
+        _ => {
+            errors.push(path, PROPERTY_SHAPE);
+            return TenantSource::Header;
+        }
     };
-    if items.is_empty() || items.len() > MAX_PROPERTY_SEGMENTS {
-        errors.push(
-            path,
-            format!(
-                "must have 1 to {MAX_PROPERTY_SEGMENTS} segments, got {}",
-                items.len()
-            ),
-        );
-        return TenantSource::Header;
-    }
     let mut segments = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
         let at = format!("{path}[{i}]");
@@ -401,13 +389,6 @@ fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
             Some(s) => segments.push(s.to_string()),
             None => {}
         }
-    }
-    let bytes: usize = segments.iter().map(|s| s.len() + 1).sum();
-    if bytes > MAX_PROPERTY_PATH_BYTES {
-        errors.push(
-            path,
-            format!("is {bytes} bytes long, more than {MAX_PROPERTY_PATH_BYTES}"),
-        );
     }
     TenantSource::Property(segments)
 }

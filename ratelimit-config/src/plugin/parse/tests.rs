@@ -44,15 +44,14 @@ fn the_tenant_comes_from_the_header_or_a_property_path() {
         TenantSource::dotted(path),
         "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.tenant"
     );
-    let long = format!(r#"["{}"]"#, "x".repeat(1_024));
     let cases = [
         (r#""jwt""#.to_string(), "tenant_source: must be an object, got string \"jwt\""),
         ("{}".into(), "tenant_source.property: missing: the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]"),
-        (r#"{"property": "metadata.x"}"#.into(), "tenant_source.property: must be an array of path segments (strings), got string \"metadata.x\""),
-        (r#"{"property": []}"#.into(), "tenant_source.property: must have 1 to 16 segments, got 0"),
+        (r#"{"property": "metadata.x"}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (r#"{"property": []}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (format!(r#"{{"property": {:?}}}"#, ["a"; 17]), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
         (r#"{"property": ["metadata", ""]}"#.into(), "tenant_source.property[1]: must not be empty"),
         (r#"{"property": ["a\u0000b"]}"#.into(), "tenant_source.property[0]: must not contain a NUL character"),
-        (format!(r#"{{"property": {long}}}"#), "tenant_source.property: is 1025 bytes long, more than 1024"),
     ];
     for (v, want) in cases {
         let got = with_top(&format!(r#", "tenant_source": {v}"#)).unwrap_err();
