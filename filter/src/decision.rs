@@ -59,7 +59,8 @@ impl Compiled {
 
 /// What a group's tenants' local state belongs to: the instance (the
 /// service's cluster, the domain, the descriptor key, where the tenant is
-/// read) and the group (its name and limits). The mode is left out: a live
+/// read) and the group (its name, limits and local bucket: an instance with
+/// a tighter bucket never drains another's). The mode is left out: a live
 /// change of mode keeps the tenant's slot, and `modes` settles what the old
 /// mode's block held.
 fn group_scope(c: &PluginConfig, g: &Group) -> Scope {
@@ -78,6 +79,12 @@ fn group_scope(c: &PluginConfig, g: &Group) -> Scope {
         b = b
             .part(unit.descriptor_value().as_bytes())
             .part(&n.to_le_bytes());
+    }
+    if let Some(p) = c.local.bucket_for(g) {
+        b = b
+            .part(b"bucket")
+            .part(&p.tokens_per_second.to_le_bytes())
+            .part(&p.burst.to_le_bytes());
     }
     b.finish()
 }
@@ -479,6 +486,14 @@ mod tests {
             "x-tenant-id",
             30,
             r#", "tenant_source": {"property": ["metadata", "x"]}"#,
+        ));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "tenant",
+            "x-tenant-id",
+            30,
+            r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
         ));
     }
 
