@@ -43,7 +43,8 @@ counters! {
     FailureModeDenied => "tenant_ratelimit.failure_mode_denied",
     /// The call failed, timed out, or its answer was unusable.
     RlsError => "tenant_ratelimit.rls_error",
-    /// No tenant header (or an empty one), allowed or denied by the policy.
+    /// No tenant (no header, or no attribute), allowed or denied by the
+    /// policy.
     MissingTenant => "tenant_ratelimit.missing_tenant",
     /// Refused by the token bucket, no call.
     LocalOverLimit => "tenant_ratelimit.local_over_limit",
@@ -85,6 +86,8 @@ counters! {
     /// integer from 1 to `max_cost`: nothing more charged, the response
     /// untouched.
     ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
+    /// Refused (400): the tenant header was sent more than once; no call.
+    TenantRepeated => "tenant_ratelimit.tenant_repeated",
 }
 
 /// How many counters there are.
@@ -314,7 +317,11 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 19);
+        assert_eq!(COUNTERS, 20);
+        assert_eq!(
+            Counter::TenantRepeated.name(),
+            "tenant_ratelimit.tenant_repeated"
+        );
         assert_eq!(
             Counter::SyncOverLimit.name(),
             "tenant_ratelimit.sync_over_limit"

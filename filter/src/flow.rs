@@ -4,8 +4,9 @@
 //! Envoy calls the filter three times per request, and each call is one
 //! method of `Stream` here:
 //!
-//! 1. `on_request_headers`: read the tenant header; a value longer than
-//!    `max_tenant_length` is refused with 431 (`tenant_too_long`); a missing
+//! 1. `on_request_headers`: read the tenant (`tenant`); a value longer than
+//!    `max_tenant_length` is refused with 431 (`tenant_too_long`), a header
+//!    sent more than once with 400 (`tenant_repeated`); a missing
 //!    tenant is allowed or refused (`missing_tenant`); a tenant no group limits
 //!    passes; a limited one goes through the local layer (over-limit cache,
 //!    token bucket: a refusal there is a 429 with no call), then the request
@@ -42,6 +43,7 @@ use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError}
 use crate::modes::ModeStep;
 use crate::modes::{local_error, local_step, remember, route_step, store_heard, store_outcome};
 use crate::proto::{METHOD, SERVICE};
+use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
 use ratelimit_config::UnitLimits;
 
@@ -101,11 +103,11 @@ impl Stream {
         host: &H,
         vm: &Vm,
     ) -> Next {
-        let tenant = match host.request_header(&c.config.limits.header) {
+        let tenant = match tenant::read(&c.tenant, host) {
             Ok(t) => t,
             Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
         };
-        let mut limited = match first_step(c, tenant.as_deref()) {
+        let mut limited = match first_step(c, &tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
                 return Next::Continue;
@@ -119,6 +121,11 @@ impl Stream {
                 host.count(Counter::TenantTooLong);
                 record(host, None, None, false, Source::TenantTooLong);
                 return local_reply(host, 431, &[], "tenant header value too long\n");
+            }
+            Step::RepeatedTenant => {
+                host.count(Counter::TenantRepeated);
+                record(host, None, None, false, Source::TenantRepeated);
+                return local_reply(host, 400, &[], "tenant header sent more than once\n");
             }
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
@@ -145,11 +152,12 @@ impl Stream {
         self.own_statuses = limited.group.limits.len();
         let local = &c.config.local;
         let (at, route_at) = if local.enabled {
-            let (secret, name, tenant) = (&vm.slot_secret, &limited.group.name, &limited.tenant);
-            let at = slot_for(secret, name, tenant, local.slots);
+            let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
+            let scope = c.scope(limited.group_index);
+            let at = slot_for(secret, scope, tenant, local.slots);
             let on_route = limited
                 .route
-                .map(|r| route_slot_for(secret, name, tenant, &r.name, local.slots));
+                .map(|r| route_slot_for(secret, scope, tenant, &r.name, local.slots));
             (Some(at), on_route)
         } else {
             (None, None)

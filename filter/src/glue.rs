@@ -112,8 +112,9 @@ extern "C" {
 }
 
 // The SDK's `hostcalls::set_property` panics on any status but Ok (for one,
-// when Envoy refuses to overwrite a property): the import is called here
-// instead, and its status is returned as an error.
+// when Envoy refuses to overwrite a property), and its `get_property` both
+// panics on an unexpected status and reads an empty value as absent: the
+// imports are called here instead, and their status returned as an error.
 #[link(wasm_import_module = "env")]
 #[allow(clashing_extern_declarations)]
 extern "C" {
@@ -123,8 +124,6 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
-    // The SDK's `hostcalls::get_property` panics on a status it does not
-    // expect: the import is called here, and any status is an error.
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -218,6 +217,24 @@ impl Host for Envoy<'_> {
     fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
         hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
             .map_err(failed(HostCall::ResponseTrailer))
+    }
+
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host reads `path.len()` bytes of `path`; on Ok it
+        // writes the address and size of a buffer it allocated through
+        // `proxy_on_memory_allocate` (this module's allocator, as a Vec of
+        // that capacity), which the Vec below then owns.
+        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+        match status {
+            0 if data.is_null() => Ok(Some(Vec::new())),
+            // SAFETY: as above: `size` bytes at `data`, allocated for us.
+            0 => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
+            // NotFound.
+            1 => Ok(None),
+            other => Err(HostError::new(HostCall::Property, other)),
+        }
     }
 
     fn now_ms(&self) -> u64 {

@@ -9,8 +9,8 @@
 
 use std::fmt::Write;
 
-use crate::model::{descriptors, RequestDescriptors, TeamLimits, Unit};
-use crate::plugin::{LocalConfig, Mode};
+use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
+use crate::plugin::{LocalConfig, Mode, TenantSource};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -96,6 +96,8 @@ pub struct ExplainOptions<'a> {
     pub local: Option<&'a LocalConfig>,
     /// The Envoy route (its name) to explain the tenant's limits on.
     pub route: Option<&'a str>,
+    /// Where the filter reads the tenant (`tenant_source`).
+    pub tenant_source: &'a TenantSource,
 }
 
 /// One descriptor's section: its limit, entries, rule, Redis key and window.
@@ -140,10 +142,33 @@ fn descriptor_section(
     );
 }
 
+/// Where the tenant comes from, as `explain` and `check` say it.
+pub fn tenant_from(limits: &TeamLimits, source: &TenantSource) -> String {
+    match source {
+        TenantSource::Header => format!("header {}", limits.header),
+        TenantSource::Property(path) => format!(
+            "property {} (tenant_source; the {} header is not read)",
+            TenantSource::dotted(path),
+            limits.header
+        ),
+    }
+}
+
 /// The explanation, as the CLI prints it.
 pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now: u64) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "tenant:  {tenant:?} (header {})", limits.header);
+    let _ = writeln!(
+        out,
+        "tenant:  {tenant:?} ({})",
+        tenant_from(limits, opts.tenant_source)
+    );
+    let sent = tenant_value(tenant.as_bytes());
+    if sent != tenant {
+        let _ = writeln!(
+            out,
+            "sent as: {sent:?} (a '%' is written %25, so that no two tenant values share a counter)"
+        );
+    }
     let Some(group) = limits.group_for(tenant) else {
         let _ = writeln!(
             out,
@@ -158,6 +183,7 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         "not listed in any named group"
     };
     let _ = writeln!(out, "group:   {} ({why})", group.name);
+    let tenant = sent.as_ref();
     if opts.shadow || group.shadow {
         let whose = if group.shadow {
             "the group's \"shadow\": true"
@@ -301,7 +327,38 @@ mod tests {
         shadow: false,
         local: None,
         route: None,
+        tenant_source: &TenantSource::Header,
     };
+
+    #[test]
+    fn the_tenant_source_and_the_value_sent_are_named() {
+        let limits = seed();
+        let a = explain(&limits, &OPTS, "tenant-a", 0);
+        assert!(
+            a.starts_with("tenant:  \"tenant-a\" (header x-tenant-id)\ngroup:"),
+            "{a}"
+        );
+        let path = vec![
+            "metadata".to_string(),
+            "filter_metadata".into(),
+            "jwt".into(),
+            "tenant".into(),
+        ];
+        let source = TenantSource::Property(path);
+        let opts = ExplainOptions {
+            tenant_source: &source,
+            ..OPTS
+        };
+        let a = explain(&limits, &opts, "50%off", 0);
+        assert!(
+            a.starts_with("tenant:  \"50%off\" (property metadata.filter_metadata.jwt.tenant (tenant_source; the x-tenant-id header is not read))\nsent as: \"50%25off\" (a '%' is written %25, so that no two tenant values share a counter)\ngroup:   default"),
+            "{a}"
+        );
+        assert!(
+            a.contains("redis key:  internal-api_generic_key_per_second_tenant_50%25off_0"),
+            "{a}"
+        );
+    }
 
     #[test]
     fn a_shadowed_group_says_so() {

@@ -31,10 +31,10 @@ pub mod span;
 #[cfg(feature = "cli")]
 pub mod team_file;
 
-pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
+pub use model::{descriptors, tenant_value, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
     parse_plugin_config, BucketParams, GroupLocal, HeaderMode, LocalConfig, MissingTenant, Mode,
-    PluginConfig, LEASE_TICK_MS,
+    PluginConfig, TenantSource, LEASE_TICK_MS,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

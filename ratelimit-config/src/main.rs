@@ -19,7 +19,7 @@ use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
 use ratelimit_config::team_file::{check_team_file, syntax_error, Finding, Severity};
-use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits};
+use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits, TenantSource};
 use serde_json::Value;
 
 /// Per-tenant rate limits for Envoy, from one small JSON file.
@@ -373,7 +373,8 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
-    let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
+    let (limits, domain, descriptor_key, shadow, local, source) = match (&a.file, &a.plugin_config)
+    {
         (_, Some(p)) => {
             let c = load_plugin(p)?;
             (
@@ -382,6 +383,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 c.descriptor_key,
                 c.shadow,
                 Some(c.local),
+                c.tenant_source,
             )
         }
         (Some(f), None) => {
@@ -389,7 +391,15 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key, false, None)
+            let source = TenantSource::Header;
+            (
+                limits,
+                a.domain.unwrap_or_default(),
+                key,
+                false,
+                None,
+                source,
+            )
         }
         // clap requires one of them.
         (None, None) => return Ok(ExitCode::FAILURE),
@@ -406,6 +416,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         shadow,
         local: local.as_ref(),
         route: a.route.as_deref(),
+        tenant_source: &source,
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)
@@ -442,6 +453,7 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
             "ok: {} descriptors of {} groups match the rules of domain {:?}",
             report.checked, report.groups, plugin.domain
         );
+        println!("tenant from: {}", report.tenant_from);
         if !report.shadowed.is_empty() {
             println!(
                 "shadow (refusals counted, never enforced): {}",

@@ -1,5 +1,6 @@
 //! The team limits model: one header, a default group and named groups of tenants.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// A time unit a group can be limited over. Windows align to the clock.
@@ -293,6 +294,43 @@ impl<'a> RequestDescriptors<'a> {
     }
 }
 
+/// The tenant value the filter sends for a raw value (a header's bytes, or
+/// a property's): the raw value with each byte that is not part of valid
+/// UTF-8, and each `%`, written as `%XX` (uppercase hex). Injective, so two
+/// distinct raw values never share a counter, and always valid UTF-8, as a
+/// protobuf string must be. Borrowed when there is nothing to write (valid
+/// UTF-8 without `%`: nearly every tenant); at most three times as long.
+pub fn tenant_value(raw: &[u8]) -> Cow<'_, str> {
+    if !raw.contains(&b'%') {
+        if let Ok(s) = std::str::from_utf8(raw) {
+            return Cow::Borrowed(s);
+        }
+    }
+    let mut out = String::with_capacity(raw.len() + 8);
+    for chunk in raw.utf8_chunks() {
+        let mut valid = chunk.valid();
+        while let Some(at) = valid.bytes().position(|b| b == b'%') {
+            out.push_str(valid.get(..at).unwrap_or_default());
+            push_escaped(&mut out, b'%');
+            valid = valid.get(at + 1..).unwrap_or_default();
+        }
+        out.push_str(valid);
+        for &b in chunk.invalid() {
+            push_escaped(&mut out, b);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `%XX`, uppercase.
+fn push_escaped(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let hex = |n: u8| char::from(HEX.get(usize::from(n)).copied().unwrap_or(b'0'));
+    out.push('%');
+    out.push(hex(b >> 4));
+    out.push(hex(b & 15));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +377,49 @@ mod tests {
         assert!(t.group_for("tenant-a").is_none());
         assert_eq!(t.group_index_for("tenant-b").map(|(i, _)| i), Some(0));
         assert_eq!(t.group_count(), 1);
+    }
+
+    #[test]
+    fn tenant_values_escape_what_is_not_utf8_and_the_escape_itself() {
+        assert!(matches!(
+            tenant_value(b"tenant-a"),
+            Cow::Borrowed("tenant-a")
+        ));
+        assert_eq!(tenant_value("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(tenant_value(b"vic\xfftim"), "vic%FFtim");
+        assert_eq!(tenant_value(b"vic\xfetim"), "vic%FEtim");
+        assert_eq!(tenant_value("vic\u{FFFD}tim".as_bytes()), "vic\u{FFFD}tim");
+        assert_eq!(tenant_value(b"vic%FFtim"), "vic%25FFtim");
+        assert_eq!(tenant_value(b"50%"), "50%25");
+        assert_eq!(tenant_value(b"%\xc3"), "%25%C3");
+        assert_eq!(tenant_value(b""), "");
+    }
+
+    /// What the escape means: `%XX` back to its byte gives the raw value.
+    fn unescape(s: &str) -> Vec<u8> {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_raw_value_is_its_own_tenant(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            let v = tenant_value(&raw);
+            // Decodes back to the raw bytes: no two raw values give one.
+            proptest::prop_assert_eq!(unescape(&v), raw.clone());
+            proptest::prop_assert!(v.len() <= 3 * raw.len());
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 
 use std::fmt::Write;
 
-use crate::model::{Group, TeamLimits, Unit, ROUTE_DESCRIPTOR_KEY};
+use crate::model::{tenant_value, Group, TeamLimits, Unit, ROUTE_DESCRIPTOR_KEY};
 
 /// `s` as a YAML scalar that Go's yaml.v2 (YAML 1.1, what the rate-limit
 /// service reads with) and any YAML 1.2 reader both read back as this exact
@@ -174,7 +174,17 @@ fn group_rules(out: &mut String, g: &Group, descriptor_key: &str, unit: Unit) {
     let limit = g.limits.get(unit);
     let label = label(g);
     for t in &g.tenants {
-        rule(out, 6, descriptor_key, Some(t), &label, unit, Some(limit));
+        // The value as the filter sends it (a `%` written `%25`).
+        let sent = tenant_value(t.as_bytes());
+        rule(
+            out,
+            6,
+            descriptor_key,
+            Some(&sent),
+            &label,
+            unit,
+            Some(limit),
+        );
         route_rules(out, g, &label, unit);
     }
 }

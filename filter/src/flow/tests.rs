@@ -8,9 +8,9 @@ use crate::access_log;
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
 use crate::health::WARN_INTERVAL_MS;
-use crate::local::{slot_for, Slot, SlotKey};
+use crate::local::{Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
-use crate::testing::{status, HostCall, MemHost, Worker};
+use crate::testing::{slot_of, status, HostCall, MemHost, Worker};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -95,11 +95,87 @@ fn a_missing_tenant_is_allowed_and_counted() {
     let h = host(&c);
     let (_, next) = request(&c, &h, None);
     assert_eq!(next, Next::Continue);
-    // An empty header is no tenant either.
-    let (_, next) = request(&c, &h, Some(""));
-    assert_eq!(next, Next::Continue);
-    assert_eq!(counted(&h), vec![n(Counter::MissingTenant, 2)]);
+    assert_eq!(counted(&h), vec![n(Counter::MissingTenant, 1)]);
     assert_eq!((h.call_count(), h.reply_count()), (0, 0));
+}
+
+/// The tenant sent to the service by the last call.
+fn tenant_asked(h: &MemHost) -> String {
+    let call = h.calls().pop().unwrap();
+    let r = RateLimitRequest::decode(&call.message[..]).unwrap();
+    r.descriptors[0].entries[1].value.clone()
+}
+
+#[test]
+fn an_empty_tenant_is_a_tenant_with_its_own_counter() {
+    // As in Envoy's own rate-limit filter: the header was sent, empty.
+    // Everyone who sends it empty shares that one counter; it is never a
+    // way around the limit, with either policy.
+    for policy in ["allow", "deny"] {
+        let c = config(&format!(r#", "missing_tenant": "{policy}""#));
+        let h = host(&c);
+        let (_, next) = request(&c, &h, Some(""));
+        assert_eq!((next, h.call_count(), h.reply_count()), (Next::Pause, 1, 0));
+        assert_eq!(tenant_asked(&h), "");
+        assert_eq!(counted(&h), vec![]);
+    }
+}
+
+#[test]
+fn a_tenant_header_sent_twice_is_a_400_never_asked() {
+    let c = config("");
+    let h = host(&c);
+    let slots_before = h.shared_snapshot();
+    // An empty first value would once have been no tenant at all.
+    for (first, second) in [
+        ("", "tenant-a"),
+        ("tenant-a", "tenant-b"),
+        ("tenant-a", "tenant-a"),
+    ] {
+        h.set_request_header(HEADER, first.as_bytes());
+        h.append_request_header(HEADER, second.as_bytes());
+        let mut s = Stream::default();
+        assert_eq!(s.on_request_headers(&c, &h, &h.vm), Next::Pause);
+    }
+    let replies = h.replies();
+    assert_eq!(replies.len(), 3);
+    assert!(replies.iter().all(|r| r.status == 400), "{replies:?}");
+    assert_eq!(replies[0].body, "tenant header sent more than once\n");
+    assert_eq!(counted(&h), vec![n(Counter::TenantRepeated, 3)]);
+    assert_eq!(h.call_count(), 0);
+    assert_eq!(h.shared_snapshot(), slots_before);
+    let sources: Vec<String> = h
+        .properties()
+        .into_iter()
+        .filter(|(k, _)| k == access_log::SOURCE)
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(sources, ["tenant_repeated"; 3]);
+    // One value holding a comma is one tenant.
+    let (_, next) = request(&c, &h, Some("a,b"));
+    assert_eq!((next, h.call_count()), (Next::Pause, 1));
+    assert_eq!(tenant_asked(&h), "a,b");
+}
+
+#[test]
+fn the_tenant_from_a_property_reads_no_header() {
+    let c = config(
+        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+    );
+    let h = host(&c);
+    h.fail(HostCall::RequestHeader);
+    h.set_request_header(HEADER, b"victim");
+    h.set_attribute(
+        "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0tenant",
+        b"tenant-b",
+    );
+    let mut s = Stream::default();
+    assert_eq!(s.on_request_headers(&c, &h, &h.vm), Next::Pause);
+    assert_eq!(tenant_asked(&h), "tenant-b");
+    // Its group is the one that lists it.
+    let r = RateLimitRequest::decode(&h.calls()[0].message[..]).unwrap();
+    assert_eq!(r.descriptors.len(), 2);
+    assert_eq!(counted(&h), vec![]);
 }
 
 #[test]
@@ -201,7 +277,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
     // The tenant's slot remembers the refusal until the minute's window
     // ends: asked at 20.25 s past a whole second, 40 s left.
     let group = &c.config.limits.group_for("tenant-a").unwrap().name;
-    let at = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
+    let at = slot_of(&c, &h.slot_secret(), group, "tenant-a");
     let stored = h.shared_value(&SlotKey::new(at.index)).unwrap();
     let slot = Slot::decode(&stored).unwrap();
     assert_eq!(slot.fingerprint, at.fingerprint);
@@ -336,7 +412,7 @@ fn an_undecodable_answer_is_a_limiter_error() {
 fn a_header_that_cannot_be_read_is_a_limiter_error() {
     let c = config("");
     let h = host(&c);
-    h.fail(HostCall::RequestHeader);
+    h.fail(HostCall::Property);
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Continue);
     assert_eq!(h.call_count(), 0);
@@ -551,13 +627,13 @@ fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
         .map(|(now, _)| &now.0)
         .collect();
     let group = "default";
-    let original = slot_for(
+    let original = slot_of(
+        &c,
         &crate::local::SlotSecret::from_bytes(crate::testing::MEMHOST_SECRET),
         group,
         "tenant-a",
-        c.config.local.slots,
     );
-    let other = slot_for(&h.slot_secret(), group, "tenant-a", c.config.local.slots);
+    let other = slot_of(&c, &h.slot_secret(), group, "tenant-a");
     assert_ne!(original.index, other.index);
     assert_eq!(changed, vec![SlotKey::new(other.index).as_str()]);
 }
@@ -1125,12 +1201,7 @@ fn a_bad_cost_is_a_400_counted_and_never_asked() {
     assert_eq!(counted(&h), vec![n(Counter::CostInvalid, 6)]);
     assert_eq!(h.call_count(), 0);
     // Nothing was stored for the tenant either.
-    let at = slot_for(
-        &h.slot_secret(),
-        "default",
-        "tenant-a",
-        c.config.local.slots,
-    );
+    let at = slot_of(&c, &h.slot_secret(), "default", "tenant-a");
     assert_eq!(
         h.shared_value(&SlotKey::new(at.index)),
         Some(vec![0; crate::local::SLOT_BYTES])

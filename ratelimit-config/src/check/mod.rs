@@ -22,7 +22,8 @@ pub use lookup::lookup;
 pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig};
 
 use crate::error::excerpt;
-use crate::model::{descriptors, Group, RequestDescriptors, Unit};
+use crate::explain::tenant_from;
+use crate::model::{descriptors, tenant_value, Group, RequestDescriptors, Unit};
 use crate::plugin::PluginConfig;
 use crate::span::Position;
 
@@ -38,6 +39,8 @@ pub struct CheckReport {
     /// Groups in shadow (the plugin's `shadow`, or their own): the service
     /// must still refuse them, the filter lets those refusals through.
     pub shadowed: Vec<String>,
+    /// Where the filter reads the tenant (`explain::tenant_from`).
+    pub tenant_from: String,
 }
 
 /// Values under `key` in any rule one level down: tenants the service knows
@@ -55,7 +58,10 @@ fn named_values(roots: &[Rule], key: &str) -> BTreeSet<String> {
 /// Checks every descriptor the filter configured by `plugin` can send
 /// against `services` (every config file the service loads).
 pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
-    let mut report = CheckReport::default();
+    let mut report = CheckReport {
+        tenant_from: tenant_from(&plugin.limits, &plugin.tenant_source),
+        ..CheckReport::default()
+    };
     let domain = plugin.domain.as_str();
     let matching: Vec<&ServiceConfig> = services.iter().filter(|s| s.domain == domain).collect();
     let service = match matching.as_slice() {
@@ -88,10 +94,15 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
     };
     let limits = &plugin.limits;
     let key = plugin.descriptor_key.as_str();
-    let listed: BTreeSet<&str> = limits
+    // Listed tenants as the filter sends them (a `%` written `%25`).
+    let listed: BTreeSet<String> = limits
         .groups
         .iter()
-        .flat_map(|g| g.tenants.iter().map(String::as_str))
+        .flat_map(|g| {
+            g.tenants
+                .iter()
+                .map(|t| tenant_value(t.as_bytes()).into_owned())
+        })
         .collect();
     for group in limits.all_groups() {
         report.groups += 1;
@@ -103,7 +114,7 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
             // and each it does have one for (such a rule would catch it).
             let mut any = "<any other tenant>".to_string();
             let named = named_values(&service.descriptors, key);
-            while named.contains(&any) || listed.contains(any.as_str()) {
+            while named.contains(&any) || listed.contains(&any) {
                 any.push('_');
             }
             let mut t = vec![(any, "any other tenant".to_string())];
@@ -111,10 +122,10 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
                 if v.contains('*') {
                     // The shortest value the pattern matches stands for all.
                     let sample = v.replace('*', "");
-                    if !listed.contains(sample.as_str()) {
+                    if !listed.contains(&sample) {
                         t.push((sample, format!("tenants matching {}", excerpt(&v))));
                     }
-                } else if !listed.contains(v.as_str()) {
+                } else if !listed.contains(&v) {
                     t.push((v.clone(), format!("tenant {}", excerpt(&v))));
                 }
             }
@@ -123,7 +134,12 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
             group
                 .tenants
                 .iter()
-                .map(|t| (t.clone(), format!("tenant {t:?}")))
+                .map(|t| {
+                    (
+                        tenant_value(t.as_bytes()).into_owned(),
+                        format!("tenant {t:?}"),
+                    )
+                })
                 .collect()
         };
         for (tenant, shown) in &tenants {
@@ -269,6 +285,31 @@ mod tests {
         assert!(r.warnings.is_empty());
         // default: 3 units for any other tenant; group_1: 3 units × 2 tenants.
         assert_eq!((r.groups, r.checked), (2, 9));
+    }
+
+    #[test]
+    fn a_listed_tenant_with_a_percent_sign_is_named_as_the_filter_sends_it() {
+        let text = r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1},
+            "g": {"perhour": 5, "header_value": ["50%off"]}}}, "rate_limit_service": {"cluster": "rl"}}"#;
+        let p = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let yaml = service_yaml(&p.limits, "d", "tenant", "limits.json");
+        assert!(yaml.contains("value: \"50%25off\"  # g"), "{yaml}");
+        let r = check(
+            &p,
+            &[parse_service_config("ratelimit.yaml", &yaml).unwrap()],
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(r.tenant_from, "header x-t");
+        // The raw value in the YAML would match nothing the filter sends.
+        let raw = yaml.replace("50%25off", "50%off");
+        let r = check(&p, &[parse_service_config("ratelimit.yaml", &raw).unwrap()]);
+        let found: Vec<String> = r.problems.iter().map(|p| p.message.clone()).collect();
+        assert!(
+            found.iter().any(|m| m.starts_with(
+                "g tenant \"50%off\", per_hour: matches d.generic_key_per_hour.tenant,"
+            )),
+            "{found:?}"
+        );
     }
 
     #[test]

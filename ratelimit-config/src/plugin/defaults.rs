@@ -54,6 +54,10 @@ pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
 pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
 pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
 
+/// The most segments `tenant_source.property` may have (`PROPERTY_SHAPE`
+/// in the parser says it too).
+pub const MAX_PROPERTY_SEGMENTS: usize = 16;
+
 /// `max_tenant_length` for a team file whose longest listed tenant is
 /// `longest` bytes: the default, or that length when it is longer (a team
 /// file may list values up to 256 bytes), so that limits the CLI accepts are

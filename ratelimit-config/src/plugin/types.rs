@@ -34,6 +34,28 @@ pub struct PluginConfig {
     /// header or trailer; at most `max_cost`): None, the request's cost is
     /// all that is charged.
     pub response_cost: Option<CostConfig>,
+    /// Where the tenant comes from (`tenant_source`): the team file's
+    /// header unless it says otherwise.
+    pub tenant_source: TenantSource,
+}
+
+/// Where the filter reads a request's tenant (`tenant_source`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TenantSource {
+    /// The request header the team file names (`limits`' top-level key).
+    #[default]
+    Header,
+    /// An Envoy attribute, by its path (`{"property": [...]}`): for example
+    /// the claim that `jwt_authn` verified and put in the request's dynamic
+    /// metadata (`payload_in_metadata`). No header is read.
+    Property(Vec<String>),
+}
+
+impl TenantSource {
+    /// The property path, dotted, as the docs and `explain` show it.
+    pub fn dotted(path: &[String]) -> String {
+        path.join(".")
+    }
 }
 
 impl PluginConfig {

@@ -22,10 +22,10 @@ use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS,
     DEFAULT_MAX_COST, DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM,
     DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_MAX_COST,
-    MAX_MAX_TENANT_LENGTH, MAX_TIMEOUT_MS, PPM,
+    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
 };
 use super::names::Named;
-use super::types::{CostConfig, PluginConfig};
+use super::types::{CostConfig, PluginConfig, TenantSource};
 
 const KEYS: &[&str] = &[
     "domain",
@@ -43,7 +43,10 @@ const KEYS: &[&str] = &[
     "cost_header",
     "max_cost",
     "response_cost_header",
+    "tenant_source",
 ];
+const TENANT_SOURCE_KEYS: &[&str] = &["property"];
+const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
@@ -226,6 +229,8 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         header,
         max: max_cost,
     });
+    let tenant_source =
+        get("tenant_source").map_or(TenantSource::Header, |v| tenant_source(v, &mut errors));
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -247,6 +252,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 near_limit_ppm,
                 cost,
                 response_cost,
+                tenant_source,
             },
             warnings,
         )),
@@ -385,6 +391,44 @@ fn request_cost(
         header: name.to_string(),
         max: max?,
     })
+}
+
+/// `tenant_source`: `{"property": [segment, ...]}`, the path of an Envoy
+/// attribute (each segment a non-empty string; proxy-wasm joins them with
+/// NUL, so a segment cannot hold one).
+fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
+    const BASE: &str = "tenant_source";
+    let Some(obj) = errors.record(BASE, object(v)) else {
+        return TenantSource::Header;
+    };
+    check_keys(obj, BASE, TENANT_SOURCE_KEYS, errors);
+    let path = join(BASE, "property");
+    let Some(p) = obj.get("property") else {
+        errors.push(
+            path,
+            FieldError::Missing(
+                "the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]",
+            ),
+        );
+        return TenantSource::Header;
+    };
+    let items = match p.as_array() {
+        Some(items) if (1..=MAX_PROPERTY_SEGMENTS).contains(&items.len()) => items,
+        _ => {
+            errors.push(path, PROPERTY_SHAPE);
+            return TenantSource::Header;
+        }
+    };
+    let mut segments = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        match errors.record(&at, non_empty_string(item)) {
+            Some(s) if s.contains('\0') => errors.push(at, "must not contain a NUL character"),
+            Some(s) => segments.push(s.to_string()),
+            None => {}
+        }
+    }
+    TenantSource::Property(segments)
 }
 
 fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {

@@ -28,6 +28,39 @@ fn minimal_config_takes_defaults() {
     assert_eq!(c.local, LocalConfig::default());
     assert!(!c.shadow);
     assert_eq!(c.near_limit_ppm, 800_000);
+    assert_eq!(c.tenant_source, TenantSource::Header);
+}
+
+#[test]
+fn the_tenant_comes_from_the_header_or_a_property_path() {
+    let c = with_top(
+        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+    )
+    .unwrap();
+    let TenantSource::Property(path) = &c.tenant_source else {
+        panic!("{:?}", c.tenant_source)
+    };
+    assert_eq!(
+        TenantSource::dotted(path),
+        "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.tenant"
+    );
+    let cases = [
+        (r#""jwt""#.to_string(), "tenant_source: must be an object, got string \"jwt\""),
+        ("{}".into(), "tenant_source.property: missing: the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]"),
+        (r#"{"property": "metadata.x"}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (r#"{"property": []}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (format!(r#"{{"property": {:?}}}"#, ["a"; 17]), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (r#"{"property": ["metadata", ""]}"#.into(), "tenant_source.property[1]: must not be empty"),
+        (r#"{"property": ["a\u0000b"]}"#.into(), "tenant_source.property[0]: must not contain a NUL character"),
+    ];
+    for (v, want) in cases {
+        let got = with_top(&format!(r#", "tenant_source": {v}"#)).unwrap_err();
+        assert_eq!(got, vec![want], "{v}");
+    }
+    assert_eq!(
+        with_top(r#", "tenant_source": {"header": "x"}"#).unwrap_err(),
+        vec!["tenant_source.header: unknown key \"header\", expected one of property", "tenant_source.property: missing: the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]"]
+    );
 }
 
 fn with_top(extra: &str) -> Result<PluginConfig, Vec<String>> {
@@ -400,7 +433,7 @@ fn bad_configs_name_their_field() {
         errs(&format!(
             r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
         )),
-        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header"]
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source"]
     );
     assert_eq!(
         errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
