@@ -142,6 +142,8 @@ pub struct Vm {
     /// This VM's "cannot call the service" warnings
     /// (`health::dispatch_failed`).
     pub dispatch_warnings: LogThrottle,
+    /// This VM's "no rule for a descriptor" warnings (`health::no_rule`).
+    pub no_rule_warnings: LogThrottle,
     pub mailbox: Mailbox,
 }
 
@@ -150,6 +152,7 @@ impl Vm {
         Vm {
             slot_secret,
             dispatch_warnings: LogThrottle::new(),
+            no_rule_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),
         }
     }

@@ -4,6 +4,7 @@
 //! `local` section is read by [`local`].
 
 mod local;
+mod metrics;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +43,7 @@ const KEYS: &[&str] = &[
     "near_limit_ratio",
     "cost_header",
     "max_cost",
+    "metrics",
 ];
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
@@ -72,6 +74,15 @@ fn one_of<T: Named>(v: &Value, path: &str, errors: &mut Errors) -> Option<T> {
         );
     }
     found
+}
+
+/// The message for a name that is no group of `limits`.
+fn no_such_group(limits: &TeamLimits) -> String {
+    let names: Vec<&str> = limits.all_groups().map(|g| g.name.as_str()).collect();
+    format!(
+        "no such group in limits, expected one of {}",
+        names.join(", ")
+    )
 }
 
 /// The value of an optional key: its default when it is left out, and also
@@ -219,6 +230,8 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         limits.as_ref(),
         &mut errors,
     );
+    let metrics =
+        metrics::metrics_config(get("metrics"), limits.as_ref(), &mut errors, &mut warnings);
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -239,6 +252,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 shadow,
                 near_limit_ppm,
                 cost,
+                metrics,
             },
             warnings,
         )),
