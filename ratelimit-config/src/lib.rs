@@ -23,6 +23,8 @@ pub mod envoy_rate_limits;
 #[cfg(feature = "cli")]
 pub mod explain;
 #[cfg(feature = "cli")]
+pub mod render;
+#[cfg(feature = "cli")]
 pub mod schema;
 #[cfg(feature = "cli")]
 pub mod service_yaml;
@@ -30,6 +32,10 @@ pub mod service_yaml;
 pub mod span;
 #[cfg(feature = "cli")]
 pub mod team_file;
+#[cfg(feature = "cli")]
+pub mod yaml_in;
+#[cfg(feature = "cli")]
+pub mod yaml_out;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{

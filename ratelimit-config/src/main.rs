@@ -15,6 +15,10 @@ use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
 use ratelimit_config::plugin::{
     plugin_config_json, PluginOptions, DEFAULT_DESCRIPTOR_KEY, DEFAULT_TIMEOUT_MS,
 };
+use ratelimit_config::render::deployment::{
+    deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
+};
+use ratelimit_config::render::{render, write_rendered, RenderError, Target, Team};
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
@@ -114,6 +118,53 @@ enum Command {
     },
     /// Print a JSON Schema (draft 2020-12) of the team limits file, for editors.
     Schema,
+    /// Write every deployment artifact of one target from the team file:
+    /// istio (WasmPlugin), envoy-gateway (EnvoyExtensionPolicy, EnvoyProxy),
+    /// envoy (bootstrap pieces; with --namespace, the sidecar Deployment);
+    /// each with the rate-limit service, its Redis and NetworkPolicies.
+    ///
+    /// Settings come from --deployment FILE (YAML or JSON), then the flags.
+    /// Plugin settings: `plugin:` in the file or --plugin PATH=VALUE
+    /// (e.g. --plugin local.mode=lease --plugin shadow=true
+    /// --plugin 'metrics.groups=[gold, silver]'); any other key:
+    /// --set PATH=VALUE (e.g. --set service.port=9000).
+    #[command(verbatim_doc_comment)]
+    Render {
+        /// The team limits JSON file (`-`: standard input).
+        file: PathBuf,
+        /// What to write for.
+        #[arg(long, value_parser = ["istio", "envoy-gateway", "envoy"])]
+        target: String,
+        /// Output directory (created when missing; files an earlier render wrote there and this one does not are removed).
+        #[arg(long)]
+        out: PathBuf,
+        /// A deployment description (YAML or JSON): domain, namespace, image, sha256,
+        /// fail_strategy, service, cluster_domain, redis, workload, istio, envoy_gateway,
+        /// envoy, plugin. See docs/deploying.md.
+        #[arg(long, value_name = "FILE")]
+        deployment: Option<PathBuf>,
+        /// The rate-limit service domain.
+        #[arg(long)]
+        domain: Option<String>,
+        /// The Kubernetes namespace of everything rendered.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The filter's OCI image (the compat variant `make oci-push` pushes).
+        #[arg(long)]
+        image: Option<String>,
+        /// The image's manifest digest (`make oci` prints it), hex or sha256:hex.
+        #[arg(long)]
+        sha256: Option<String>,
+        /// When the filter cannot run: open (requests pass, unlimited) or closed (refused).
+        #[arg(long, value_parser = ["open", "closed"])]
+        fail_strategy: Option<String>,
+        /// A description setting, PATH=VALUE (VALUE read as YAML).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML).
+        #[arg(long = "plugin", value_name = "PATH=VALUE")]
+        plugin: Vec<String>,
+    },
 }
 
 /// Why a command failed. Its `Display` is what stderr shows: one line per
@@ -148,6 +199,12 @@ enum CliError {
     GeneratedYaml(Vec<Problem>),
     /// The generated files disagree with each other: a bug.
     Disagree(Vec<Problem>),
+    /// A bad command-line value.
+    Usage(String),
+    /// The deployment description's problems.
+    Description(Vec<DescriptionError>),
+    /// What `render` refused.
+    Render(RenderError),
 }
 
 /// Each of `items` on a line of its own, after `prefix`.
@@ -189,6 +246,9 @@ impl fmt::Display for CliError {
             CliError::Disagree(problems) => {
                 lines(f, "generated files disagree (a bug): ", problems)
             }
+            CliError::Usage(message) => f.write_str(message),
+            CliError::Description(errors) => lines(f, "", errors),
+            CliError::Render(e) => e.fmt(f),
         }
     }
 }
@@ -205,17 +265,47 @@ impl std::error::Error for CliError {
     }
 }
 
+/// A file's text; `-` is standard input (read once: a second `-` is empty).
 fn read(path: &Path) -> Result<String, CliError> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        return io::Read::read_to_string(&mut io::stdin(), &mut text)
+            .map(|_| text)
+            .map_err(|source| CliError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+    }
     std::fs::read_to_string(path).map_err(|source| CliError::Read {
         path: path.to_path_buf(),
         source,
     })
 }
 
+/// How messages name a file: `-` is `<stdin>`.
+fn shown(path: &Path) -> String {
+    if path == Path::new("-") {
+        "<stdin>".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// A file's name for a generated header: only its name, so the output does
+/// not depend on where it ran.
+fn source_name(path: &Path) -> String {
+    if path == Path::new("-") {
+        return "stdin".into();
+    }
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
 /// Reads and checks one team file; its warnings are printed.
 fn load_team(path: &Path) -> Result<(Value, TeamLimits), CliError> {
     let text = read(path)?;
-    let report = check_team_file(&path.display().to_string(), &text);
+    let report = check_team_file(&shown(path), &text);
     match report.parsed {
         Some(parsed) => {
             for warning in &report.findings {
@@ -300,12 +390,7 @@ struct GenerateArgs {
 
 fn generate(a: &GenerateArgs) -> Result<(), CliError> {
     let (doc, limits) = load_team(&a.file)?;
-    // Only the file name: the output must not depend on where it ran.
-    let source = a
-        .file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| a.file.display().to_string());
+    let source = source_name(&a.file);
     let yaml = service_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let native = envoy_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let plugin = plugin_config_json(
@@ -445,6 +530,70 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
     }
 }
 
+struct RenderArgs {
+    file: PathBuf,
+    target: String,
+    out: PathBuf,
+    deployment: Option<PathBuf>,
+    /// (description key, value) of the named flags.
+    flags: Vec<(&'static str, String)>,
+    set: Vec<String>,
+    plugin: Vec<String>,
+}
+
+fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
+    let target = Target::from_name(&a.target)
+        .ok_or_else(|| CliError::Usage(format!("unknown target {:?}", a.target)))?;
+    let (json, limits) = load_team(&a.file)?;
+    let (mut description, mut sources) = match &a.deployment {
+        Some(path) => read_description(&shown(path), &read(path)?)
+            .map_err(|e| CliError::Description(vec![e]))?,
+        None => (Value::Object(Default::default()), Sources::default()),
+    };
+    if !description.is_object() {
+        description = Value::Object(Default::default());
+    }
+    for (key, value) in &a.flags {
+        set_path(&mut description, key, Value::String(value.clone()));
+        sources
+            .flags
+            .insert((*key).to_string(), format!("--{}", key.replace('_', "-")));
+    }
+    for (flag, args, prefix) in [("--set", &a.set, ""), ("--plugin", &a.plugin, "plugin.")] {
+        for arg in args {
+            let (path, value) =
+                parse_assignment(arg).map_err(|m| CliError::Usage(format!("{flag} {m}")))?;
+            let path = format!("{prefix}{path}");
+            set_path(&mut description, &path, value);
+            sources.flags.insert(
+                path,
+                format!("{flag} {}", arg.split('=').next().unwrap_or(arg)),
+            );
+        }
+    }
+    let dep = deployment(&description, &sources, target).map_err(CliError::Description)?;
+    let source = source_name(&a.file);
+    let team = Team {
+        source: &source,
+        json: &json,
+        limits: &limits,
+    };
+    let place = |path: &str| sources.place(path);
+    let (files, warnings) = render(&team, &dep, target, &place).map_err(CliError::Render)?;
+    for w in &warnings {
+        eprintln!(
+            "{}: warning: plugin configuration: {w}",
+            place(&format!("plugin.{}", w.path))
+        );
+    }
+    for path in
+        write_rendered(&a.out, &files).map_err(|(path, source)| CliError::Write { path, source })?
+    {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Validate { files } => Ok(validate(&files)),
@@ -485,6 +634,37 @@ fn main() -> ExitCode {
             plugin_config,
             service_config,
         } => Ok(check_cmd(&plugin_config, &service_config)),
+        Command::Render {
+            file,
+            target,
+            out,
+            deployment,
+            domain,
+            namespace,
+            image,
+            sha256,
+            fail_strategy,
+            set,
+            plugin,
+        } => render_cmd(&RenderArgs {
+            file,
+            target,
+            out,
+            deployment,
+            flags: [
+                ("domain", domain),
+                ("namespace", namespace),
+                ("image", image),
+                ("sha256", sha256),
+                ("fail_strategy", fail_strategy),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect(),
+            set,
+            plugin,
+        })
+        .map(|()| ExitCode::SUCCESS),
         Command::Schema => serde_json::to_string_pretty(&team_limits_schema())
             .map(|s| {
                 println!("{s}");
