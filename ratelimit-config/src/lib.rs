@@ -19,6 +19,8 @@ pub mod validate;
 #[cfg(feature = "cli")]
 pub mod check;
 #[cfg(feature = "cli")]
+pub mod deployed;
+#[cfg(feature = "cli")]
 pub mod envoy_rate_limits;
 #[cfg(feature = "cli")]
 pub mod explain;

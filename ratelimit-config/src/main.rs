@@ -1,6 +1,7 @@
 //! `ratelimit-config`: validates a team limits file and generates the
 //! configurations that must agree with it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Parser, Subcommand};
 use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
+use ratelimit_config::deployed::{self, Placement};
 use ratelimit_config::envoy_rate_limits::envoy_rate_limits_yaml;
 use ratelimit_config::explain::{explain, ExplainOptions};
 use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
@@ -336,6 +338,11 @@ fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
     }
     if let Err(e) = serde_json::from_str::<Value>(&text) {
         let (at, error) = syntax_error(&text, &e);
+        // Not JSON: a deployed object in YAML (a WasmPlugin, an
+        // EnvoyExtensionPolicy, an Envoy bootstrap) holding it.
+        if !text.trim_start().starts_with(['{', '[']) {
+            return load_deployed_plugin(&file, &text, (at, error));
+        }
         return Err(CliError::Findings(vec![found(at, error)]));
     }
     match parse_plugin_config(text.as_bytes()) {
@@ -351,9 +358,110 @@ fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
     }
 }
 
-fn load_service(path: &Path) -> Result<ServiceConfig, CliError> {
+/// The plugin configuration held by a deployed object in YAML; `json_error`
+/// is what is reported when the text is not YAML either.
+fn load_deployed_plugin(
+    file: &str,
+    text: &str,
+    json_error: (Position, ConfigError),
+) -> Result<PluginConfig, CliError> {
+    let finding = |at: Position, path: String, message: String| Finding {
+        file: file.to_string(),
+        at,
+        severity: Severity::Error,
+        error: ConfigError { path, message },
+    };
+    let found = match deployed::plugin_config(text) {
+        Ok(f) => f,
+        // Not YAML either: the JSON error says the most.
+        Err(_) if ratelimit_config::yaml_in::documents(text).is_err() => {
+            return Err(CliError::Findings(vec![finding(
+                json_error.0,
+                json_error.1.path,
+                json_error.1.message,
+            )]))
+        }
+        Err((at, message)) => {
+            return Err(CliError::Findings(vec![finding(
+                at,
+                String::new(),
+                message,
+            )]))
+        }
+    };
+    let mut findings: Vec<Finding> = found
+        .problems
+        .iter()
+        .map(|(at, m)| finding(*at, String::new(), m.clone()))
+        .collect();
+    let bytes = serde_json::to_vec(&found.value).map_err(|source| CliError::Serialise {
+        what: "plugin configuration",
+        source,
+    })?;
+    match parse_plugin_config(&bytes) {
+        Ok((config, _)) if findings.is_empty() => Ok(config),
+        Ok(_) => Err(CliError::Findings(findings)),
+        Err(errors) => {
+            findings.extend(errors.into_iter().map(|e| {
+                let at = found.locate(&e.path);
+                let message = format!("{} ({})", e.message, found.what);
+                finding(at, e.path, message)
+            }));
+            Err(CliError::Findings(findings))
+        }
+    }
+}
+
+/// A service config, or each entry of the ConfigMaps in the file. Each
+/// config's `file` is unique; `places` maps it back to the file read and
+/// where the entry's text is in it.
+fn load_service(
+    path: &Path,
+    places: &mut BTreeMap<String, (String, Placement)>,
+) -> Result<Vec<ServiceConfig>, CliError> {
     let text = read(path)?;
-    parse_service_config(&path.display().to_string(), &text).map_err(CliError::Service)
+    let file = path.display().to_string();
+    let Some(entries) = deployed::config_map_entries(&text) else {
+        return parse_service_config(&file, &text)
+            .map(|s| vec![s])
+            .map_err(CliError::Service);
+    };
+    if entries.is_empty() {
+        return Err(CliError::Service(vec![Problem {
+            file,
+            at: Position::START,
+            message: "a ConfigMap with no entry in data: the service would load no rules".into(),
+        }]));
+    }
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (key, body, placement) in entries {
+        let name = format!("{file} (data.{key})");
+        places.insert(name.clone(), (file.clone(), placement));
+        match parse_service_config(&name, &body) {
+            Ok(s) => out.push(s),
+            Err(p) => problems.extend(p),
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(CliError::Service(
+            problems.into_iter().map(|p| placed(p, places)).collect(),
+        ))
+    }
+}
+
+/// A problem in a ConfigMap's entry, at its place in the file.
+fn placed(p: Problem, places: &BTreeMap<String, (String, Placement)>) -> Problem {
+    match places.get(&p.file) {
+        Some((file, placement)) => Problem {
+            file: file.clone(),
+            at: placement.map(p.at),
+            message: p.message,
+        },
+        None => p,
+    }
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -448,6 +556,17 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
     let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
         (_, Some(p)) => {
             let c = load_plugin(p)?;
+            // The filter refuses a tenant longer than max_tenant_length
+            // before any limit applies.
+            let max = usize::try_from(c.max_tenant_length).unwrap_or(usize::MAX);
+            if a.tenant.len() > max {
+                println!(
+                    "tenant: {} bytes, over max_tenant_length {}: the filter answers 431 (Request Header Fields Too Large), counted in tenant_too_long; no group, no limit applies",
+                    a.tenant.len(),
+                    c.max_tenant_length
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             (
                 c.limits,
                 c.domain,
@@ -486,9 +605,15 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
     // Every input is read, so that every one's problems are shown.
     let mut errors = Vec::new();
     let plugin = load_plugin(plugin_config).map_err(|e| errors.push(e)).ok();
+    let mut places = BTreeMap::new();
     let services: Vec<ServiceConfig> = service_configs
         .iter()
-        .filter_map(|s| load_service(s).map_err(|e| errors.push(e)).ok())
+        .filter_map(|s| {
+            load_service(s, &mut places)
+                .map_err(|e| errors.push(e))
+                .ok()
+        })
+        .flatten()
         .collect();
     let (Some(plugin), true) = (plugin, errors.is_empty()) else {
         for e in &errors {
@@ -496,7 +621,10 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
         }
         return ExitCode::FAILURE;
     };
-    let report = check(&plugin, &services);
+    let mut report = check(&plugin, &services);
+    for p in report.problems.iter_mut().chain(report.warnings.iter_mut()) {
+        *p = placed(p.clone(), &places);
+    }
     for w in &report.warnings {
         let w = w.to_string();
         // `file:line:col: warning: …`, as validate prints warnings.
@@ -520,6 +648,12 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
             );
         }
         ExitCode::SUCCESS
+    } else if report.checked == 0 {
+        eprintln!(
+            "no descriptor checked: the filter's domain {:?} is in no service config given",
+            plugin.domain
+        );
+        ExitCode::FAILURE
     } else {
         eprintln!(
             "{} of {} descriptors do not match",
