@@ -417,8 +417,12 @@ compose-config: deps build
 # ---------------------------------------------------------------- ship
 # The filter as OCI images, with no container engine: target/oci/compat and
 # target/oci/oci (OCI image layouts; digests printed). Reproducible.
+# Each variant's manifest digest, then as each control plane takes it: hex
+# only (Istio's WasmPlugin spec.sha256 refuses the sha256: prefix; Envoy
+# Gateway's image.sha256 and `ratelimit-config render --sha256` take it too).
 oci: build $(GOBIN_DIR)/oci-wasm
-	$(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)
+	@out=$$($(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)); echo "$$out"; \
+	  echo "$$out" | sed -n 's|^{"digest":"sha256:\([0-9a-f]\{64\}\)","layout":"\([^"]*\)","size":\([0-9]*\),"variant":"\([a-z]*\)"}$$|\4: \2, \3 bytes\n  sha256 (hex, for Istio spec.sha256, Envoy Gateway image.sha256, render --sha256): \1|p'
 
 # make oci-push IMAGE=registry.example.com/tenant-ratelimit:0.1.0
 # pushes the compat variant as IMAGE and the wasm OCI variant as IMAGE_OCI
