@@ -83,6 +83,25 @@ fn kind(doc: &Marked) -> Option<&str> {
     at(doc, &["kind"]).and_then(text)
 }
 
+/// The objects of a stream: each document, and each item of a `List` (what
+/// `kubectl get … -o yaml` prints for more than one object).
+fn objects(docs: &[Marked]) -> Vec<&Marked> {
+    let mut out = Vec::new();
+    for d in docs {
+        match (kind(d), at(d, &["items"])) {
+            (
+                Some("List"),
+                Some(Marked {
+                    node: Node::Seq(items),
+                    ..
+                }),
+            ) => out.extend(items.iter()),
+            _ => out.push(d),
+        }
+    }
+    out
+}
+
 /// The filter's configuration in the YAML `file_text`: the first WasmPlugin,
 /// EnvoyExtensionPolicy wasm entry or Envoy wasm filter found. Err: the
 /// text is not YAML, or holds none of these (the message says what it
@@ -90,7 +109,7 @@ fn kind(doc: &Marked) -> Option<&str> {
 pub fn plugin_config(file_text: &str) -> Result<FoundPlugin, (Position, String)> {
     let docs = documents(file_text)?;
     let mut kinds = Vec::new();
-    for doc in &docs {
+    for doc in objects(&docs) {
         match kind(doc) {
             Some("WasmPlugin") => {
                 let Some(pc) = at(doc, &["spec", "pluginConfig"]) else {
@@ -186,8 +205,8 @@ fn envoy_wasm_configuration(file_text: &str, m: &Marked) -> Option<FoundPlugin> 
 /// or None when it holds no ConfigMap (or is not YAML).
 pub fn config_map_entries(file_text: &str) -> Option<Vec<(String, String, Placement)>> {
     let docs = documents(file_text).ok()?;
-    let maps: Vec<&Marked> = docs
-        .iter()
+    let maps: Vec<&Marked> = objects(&docs)
+        .into_iter()
         .filter(|d| kind(d) == Some("ConfigMap"))
         .collect();
     if maps.is_empty() {
@@ -262,5 +281,13 @@ mod tests {
             }
         );
         assert!(config_map_entries("domain: d\n").is_none());
+        let list =
+            "kind: List\nitems:\n- kind: ConfigMap\n  data:\n    a.yaml: |\n      domain: d\n";
+        let e = config_map_entries(list).unwrap();
+        assert_eq!(e[0].1, "domain: d\n");
+        assert_eq!(
+            e[0].2.map(Position { line: 1, column: 1 }),
+            Position { line: 6, column: 7 }
+        );
     }
 }
