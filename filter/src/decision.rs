@@ -262,6 +262,19 @@ pub fn near_limit(statuses: &[DescriptorStatus], ratio_ppm: u32) -> bool {
     })
 }
 
+/// The first status (its index: that of the descriptor sent) that matched
+/// none of the service's rules: envoyproxy/ratelimit answers such a
+/// descriptor OK with no `current_limit` and `limit_remaining` 0 (an
+/// unknown domain, a descriptor key or value its rules do not name); a rule
+/// that is `unlimited` answers `u32::MAX` remaining, on purpose.
+pub fn no_rule(statuses: &[DescriptorStatus]) -> Option<usize> {
+    statuses.iter().position(|s| {
+        s.code() == crate::proto::Code::Ok
+            && s.current_limit.is_none()
+            && s.limit_remaining != u32::MAX
+    })
+}
+
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
     decide(mode, decode(grpc_status, body)).verdict

@@ -31,8 +31,8 @@ use crate::answer::{decode, RlsError};
 use crate::cost::{charge_response, hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    decide, encode_request, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict,
-    RETRY_AFTER,
+    self, decide, encode_request, first_step, near_limit, Compiled, Decision, Limited, Step,
+    Verdict, RETRY_AFTER,
 };
 use crate::headers::group_policy;
 use crate::health;
@@ -243,6 +243,7 @@ impl Stream {
         &mut self,
         c: &Compiled,
         host: &H,
+        vm: &Vm,
         grpc_status: u32,
         body_size: usize,
     ) {
@@ -274,6 +275,17 @@ impl Stream {
         } = decide(c.config.headers, decoded);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
+        }
+        let no_rule = match &verdict {
+            Verdict::Allow(_, statuses) | Verdict::OverLimit(_, statuses) => {
+                decision::no_rule(statuses)
+            }
+            Verdict::Error(_) => None,
+        };
+        if let (Some(index), Some(group)) = (no_rule, self.group) {
+            health::no_rule(c, host, &vm.no_rule_warnings, group, index, || {
+                tenant_again(c, host).unwrap_or_default()
+            });
         }
         let next = match verdict {
             Verdict::Allow(headers, statuses) => {
@@ -346,13 +358,7 @@ impl Stream {
         match tenant {
             Some(t) => record(host, Some(t), group_name, self.shadow, source),
             None => {
-                let read = host
-                    .request_header(&c.config.limits.header)
-                    .unwrap_or_else(|e| {
-                        log::debug!("the tenant not read again for the access log: {e}");
-                        None
-                    });
-                let t = read.as_deref().map(String::from_utf8_lossy);
+                let t = tenant_again(c, host);
                 record(host, t.as_deref(), group_name, self.shadow, source);
             }
         }
@@ -481,6 +487,18 @@ fn charge_for(
             at: route_at.unwrap_or(NO_SLOT),
         }),
     })
+}
+
+/// The tenant, read again from the request (its lossy UTF-8 form), for
+/// what only rare paths need: a refusal's access log, a warning.
+fn tenant_again<H: Host + ?Sized>(c: &Compiled, host: &H) -> Option<String> {
+    let read = host
+        .request_header(&c.config.limits.header)
+        .unwrap_or_else(|e| {
+            log::debug!("the tenant not read again: {e}");
+            None
+        });
+    read.map(|t| String::from_utf8_lossy(&t).into_owned())
 }
 
 fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {

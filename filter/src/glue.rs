@@ -372,7 +372,8 @@ impl RootContext for Plugin {
                 return false;
             }
         };
-        let groups = config.limits.all_groups().map(|g| g.name.as_str());
+        let groups = (config.limits.all_groups())
+            .map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
         let metrics = MetricIds::define(groups, define_metric);
         let host = Envoy(&metrics);
         let slot_secret = if config.local.enabled {
@@ -432,7 +433,7 @@ impl Context for Http {
             return;
         };
         let host = Envoy(&s.metrics);
-        (self.stream).on_rls_answer(&s.compiled, &host, status_code, response_size);
+        (self.stream).on_rls_answer(&s.compiled, &host, &s.vm, status_code, response_size);
     }
 }
 

@@ -162,6 +162,8 @@ pub struct Vm {
     pub dispatch_warnings: LogThrottle,
     /// This VM's warnings about invalid response costs.
     pub cost_warnings: LogThrottle,
+    /// This VM's "no rule for a descriptor" warnings (`health::no_rule`).
+    pub no_rule_warnings: LogThrottle,
     pub mailbox: Mailbox,
 }
 
@@ -171,6 +173,7 @@ impl Vm {
             slot_secret,
             dispatch_warnings: LogThrottle::new(),
             cost_warnings: LogThrottle::new(),
+            no_rule_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),
         }
     }

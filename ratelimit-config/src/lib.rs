@@ -19,9 +19,13 @@ pub mod validate;
 #[cfg(feature = "cli")]
 pub mod check;
 #[cfg(feature = "cli")]
+pub mod deployed;
+#[cfg(feature = "cli")]
 pub mod envoy_rate_limits;
 #[cfg(feature = "cli")]
 pub mod explain;
+#[cfg(feature = "cli")]
+pub mod render;
 #[cfg(feature = "cli")]
 pub mod schema;
 #[cfg(feature = "cli")]
@@ -30,6 +34,10 @@ pub mod service_yaml;
 pub mod span;
 #[cfg(feature = "cli")]
 pub mod team_file;
+#[cfg(feature = "cli")]
+pub mod yaml_in;
+#[cfg(feature = "cli")]
+pub mod yaml_out;
 
 pub use model::{descriptors, tenant_value, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{

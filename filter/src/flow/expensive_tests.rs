@@ -57,7 +57,7 @@ fn respond(c: &Compiled, h: &Worker, s: &mut Stream, code: Code, statuses: Vec<D
     let body = answer(code, statuses);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, 0, size);
+    s.on_rls_answer(c, h, &h.vm, 0, size);
 }
 
 /// The descriptors of the last call, as `key=value` entries.
@@ -400,7 +400,7 @@ fn refused_and_failed_open_requests_are_not_charged() {
     s.on_response_headers(&c, &h, &h.vm);
     // Failed open.
     let (mut s, _) = request(&c, &h, "tenant-b", None);
-    s.on_rls_answer(&c, &h, 14, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
     s.on_response_headers(&c, &h, &h.vm);
     assert!(h.vm.mailbox.take_queued().is_empty());
     // In shadow, a refusal goes upstream counted: charged.

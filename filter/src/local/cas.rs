@@ -36,23 +36,24 @@ impl std::error::Error for UpdateError {}
 /// token of the read, retrying up to `attempts` times when another worker
 /// wrote in between. `step` gets the stored bytes and returns its result and
 /// the slot to write, if any; a result with nothing to write needs no CAS.
+/// The result is that of the last call of `step`.
 pub fn update<S, T, F>(store: &S, index: u32, attempts: u32, mut step: F) -> Result<T, UpdateError>
 where
     S: SharedData + ?Sized,
     F: FnMut(Option<&[u8]>) -> (T, Option<Slot>),
 {
-    // The loop is compiled once per store, not once per caller's closure:
-    // `step`'s result waits here.
     let mut result = None;
     update_slot(store, index, attempts, &mut |stored| {
         let (r, write) = step(stored);
         result = Some(r);
         write
     })?;
+    // `step` ran whenever update_slot succeeded.
     result.ok_or(UpdateError::CasRetriesExhausted)
 }
 
-/// `update`'s loop, with the step behind a pointer.
+/// The loop of `update`, compiled once per store rather than once per
+/// caller's closure (each caller's copy cost about 700 bytes of the .wasm).
 fn update_slot<S: SharedData + ?Sized>(
     store: &S,
     index: u32,

@@ -109,7 +109,7 @@ fn respond_gold(c: &Compiled, h: &Worker, s: &mut Stream, remaining: u32) {
     );
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, 0, size);
+    s.on_rls_answer(c, h, &h.vm, 0, size);
 }
 
 #[test]

@@ -14,7 +14,7 @@
 
 mod lookup;
 mod service;
-mod yaml_tree;
+pub mod yaml_tree;
 
 use std::collections::BTreeSet;
 

@@ -37,6 +37,8 @@ pub struct PluginConfig {
     /// Where the tenant comes from (`tenant_source`): the team file's
     /// header unless it says otherwise.
     pub tenant_source: TenantSource,
+    /// Which groups' counters are series of their own (`metrics`).
+    pub metrics: MetricsConfig,
 }
 
 /// Where the filter reads a request's tenant (`tenant_source`).
@@ -157,5 +159,26 @@ impl LocalConfig {
             tokens_per_second: n,
             burst: n,
         })
+    }
+}
+
+/// `metrics`: which groups' counters are series of their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// `metrics.groups`: the groups whose counters are their own series;
+    /// every other group's are summed under `OTHER_GROUP`. None (the
+    /// default): every group has its own. Searched one by one at configure
+    /// (a sort or a set would add code to the filter for a list that is
+    /// short when it is useful).
+    pub groups: Option<Vec<String>>,
+}
+
+impl MetricsConfig {
+    /// Whether `group`'s counters are series of their own.
+    pub fn exported(&self, group: &str) -> bool {
+        match &self.groups {
+            None => true,
+            Some(listed) => listed.binary_search_by(|g| g.as_str().cmp(group)).is_ok(),
+        }
     }
 }

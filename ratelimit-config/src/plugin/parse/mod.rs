@@ -4,6 +4,7 @@
 //! `local` section is read by [`local`].
 
 mod local;
+mod metrics;
 #[cfg(test)]
 mod tests;
 
@@ -44,6 +45,7 @@ const KEYS: &[&str] = &[
     "max_cost",
     "response_cost_header",
     "tenant_source",
+    "metrics",
 ];
 const TENANT_SOURCE_KEYS: &[&str] = &["property"];
 const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
@@ -76,6 +78,15 @@ fn one_of<T: Named>(v: &Value, path: &str, errors: &mut Errors) -> Option<T> {
         );
     }
     found
+}
+
+/// The message for a name that is no group of `limits`.
+fn no_such_group(limits: &TeamLimits) -> String {
+    let names: Vec<&str> = limits.all_groups().map(|g| g.name.as_str()).collect();
+    format!(
+        "no such group in limits, expected one of {}",
+        names.join(", ")
+    )
 }
 
 /// The value of an optional key: its default when it is left out, and also
@@ -231,6 +242,8 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     });
     let tenant_source =
         get("tenant_source").map_or(TenantSource::Header, |v| tenant_source(v, &mut errors));
+    let metrics =
+        metrics::metrics_config(get("metrics"), limits.as_ref(), &mut errors, &mut warnings);
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -253,6 +266,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 cost,
                 response_cost,
                 tenant_source,
+                metrics,
             },
             warnings,
         )),

@@ -433,7 +433,7 @@ fn bad_configs_name_their_field() {
         errs(&format!(
             r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
         )),
-        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source"]
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source, metrics"]
     );
     assert_eq!(
         errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
@@ -471,4 +471,64 @@ fn bad_configs_name_their_field() {
         vec!["limits.x-t.default.perhour: duplicate key \"perhour\" at 1:62 (first at 1:48): JSON keeps only the last one"]
     );
     assert!(errs("{").first().unwrap().starts_with("not valid JSON: "));
+}
+
+#[test]
+fn metrics_groups_lists_the_groups_with_series_of_their_own() {
+    let all = with_top("").unwrap();
+    assert_eq!(all.metrics, MetricsConfig::default());
+    assert!(all.metrics.exported("gold") && all.metrics.exported("default"));
+    let some = with_top(r#", "metrics": {"groups": ["gold"]}"#).unwrap();
+    assert_eq!(some.metrics.groups, Some(vec!["gold".to_string()]));
+    assert!(some.metrics.exported("gold"));
+    assert!(!some.metrics.exported("default"));
+    let none = with_top(r#", "metrics": {"groups": []}"#).unwrap();
+    assert!(!none.metrics.exported("gold"));
+    assert_eq!(
+        with_top(r#", "metrics": {"groups": ["gold", "silver", "gold", 3], "group": 1}"#)
+            .unwrap_err(),
+        vec![
+            "metrics.group: unknown key \"group\", expected one of groups",
+            "metrics.groups[1]: no such group in limits, expected one of default, gold",
+            "metrics.groups[3]: must be a string, got 3",
+        ]
+    );
+    assert_eq!(
+        with_top(r#", "metrics": {"groups": "gold"}"#).unwrap_err(),
+        vec!["metrics.groups: must be an array of group names (the groups whose counters are series of their own)"]
+    );
+}
+
+#[test]
+fn a_group_named_other_cannot_be_told_from_the_sum() {
+    let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}, "metrics": {"groups": []},
+        "limits": {"x-t": {"default": {"perhour": 1}, "other": {"perhour": 2, "header_value": ["b"]}}}}"#;
+    assert_eq!(
+        errs(text),
+        vec!["metrics.groups: a group is named \"other\", the name under which metrics.groups sums the groups it does not list: rename that group"]
+    );
+}
+
+#[test]
+fn many_groups_with_series_of_their_own_warn() {
+    let groups: Vec<String> = (0..=METRICS_GROUPS_WARN)
+        .map(|i| format!(r#""g{i}": {{"perhour": 1, "header_value": ["t{i}"]}}"#))
+        .collect();
+    let config = |metrics: &str| {
+        format!(
+            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}}{metrics},
+                "limits": {{"x-t": {{"default": {{"perhour": 1}}, {}}}}}}}"#,
+            groups.join(", ")
+        )
+    };
+    let (_, warnings) = parse_plugin_config(config("").as_bytes()).unwrap();
+    let shown: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, vec![format!(
+        "metrics: 102 groups have counters of their own ({SERIES_PER_GROUP} series each, {} in all, on every Envoy): list the groups to watch in metrics.groups; the others are then summed under group \"other\"",
+        102 * SERIES_PER_GROUP
+    )]);
+    let bounded = config(r#", "metrics": {"groups": ["default", "g1"]}"#);
+    let (c, warnings) = parse_plugin_config(bounded.as_bytes()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(c.metrics.exported("g1") && !c.metrics.exported("g2"));
 }
