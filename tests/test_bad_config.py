@@ -43,6 +43,15 @@ def _max_tenant_length_too_big(cfg):
     cfg["max_tenant_length"] = 5000
 
 
+
+def _bad_response_cost_header(cfg):
+    cfg["response_cost_header"] = "X Cost"
+
+
+def _bad_route(cfg):
+    cfg["limits"]["x-tenant-id"]["default"]["routes"] = {"reports*": {"perminute": 5}}
+
+
 # (mutation of a generated plugin-config.json, strings the Envoy log must contain)
 BAD_CONFIGS = {
     "unknown-key": (_unknown_key, ["invalid configuration", '"bogus"']),
@@ -56,6 +65,10 @@ BAD_CONFIGS = {
     "max-tenant-length-too-big": (_max_tenant_length_too_big,
                                   ["invalid configuration",
                                    "max_tenant_length: must be at most 4096 (bytes), got 5000"]),
+    "bad-response-cost-header": (_bad_response_cost_header,
+                                 ["invalid configuration", "response_cost_header"]),
+    "bad-route": (_bad_route, ["invalid configuration",
+                               "limits.x-tenant-id.default.routes.reports*", "wildcard"]),
 }
 
 

@@ -25,6 +25,7 @@ const NOT_FOUND: Status = 1;
 /// Header maps.
 pub const REQUEST_HEADERS: u32 = 0;
 pub const RESPONSE_HEADERS: u32 = 2;
+pub const RESPONSE_TRAILERS: u32 = 3;
 /// Buffers.
 pub const GRPC_RECEIVE_BUFFER: u32 = 5;
 pub const PLUGIN_CONFIGURATION: u32 = 7;
@@ -372,7 +373,23 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 /// A property of the effective context (`path`'s segments, e.g.
 /// `["xds", "route_name"]`); None when it has none.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
-    let path = path.join("\0");
+    // Each segment followed by a NUL, as the ABI's SDKs serialise a path.
+    let path: String = path.iter().flat_map(|p| [*p, "\0"]).collect();
+    let (mut data, mut size) = (null_mut(), 0);
+    // SAFETY: the host reads `path` and writes a pointer it allocated.
+    match unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) } {
+        OK if data.is_null() => Ok(None),
+        // SAFETY: `data` came from `proxy_on_memory_allocate(size)`.
+        OK => Ok(Some(unsafe { returned(data, size) })),
+        NOT_FOUND => Ok(None),
+        s => Err(s),
+    }
+}
+
+/// A property of the effective context by its serialised path (segments
+/// joined by NUL), as raw bytes: `Some` of nothing for an empty value,
+/// None when it has none.
+pub fn property_at(path: &str) -> Result<Option<Vec<u8>>, Status> {
     let (mut data, mut size) = (null_mut(), 0);
     // SAFETY: the host reads `path` and writes a pointer it allocated.
     match unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) } {

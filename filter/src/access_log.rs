@@ -7,15 +7,16 @@
 use crate::counters::{Counter, GroupCounter};
 use crate::host::Host;
 
-/// The tenant header's value (its lossy UTF-8 form, at most
-/// `max_tenant_length` bytes of header).
+/// The tenant as the service sees it (`ratelimit_config::tenant_value`: a
+/// byte that is not UTF-8, and `%`, written `%XX`; from at most
+/// `max_tenant_length` raw bytes).
 pub const TENANT: &str = "tenant_ratelimit_tenant";
 /// The tenant's group (`default` or a named one).
 pub const GROUP: &str = "tenant_ratelimit_group";
 /// `refused` or `shadow_refused`.
 pub const VERDICT: &str = "tenant_ratelimit_verdict";
-/// What refused it: `service`, `cache`, `bucket`, `missing_tenant`,
-/// `tenant_too_long` or `limiter_error`.
+/// What refused it: `service`, `cache`, `bucket`, `sync`, `missing_tenant`,
+/// `tenant_too_long`, `tenant_repeated` or `limiter_error`.
 pub const SOURCE: &str = "tenant_ratelimit_source";
 
 /// What refused a request.
@@ -33,6 +34,8 @@ pub enum Source {
     MissingTenant,
     /// The tenant header value is longer than `max_tenant_length` (431).
     TenantTooLong,
+    /// The tenant header was sent more than once (400).
+    TenantRepeated,
     /// The limiter failed and `failure_mode_deny` refused.
     LimiterError,
 }
@@ -46,6 +49,7 @@ impl Source {
             Source::Sync => "sync",
             Source::MissingTenant => "missing_tenant",
             Source::TenantTooLong => "tenant_too_long",
+            Source::TenantRepeated => "tenant_repeated",
             Source::LimiterError => "limiter_error",
         }
     }
@@ -59,7 +63,10 @@ impl Source {
             Source::Cache => Some(Counter::CachedOverLimit),
             Source::Bucket => Some(Counter::LocalOverLimit),
             Source::Sync => Some(Counter::SyncOverLimit),
-            Source::MissingTenant | Source::TenantTooLong | Source::LimiterError => None,
+            Source::MissingTenant
+            | Source::TenantTooLong
+            | Source::TenantRepeated
+            | Source::LimiterError => None,
         }
     }
 

@@ -51,6 +51,7 @@ use crate::health::{self, LogThrottle};
 use crate::host::Host;
 use crate::local::SlotRef;
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
+use ratelimit_config::model::RequestDescriptors;
 
 /// The most parts a worker keeps queued; one more fails at once
 /// (`RlsError::QueueFull`). A full call goes as soon as the queue holds
@@ -68,6 +69,10 @@ pub enum CallKind {
     Refill,
     /// Sync mode: the tenant's `hits` admitted since the last push.
     Push,
+    /// A response's cost (`response_cost_header`): the `hits` it cost
+    /// beyond what its request was charged, on the request's descriptors
+    /// (the group's, and its route's). Nothing waits for the answer.
+    Charge,
 }
 
 /// A call to the service about one tenant of a group, from the root: its
@@ -78,15 +83,28 @@ pub struct TenantCall {
     /// The group's index in `limits.all_groups()`.
     pub group: usize,
     pub tenant: String,
+    /// The tenant's slot (not used when the local layer is off).
     pub at: SlotRef,
     pub hits: u32,
+    /// A charge's route, when the request's route had limits of its own:
+    /// its descriptors follow the group's in the call.
+    pub route: Option<OnRoute>,
+}
+
+/// The route a call is also about, and the slot of the tenant's state on
+/// that route (not used when the local layer is off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnRoute {
+    pub name: String,
+    pub at: SlotRef,
 }
 
 impl TenantCall {
     /// The message of this call sent alone; None if the configuration has
-    /// no such group.
+    /// no such group (or the group no such route).
     pub fn message(&self, c: &Compiled) -> Option<Vec<u8>> {
-        tenant_message(c, self.group, &self.tenant, self.hits)
+        let route = self.route.as_ref().map(|r| r.name.as_str());
+        tenant_message(c, self.group, &self.tenant, route, self.hits)
     }
 }
 
@@ -103,13 +121,18 @@ pub enum Settle {
 }
 
 /// Who a part is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
     /// A request paused for the answer: its stream's context id (0 once
     /// the stream has ended).
     Stream { id: u32, settle: Settle },
-    /// The root's call about the tenant at `at`.
-    Tenant { kind: CallKind, at: SlotRef },
+    /// The root's call about the tenant at `at` (and, for a charge, its
+    /// state on the route at `route_at`).
+    Tenant {
+        kind: CallKind,
+        at: SlotRef,
+        route_at: Option<SlotRef>,
+    },
 }
 
 /// One request's (or one tenant call's) share of a call: the descriptors
@@ -120,9 +143,12 @@ pub struct Part {
     /// The group's index in `limits.all_groups()`.
     pub group: usize,
     pub tenant: String,
+    /// The route whose descriptors follow the group's (a request on a
+    /// route with limits of its own, a charge for one).
+    pub route: Option<String>,
     pub hits: u32,
-    /// How many descriptors it sends (its group's units): the split of the
-    /// answer takes this many statuses for it.
+    /// How many descriptors it sends (its group's units, then its
+    /// route's): the split of the answer takes this many statuses for it.
     pub descriptors: usize,
     /// When it was asked (a lease's and a sync view's window).
     pub asked_at_ms: u64,
@@ -131,21 +157,23 @@ pub struct Part {
 }
 
 impl Part {
-    /// A part of `c`'s group `group` for `owner`, asked at `now_ms`.
+    /// A part of `c`'s group `group` (and `route`) for `owner`, asked at
+    /// `now_ms`.
     pub fn new(
         c: &Compiled,
         owner: Owner,
         group: usize,
-        tenant: String,
+        (tenant, route): (String, Option<String>),
         hits: u32,
         now_ms: u64,
     ) -> Part {
         Part {
             owner,
             group,
+            descriptors: descriptor_count(c, group, route.as_deref()),
             tenant,
+            route,
             hits,
-            descriptors: descriptor_count(c, group),
             asked_at_ms: now_ms,
             deadline_ms: now_ms.saturating_add(u64::from(c.config.timeout_ms)),
         }
@@ -153,11 +181,32 @@ impl Part {
 
     /// The root's call `t`, asked at `now_ms`.
     pub fn tenant(c: &Compiled, t: TenantCall, now_ms: u64) -> Part {
+        let (route, route_at) = match t.route {
+            Some(r) => (Some(r.name), Some(r.at)),
+            None => (None, None),
+        };
         let owner = Owner::Tenant {
             kind: t.kind,
             at: t.at,
+            route_at,
         };
-        Part::new(c, owner, t.group, t.tenant, t.hits, now_ms)
+        Part::new(c, owner, t.group, (t.tenant, route), t.hits, now_ms)
+    }
+
+    /// The root's call this part is (None: a request's).
+    pub fn call(&self) -> Option<TenantCall> {
+        let Owner::Tenant { kind, at, route_at } = self.owner else {
+            return None;
+        };
+        let route = self.route.clone().zip(route_at);
+        Some(TenantCall {
+            kind,
+            group: self.group,
+            tenant: self.tenant.clone(),
+            at,
+            hits: self.hits,
+            route: route.map(|(name, at)| OnRoute { name, at }),
+        })
     }
 
     /// The stream this part's answer goes to (None: the root's, or the
@@ -615,17 +664,25 @@ fn max_descriptors(c: &Compiled) -> usize {
 /// configuration.
 fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
     if let [p] = parts {
-        return tenant_message(c, p.group, &p.tenant, crate::cost::hits_addend(p.hits));
+        // Left out for 1 (it counts 1), as every call was before batching.
+        let hits = if p.hits == 1 { 0 } else { p.hits };
+        return tenant_message(c, p.group, &p.tenant, p.route.as_deref(), hits);
     }
-    let groups = parts
-        .iter()
-        .map(|p| c.config.limits.all_groups().nth(p.group))
-        .collect::<Option<Vec<_>>>()?;
     let key = c.config.descriptor_key.as_str();
-    Some(encode_batch_request(&c.config.domain, || {
-        parts.iter().zip(&groups).flat_map(move |(p, g)| {
-            ratelimit_config::descriptors(g, key, &p.tenant).map(move |(_, d)| (d, p.hits))
+    let sets = parts
+        .iter()
+        .map(|p| {
+            let g = c.config.limits.all_groups().nth(p.group)?;
+            let route = match p.route.as_deref() {
+                Some(name) => Some(g.route(name.as_bytes())?),
+                None => None,
+            };
+            Some((RequestDescriptors::new(g, route, key, &p.tenant), p.hits))
         })
+        .collect::<Option<Vec<_>>>()?;
+    Some(encode_batch_request(&c.config.domain, || {
+        sets.iter()
+            .flat_map(|(d, hits)| d.as_slice().iter().map(move |(_, e)| (e, *hits)))
     }))
 }
 

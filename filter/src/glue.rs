@@ -131,6 +131,22 @@ impl Host for Envoy<'_> {
         abi::header(abi::REQUEST_HEADERS, name).map_err(failed(HostCall::RequestHeader))
     }
 
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        abi::property(&["xds", "route_name"]).map_err(failed(HostCall::RouteName))
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        abi::header(abi::RESPONSE_HEADERS, name).map_err(failed(HostCall::ResponseHeader))
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        abi::header(abi::RESPONSE_TRAILERS, name).map_err(failed(HostCall::ResponseTrailer))
+    }
+
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
+        abi::property_at(path).map_err(failed(HostCall::Property))
+    }
+
     fn now_ms(&self) -> u64 {
         abi::now_ns().map_or(0, |ns| ns / 1_000_000)
     }
@@ -277,7 +293,7 @@ fn deliver(shared: &Shared) {
         }
         let host = Envoy(&shared.metrics);
         let delivered = with_stream(d.stream, |http| {
-            (http.stream).on_answer(&shared.compiled, &host, d.heard)
+            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.heard)
         });
         if delivered.is_none() {
             log::debug!("an answer for stream {} not delivered", d.stream);
@@ -346,7 +362,8 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
             return 0;
         }
     };
-    let groups = config.limits.all_groups().map(|g| g.name.as_str());
+    let groups =
+        (config.limits.all_groups()).map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
     let metrics = MetricIds::define(groups, |kind, name| {
         let kind = match kind {
             MetricKind::Counter => abi::COUNTER,
@@ -433,7 +450,16 @@ pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end: u32) 
 pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end: u32) -> u32 {
     let next = with_stream(id, |http| {
         let s = http.shared.as_ref()?;
-        Some((http.stream).on_response_headers(&Envoy(&s.metrics)))
+        Some((http.stream).on_response_headers(&s.compiled, &Envoy(&s.metrics), &s.vm))
+    });
+    action(next.flatten().unwrap_or(Next::Continue))
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(id: u32, _trailers: usize) -> u32 {
+    let next = with_stream(id, |http| {
+        let s = http.shared.as_ref()?;
+        Some((http.stream).on_response_trailers(&s.compiled, &Envoy(&s.metrics), &s.vm))
     });
     action(next.flatten().unwrap_or(Next::Continue))
 }

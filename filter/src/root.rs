@@ -9,13 +9,14 @@
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
-//!   its mailbox (`vm::Mailbox`: lease refills) and, once per sync
-//!   interval, the unsynced hits of every tracked tenant join the worker's
-//!   queue of calls (`batch`), which goes at once: everything due in one
-//!   call (or a few, of `max_descriptors` each). A tenant with nothing left
-//!   pending is forgotten until its next request. A call that cannot be
-//!   sent is handled as its failed answer: a refill counts `lease.failed`,
-//!   a push `sync.failed` and puts its hits back.
+//!   its mailbox (`vm::Mailbox`: lease refills, response costs to charge)
+//!   and, once per sync interval, the unsynced hits of every tracked tenant
+//!   join the worker's queue of calls (`batch`), which goes at once:
+//!   everything due in one call (or a few, of `max_descriptors` each). A
+//!   tenant with nothing left pending is forgotten until its next request.
+//!   A call that cannot be sent is handled as its failed answer: a refill
+//!   counts `lease.failed`, a push `sync.failed` and puts its hits back, a
+//!   charge `response_cost.failed`.
 //! - On an answer (`Root::on_answer`): Envoy answers every call of the
 //!   worker, whichever context sent it, on the root context; the call's
 //!   token finds its parts (`batch`), the answer is decoded once and split
@@ -115,10 +116,12 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 }
 
 /// The root's tick period: the shorter of the lease refills' and the sync
-/// pushes' (None: no group needs a tick).
+/// pushes' (None: no group needs a tick). Response costs are charged on the
+/// tick of lease refills.
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
     let mut groups = c.config.limits.all_groups();
-    let leases = groups.any(|g| LeaseParams::for_group(c, g).is_some());
+    let leases =
+        groups.any(|g| LeaseParams::for_group(c, g).is_some()) || c.config.response_cost.is_some();
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),

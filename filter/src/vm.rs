@@ -10,7 +10,9 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::batch::{Batcher, TenantCall};
+use crate::batch::Batcher;
+pub use crate::batch::{CallKind, OnRoute, TenantCall};
+use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
 
 /// The most calls a worker keeps queued for its root's next tick; one
@@ -113,6 +115,10 @@ pub struct Vm {
     pub slot_secret: SlotSecret,
     /// The worker's calls to the service.
     pub batch: Batcher,
+    /// This VM's warnings about invalid response costs.
+    pub cost_warnings: LogThrottle,
+    /// This VM's "no rule for a descriptor" warnings (`health::no_rule`).
+    pub no_rule_warnings: LogThrottle,
     pub mailbox: Mailbox,
 }
 
@@ -121,6 +127,8 @@ impl Vm {
         Vm {
             slot_secret,
             batch: Batcher::default(),
+            cost_warnings: LogThrottle::new(),
+            no_rule_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),
         }
     }
@@ -129,7 +137,6 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::batch::CallKind;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -147,6 +154,7 @@ mod tests {
             tenant: format!("t{i}"),
             at: at(i as u64 + 1),
             hits: 1,
+            route: None,
         }
     }
 

@@ -113,7 +113,7 @@ fn requests_go_at_once_until_max_in_flight_then_queue_for_the_next_call() {
     );
     respond(&c, &w, token, body, &mut [&mut second, &mut third]);
     assert_eq!(w.resumed(), 2);
-    assert_eq!(second.on_response_headers(&w), Next::Continue);
+    assert_eq!(second.on_response_headers(&c, &w, &w.vm), Next::Continue);
     let added = w.added_headers();
     assert!(
         added.contains(&("x-ratelimit-remaining".into(), "17".into())),
@@ -176,7 +176,7 @@ fn the_queue_holds_at_most_max_queued_parts() {
                 id: 1_000 + i as u32,
                 settle: Settle::Exact,
             };
-            Part::new(&c, owner, 0, format!("t{i}"), 1, NOW)
+            Part::new(&c, owner, 0, (format!("t{i}"), None), 1, NOW)
         })
         .collect();
     let queue_room = MAX_QUEUED_PARTS;
@@ -397,7 +397,7 @@ fn a_batch_answer_is_ok_for_all_when_the_service_says_ok_and_its_headers_stay_wi
         &[],
     );
     respond(&c, &w, token, body, &mut [&mut first]);
-    first.on_response_headers(&w);
+    first.on_response_headers(&c, &w, &w.vm);
     assert!(w
         .added_headers()
         .contains(&("x-service".into(), "1".into())));
@@ -417,8 +417,8 @@ fn a_batch_answer_is_ok_for_all_when_the_service_says_ok_and_its_headers_stay_wi
     );
     respond(&c, &w, token, body, &mut [&mut a, &mut b]);
     assert_eq!((w.resumed(), w.reply_count()), (3, 0));
-    a.on_response_headers(&w);
-    b.on_response_headers(&w);
+    a.on_response_headers(&c, &w, &w.vm);
+    b.on_response_headers(&c, &w, &w.vm);
     let added = w.added_headers();
     assert!(
         !added.contains(&("x-service".into(), "2".into())),

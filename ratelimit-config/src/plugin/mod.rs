@@ -17,7 +17,10 @@ mod write;
 pub use defaults::*;
 pub use names::{HeaderMode, MissingTenant, Mode};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
-pub use types::{BatchConfig, BucketParams, CostConfig, GroupLocal, LocalConfig, PluginConfig};
+pub use types::{
+    BatchConfig, BucketParams, CostConfig, GroupLocal, LocalConfig, MetricsConfig, PluginConfig,
+    TenantSource,
+};
 #[cfg(feature = "cli")]
 pub use write::{
     plugin_config_json, BatchJson, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
