@@ -63,7 +63,14 @@ def flood(fleet: harness.EnvoysView, pairs: list[tuple[str, int]], enough,
 
 
 def batched_fleet(stack, limits: dict) -> harness.Fleet:
-    return stack.fleet(limits, envoys=3, timeout_ms=harness.COUNTING_TIMEOUT_MS,
+    """3 Envoys of 2 workers; one call under way per worker (`max_in_flight`
+    1): every other request of the worker waits for its answer and goes in
+    the next call, so that the calls per request do not depend on how fast
+    this shared machine answers."""
+    gen = stack.generate(limits, timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    service = gen.plugin_config()["rate_limit_service"]
+    service["batch"] = {"max_in_flight": 1, "max_descriptors": 100}
+    return stack.fleet(gen, envoys=3, rate_limit_service=service,
                        cost_header=COST_HEADER, max_cost=10)
 
 
