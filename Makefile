@@ -32,12 +32,12 @@ RATELIMIT_VERSION := v1.4.1-0.20260122083618-3fb702589d36
 
 WASM_TARGET := wasm32-wasip1
 WASM        := target/$(WASM_TARGET)/release/tenant_ratelimit.wasm
-# The only functions the .wasm exports after `make build`: the proxy-wasm SDK
-# exports every callback of the ABI, and Envoy calls each exported callback
-# on every stream (proxy_on_log, proxy_on_response_body, the gRPC metadata
-# callbacks, ...) even when it does nothing; Envoy skips one that is not
-# exported. tools/trim-exports removes the others. A callback the glue
-# (filter/src/glue.rs) starts to implement must be added here.
+# The only functions the .wasm exports after `make build`: Envoy calls each
+# exported callback on every stream (proxy_on_log, proxy_on_response_body,
+# the gRPC metadata callbacks, ...) even when it does nothing, and skips one
+# that is not exported. The filter (filter/src/glue.rs, filter/src/abi.rs)
+# exports only what it implements; tools/trim-exports removes anything
+# else. A callback the glue starts to implement must be added here.
 WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,proxy_on_vm_start,\
 proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,proxy_on_response_trailers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick

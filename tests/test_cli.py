@@ -24,7 +24,8 @@ def test_generate_flags_land_in_the_plugin_config(tmp_path):
     cfg = gen.plugin_config()
     assert cfg["domain"] == "flags-domain"
     assert cfg["limits"] == LIMITS
-    assert cfg["rate_limit_service"] == {"cluster": "rls-cluster", "timeout_ms": 250}
+    assert cfg["rate_limit_service"] == {"cluster": "rls-cluster", "timeout_ms": 250,
+                                         "batch": {"max_descriptors": 100, "max_in_flight": 2}}
     assert re.search(r"^domain: \"?flags-domain\"?$", gen.ratelimit_yaml.read_text(), re.M)
 
 

@@ -199,13 +199,17 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     assert "group:   group_1 (listed in its header_value)" in proc.stdout
     for key in keys:
         assert fleet.redis.get_int(key) == 1, (key, fleet.redis.keys(f"{fleet.domain}_*"))
-    # The same through the team file and --domain, but for the group's mode,
-    # which only the plugin configuration holds.
+    # The same through the team file and --domain, but for the group's mode
+    # and how calls go, which only the plugin configuration holds.
     team = run_cli("explain", fleet.generated.out_dir / "limits.json", "--domain", fleet.domain,
                    "--tenant", "tenant-c", "--at", at)
     mode = "mode:    exact (local.mode): one call to the service per request\n"
+    calls = ("calls:   batched per worker (rate_limit_service.batch): while 2 calls are under "
+             "way, requests queue and go together in the next one, at most 100 descriptors "
+             "per call\n")
     assert mode in proc.stdout and mode not in team.stdout
-    assert team.stdout == proc.stdout.replace(mode, "")
+    assert calls in proc.stdout and calls not in team.stdout
+    assert team.stdout == proc.stdout.replace(mode, "").replace(calls, "")
 
 
 def test_validate_reports_every_problem_with_its_place(tmp_path):

@@ -21,6 +21,11 @@ pub enum RlsError {
     UnknownCode,
     /// A host call failed (reading the header, dispatching the call).
     Host(HostError),
+    /// No answer within `timeout_ms` (a request queued for the worker's next
+    /// call, or a call whose answer never came).
+    Expired,
+    /// The worker's queue of calls is full.
+    QueueFull,
 }
 
 impl fmt::Display for RlsError {
@@ -30,6 +35,8 @@ impl fmt::Display for RlsError {
             RlsError::Undecodable => f.write_str("the answer is not a RateLimitResponse"),
             RlsError::UnknownCode => f.write_str("the answer's overall code is unknown"),
             RlsError::Host(e) => e.fmt(f),
+            RlsError::Expired => f.write_str("no answer within timeout_ms"),
+            RlsError::QueueFull => f.write_str("the worker's queue of calls is full"),
         }
     }
 }

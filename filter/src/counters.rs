@@ -82,6 +82,17 @@ counters! {
     /// carries them in its own call to the service (`hits_addend`), so the
     /// service still counts them.
     ModeChangeSyncHits => "tenant_ratelimit.mode_change_sync_hits",
+    /// Descriptors sent to the service, in every call (a request sends one
+    /// per unit of its group): with the calls (the rate-limit cluster's
+    /// `upstream_rq_total`), the descriptors per call.
+    RlsDescriptors => "tenant_ratelimit.rls_descriptors",
+    /// Requests that waited for the worker's next call, because
+    /// `rate_limit_service.batch.max_in_flight` calls were under way.
+    BatchQueued => "tenant_ratelimit.batch_queued",
+    /// The service answered a call of several requests without one status
+    /// per descriptor (it cannot answer batches): the worker sends one
+    /// request per call from then on. Counted once per worker.
+    BatchUnsplittable => "tenant_ratelimit.batch_unsplittable",
     /// A `response_cost_header` value (header or trailer) that is not an
     /// integer from 1 to `max_cost`: nothing more charged, the response
     /// untouched.
@@ -346,7 +357,7 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 20);
+        assert_eq!(COUNTERS, 23);
         assert_eq!(
             Counter::TenantRepeated.name(),
             "tenant_ratelimit.tenant_repeated"

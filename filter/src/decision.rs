@@ -217,6 +217,19 @@ pub fn tenant_message(
     Some(encode_request(c, &limited, hits))
 }
 
+/// How many descriptors a call about a tenant of group `group` (on
+/// `route`) sends: one per unit the group limits, then one per unit the
+/// route limits (0 if the configuration has no such group).
+pub fn descriptor_count(c: &Compiled, group: usize, route: Option<&str>) -> usize {
+    let Some(g) = c.config.limits.all_groups().nth(group) else {
+        return 0;
+    };
+    let on_route = route
+        .and_then(|name| g.route(name.as_bytes()))
+        .map_or(0, |r| r.limits.len());
+    g.limits.len() + on_route
+}
+
 /// The decision on a request that the service has answered.
 #[derive(Debug, PartialEq)]
 pub enum Verdict {

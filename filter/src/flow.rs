@@ -10,12 +10,15 @@
 //!    tenant is allowed or refused (`missing_tenant`); a tenant no group limits
 //!    passes; a limited one goes through the local layer (over-limit cache,
 //!    token bucket: a refusal there is a 429 with no call), then the request
-//!    is paused and one `ShouldRateLimit` call goes to the rate-limit
-//!    service.
-//! 2. `on_rls_answer`: the service's answer. OK admits the request (its
-//!    X-RateLimit-* headers are kept for the response); OVER_LIMIT is a 429,
-//!    remembered in the over-limit cache; an error or timeout fails open, or
-//!    answers `status_on_error` with `failure_mode_deny`.
+//!    is paused and its descriptors go to the rate-limit service, in a
+//!    `ShouldRateLimit` call of their own or shared with the worker's other
+//!    requests (`batch`).
+//! 2. `on_answer`: the service's answer for this request (its share of the
+//!    call's, split back by the root that received it). OK admits the
+//!    request (its X-RateLimit-* headers are kept for the response);
+//!    OVER_LIMIT is a 429, remembered in the over-limit cache; an error or
+//!    timeout fails open, or answers `status_on_error` with
+//!    `failure_mode_deny`.
 //! 3. `on_response_headers`: adds the kept headers to the upstream's
 //!    response.
 //!
@@ -27,22 +30,19 @@
 //! in the local layer, skips that layer; it never panics.
 
 use crate::access_log::{record, Source};
-use crate::answer::{decode, RlsError};
-use crate::cost::{charge_response, hits_addend, request_cost, CostError};
+use crate::answer::{Answer, RlsError};
+use crate::batch::{Owner, Part, Settle};
+use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    self, decide, encode_request, first_step, near_limit, Compiled, Decision, Limited, Step,
-    Verdict, RETRY_AFTER,
+    self, decide, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict, RETRY_AFTER,
 };
 use crate::headers::group_policy;
 use crate::health;
 use crate::host::{Host, HostError};
-use crate::lease::Outcome;
 use crate::local::names::lookup;
 use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError};
-use crate::modes::ModeStep;
-use crate::modes::{local_error, local_step, remember, route_step, store_heard, store_outcome};
-use crate::proto::{METHOD, SERVICE};
+use crate::modes::{finish, local_error, local_step, remember, route_step, ModeStep};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
 use ratelimit_config::UnitLimits;
@@ -59,6 +59,8 @@ pub enum Next {
 /// The flow's state for one request, between Envoy's callbacks.
 #[derive(Debug, Default)]
 pub struct Stream {
+    /// The stream's context id: what the root hands its answer to.
+    id: u32,
     /// X-RateLimit-* headers to add to the upstream response (admitted
     /// requests only: local replies carry their own).
     response_headers: Vec<(&'static str, String)>,
@@ -75,13 +77,6 @@ pub struct Stream {
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
-    /// When the call went out (for the latency histogram).
-    sent_ms: u64,
-    /// Lease mode: the batch this request asked for (`lease`).
-    lease_batch: Option<u32>,
-    /// Sync mode: this request asked the service itself; its answer
-    /// refreshes the tenant's view (`sync`).
-    sync: bool,
     /// The tenant's slot on its route, when the request is on a route with
     /// limits of its own and the local layer is on.
     route_slot: Option<SlotRef>,
@@ -96,6 +91,19 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// The state of the stream with context id `id` (not 0).
+    pub fn new(id: u32) -> Stream {
+        Stream {
+            id,
+            ..Stream::default()
+        }
+    }
+
+    /// The stream's context id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
     /// The request's headers have arrived.
     pub fn on_request_headers<H: Host + ?Sized>(
         &mut self,
@@ -168,6 +176,8 @@ impl Stream {
         // Hits of a sync block a mode change dropped: this call carries
         // them (`modes`).
         let mut carried = 0;
+        let mut lease_batch = None;
+        let mut sync = false;
         if let Some(at) = at {
             let now = host.now_ms();
             let names = |id| lookup(host, id);
@@ -182,8 +192,11 @@ impl Stream {
                 Ok(step) => {
                     carried = step.carried;
                     match step.mode {
-                        ModeStep::Admitted => {
+                        ModeStep::Admitted(headers) => {
                             self.charge_armed = true;
+                            // An estimate: this Envoy's last answer, less
+                            // what it admitted since.
+                            self.response_headers = headers;
                             return Next::Continue;
                         }
                         ModeStep::Refused(headers) => {
@@ -191,9 +204,12 @@ impl Stream {
                             let none = Vec::new();
                             return self.refuse(c, host, tenant, Source::Sync, headers, none);
                         }
-                        ModeStep::Ask { lease_batch, sync } => {
-                            self.lease_batch = lease_batch;
-                            self.sync = sync;
+                        ModeStep::Ask {
+                            lease_batch: batch,
+                            sync: asks,
+                        } => {
+                            lease_batch = batch;
+                            sync = asks;
                         }
                         ModeStep::Exact => {}
                     }
@@ -209,70 +225,62 @@ impl Stream {
             self.route_slot = route_at;
             self.asked_at_ms = now;
         }
-        let hits = match self.lease_batch {
-            Some(batch) => batch.saturating_add(carried),
-            None => hits_addend(cost.saturating_add(carried)),
+        let settle = match (lease_batch, sync, self.slot) {
+            (Some(batch), _, Some(at)) => Settle::Lease { at, batch },
+            (None, true, Some(at)) => Settle::Sync { at },
+            _ => Settle::Exact,
         };
-        let message = encode_request(c, &limited, hits);
-        self.sent_ms = host.now_ms();
-        match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
-            Ok(_token) => Next::Pause,
-            Err(e) => {
-                health::dispatch_failed(c, host, &vm.dispatch_warnings, &e);
-                if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
-                    store_outcome(
-                        c,
-                        host,
-                        group,
-                        at,
-                        self.asked_at_ms,
-                        batch,
-                        0,
-                        Outcome::Failed,
-                    );
-                }
-                limiter_error(c, host, Some(group), &RlsError::Host(e))
-            }
+        let hits = lease_batch.unwrap_or(cost).saturating_add(carried);
+        let owner = Owner::Stream {
+            id: self.id,
+            settle,
+        };
+        let route = limited.route.map(|r| r.name.clone());
+        let tenant = limited.tenant.into_owned();
+        let part = Part::new(c, owner, group, (tenant, route), hits, host.now_ms());
+        let done = vm.batch.ask(c, host, part);
+        match finish(c, host, vm, done, Some(self.id)) {
+            None => Next::Pause,
+            // Over before it was sent: the call could not go out.
+            Some(heard) => self.decide(c, host, vm, heard),
         }
     }
 
-    /// The rate-limit service answered (or the call failed: `grpc_status`
-    /// not 0). The request was paused since its headers: it is resumed
-    /// unless a local reply went out.
-    pub fn on_rls_answer<H: Host + ?Sized>(
+    /// The service's answer for this request (or why there is none), as
+    /// the root split it out of its call's: the request was paused since
+    /// its headers, and is resumed unless a local reply went out. What the
+    /// answer leaves in the tenant's lease or sync view was stored before
+    /// (`modes::settle`).
+    pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
         vm: &Vm,
-        grpc_status: u32,
-        body_size: usize,
+        heard: Result<Answer, RlsError>,
     ) {
-        health::answered(host, self.sent_ms, grpc_status);
-        let body = if grpc_status == 0 {
-            host.grpc_response(body_size).unwrap_or_else(|e| {
-                log::debug!("the service's answer not read: {e}");
-                None
-            })
-        } else {
-            None
-        };
-        let decoded = decode(grpc_status, body.as_deref());
-        if let (Some(batch), Some(at), Some(group)) = (self.lease_batch, self.slot, self.group) {
-            // This request asked for a batch: the first hit is its own.
-            let outcome = Outcome::of(decoded.as_ref().ok());
-            let tokens = batch.saturating_sub(1);
-            store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
+        if self.decide(c, host, vm, heard) == Next::Continue {
+            if let Err(e) = host.resume_request() {
+                log::error!("cannot resume a request paused for the service: {e}");
+            }
         }
-        if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
-            let heard = decoded.as_ref().ok();
-            store_heard(c, host, group, at, self.asked_at_ms, 1, false, heard);
-        }
+    }
+
+    /// The verdict on the service's answer: admitted (headers kept),
+    /// refused (a 429, remembered in the over-limit cache), or the limiter
+    /// failed.
+    fn decide<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+        heard: Result<Answer, RlsError>,
+    ) -> Next {
         let Decision {
             verdict,
             to_client,
             to_upstream,
             dropped,
-        } = decide(c.config.headers, decoded);
+        } = decide(c.config.headers, heard);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
@@ -287,7 +295,7 @@ impl Stream {
                 tenant_again(c, host).unwrap_or_default()
             });
         }
-        let next = match verdict {
+        match verdict {
             Verdict::Allow(headers, statuses) => {
                 host.count(Counter::Allowed);
                 self.charge_armed = true;
@@ -324,11 +332,6 @@ impl Stream {
                 self.refuse(c, host, None, Source::Service, headers, to_client)
             }
             Verdict::Error(why) => limiter_error(c, host, self.group, &why),
-        };
-        if next == Next::Continue {
-            if let Err(e) = host.resume_request() {
-                log::error!("cannot resume a request paused for the service: {e}");
-            }
         }
     }
 

@@ -1,17 +1,23 @@
-//! The proxy-wasm adapter, and the only module that names proxy-wasm. It
-//! does three things: implements the ports (`host`) with the SDK's
-//! `hostcalls` (which return errors instead of panicking), registers the
-//! root and HTTP contexts, and reads the plugin configuration. What happens
-//! to a request is `flow`'s business, what a worker's root does `root`'s.
+//! The proxy-wasm adapter. It does four things: implements the ports
+//! (`host`) with the ABI's host functions (`abi`), keeps the VM's contexts
+//! (a root per plugin configuration, a stream per request), forwards each
+//! of Envoy's callbacks to `flow::Stream` or `root::Root`, and delivers the
+//! answers the root split out of a call to the streams they belong to,
+//! acting for each (`set_effective_context`). What happens to a request is
+//! `flow`'s business, what a worker's root does `root`'s.
+//!
+//! The built .wasm exports only the callbacks written here and in `abi`
+//! (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
+//! skips a callback that is not exported. A new one must be added there.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_config::parse_plugin_config;
 
+use crate::abi::{self, Level};
 use crate::counters::{Counter, GroupCounter, Histogram, MetricIds, MetricKind};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
@@ -20,15 +26,8 @@ use crate::local::SlotSecret;
 use crate::root::{self, Root};
 use crate::vm::Vm;
 
-proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Plugin::default()) });
-}}
-
-/// `log`'s macros, to Envoy's log. Not the SDK's logger: its `log()` unwraps
-/// the host's answer (a failed log call would trap the VM, and Envoy would
-/// then fail every request of this worker), and it costs about 3 KB more.
-/// The SDK's panic hook goes with it: the filter denies panics, and std's
-/// own hook already writes a panic's message to stderr, which Envoy logs.
+/// `log`'s macros, to Envoy's log. A failed log call is dropped: there is
+/// nowhere else to say so.
 struct HostLogger;
 
 static LOGGER: HostLogger = HostLogger;
@@ -43,16 +42,15 @@ impl log::Log for HostLogger {
             return;
         }
         let level = match record.level() {
-            log::Level::Trace => LogLevel::Trace,
-            log::Level::Debug => LogLevel::Debug,
-            log::Level::Info => LogLevel::Info,
-            log::Level::Warn => LogLevel::Warn,
-            log::Level::Error => LogLevel::Error,
+            log::Level::Trace => Level::Trace,
+            log::Level::Debug => Level::Debug,
+            log::Level::Info => Level::Info,
+            log::Level::Warn => Level::Warn,
+            log::Level::Error => Level::Error,
         };
-        // A failed log call is dropped: there is nowhere else to say so.
         let _ = match record.args().as_str() {
-            Some(literal) => hostcalls::log(level, literal),
-            None => hostcalls::log(level, &record.args().to_string()),
+            Some(literal) => abi::log(level, literal),
+            None => abi::log(level, &record.args().to_string()),
         };
     }
 
@@ -64,31 +62,20 @@ impl log::Log for HostLogger {
 /// on the request path is then a comparison with `log::max_level()`.
 fn init_logging() {
     let _ = log::set_logger(&LOGGER);
-    log::set_max_level(match hostcalls::get_log_level().unwrap_or(LogLevel::Info) {
-        LogLevel::Trace => log::LevelFilter::Trace,
-        LogLevel::Debug => log::LevelFilter::Debug,
-        LogLevel::Info => log::LevelFilter::Info,
-        LogLevel::Warn => log::LevelFilter::Warn,
-        LogLevel::Error => log::LevelFilter::Error,
+    log::set_max_level(match abi::log_level().unwrap_or(Level::Info) {
+        Level::Trace => log::LevelFilter::Trace,
+        Level::Debug => log::LevelFilter::Debug,
+        Level::Info => log::LevelFilter::Info,
+        Level::Warn => log::LevelFilter::Warn,
+        Level::Error => log::LevelFilter::Error,
         // We log nothing at critical.
-        LogLevel::Critical => log::LevelFilter::Off,
+        Level::Critical => log::LevelFilter::Off,
     });
 }
 
-/// A failed hostcall, as the ports say it.
-fn failed(call: HostCall) -> impl Fn(Status) -> HostError {
-    move |status| HostError::new(call, status as u32)
-}
-
-/// Defines a metric with Envoy (`MetricIds::define`).
-fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
-    let kind = match kind {
-        MetricKind::Counter => MetricType::Counter,
-        MetricKind::Histogram => MetricType::Histogram,
-    };
-    hostcalls::define_metric(kind, name)
-        .map_err(|e| log::warn!("cannot define metric {name}: status {}", e as u32))
-        .ok()
+/// A failed host call, as the ports say it.
+fn failed(call: HostCall) -> impl Fn(abi::Status) -> HostError {
+    move |status| HostError::new(call, status)
 }
 
 /// A metric that cannot be updated is logged at debug, not counted: there
@@ -96,45 +83,11 @@ fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
 fn add_metric(id: Option<u32>, n: u64) {
     if let Some(id) = id {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
-        if let Err(e) = hostcalls::increment_metric(id, n) {
-            log::debug!("cannot update metric {id}: status {}", e as u32);
+        if let Err(e) = abi::increment_metric(id, n) {
+            log::debug!("cannot update metric {id}: status {e}");
         }
     }
 }
-
-#[link(wasm_import_module = "wasi_snapshot_preview1")]
-extern "C" {
-    /// WASI's `random_get`: Envoy's proxy-wasm host fills the buffer with
-    /// BoringSSL's `RAND_bytes` and answers 0 (an error only for a buffer
-    /// over 64 KiB or outside memory). Called directly rather than through
-    /// std, which panics when it fails, or the getrandom crate.
-    fn random_get(buf: *mut u8, buf_len: usize) -> i32;
-}
-
-// The SDK's `hostcalls::set_property` panics on any status but Ok (for one,
-// when Envoy refuses to overwrite a property), and its `get_property` both
-// panics on an unexpected status and reads an empty value as absent: the
-// imports are called here instead, and their status returned as an error.
-#[link(wasm_import_module = "env")]
-#[allow(clashing_extern_declarations)]
-extern "C" {
-    fn proxy_set_property(
-        path_data: *const u8,
-        path_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> u32;
-    fn proxy_get_property(
-        path_data: *const u8,
-        path_size: usize,
-        return_value_data: *mut *mut u8,
-        return_value_size: *mut usize,
-    ) -> u32;
-}
-
-/// `xds.route_name`, as proxy-wasm serialises a property path: its parts,
-/// each followed by a NUL.
-const ROUTE_NAME_PATH: &[u8] = b"xds\0route_name\0";
 
 /// 128 random bits for the slot secret; if `random_get` fails, a warning,
 /// `slot_secret_fallback`, and the host's clock in nanoseconds instead,
@@ -142,37 +95,32 @@ const ROUTE_NAME_PATH: &[u8] = b"xds\0route_name\0";
 /// when this Envoy configured the filter.
 fn draw_secret(host: &Envoy<'_>) -> SlotSecret {
     let mut buf = [0u8; SlotSecret::BYTES];
-    // SAFETY: the host writes at most `buf.len()` bytes into `buf`.
-    let errno = unsafe { random_get(buf.as_mut_ptr(), buf.len()) };
-    if errno == 0 {
-        return SlotSecret::from_bytes(buf);
+    match abi::random(&mut buf) {
+        Ok(()) => SlotSecret::from_bytes(buf),
+        Err(errno) => {
+            log::warn!(
+                "random_get failed (WASI errno {errno}): the slot secret comes from the clock"
+            );
+            host.count(Counter::SlotSecretFallback);
+            let nanos = u128::from(abi::now_ns().unwrap_or(0));
+            SlotSecret::from_bytes(nanos.to_le_bytes())
+        }
     }
-    log::warn!("random_get failed (WASI errno {errno}): the slot secret comes from the clock");
-    host.count(Counter::SlotSecretFallback);
-    SlotSecret::from_bytes(since_epoch().map_or(0, |d| d.as_nanos()).to_le_bytes())
 }
 
-fn since_epoch() -> Option<Duration> {
-    hostcalls::get_current_time()
-        .map_err(|e| log::debug!("cannot read the clock: status {}", e as u32))
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-}
-
-/// The ports for one stream (or the root context), through proxy-wasm
-/// hostcalls. Envoy routes each call to the context it is made for.
+/// The ports for the effective context (a stream, or the root context),
+/// through the ABI.
 struct Envoy<'a>(&'a MetricIds);
 
 impl SharedData for Envoy<'_> {
     fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
-        hostcalls::get_shared_data(key)
-            .map_err(|e| SharedDataError::Host(failed(HostCall::GetShared)(e)))
+        abi::shared_data(key).map_err(|e| SharedDataError::Host(failed(HostCall::GetShared)(e)))
     }
 
     fn set_shared(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SharedDataError> {
-        match hostcalls::set_shared_data(key, Some(value), cas) {
+        match abi::set_shared_data(key, value, cas) {
             Ok(()) => Ok(()),
-            Err(Status::CasMismatch) => Err(SharedDataError::CasMismatch),
+            Err(HostError::CAS_MISMATCH) => Err(SharedDataError::CasMismatch),
             Err(e) => Err(SharedDataError::Host(failed(HostCall::SetShared)(e))),
         }
     }
@@ -180,65 +128,27 @@ impl SharedData for Envoy<'_> {
 
 impl Host for Envoy<'_> {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
-        // The `_bytes` getter: the SDK's other getters unwrap UTF-8.
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .map_err(failed(HostCall::RequestHeader))
+        abi::header(abi::REQUEST_HEADERS, name).map_err(failed(HostCall::RequestHeader))
     }
 
     fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
-        let mut data: *mut u8 = std::ptr::null_mut();
-        let mut size = 0;
-        // SAFETY: the host reads the path, and writes a buffer it allocated
-        // with this module's allocator (`proxy_on_memory_allocate`, a Vec
-        // of that capacity), which the Vec below takes over.
-        let status = unsafe {
-            proxy_get_property(
-                ROUTE_NAME_PATH.as_ptr(),
-                ROUTE_NAME_PATH.len(),
-                &mut data,
-                &mut size,
-            )
-        };
-        match status {
-            0 if data.is_null() => Ok(None),
-            // SAFETY: see above.
-            0 => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
-            // NotFound: no route.
-            1 => Ok(None),
-            other => Err(HostError::new(HostCall::RouteName, other)),
-        }
+        abi::property(&["xds", "route_name"]).map_err(failed(HostCall::RouteName))
     }
 
     fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
-            .map_err(failed(HostCall::ResponseHeader))
+        abi::header(abi::RESPONSE_HEADERS, name).map_err(failed(HostCall::ResponseHeader))
     }
 
     fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
-            .map_err(failed(HostCall::ResponseTrailer))
+        abi::header(abi::RESPONSE_TRAILERS, name).map_err(failed(HostCall::ResponseTrailer))
     }
 
     fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
-        let mut data: *mut u8 = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: the host reads `path.len()` bytes of `path`; on Ok it
-        // writes the address and size of a buffer it allocated through
-        // `proxy_on_memory_allocate` (this module's allocator, as a Vec of
-        // that capacity), which the Vec below then owns.
-        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
-        match status {
-            0 if data.is_null() => Ok(Some(Vec::new())),
-            // SAFETY: as above: `size` bytes at `data`, allocated for us.
-            0 => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
-            // NotFound.
-            1 => Ok(None),
-            other => Err(HostError::new(HostCall::Property, other)),
-        }
+        abi::property_at(path).map_err(failed(HostCall::Property))
     }
 
     fn now_ms(&self) -> u64 {
-        since_epoch().map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        abi::now_ns().map_or(0, |ns| ns / 1_000_000)
     }
 
     fn dispatch_grpc(
@@ -249,21 +159,12 @@ impl Host for Envoy<'_> {
         message: &[u8],
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
-        let timeout = Duration::from_millis(u64::from(timeout_ms));
-        hostcalls::dispatch_grpc_call(
-            upstream,
-            service,
-            method,
-            Vec::new(),
-            Some(message),
-            timeout,
-        )
-        .map_err(failed(HostCall::Dispatch))
+        abi::grpc_call(upstream, service, method, message, timeout_ms)
+            .map_err(failed(HostCall::Dispatch))
     }
 
     fn grpc_response(&self, size: usize) -> Result<Option<Vec<u8>>, HostError> {
-        hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
-            .map_err(failed(HostCall::GrpcResponse))
+        abi::buffer(abi::GRPC_RECEIVE_BUFFER, 0, size).map_err(failed(HostCall::GrpcResponse))
     }
 
     fn send_reply(
@@ -272,21 +173,19 @@ impl Host for Envoy<'_> {
         headers: &[(&str, &str)],
         body: &str,
     ) -> Result<(), HostError> {
-        hostcalls::send_http_response(status, headers.to_vec(), Some(body.as_bytes()))
-            .map_err(failed(HostCall::Reply))
+        abi::send_local_response(status, headers, body).map_err(failed(HostCall::Reply))
     }
 
     fn resume_request(&self) -> Result<(), HostError> {
-        hostcalls::resume_http_request().map_err(failed(HostCall::Resume))
+        abi::resume_request().map_err(failed(HostCall::Resume))
     }
 
     fn add_response_header(&self, name: &str, value: &str) -> Result<(), HostError> {
-        hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
-            .map_err(failed(HostCall::AddHeader))
+        abi::add_header(abi::RESPONSE_HEADERS, name, value).map_err(failed(HostCall::AddHeader))
     }
 
     fn add_request_header(&self, name: &str, value: &str) -> Result<(), HostError> {
-        hostcalls::add_map_value(MapType::HttpRequestHeaders, name, value)
+        abi::add_header(abi::REQUEST_HEADERS, name, value)
             .map_err(failed(HostCall::AddRequestHeader))
     }
 
@@ -300,174 +199,286 @@ impl Host for Envoy<'_> {
 
     fn record(&self, histogram: Histogram, value: u64) {
         if let Some(id) = self.0.histogram(histogram) {
-            if let Err(e) = hostcalls::record_metric(id, value) {
-                log::debug!("cannot record metric {id}: status {}", e as u32);
+            if let Err(e) = abi::record_metric(id, value) {
+                log::debug!("cannot record metric {id}: status {e}");
             }
         }
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
-        // One path segment (no NUL): Envoy stores it as the filter state
-        // `wasm.<name>`.
-        // SAFETY: the host reads `name.len()` bytes of `name` and
-        // `value.len()` bytes of `value`, both alive for the call.
-        let status =
-            unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
-        match status {
-            0 => Ok(()),
-            other => Err(HostError::new(HostCall::SetProperty, other)),
-        }
+        abi::set_property(name, value).map_err(failed(HostCall::SetProperty))
     }
 }
 
-/// What every context of a VM shares once configured.
+/// What every context of a plugin configuration shares once configured.
 struct Shared {
     compiled: Compiled,
     metrics: MetricIds,
     vm: Vm,
 }
 
-/// The root context: the configuration, and the worker's `Root`.
+/// A root context: its configuration (None until configured), and the
+/// worker's `Root`.
 #[derive(Default)]
 struct Plugin {
     shared: Option<Rc<Shared>>,
     root: Root,
 }
 
-// The built .wasm exports only the callbacks implemented in this file
-// (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
-// skips a callback that is not exported. Implementing another one here
-// means adding its export there, or Envoy never calls it.
-impl Context for Plugin {
-    fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
-        if let Some(s) = &self.shared {
-            let host = Envoy(&s.metrics);
-            self.root
-                .on_answer(&s.compiled, &host, token_id, status_code, response_size);
-        }
-    }
-}
-
-impl RootContext for Plugin {
-    fn on_configure(&mut self, _size: usize) -> bool {
-        init_logging();
-        let bytes = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
-            Ok(b) => b.unwrap_or_default(),
-            Err(e) => {
-                log::error!("cannot read the plugin configuration: status {}", e as u32);
-                return false;
-            }
-        };
-        let config = match parse_plugin_config(&bytes) {
-            Ok((config, warnings)) => {
-                warnings
-                    .iter()
-                    .for_each(|w| log::warn!("configuration warning: {w}"));
-                config
-            }
-            Err(errors) => {
-                errors
-                    .iter()
-                    .for_each(|e| log::error!("invalid configuration: {e}"));
-                return false;
-            }
-        };
-        let groups = (config.limits.all_groups())
-            .map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
-        let metrics = MetricIds::define(groups, define_metric);
-        let host = Envoy(&metrics);
-        let slot_secret = if config.local.enabled {
-            root::prepare_local(&host, config.local.slots, || draw_secret(&host))
-        } else {
-            SlotSecret::from_bytes([0; SlotSecret::BYTES])
-        };
-        let compiled = Compiled::new(config);
-        let tick = root::tick_ms(&compiled).map(Duration::from_millis);
-        if let Some(Err(e)) = tick.map(hostcalls::set_tick_period) {
-            let e = e as u32;
-            log::warn!("lease/sync: cannot set the tick period (status {e}): no refills or pushes");
-        }
-        self.shared = Some(Rc::new(Shared {
-            compiled,
-            metrics,
-            vm: Vm::new(slot_secret),
-        }));
-        true
-    }
-
-    fn on_tick(&mut self) {
-        if let Some(s) = &self.shared {
-            self.root.on_tick(&s.compiled, &Envoy(&s.metrics), &s.vm);
-        }
-    }
-
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http {
-            shared: self.shared.clone(),
-            stream: Stream::default(),
-        }))
-    }
-
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
-}
-
+/// A stream: its root's configuration (None: created before it), and
+/// its `Stream`.
 struct Http {
-    /// None only if Envoy created a stream without a configured root.
     shared: Option<Rc<Shared>>,
     stream: Stream,
 }
 
-fn action(next: Next) -> Action {
+/// Context ids are small distinct integers: no need to hash them.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
+type ById<T> = HashMap<u32, T, BuildHasherDefault<IdHasher>>;
+
+/// The VM's contexts. Each table is borrowed only within one step of a
+/// callback: Envoy runs a resumed or answered request's next steps after
+/// the callback returns, so nothing calls back into the VM meanwhile (a
+/// borrow that fails anyway skips the step, logged).
+#[derive(Default)]
+struct Contexts {
+    roots: RefCell<ById<Plugin>>,
+    streams: RefCell<ById<Http>>,
+}
+
+thread_local! {
+    static CONTEXTS: Contexts = Contexts::default();
+}
+
+/// Runs `f` on root `id`'s plugin, if it exists and is not borrowed.
+fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
+    CONTEXTS.with(|c| {
+        let mut roots = c.roots.try_borrow_mut().ok()?;
+        roots.get_mut(&id).map(f)
+    })
+}
+
+/// Runs `f` on stream `id`, if it exists and is not borrowed.
+fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
+    CONTEXTS.with(|c| {
+        let mut streams = c.streams.try_borrow_mut().ok()?;
+        streams.get_mut(&id).map(f)
+    })
+}
+
+/// The answers `shared`'s root split out of its calls, each to its stream,
+/// acting for it. A stream that has ended since is skipped.
+fn deliver(shared: &Shared) {
+    for d in shared.vm.batch.take_deliveries() {
+        if abi::set_effective_context(d.stream).is_err() {
+            continue;
+        }
+        let host = Envoy(&shared.metrics);
+        let delivered = with_stream(d.stream, |http| {
+            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.heard)
+        });
+        if delivered.is_none() {
+            log::debug!("an answer for stream {} not delivered", d.stream);
+        }
+    }
+}
+
+fn action(next: Next) -> u32 {
     match next {
-        Next::Continue => Action::Continue,
-        Next::Pause => Action::Pause,
+        Next::Continue => 0,
+        Next::Pause => 1,
     }
 }
 
-impl Context for Http {
-    fn on_grpc_call_response(&mut self, _token_id: u32, status_code: u32, response_size: usize) {
-        let Some(s) = &self.shared else {
-            // Never sent: a stream without a configuration asks nothing.
-            return;
+/// A root context (`parent` 0) or a stream of the root `parent`.
+#[no_mangle]
+pub extern "C" fn proxy_on_context_create(id: u32, parent: u32) {
+    if parent == 0 {
+        CONTEXTS.with(|c| {
+            if let Ok(mut roots) = c.roots.try_borrow_mut() {
+                roots.insert(id, Plugin::default());
+            }
+        });
+        return;
+    }
+    let shared = with_root(parent, |p| p.shared.clone()).flatten();
+    let http = Http {
+        shared,
+        stream: Stream::new(id),
+    };
+    CONTEXTS.with(|c| {
+        if let Ok(mut streams) = c.streams.try_borrow_mut() {
+            streams.insert(id, http);
+        }
+    });
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_vm_start(_root: u32, _size: usize) -> u32 {
+    1
+}
+
+/// A root context's plugin configuration: parsed and compiled once, or
+/// refused (0) with a log line naming the field.
+#[no_mangle]
+pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
+    init_logging();
+    let bytes = match abi::buffer(abi::PLUGIN_CONFIGURATION, 0, usize::MAX) {
+        Ok(b) => b.unwrap_or_default(),
+        Err(e) => {
+            log::error!("cannot read the plugin configuration: status {e}");
+            return 0;
+        }
+    };
+    let config = match parse_plugin_config(&bytes) {
+        Ok((config, warnings)) => {
+            warnings
+                .iter()
+                .for_each(|w| log::warn!("configuration warning: {w}"));
+            config
+        }
+        Err(errors) => {
+            errors
+                .iter()
+                .for_each(|e| log::error!("invalid configuration: {e}"));
+            return 0;
+        }
+    };
+    let groups =
+        (config.limits.all_groups()).map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
+    let metrics = MetricIds::define(groups, |kind, name| {
+        let kind = match kind {
+            MetricKind::Counter => abi::COUNTER,
+            MetricKind::Histogram => abi::HISTOGRAM,
         };
-        let host = Envoy(&s.metrics);
-        (self.stream).on_rls_answer(&s.compiled, &host, &s.vm, status_code, response_size);
+        abi::define_metric(kind, name)
+            .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
+            .ok()
+    });
+    let host = Envoy(&metrics);
+    let slot_secret = if config.local.enabled {
+        root::prepare_local(&host, config.local.slots, || draw_secret(&host))
+    } else {
+        SlotSecret::from_bytes([0; SlotSecret::BYTES])
+    };
+    let compiled = Compiled::new(config);
+    if let Some(Err(e)) = root::tick_ms(&compiled)
+        .map(|t| abi::set_tick_period_ms(u32::try_from(t).unwrap_or(u32::MAX)))
+    {
+        log::warn!("lease/sync: cannot set the tick period (status {e}): no refills or pushes");
+    }
+    let shared = Rc::new(Shared {
+        compiled,
+        metrics,
+        vm: Vm::new(slot_secret),
+    });
+    u32::from(with_root(root, |p| p.shared = Some(shared)).is_some())
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_tick(root: u32) {
+    let shared = with_root(root, |p| {
+        let s = p.shared.clone()?;
+        p.root.on_tick(&s.compiled, &Envoy(&s.metrics), &s.vm);
+        Some(s)
+    });
+    if let Some(Some(s)) = shared {
+        deliver(&s);
     }
 }
 
-impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        match &self.shared {
-            Some(s) => action(self.stream.on_request_headers(
-                &s.compiled,
-                &Envoy(&s.metrics),
-                &s.vm,
-            )),
-            None => Action::Continue,
-        }
+/// The answer to a call (Envoy answers every call on the root context).
+fn on_grpc_answer(root: u32, token: u32, status: u32, size: usize) {
+    let shared = with_root(root, |p| {
+        let s = p.shared.clone()?;
+        let host = Envoy(&s.metrics);
+        p.root
+            .on_answer(&s.compiled, &host, &s.vm, token, status, size);
+        Some(s)
+    });
+    if let Some(Some(s)) = shared {
+        deliver(&s);
     }
+}
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        match &self.shared {
-            Some(s) => action(self.stream.on_response_headers(
-                &s.compiled,
-                &Envoy(&s.metrics),
-                &s.vm,
-            )),
-            None => Action::Continue,
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_receive(root: u32, token: u32, size: usize) {
+    on_grpc_answer(root, token, 0, size);
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_grpc_close(root: u32, token: u32, status: u32) {
+    on_grpc_answer(root, token, status, 0);
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end: u32) -> u32 {
+    let step = with_stream(id, |http| {
+        let s = http.shared.clone()?;
+        let next = (http.stream).on_request_headers(&s.compiled, &Envoy(&s.metrics), &s.vm);
+        Some((next, s))
+    });
+    match step {
+        Some(Some((next, s))) => {
+            // A call that went out with other requests may have failed them.
+            deliver(&s);
+            action(next)
         }
+        _ => action(Next::Continue),
     }
+}
 
-    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        match &self.shared {
-            Some(s) => action(self.stream.on_response_trailers(
-                &s.compiled,
-                &Envoy(&s.metrics),
-                &s.vm,
-            )),
-            None => Action::Continue,
+#[no_mangle]
+pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end: u32) -> u32 {
+    let next = with_stream(id, |http| {
+        let s = http.shared.as_ref()?;
+        Some((http.stream).on_response_headers(&s.compiled, &Envoy(&s.metrics), &s.vm))
+    });
+    action(next.flatten().unwrap_or(Next::Continue))
+}
+
+#[no_mangle]
+pub extern "C" fn proxy_on_response_trailers(id: u32, _trailers: usize) -> u32 {
+    let next = with_stream(id, |http| {
+        let s = http.shared.as_ref()?;
+        Some((http.stream).on_response_trailers(&s.compiled, &Envoy(&s.metrics), &s.vm))
+    });
+    action(next.flatten().unwrap_or(Next::Continue))
+}
+
+/// A context is gone: a stream's queued call is dropped (nothing is sent
+/// for it); a root's state goes with it.
+#[no_mangle]
+pub extern "C" fn proxy_on_delete(id: u32) {
+    let http = CONTEXTS.with(|c| c.streams.try_borrow_mut().ok()?.remove(&id));
+    match http {
+        Some(Http {
+            shared: Some(s), ..
+        }) => {
+            let host = Envoy(&s.metrics);
+            Root::on_stream_end(&s.compiled, &host, &s.vm, id);
+        }
+        Some(_) => {}
+        None => {
+            CONTEXTS.with(|c| c.roots.try_borrow_mut().ok().map(|mut r| r.remove(&id)));
         }
     }
 }

@@ -84,6 +84,8 @@ const REFILL_HOLD_MS: u64 = 2_000;
 /// A group's lease settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeaseParams {
+    /// `lease.max_batch`, at most a twentieth of the group's tightest
+    /// limit (`LocalConfig::lease_max_batch_for`).
     pub max_batch: u32,
     /// The group's shortest window, in milliseconds.
     pub window_ms: u64,
@@ -100,7 +102,7 @@ impl LeaseParams {
         }
         let (unit, _) = group.limits.iter().next()?;
         Some(LeaseParams {
-            max_batch: c.config.local.lease_max_batch,
+            max_batch: c.config.local.lease_max_batch_for(group),
             window_ms: unit.seconds().saturating_mul(1_000),
             refill_lost_ms: u64::from(c.config.timeout_ms).saturating_add(1_000),
         })

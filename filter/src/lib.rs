@@ -3,14 +3,15 @@
 //! A proxy-wasm HTTP filter that takes the tenant from a request header (or
 //! from an Envoy attribute, such as a verified JWT claim),
 //! sends one descriptor per limited unit to the Envoy rate-limit service in
-//! one `ShouldRateLimit` call, answers 429 with X-RateLimit-* headers and
-//! Retry-After, and fails open (counted) when the limiter breaks.
+//! a `ShouldRateLimit` call (shared with the worker's other requests),
+//! answers 429 with X-RateLimit-* headers and Retry-After, and fails open
+//! (counted) when the limiter breaks.
 //!
 //! Start with `flow` (a request) and `root` (a worker's root context): both
-//! are pure code over the ports (`host`) and a VM's state (`vm`). `glue` is
-//! the only module that names proxy-wasm. No module depends on a module
-//! that depends on it back (`tests/module_graph.rs` checks it). The modules,
-//! one line each (docs/architecture.md tells the whole story):
+//! are pure code over the ports (`host`) and a VM's state (`vm`). `glue` and
+//! `abi` are the only modules that name proxy-wasm. No module depends on a
+//! module that depends on it back (`tests/module_graph.rs` checks it). The
+//! modules, one line each (docs/architecture.md tells the whole story):
 //!
 //! - `flow`: one request, from its headers to its response.
 //! - `root`: what a worker's root context does at configure, on a tick and
@@ -34,8 +35,10 @@
 //! - `window`: window arithmetic (clock-aligned windows).
 //! - `proto`: the gRPC messages of the rate-limit service.
 //! - `host`: the ports, what the filter asks of Envoy, and their errors.
+//! - `batch`: one worker's calls to the service: requests and the root's
+//!   refills and pushes queued, sent as one call, the answer split back.
 //! - `vm`: what one VM keeps between callbacks (the slot secret, the
-//!   warning throttle, the root's mailbox).
+//!   worker's calls, the root's mailbox).
 //! - `local`: the local layer, decided before any call:
 //!   - `local::bucket`: token-bucket arithmetic;
 //!   - `local::over_limit`: the over-limit cache and its headers;
@@ -47,11 +50,16 @@
 //!   - `local::secret`: the slot secret every VM agrees on.
 //! - `testing`: an in-memory host for the tests and the benchmark (native
 //!   builds only).
-//! - `glue`: the proxy-wasm adapter: implements the ports, registers the
-//!   contexts, reads the configuration (the wasm32-wasip1 build only).
+//! - `abi`: the proxy-wasm ABI's host functions and module exports, each
+//!   host call returning its status as an error (the wasm32-wasip1 build
+//!   only).
+//! - `glue`: the proxy-wasm adapter: implements the ports, keeps the
+//!   contexts, reads the configuration, delivers each answer to its stream
+//!   (the wasm32-wasip1 build only).
 
 pub mod access_log;
 pub mod answer;
+pub mod batch;
 pub mod cost;
 pub mod counters;
 pub mod decision;
@@ -72,5 +80,7 @@ pub mod window;
 #[cfg(any(test, not(target_arch = "wasm32")))]
 pub mod testing;
 
+#[cfg(all(target_arch = "wasm32", target_os = "wasi", not(test)))]
+pub mod abi;
 #[cfg(all(target_arch = "wasm32", target_os = "wasi", not(test)))]
 mod glue;

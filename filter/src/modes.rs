@@ -15,18 +15,20 @@
 
 use ratelimit_config::{BucketParams, HeaderMode, Mode, Unit};
 
-use crate::answer::Answer;
+use crate::answer::{Answer, RlsError};
+use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{own_statuses, Compiled, Limited};
+use crate::headers::limit_headers;
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
 use crate::local::names::intern;
 use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{self, remember_refusal, update, Claim, LocalVerdict, ModeState, Slot};
 use crate::local::{SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
-use crate::proto::{Code, DescriptorStatus};
+use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
-use crate::vm::{CallKind, TenantCall, Tracked, Vm};
+use crate::vm::{Tracked, Vm};
 
 /// The local layer's step for one request.
 #[derive(Debug, PartialEq, Eq)]
@@ -45,8 +47,8 @@ pub enum ModeStep {
     /// verdict says.
     Exact,
     /// Admitted without a call (a lease's token, or a local admission in
-    /// sync mode).
-    Admitted,
+    /// sync mode), with the rate-limit headers of its estimate (`Left`).
+    Admitted(Vec<(&'static str, String)>),
     /// Refused without a call (sync: the view is at the limit).
     Refused(Vec<(&'static str, String)>),
     /// Call the service: `lease_batch` hits for a lease (None: one hit); in
@@ -103,6 +105,8 @@ pub struct Admission {
     pub switched: Option<Stranded>,
     /// Lease tokens whose window ended unspent.
     pub lease_stranded: u32,
+    /// An admission without a call: what it leaves, for its headers.
+    pub left: Option<Left>,
 }
 
 impl Admission {
@@ -112,7 +116,95 @@ impl Admission {
             decided: None,
             switched: None,
             lease_stranded: 0,
+            left: None,
         }
+    }
+}
+
+/// What an admission without a call leaves of each of its group's limits
+/// (shortest unit first), as this Envoy knows it: the last answer of the
+/// service, less what this Envoy admitted since. An estimate (other Envoys
+/// may have taken some since), never more than that.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Left {
+    pub remaining: [u32; sync::UNITS],
+    /// When each unit's window ends.
+    pub until_ms: [u64; sync::UNITS],
+    pub units: usize,
+}
+
+impl Left {
+    /// A lease's: the smallest `limit_remaining` of its last answer plus
+    /// its tokens unspent (the service counted them with that answer), in
+    /// every unit, at most the unit's limit.
+    fn lease(l: &lease::Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
+        let mut left = Left::default();
+        let estimate = l.remaining.saturating_add(l.tokens);
+        let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
+        for ((unit, limit), (remaining, until)) in limits.iter().zip(slots) {
+            *remaining = estimate.min(limit);
+            *until = crate::window::end(unit.seconds().saturating_mul(1_000), now_ms);
+            left.units += 1;
+        }
+        left
+    }
+
+    /// A sync view's: each unit's limit less the fleet's last reported
+    /// count and this Envoy's hits the service has not counted yet.
+    fn sync(s: &sync::SyncState, p: &SyncParams) -> Left {
+        let mut left = Left::default();
+        let pending = s.pending();
+        let units = p.windows.iter().zip(s.views.iter().zip(&s.view_until_ms));
+        let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
+        for (((_, limit), (view, view_until)), (remaining, until)) in units.zip(slots).take(p.units)
+        {
+            *remaining = limit.saturating_sub(view.saturating_add(pending));
+            *until = *view_until;
+            left.units += 1;
+        }
+        left
+    }
+
+    /// The rate-limit headers of this estimate, as an answer with these
+    /// statuses would give them.
+    pub fn headers(
+        &self,
+        mode: HeaderMode,
+        limits: &ratelimit_config::UnitLimits,
+        now_ms: u64,
+    ) -> Vec<(&'static str, String)> {
+        if mode == HeaderMode::Off {
+            return Vec::new();
+        }
+        let statuses: Vec<DescriptorStatus> = limits
+            .iter()
+            .zip(self.remaining.iter().zip(&self.until_ms))
+            .take(self.units)
+            .map(|((unit, limit), (remaining, until))| DescriptorStatus {
+                code: Code::Ok as i32,
+                current_limit: Some(RateLimit {
+                    name: String::new(),
+                    requests_per_unit: limit,
+                    unit: rls_unit(unit) as i32,
+                }),
+                limit_remaining: *remaining,
+                duration_until_reset: Some(Duration {
+                    seconds: i64::try_from(until.saturating_sub(now_ms).div_ceil(1_000))
+                        .unwrap_or(i64::MAX),
+                    nanos: 0,
+                }),
+            })
+            .collect();
+        limit_headers(mode, &statuses)
+    }
+}
+
+fn rls_unit(unit: Unit) -> RateLimitUnit {
+    match unit {
+        Unit::Second => RateLimitUnit::Second,
+        Unit::Minute => RateLimitUnit::Minute,
+        Unit::Hour => RateLimitUnit::Hour,
+        Unit::Day => RateLimitUnit::Day,
     }
 }
 
@@ -134,6 +226,7 @@ pub fn admit(
     cost: u32,
     params: ModeParams,
     on_route: bool,
+    limits: &ratelimit_config::UnitLimits,
 ) -> (Admission, Option<Slot>) {
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (Admission::just(LocalVerdict::Contended), None);
@@ -156,6 +249,9 @@ pub fn admit(
             };
             let (l, spend, stranded) = lease::spend(held, &p, now_ms);
             slot.mode = ModeState::Lease(l);
+            if let Spend::Token { .. } = spend {
+                a.left = Some(Left::lease(&l, limits, now_ms));
+            }
             a.decided = Some(Decided::Lease(spend));
             a.lease_stranded = stranded;
             true
@@ -168,6 +264,9 @@ pub fn admit(
             };
             let (state, step) = sync::decide(held, &p, now_ms);
             slot.mode = ModeState::Sync(state);
+            if step == SyncStep::Admit {
+                a.left = Some(Left::sync(&state, &p));
+            }
             a.decided = Some(Decided::Sync(step));
             // A refusal writes only what changed in the view (a rolled
             // window) or a dropped block, so a flood of refusals costs no
@@ -201,7 +300,16 @@ pub fn local_step<H: Host + ?Sized>(
     let on_route = limited.route.is_some();
     let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
         admit(
-            stored, at, now, bucket, headers, names, cost, params, on_route,
+            stored,
+            at,
+            now,
+            bucket,
+            headers,
+            names,
+            cost,
+            params,
+            on_route,
+            &limited.group.limits,
         )
     })?;
     let carried = match a.switched {
@@ -226,7 +334,7 @@ pub fn local_step<H: Host + ?Sized>(
             }
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::LeaseSpent);
-            ModeStep::Admitted
+            ModeStep::Admitted(left_headers(c, limited, a.left, now))
         }
         Some(Decided::Lease(Spend::Ask { batch })) => ModeStep::Ask {
             lease_batch: Some(batch),
@@ -238,7 +346,7 @@ pub fn local_step<H: Host + ?Sized>(
             }
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::SyncLocal);
-            ModeStep::Admitted
+            ModeStep::Admitted(left_headers(c, limited, a.left, now))
         }
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
@@ -562,6 +670,130 @@ pub fn next_push<H: Host + ?Sized>(
         route: None,
     });
     (push, idle)
+}
+
+/// The headers of an admission without a call, from its estimate.
+fn left_headers(
+    c: &Compiled,
+    limited: &Limited<'_>,
+    left: Option<Left>,
+    now_ms: u64,
+) -> Vec<(&'static str, String)> {
+    left.map(|l| l.headers(c.config.headers, &limited.group.limits, now_ms))
+        .unwrap_or_default()
+}
+
+/// What the finished parts of calls leave: each part's answer stored in
+/// its tenant's slot (`settle`), and each request's answer handed to its
+/// stream (`vm.batch`'s outbox, which the glue delivers), except the
+/// answer of `own`, the stream calling, which is returned.
+pub fn finish<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    vm: &Vm,
+    done: Vec<Done>,
+    own: Option<u32>,
+) -> Option<Result<Answer, RlsError>> {
+    let mut mine = None;
+    for Done { part, mut heard } in done {
+        settle(c, host, &part, heard.as_ref().ok());
+        if let Ok(answer) = &mut heard {
+            with_lease_tokens(c, host, &part, answer);
+        }
+        match part.stream() {
+            Some(id) if Some(id) == own => mine = Some(heard),
+            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
+            None => {}
+        }
+    }
+    mine
+}
+
+/// A request that asked for a lease batch and got it holds the batch's
+/// other tokens: its headers count them as remaining, as those of the
+/// requests that will spend them do (`Left::lease`). Not when the batch was
+/// granted after its window ended (the tokens were stranded).
+fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &mut Answer) {
+    let Owner::Stream {
+        settle: Settle::Lease { batch, .. },
+        ..
+    } = part.owner
+    else {
+        return;
+    };
+    if answer.over_limit || batch <= 1 {
+        return;
+    }
+    let Some(group) = c.config.limits.all_groups().nth(part.group) else {
+        return;
+    };
+    let in_window = LeaseParams::for_group(c, group)
+        .is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
+    if !in_window {
+        return;
+    }
+    for s in &mut answer.response.statuses {
+        let limit = s
+            .current_limit
+            .as_ref()
+            .map_or(u32::MAX, |l| l.requests_per_unit);
+        s.limit_remaining = s.limit_remaining.saturating_add(batch - 1).min(limit);
+    }
+}
+
+/// What the answer to a part (`heard`; None: the call failed) leaves in
+/// its tenant's slot and its group's counters: a lease's batch, a sync
+/// view, a push's hits.
+pub fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, heard: Option<&Answer>) {
+    let (group, asked) = (part.group, part.asked_at_ms);
+    match part.owner {
+        Owner::Tenant {
+            kind: CallKind::Refill,
+            at,
+            ..
+        } => {
+            let outcome = Outcome::of(heard);
+            store_outcome(c, host, group, at, asked, part.hits, part.hits, outcome);
+        }
+        Owner::Tenant {
+            kind: CallKind::Push,
+            at,
+            ..
+        } => store_heard(c, host, group, at, asked, part.hits, true, heard),
+        Owner::Tenant {
+            kind: CallKind::Charge,
+            ..
+        } => {
+            if let Some(call) = part.call() {
+                settle_charge(c, host, &call, asked, heard);
+            }
+        }
+        Owner::Stream { settle, .. } => match settle {
+            Settle::Exact => {}
+            // The request asked for a batch: the first hit is its own.
+            Settle::Lease { at, batch } => {
+                let tokens = batch.saturating_sub(1);
+                store_outcome(c, host, group, at, asked, batch, tokens, Outcome::of(heard));
+            }
+            Settle::Sync { at } => store_heard(c, host, group, at, asked, 1, false, heard),
+        },
+    }
+}
+
+/// Parts dropped before they were sent (their stream ended): a sync
+/// request's pending hit is released, as for a request whose call failed
+/// (it was never admitted). A lease's ask is taken as lost after
+/// `refill_lost_ms`, as any unanswered one.
+pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
+    for part in dropped {
+        if let Owner::Stream {
+            settle: Settle::Sync { at },
+            ..
+        } = part.owner
+        {
+            store_heard(c, host, part.group, at, part.asked_at_ms, 1, false, None);
+        }
+    }
 }
 
 #[cfg(test)]

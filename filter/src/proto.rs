@@ -24,6 +24,18 @@ pub struct RateLimitRequest {
 pub struct RateLimitDescriptor {
     #[prost(message, repeated, tag = "1")]
     pub entries: Vec<Entry>,
+    /// This descriptor's own hits (it overrides the request's
+    /// `hits_addend`; 0 checks without counting): what lets one call carry
+    /// requests of different costs.
+    #[prost(message, optional, tag = "3")]
+    pub hits_addend: Option<UInt64Value>,
+}
+
+/// `google.protobuf.UInt64Value`
+#[derive(Clone, Copy, PartialEq, Message)]
+pub struct UInt64Value {
+    #[prost(uint64, tag = "1")]
+    pub value: u64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -199,13 +211,25 @@ const ENTRIES: u8 = 1 << 3 | 2;
 const ENTRY_KEY: u8 = 1 << 3 | 2;
 const ENTRY_VALUE: u8 = 2 << 3 | 2;
 const HITS_ADDEND: u8 = 3 << 3;
+/// A descriptor's own `hits_addend` (a `UInt64Value`), and its `value`.
+const DESCRIPTOR_HITS: u8 = 3 << 3 | 2;
+const UINT64_VALUE: u8 = 1 << 3;
 
 fn entry_len((key, value): (&str, &str)) -> usize {
     string_len(key) + string_len(value)
 }
 
-fn descriptor_len(entries: &[(&str, &str)]) -> usize {
-    entries.iter().map(|e| delimited_len(entry_len(*e))).sum()
+/// A descriptor's own hits, as its `hits_addend` field (`UInt64Value`).
+fn descriptor_hits_len(hits: Option<u32>) -> usize {
+    hits.map_or(0, |h| delimited_len(1 + varint_len(h as usize)))
+}
+
+fn descriptor_len(entries: &[(&str, &str)], hits: Option<u32>) -> usize {
+    entries
+        .iter()
+        .map(|e| delimited_len(entry_len(*e)))
+        .sum::<usize>()
+        + descriptor_hits_len(hits)
 }
 
 /// A `RateLimitRequest` encoded straight from borrowed strings, in one
@@ -223,25 +247,55 @@ where
     D: Iterator<Item = E>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
+    encode(domain, hits_addend, || descriptors().map(|d| (d, None)))
+}
+
+/// The request of a call that carries several requests (or tenants): each
+/// descriptor with its own hits, as its own `hits_addend` when it is not 1
+/// (left out, the service counts 1), and no request-wide `hits_addend`.
+pub fn encode_batch_request<'a, F, D, E>(domain: &str, descriptors: F) -> Vec<u8>
+where
+    F: Fn() -> D,
+    D: Iterator<Item = (E, u32)>,
+    E: AsRef<[(&'a str, &'a str)]>,
+{
+    encode(domain, 0, || {
+        descriptors().map(|(d, hits)| (d, (hits != 1).then_some(hits)))
+    })
+}
+
+fn encode<'a, F, D, E>(domain: &str, hits_addend: u32, descriptors: F) -> Vec<u8>
+where
+    F: Fn() -> D,
+    D: Iterator<Item = (E, Option<u32>)>,
+    E: AsRef<[(&'a str, &'a str)]>,
+{
     // u32 fits a usize on every target this builds for (32 and 64 bits).
     let hits = usize::try_from(hits_addend).unwrap_or(usize::MAX);
     let hits_len = if hits == 0 { 0 } else { 1 + varint_len(hits) };
     let len = string_len(domain)
         + descriptors()
-            .map(|d| delimited_len(descriptor_len(d.as_ref())))
+            .map(|(d, h)| delimited_len(descriptor_len(d.as_ref(), h)))
             .sum::<usize>()
         + hits_len;
     let mut out = Vec::with_capacity(len);
     put_string(&mut out, DOMAIN, domain);
-    for d in descriptors() {
+    for (d, own) in descriptors() {
         let entries = d.as_ref();
         out.push(DESCRIPTORS);
-        put_varint(&mut out, descriptor_len(entries));
+        put_varint(&mut out, descriptor_len(entries, own));
         for &(key, value) in entries {
             out.push(ENTRIES);
             put_varint(&mut out, entry_len((key, value)));
             put_string(&mut out, ENTRY_KEY, key);
             put_string(&mut out, ENTRY_VALUE, value);
+        }
+        if let Some(h) = own {
+            let h = h as usize;
+            out.push(DESCRIPTOR_HITS);
+            put_varint(&mut out, 1 + varint_len(h));
+            out.push(UINT64_VALUE);
+            put_varint(&mut out, h);
         }
     }
     if hits != 0 {
@@ -287,6 +341,7 @@ mod tests {
                         value: "a".into(),
                     },
                 ],
+                hits_addend: None,
             }],
             hits_addend: 0,
         };
@@ -352,6 +407,7 @@ mod tests {
                             .iter()
                             .map(|(k, v)| Entry { key: k.clone(), value: v.clone() })
                             .collect(),
+                        hits_addend: None,
                     })
                     .collect(),
                 hits_addend,
@@ -361,6 +417,40 @@ mod tests {
                 .map(|entries| entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
                 .collect();
             let bytes = encode_rate_limit_request(&domain, hits_addend, || borrowed.iter());
+            proptest::prop_assert_eq!(bytes.len(), bytes.capacity());
+            proptest::prop_assert_eq!(bytes, owned.encode_to_vec());
+        }
+
+        /// A batch's descriptors carry their own hits (left out for 1), in
+        /// prost's bytes for the owned message.
+        #[test]
+        fn a_batch_request_encodes_each_descriptors_hits(
+            descriptors in proptest::collection::vec(
+                (proptest::collection::vec(("[a-z_]{1,12}", ".{0,40}"), 1..3), 1u32..),
+                1..8,
+            ),
+        ) {
+            let owned = RateLimitRequest {
+                domain: "d".into(),
+                descriptors: descriptors
+                    .iter()
+                    .map(|(entries, hits)| RateLimitDescriptor {
+                        entries: entries
+                            .iter()
+                            .map(|(k, v)| Entry { key: k.clone(), value: v.clone() })
+                            .collect(),
+                        hits_addend: (*hits != 1).then_some(UInt64Value { value: u64::from(*hits) }),
+                    })
+                    .collect(),
+                hits_addend: 0,
+            };
+            let borrowed: Vec<(Vec<(&str, &str)>, u32)> = descriptors
+                .iter()
+                .map(|(entries, hits)| {
+                    (entries.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(), *hits)
+                })
+                .collect();
+            let bytes = encode_batch_request("d", || borrowed.iter().map(|(d, h)| (d, *h)));
             proptest::prop_assert_eq!(bytes.len(), bytes.capacity());
             proptest::prop_assert_eq!(bytes, owned.encode_to_vec());
         }

@@ -10,34 +10,36 @@
 //!   when no group needs one.
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
 //!   its mailbox (`vm::Mailbox`: lease refills, response costs to charge)
-//!   go out, each as one call; then, once per sync interval, the
-//!   unsynced hits of every tracked tenant (one call per tenant), and a
+//!   and, once per sync interval, the unsynced hits of every tracked tenant
+//!   join the worker's queue of calls (`batch`), which goes at once:
+//!   everything due in one call (or a few, of `max_descriptors` each). A
 //!   tenant with nothing left pending is forgotten until its next request.
 //!   A call that cannot be sent is handled as its failed answer: a refill
 //!   counts `lease.failed`, a push `sync.failed` and puts its hits back, a
 //!   charge `response_cost.failed`.
-//! - On an answer (`Root::on_answer`): the call's token finds what it was
-//!   for; its answer is decoded once (`answer::decode`) and stored in the
-//!   tenant's slot by the mode (`modes`).
+//! - On an answer (`Root::on_answer`): Envoy answers every call of the
+//!   worker, whichever context sent it, on the root context; the call's
+//!   token finds its parts (`batch`), the answer is decoded once and split
+//!   back per part, each part's share is stored in its tenant's slot by the
+//!   mode (`modes::finish`), and each request's share is handed to its
+//!   stream (the glue delivers it, acting for that stream).
 //!
-//! Calls are sent from the root, not from a stream, so that a stream that
-//! ends cannot cancel them and their answers come back here. Every bound is
-//! the mailbox's (`vm::MAX_QUEUED_CALLS`, `vm::MAX_TRACKED`).
-
-use std::collections::HashMap;
+//! A call is never cancelled with the stream that happened to send it:
+//! Envoy makes every call on the root context. Every bound is the
+//! mailbox's (`vm::MAX_QUEUED_CALLS`, `vm::MAX_TRACKED`) or the queue's
+//! (`batch::MAX_QUEUED_PARTS`).
 
 use ratelimit_config::LEASE_TICK_MS;
 
-use crate::answer;
+use crate::batch::Part;
 use crate::decision::Compiled;
-use crate::host::{Host, HostError, SharedData};
-use crate::lease::{LeaseParams, Outcome};
+use crate::host::{Host, SharedData};
+use crate::lease::LeaseParams;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{next_push, settle_charge, store_heard, store_outcome};
-use crate::proto::{METHOD, SERVICE};
+use crate::modes::{finish, next_push, release};
 use crate::sync::SyncParams;
-use crate::vm::{CallKind, TenantCall, Vm};
+use crate::vm::Vm;
 
 /// How many slots and rule-name entries could not be created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,124 +129,61 @@ pub fn tick_ms(c: &Compiled) -> Option<u64> {
     }
 }
 
-/// A call the root sent, until its answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Pending {
-    call: TenantCall,
-    asked_at_ms: u64,
-}
-
-/// One worker's root: the calls it has under way, and its sync schedule.
+/// One worker's root: its sync schedule. Its calls under way are the
+/// worker's (`vm::Vm::batch`), shared with its streams.
 #[derive(Debug, Default)]
 pub struct Root {
-    /// Calls sent, by token.
-    in_flight: HashMap<u32, Pending>,
     /// When sync mode pushes next.
     next_sync_ms: u64,
 }
 
 impl Root {
-    /// How many calls are under way.
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
-    /// The tick: sends what the mailbox holds, then, when due, the sync
-    /// pushes.
+    /// The tick: what the mailbox holds and, when due, the sync pushes go,
+    /// with whatever requests are queued.
     pub fn on_tick<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H, vm: &Vm) {
-        for call in vm.mailbox.take_queued() {
-            let now = host.now_ms();
-            self.send(c, host, call, now);
-        }
+        let now = host.now_ms();
+        let mut parts: Vec<Part> = vm
+            .mailbox
+            .take_queued()
+            .into_iter()
+            .map(|call| Part::tenant(c, call, now))
+            .collect();
         if let Some(interval) = sync_interval_ms(c) {
-            let now = host.now_ms();
             if now >= self.next_sync_ms {
                 self.next_sync_ms = now.saturating_add(interval);
-                self.push_syncs(c, host, vm, now);
+                for tracked in vm.mailbox.tracked() {
+                    let (push, idle) = next_push(c, host, &tracked, now);
+                    if idle {
+                        vm.mailbox.forget(tracked.at);
+                    }
+                    parts.extend(push.map(|p| Part::tenant(c, p, now)));
+                }
             }
         }
-    }
-
-    /// Pushes the unsynced hits of every tenant the worker tracks; a tenant
-    /// with nothing pending is forgotten until its next request.
-    fn push_syncs<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H, vm: &Vm, now: u64) {
-        for tracked in vm.mailbox.tracked() {
-            let (push, idle) = next_push(c, host, &tracked, now);
-            if idle {
-                vm.mailbox.forget(tracked.at);
-            }
-            if let Some(push) = push {
-                self.send(c, host, push, now);
-            }
-        }
-    }
-
-    /// Sends one call; one that cannot be sent is answered as failed.
-    fn send<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H, call: TenantCall, now: u64) {
-        let sent = match call.message(c) {
-            Some(message) => host
-                .dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms)
-                .map_err(|e| log::debug!("root call not sent: {e}")),
-            // The group is gone from the configuration.
-            None => Err(()),
-        };
-        let pending = Pending {
-            call,
-            asked_at_ms: now,
-        };
-        match sent {
-            Ok(token) => {
-                self.in_flight.insert(token, pending);
-            }
-            Err(()) => settle(c, host, &pending, None),
-        }
+        let done = vm.batch.tick(c, host, parts);
+        finish(c, host, vm, done, None);
     }
 
     /// The answer to the call sent under `token` (`grpc_status` not 0: it
-    /// failed); `body_size` bytes of body. A token the root did not send
-    /// is ignored.
+    /// failed), `body_size` bytes of body; then the queue goes. A token the
+    /// worker did not send is ignored.
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
+        vm: &Vm,
         token: u32,
         grpc_status: u32,
         body_size: usize,
     ) {
-        let Some(pending) = self.in_flight.remove(&token) else {
-            return;
-        };
-        let body = if grpc_status == 0 {
-            host.grpc_response(body_size)
-                .unwrap_or_else(|e: HostError| {
-                    log::debug!("root call's answer not read: {e}");
-                    None
-                })
-        } else {
-            None
-        };
-        let decoded = answer::decode(grpc_status, body.as_deref());
-        settle(c, host, &pending, decoded.as_ref().ok());
+        let done = vm.batch.answered(c, host, token, grpc_status, body_size);
+        finish(c, host, vm, done, None);
     }
-}
 
-/// What the answer to a root's call (None: it failed, or was never sent)
-/// leaves in the tenant's slot and its group's counters.
-fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, p: &Pending, heard: Option<&answer::Answer>) {
-    let t = &p.call;
-    match t.kind {
-        CallKind::Refill => store_outcome(
-            c,
-            host,
-            t.group,
-            t.at,
-            p.asked_at_ms,
-            t.hits,
-            t.hits,
-            Outcome::of(heard),
-        ),
-        CallKind::Push => store_heard(c, host, t.group, t.at, p.asked_at_ms, t.hits, true, heard),
-        CallKind::Charge => settle_charge(c, host, t, p.asked_at_ms, heard),
+    /// The stream `id` has ended: its queued part is dropped, and what it
+    /// held released.
+    pub fn on_stream_end<H: Host + ?Sized>(c: &Compiled, host: &H, vm: &Vm, id: u32) {
+        release(c, host, vm.batch.forget_stream(id));
     }
 }
 

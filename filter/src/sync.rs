@@ -84,7 +84,7 @@ impl SyncParams {
             units += 1;
         }
         Some(SyncParams {
-            max_unsynced: c.config.local.sync_max_unsynced,
+            max_unsynced: c.config.local.max_unsynced_for(group),
             windows,
             units,
             push_lost_ms: u64::from(c.config.timeout_ms).saturating_add(1_000),

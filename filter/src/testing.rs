@@ -14,8 +14,11 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
 
+#[cfg(test)]
+use crate::batch::Delivery;
 use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
 use crate::decision::Compiled;
+use crate::flow::Stream;
 pub use crate::host::HostCall;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
 use crate::local::{slot_for, SlotKey, SlotRef, SlotSecret};
@@ -496,6 +499,11 @@ impl MemHost {
         self.recorded_count.get()
     }
 
+    /// Sets every counter back to 0.
+    pub fn clear_counters(&self) {
+        self.counters.iter().for_each(|c| c.set(0));
+    }
+
     /// The counters that are not 0, by name.
     pub fn counted(&self) -> Vec<(&'static str, u64)> {
         Counter::ALL
@@ -720,6 +728,8 @@ pub fn slot_of(c: &Compiled, secret: &SlotSecret, group: &str, tenant: &str) -> 
 pub struct Worker {
     pub host: MemHost,
     pub vm: Vm,
+    /// The last stream id given (`stream`).
+    streams: Cell<u32>,
 }
 
 impl Default for Worker {
@@ -739,6 +749,7 @@ impl Worker {
         Worker {
             host,
             vm: Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET)),
+            streams: Cell::new(0),
         }
     }
 
@@ -752,14 +763,85 @@ impl Worker {
         w
     }
 
+    /// A new stream of this worker, with a context id no other has.
+    pub fn stream(&self) -> Stream {
+        self.streams.set(self.streams.get() + 1);
+        Stream::new(self.streams.get())
+    }
+
     /// A request of `tenant` (in the configured tenant header), up to its
     /// first answer.
     #[cfg(test)]
-    pub fn request(&self, c: &Compiled, tenant: &str) -> (crate::flow::Stream, crate::flow::Next) {
+    pub fn request(&self, c: &Compiled, tenant: &str) -> (Stream, crate::flow::Next) {
         self.set_request_header(&c.config.limits.header, tenant.as_bytes());
-        let mut s = crate::flow::Stream::default();
+        let mut s = self.stream();
         let next = s.on_request_headers(c, self, &self.vm);
         (s, next)
+    }
+
+    /// The service answers the call that carries `s`'s request (gRPC
+    /// `status`; `size` bytes of the body `set_grpc_response` set): the
+    /// root receives it, and `s` gets its share, as the glue delivers it.
+    /// The shares of other streams are returned.
+    #[cfg(test)]
+    pub fn answer(&self, c: &Compiled, s: &mut Stream, status: u32, size: usize) -> Vec<Delivery> {
+        let token = self.vm.batch.token_for(s.id());
+        let token = token.unwrap_or_else(|| panic!("no call under way for stream {}", s.id()));
+        self.answer_call(c, token, status, size, &mut [s])
+    }
+
+    /// The service answers the call under `token`; each stream of
+    /// `streams` gets its share; the other shares are returned.
+    #[cfg(test)]
+    pub fn answer_call(
+        &self,
+        c: &Compiled,
+        token: u32,
+        status: u32,
+        size: usize,
+        streams: &mut [&mut Stream],
+    ) -> Vec<Delivery> {
+        crate::root::Root::default().on_answer(c, self, &self.vm, token, status, size);
+        self.deliver(c, streams)
+    }
+
+    /// The service answers every call under way, and the calls their
+    /// answers send, until none is left: `code` overall, `per_part` the
+    /// statuses of each part; each of `streams` gets its share. Returns
+    /// how many calls it answered.
+    #[cfg(test)]
+    pub fn answer_all(
+        &self,
+        c: &Compiled,
+        streams: &mut [Stream],
+        code: Code,
+        per_part: &dyn Fn(&crate::batch::Part) -> Vec<DescriptorStatus>,
+    ) -> usize {
+        let mut calls = 0;
+        while let Some(&token) = self.vm.batch.tokens().first() {
+            let parts = self.vm.batch.parts_of(token);
+            let body = answer(code, parts.iter().flat_map(per_part).collect());
+            let size = body.len();
+            self.set_grpc_response(Some(body));
+            let mut refs: Vec<&mut Stream> = streams.iter_mut().collect();
+            self.answer_call(c, token, 0, size, &mut refs);
+            calls += 1;
+        }
+        calls
+    }
+
+    /// The answers waiting for streams, delivered to those of `streams`;
+    /// the others are returned.
+    #[cfg(test)]
+    pub fn deliver(&self, c: &Compiled, streams: &mut [&mut Stream]) -> Vec<Delivery> {
+        let mut others = Vec::new();
+        for d in self.vm.batch.take_deliveries() {
+            match streams.iter_mut().find(|s| s.id() == d.stream) {
+                Some(s) => s.on_answer(c, self, &self.vm, d.heard),
+                None => others.push(d),
+            }
+        }
+        others
     }
 
     pub fn slot_secret(&self) -> SlotSecret {

@@ -1,7 +1,8 @@
 //! What one VM (one Envoy worker, or the main thread) keeps between
 //! callbacks, apart from its configuration: the slot secret it agreed at
-//! configure, the throttle of its "cannot call the service" warning, and
-//! the mailbox through which its streams hand work to its root context.
+//! configure, its calls to the service (`batch::Batcher`: the queue, the
+//! calls under way, the answers for its streams), and the mailbox through
+//! which its streams hand work to its root context.
 //! Plain state: the flow and the root are given it (`&Vm`); the glue keeps
 //! one per VM. Envoy's own state (shared data, metrics, ...) is behind the
 //! ports (`host`).
@@ -9,7 +10,8 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use crate::decision::Compiled;
+use crate::batch::Batcher;
+pub use crate::batch::{CallKind, OnRoute, TenantCall};
 use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
 
@@ -22,52 +24,6 @@ pub const MAX_QUEUED_CALLS: usize = 4_096;
 /// pushed by another worker that tracks it, or its requests ask the service
 /// once `max_unsynced` of its hits are pending.
 pub const MAX_TRACKED: usize = 16_384;
-
-/// Why the root calls the service about a tenant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallKind {
-    /// Lease mode: reserve a batch of `hits` tokens for the tenant's lease.
-    Refill,
-    /// Sync mode: the tenant's `hits` admitted since the last push.
-    Push,
-    /// A response's cost (`response_cost_header`): the `hits` it cost
-    /// beyond what its request was charged, on the request's descriptors
-    /// (the group's, and its route's). Nothing waits for the answer.
-    Charge,
-}
-
-/// A call to the service about one tenant of a group, sent by the root:
-/// its descriptors, each counting `hits`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TenantCall {
-    pub kind: CallKind,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
-    pub tenant: String,
-    /// The tenant's slot (not used when the local layer is off).
-    pub at: SlotRef,
-    pub hits: u32,
-    /// A charge's route, when the request's route had limits of its own:
-    /// its descriptors follow the group's in the call.
-    pub route: Option<OnRoute>,
-}
-
-/// The route a call is also about, and the slot of the tenant's state on
-/// that route (not used when the local layer is off).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OnRoute {
-    pub name: String,
-    pub at: SlotRef,
-}
-
-impl TenantCall {
-    /// The call's message; None if the configuration has no such group (or
-    /// the group no such route).
-    pub fn message(&self, c: &Compiled) -> Option<Vec<u8>> {
-        let route = self.route.as_ref().map(|r| r.name.as_str());
-        crate::decision::tenant_message(c, self.group, &self.tenant, route, self.hits)
-    }
-}
 
 /// A tenant whose sync hits this worker's root pushes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -157,9 +113,8 @@ impl Mailbox {
 pub struct Vm {
     /// The key of the slot hash, agreed at configure (`local::secret`).
     pub slot_secret: SlotSecret,
-    /// This VM's "cannot call the service" warnings
-    /// (`health::dispatch_failed`).
-    pub dispatch_warnings: LogThrottle,
+    /// The worker's calls to the service.
+    pub batch: Batcher,
     /// This VM's warnings about invalid response costs.
     pub cost_warnings: LogThrottle,
     /// This VM's "no rule for a descriptor" warnings (`health::no_rule`).
@@ -171,7 +126,7 @@ impl Vm {
     pub fn new(slot_secret: SlotSecret) -> Vm {
         Vm {
             slot_secret,
-            dispatch_warnings: LogThrottle::new(),
+            batch: Batcher::default(),
             cost_warnings: LogThrottle::new(),
             no_rule_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),

@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
-use crate::plugin::{LocalConfig, Mode, TenantSource};
+use crate::plugin::{BatchConfig, LocalConfig, Mode, TenantSource};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -73,14 +73,35 @@ fn mode_line(local: &LocalConfig, group: &crate::model::Group) -> String {
     };
     match local.mode_for(group) {
         Mode::Exact => format!("exact ({whence}): one call to the service per request"),
-        Mode::Lease => format!(
-            "lease ({whence}): batches of up to {} tokens reserved with one call, spent without calls",
-            local.lease_max_batch
-        ),
-        Mode::Sync => format!(
-            "sync ({whence}): admitted locally, hits pushed every {} ms, at most {} unsynced",
-            local.sync_interval_ms, local.sync_max_unsynced
-        ),
+        Mode::Lease => {
+            let n = local.lease_max_batch_for(group);
+            let s = if n == 1 { "" } else { "s" };
+            format!(
+                "lease ({whence}): batches of up to {n} token{s} reserved with one call, spent without calls \
+                 (local.lease.max_batch, at most a twentieth of the group's smallest limit)"
+            )
+        }
+        Mode::Sync => {
+            let n = local.max_unsynced_for(group);
+            format!(
+                "sync ({whence}): admitted locally, hits pushed every {} ms, at most {n} unsynced per Envoy: \
+                 overshoot at most 2 × (Envoys − 1) × {n} per window",
+                local.sync_interval_ms
+            )
+        }
+    }
+}
+
+/// How the tenant's calls to the service go, for `explain`.
+fn calls_line(batch: &BatchConfig) -> String {
+    if batch.enabled {
+        format!(
+            "batched per worker (rate_limit_service.batch): while {} calls are under way, requests \
+             queue and go together in the next one, at most {} descriptors per call",
+            batch.max_in_flight, batch.max_descriptors
+        )
+    } else {
+        "one request per call (rate_limit_service.batch false)".to_string()
     }
 }
 
@@ -94,6 +115,9 @@ pub struct ExplainOptions<'a> {
     /// The plugin configuration's `local`, when explaining one: shows the
     /// group's mode.
     pub local: Option<&'a LocalConfig>,
+    /// The plugin configuration's `rate_limit_service.batch`, when
+    /// explaining one: shows how its calls go.
+    pub batch: Option<&'a BatchConfig>,
     /// The Envoy route (its name) to explain the tenant's limits on.
     pub route: Option<&'a str>,
     /// Where the filter reads the tenant (`tenant_source`).
@@ -197,6 +221,9 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
     }
     if let Some(local) = opts.local {
         let _ = writeln!(out, "mode:    {}", mode_line(local, group));
+    }
+    if let Some(batch) = opts.batch {
+        let _ = writeln!(out, "calls:   {}", calls_line(batch));
     }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
@@ -326,6 +353,7 @@ mod tests {
         key_prefix: "",
         shadow: false,
         local: None,
+        batch: None,
         route: None,
         tenant_source: &TenantSource::Header,
     };
@@ -396,14 +424,43 @@ mod tests {
         };
         let a = explain(&seed(), &opts, "tenant-a", 0);
         assert!(
-            a.contains("\nmode:    lease (local.mode): batches of up to 100 tokens reserved with one call, spent without calls\n"),
+            a.contains("\nmode:    lease (local.mode): batches of up to 1 token reserved with one call, spent without calls \
+                       (local.lease.max_batch, at most a twentieth of the group's smallest limit)\n"),
             "{a}"
         );
         let c = explain(&seed(), &opts, "tenant-c", 0);
         assert!(
-            c.contains("\nmode:    sync (local.groups.group_1.mode): admitted locally, hits pushed every 100 ms, at most 1000 unsynced\n"),
+            c.contains("\nmode:    sync (local.groups.group_1.mode): admitted locally, hits pushed every 100 ms, at most 25 unsynced per Envoy: overshoot at most 2 × (Envoys − 1) × 25 per window\n"),
             "{c}"
         );
+    }
+
+    #[test]
+    fn how_the_calls_go_with_a_plugin_configuration() {
+        let on = BatchConfig::default();
+        let opts = ExplainOptions {
+            batch: Some(&on),
+            ..OPTS
+        };
+        let a = explain(&seed(), &opts, "tenant-a", 0);
+        assert!(
+            a.contains("\ncalls:   batched per worker (rate_limit_service.batch): while 2 calls are under way, requests queue and go together in the next one, at most 100 descriptors per call\n"),
+            "{a}"
+        );
+        let off = BatchConfig {
+            enabled: false,
+            ..on
+        };
+        let opts = ExplainOptions {
+            batch: Some(&off),
+            ..OPTS
+        };
+        let a = explain(&seed(), &opts, "tenant-a", 0);
+        assert!(
+            a.contains("\ncalls:   one request per call (rate_limit_service.batch false)\n"),
+            "{a}"
+        );
+        assert!(!explain(&seed(), &OPTS, "tenant-a", 0).contains("calls:"));
     }
 
     #[test]

@@ -566,8 +566,10 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
-    let (limits, domain, descriptor_key, shadow, local, source) = match (&a.file, &a.plugin_config)
-    {
+    let (limits, domain, descriptor_key, shadow, local, batch, source) = match (
+        &a.file,
+        &a.plugin_config,
+    ) {
         (_, Some(p)) => {
             let c = load_plugin(p)?;
             // The filter refuses a tenant longer than max_tenant_length
@@ -587,6 +589,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 c.descriptor_key,
                 c.shadow,
                 Some(c.local),
+                Some(c.batch),
                 c.tenant_source,
             )
         }
@@ -601,6 +604,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 a.domain.unwrap_or_default(),
                 key,
                 false,
+                None,
                 None,
                 source,
             )
@@ -619,6 +623,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         key_prefix: &a.key_prefix,
         shadow,
         local: local.as_ref(),
+        batch: batch.as_ref(),
         route: a.route.as_deref(),
         tenant_source: &source,
     };

@@ -18,10 +18,11 @@ const HEADER: &str = "x-tenant-id";
 const NOW: u64 = 1_700_000_000_250;
 
 /// 600 a minute per tenant, 5 on `reports`, 2 a second on `burst`; `gold`
-/// (tenant `acme`) has no routes. `extra`: more top-level keys.
+/// (tenant `acme`) has no routes. `extra`: more top-level keys. One request
+/// per call, so that each request's call is the last one.
 fn config(extra: &str) -> Compiled {
     compiled(&format!(
-        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit"}},
+        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit", "batch": false}},
             "limits": {{"x-tenant-id": {{
               "default": {{"perminute": 600,
                            "routes": {{"reports": {{"perminute": 5}}, "burst": {{"persecond": 2}}}}}},
@@ -48,7 +49,7 @@ fn host(c: &Compiled) -> Worker {
 fn request(c: &Compiled, h: &Worker, tenant: &str, route: Option<&str>) -> (Stream, Next) {
     h.set_route_name(route);
     h.set_request_header(HEADER, tenant.as_bytes());
-    let mut s = Stream::default();
+    let mut s = h.stream();
     let next = s.on_request_headers(c, h, &h.vm);
     (s, next)
 }
@@ -57,7 +58,7 @@ fn respond(c: &Compiled, h: &Worker, s: &mut Stream, code: Code, statuses: Vec<D
     let body = answer(code, statuses);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, &h.vm, 0, size);
+    h.answer(c, s, 0, size);
 }
 
 /// The descriptors of the last call, as `key=value` entries.
@@ -283,10 +284,10 @@ fn a_response_cost_is_charged_by_the_root_on_the_same_descriptors() {
     let body = answer(Code::Ok, vec![minute(Code::Ok, 100, 81)]);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    root.on_answer(&c, &h, 2, 0, size);
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostCharges), 1);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
-    assert_eq!(root.in_flight(), 0);
+    assert_eq!(h.vm.batch.in_flight(), 0);
     // Charges need the root's tick even without leases.
     assert_eq!(tick_ms(&c), Some(20));
 }
@@ -307,7 +308,7 @@ fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call(
     );
     let size = body.len();
     h.set_grpc_response(Some(body));
-    root.on_answer(&c, &h, 2, 0, size);
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
     let calls = h.call_count();
     let (_, next) = request(&c, &h, "tenant-a", None);
     assert_eq!((next, h.call_count()), (Next::Pause, calls));
@@ -400,7 +401,7 @@ fn refused_and_failed_open_requests_are_not_charged() {
     s.on_response_headers(&c, &h, &h.vm);
     // Failed open.
     let (mut s, _) = request(&c, &h, "tenant-b", None);
-    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
+    h.answer(&c, &mut s, 14, 0);
     s.on_response_headers(&c, &h, &h.vm);
     assert!(h.vm.mailbox.take_queued().is_empty());
     // In shadow, a refusal goes upstream counted: charged.
@@ -455,7 +456,7 @@ fn a_charge_that_fails_or_finds_the_mailbox_full_is_counted() {
     admitted_with_cost(&c, &h, Some(b"10"), None);
     root.on_tick(&c, &h, &h.vm);
     let token = u32::try_from(h.call_count()).unwrap();
-    root.on_answer(&c, &h, token, 14, 0);
+    root.on_answer(&c, &h, &h.vm, token, 14, 0);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 2);
     // A full mailbox drops the charge, counted.
     for _ in 0..MAX_QUEUED_CALLS {
@@ -477,7 +478,7 @@ fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
     let body = answer(Code::OverLimit, vec![minute(Code::OverLimit, 100, 0)]);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    root.on_answer(&c, &h, 2, 0, size);
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
     assert_eq!(h.shared_snapshot(), before);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
 }

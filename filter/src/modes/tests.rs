@@ -58,13 +58,14 @@ mod lease_mode {
         let body = answer(code, statuses);
         let size = body.len();
         h.set_grpc_response(Some(body));
-        s.on_rls_answer(c, h, &h.vm, 0, size);
+        h.answer(c, s, 0, size);
     }
 
     fn last_hits(h: &Worker) -> Vec<Option<u64>> {
         let calls = h.calls();
         let r = RateLimitRequest::decode(&calls.last().unwrap().message[..]).unwrap();
-        let hits = u64::from(r.hits_addend);
+        // Left out (0), the service counts 1.
+        let hits = u64::from(r.hits_addend.max(1));
         r.descriptors.iter().map(|_| Some(hits)).collect()
     }
 
@@ -102,11 +103,10 @@ mod lease_mode {
             assert_eq!(next, Next::Pause);
             waiting.push(s);
         }
-        assert_eq!(h.call_count(), 30);
+        // Two calls at once (max_in_flight), the others queued for the next.
+        assert_eq!((h.call_count(), h.vm.batch.queued()), (2, 28));
         assert_eq!(last_hits(&h), vec![Some(1), Some(1)]);
-        for mut s in waiting {
-            respond(&c, &h, &mut s, Code::Ok, ok(900));
-        }
+        assert_eq!(h.answer_all(&c, &mut waiting, Code::Ok, &|_| ok(900)), 3);
         assert_eq!(h.resumed(), 30);
         // A second later the rate is known: a batch of max_batch (20) for the
         // next request, which keeps one hit; 19 tokens for the others.
@@ -145,6 +145,42 @@ mod lease_mode {
     }
 
     #[test]
+    fn a_request_admitted_from_a_lease_gets_headers_from_the_last_answer_less_what_was_spent() {
+        let c = config(r#"{"mode": "lease", "lease": {"max_batch": 20}}"#);
+        let h = host(&c);
+        // 30 requests in a second: the next one asks for a batch of 20.
+        let mut waiting: Vec<Stream> = (0..30).map(|_| request(&c, &h, "acme").0).collect();
+        h.answer_all(&c, &mut waiting, Code::Ok, &|_| ok(900));
+        h.set_now_ms(NOW + 1_000);
+        let (mut s, _) = request(&c, &h, "acme");
+        respond(&c, &h, &mut s, Code::Ok, ok(870));
+        let tokens = lease_of(&c, &h, "acme").tokens;
+        assert_eq!(tokens, 19);
+        // Two requests from the lease: the service's 870, plus the tokens
+        // this Envoy holds, less the ones just spent.
+        for spent in 1..=2 {
+            let (mut s, next) = request(&c, &h, "acme");
+            assert_eq!(next, Next::Continue);
+            let before = h.added_headers().len();
+            s.on_response_headers(&c, &h, &h.vm);
+            let added: Vec<(String, String)> = h.added_headers().split_off(before);
+            let remaining = (870 + tokens - spent).to_string();
+            assert_eq!(
+                added,
+                [
+                    (
+                        "x-ratelimit-limit".into(),
+                        "1000, 1000;w=60, 5000;w=3600".into()
+                    ),
+                    ("x-ratelimit-remaining".into(), remaining),
+                    // 21.25 s into the minute: 39 s left, rounded up.
+                    ("x-ratelimit-reset".into(), "39".into()),
+                ]
+            );
+        }
+    }
+
+    #[test]
     fn when_the_service_fails_the_lease_left_is_spent_then_failure_mode_decides() {
         let c = config(r#"{"mode": "lease", "lease": {"max_batch": 4}}"#);
         let h = host(&c);
@@ -168,7 +204,7 @@ mod lease_mode {
         // Then each request asks and fails open (failure_mode_deny is false).
         let (mut s, next) = request(&c, &h, "acme");
         assert_eq!(next, Next::Pause);
-        s.on_rls_answer(&c, &h, &h.vm, 14, 0);
+        h.answer(&c, &mut s, 14, 0);
         assert_eq!(h.group_counter(0, GroupCounter::FailedOpen), 1);
         assert_eq!(h.group_counter(0, GroupCounter::LeasesFailed), 2);
         assert_eq!(h.resumed(), 3);
@@ -196,7 +232,8 @@ mod lease_mode {
         assert_eq!(h.call_count(), calls);
         // gold stays exact: one call per request, hits_addend left out.
         let (mut s, _) = request(&c, &h, "tenant-b");
-        assert_eq!(last_hits(&h), vec![Some(0)]);
+        let asked = RateLimitRequest::decode(&h.calls().last().unwrap().message[..]).unwrap();
+        assert_eq!(asked.hits_addend, 0);
         respond(
             &c,
             &h,
@@ -218,7 +255,7 @@ mod sync_mode {
 
     fn config() -> Compiled {
         let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
-            "limits": {"x-tenant-id": {"default": {"perminute": 10}}},
+            "limits": {"x-tenant-id": {"default": {"perminute": 12}}},
             "local": {"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}}}"#;
         compiled(text)
     }
@@ -240,10 +277,10 @@ mod sync_mode {
         assert_eq!(next, Next::Pause);
         let body = answer(
             Code::Ok,
-            vec![status(Code::Ok, 10, RateLimitUnit::Minute, 7, 40)],
+            vec![status(Code::Ok, 12, RateLimitUnit::Minute, 9, 40)],
         );
         h.set_grpc_response(Some(body.clone()));
-        s.on_rls_answer(&c, &h, &h.vm, 0, body.len());
+        h.answer(&c, &mut s, 0, body.len());
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
@@ -254,10 +291,10 @@ mod sync_mode {
         assert_eq!(asked.hits_addend, 6);
         // Another worker's root finds nothing to push.
         assert_eq!(next_push(&c, &h, &tracked[0], NOW).0, None);
-        // The service counted 1 + 6: 3 remain, and the Envoy admits 3 more.
+        // The service counted 1 + 6: 5 remain, and the Envoy admits 5 more.
         let body = answer(
             Code::Ok,
-            vec![status(Code::Ok, 10, RateLimitUnit::Minute, 3, 40)],
+            vec![status(Code::Ok, 12, RateLimitUnit::Minute, 5, 40)],
         );
         let heard = decode(0, Some(&body)).unwrap();
         store_heard(
@@ -270,10 +307,24 @@ mod sync_mode {
             true,
             Some(&heard),
         );
-        let statuses: Vec<Next> = (0..5).map(|_| request(&c, &h, "acme").1).collect();
+        // Admitted locally, with headers from the view: 12 - 7 - this hit.
+        let (mut first, next) = request(&c, &h, "acme");
+        assert_eq!(next, Next::Continue);
+        let before = h.added_headers().len();
+        first.on_response_headers(&c, &h, &h.vm);
+        let added: Vec<(String, String)> = h.added_headers().split_off(before);
+        assert!(
+            added.contains(&("x-ratelimit-remaining".into(), "4".into())),
+            "{added:?}"
+        );
+        let statuses: Vec<Next> = std::iter::once(next)
+            .chain((0..6).map(|_| request(&c, &h, "acme").1))
+            .collect();
         assert_eq!(
             statuses,
             [
+                Next::Continue,
+                Next::Continue,
                 Next::Continue,
                 Next::Continue,
                 Next::Continue,
@@ -284,7 +335,7 @@ mod sync_mode {
         assert_eq!(h.replies().len(), 2);
         assert_eq!(h.replies()[0].status, 429);
         assert_eq!(h.call_count(), 1);
-        assert_eq!(h.group_counter(0, GroupCounter::SyncLocal), 9);
+        assert_eq!(h.group_counter(0, GroupCounter::SyncLocal), 11);
         assert_eq!(h.group_counter(0, GroupCounter::SyncRefused), 2);
         assert_eq!(h.group_counter(0, GroupCounter::Syncs), 1);
         assert_eq!(h.group_counter(0, GroupCounter::SyncHits), 6);
@@ -296,7 +347,7 @@ mod sync_mode {
         )
         .unwrap();
         assert!(
-            matches!(slot.mode, ModeState::Sync(s) if s.unsynced == 3),
+            matches!(slot.mode, ModeState::Sync(s) if s.unsynced == 5),
             "{slot:?}"
         );
     }
@@ -304,14 +355,14 @@ mod sync_mode {
     fn config_with(extra: &str) -> Compiled {
         let text = format!(
             r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-            "limits": {{"x-tenant-id": {{"default": {{"perminute": 10}}}}}},
+            "limits": {{"x-tenant-id": {{"default": {{"perminute": 12}}}}}},
             "local": {{"mode": "sync", "sync": {{"interval_ms": 50, "max_unsynced": 6}}}}{extra}}}"#
         );
         compiled(&text)
     }
 
     /// Fills the view: 6 admitted locally, the seventh asks and hears that
-    /// 10 of 10 are counted.
+    /// 12 of 12 are counted.
     fn fill_the_view(c: &Compiled, h: &Worker) {
         for _ in 0..6 {
             assert_eq!(request(c, h, "acme").1, Next::Continue);
@@ -320,10 +371,10 @@ mod sync_mode {
         assert_eq!(next, Next::Pause);
         let body = answer(
             Code::Ok,
-            vec![status(Code::Ok, 10, RateLimitUnit::Minute, 0, 40)],
+            vec![status(Code::Ok, 12, RateLimitUnit::Minute, 0, 40)],
         );
         h.set_grpc_response(Some(body.clone()));
-        s.on_rls_answer(c, h, &h.vm, 0, body.len());
+        h.answer(c, &mut s, 0, body.len());
     }
 
     #[test]
@@ -388,14 +439,16 @@ mod all_modes {
 
     #[test]
     fn a_sync_refusal_counts_in_sync_over_limit_not_in_the_services_over_limit() {
-        // A sync group with a quota of 5 per minute, 40 requests: 5
-        // admitted from the view, 35 refused by it, none by the service.
+        // A sync group with a quota of 5 per minute, 40 requests: 2
+        // admitted from the view (max_unsynced: half of 5), 3 asking the
+        // service (no answer yet), 35 refused by the view, none by the
+        // service.
         let c = config(r#"{"perminute": 5}"#, r#"{"mode": "sync"}"#);
         let h = Worker::ready(&c, NOW);
         let nexts: Vec<Next> = (0..40).map(|_| request(&c, &h).1).collect();
-        assert_eq!(nexts.iter().filter(|n| **n == Next::Continue).count(), 5);
+        assert_eq!(nexts.iter().filter(|n| **n == Next::Continue).count(), 2);
         assert_eq!(h.replies().len(), 35);
-        assert_eq!(h.call_count(), 0);
+        assert_eq!(h.call_count() + h.vm.batch.queued() as u64, 3);
         assert_eq!(h.counter(Counter::OverLimit), 0, "{:?}", h.counted());
         assert_eq!(h.counter(Counter::SyncOverLimit), 35);
         assert_eq!(h.group_counter(0, GroupCounter::SyncRefused), 35);
@@ -438,7 +491,7 @@ mod all_modes {
             let body = answer(Code::OverLimit, named());
             let size = body.len();
             h.set_grpc_response(Some(body));
-            s.on_rls_answer(&c, &h, &h.vm, 0, size);
+            h.answer(&c, &mut s, 0, size);
             // The service's 429, then the cache's: the same names.
             let (_, next) = request(&c, &h);
             assert_eq!((next, h.call_count()), (Next::Pause, 1), "{local}");
@@ -471,7 +524,7 @@ mod all_modes {
                 vec![status(Code::Ok, 600, RateLimitUnit::Minute, 500, 40)],
             );
             h.set_grpc_response(Some(body.clone()));
-            s.on_rls_answer(&lease, &h, &h.vm, 0, body.len());
+            h.answer(&lease, &mut s, 0, body.len());
         }
         assert_eq!(request(&lease, &h).1, Next::Continue);
         // Sync: at most max_unsynced (4) hits admitted before the service
@@ -499,7 +552,7 @@ mod mode_change {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const HEADER: &str = "x-tenant-id";
-    const LIMIT: u32 = 10;
+    const LIMIT: u32 = 60;
     const MODES: [&str; 3] = ["exact", "lease", "sync"];
 
     fn config(mode: &str) -> Compiled {
@@ -562,13 +615,13 @@ mod mode_change {
             self.h.set_request_header(HEADER, b"acme");
             let (calls, resumed, replies) =
                 (self.h.calls().len(), self.h.resumed(), self.h.reply_count());
-            let mut s = Stream::default();
+            let mut s = self.h.stream();
             let next = s.on_request_headers(&self.c, &self.h, &self.h.vm);
             if self.h.calls().len() > calls {
                 let body = self.answer_to(calls);
                 let size = body.len();
                 self.h.set_grpc_response(Some(body));
-                s.on_rls_answer(&self.c, &self.h, &self.h.vm, 0, size);
+                self.h.answer(&self.c, &mut s, 0, size);
             }
             if next == Next::Continue || self.h.resumed() > resumed {
                 self.admitted += 1;
@@ -587,7 +640,8 @@ mod mode_change {
                 let body = self.answer_to(n);
                 let (token, size) = (self.h.calls()[n].token, body.len());
                 self.h.set_grpc_response(Some(body));
-                self.root.on_answer(&self.c, &self.h, token, 0, size);
+                self.root
+                    .on_answer(&self.c, &self.h, &self.h.vm, token, 0, size);
             }
         }
 

@@ -5,6 +5,7 @@
 use prost::Message;
 
 use super::*;
+use crate::batch::{CallKind, TenantCall};
 use crate::counters::GroupCounter;
 use crate::flow::{Next, Stream};
 use crate::host::HostCall;
@@ -23,7 +24,7 @@ fn config(local: &str) -> Compiled {
     let text = format!(
         r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
             "limits": {{"x-tenant-id": {{
-                "default": {{"perminute": 10}},
+                "default": {{"perminute": 12}},
                 "gold": {{"perminute": 1000, "header_value": ["tenant-b"]}}}}}},
             "local": {local}}}"#
     );
@@ -70,17 +71,30 @@ fn hits(call: &crate::testing::Call) -> u32 {
         .hits_addend
 }
 
+/// Each descriptor's hits in a call, with its tenant.
+fn descriptor_hits(call: &crate::testing::Call) -> Vec<(String, u64)> {
+    let r = RateLimitRequest::decode(&call.message[..]).unwrap();
+    r.descriptors
+        .iter()
+        .map(|d| {
+            let own = d.hits_addend.map(|h| h.value);
+            let hits = own.unwrap_or(u64::from(r.hits_addend.max(1)));
+            (d.entries[1].value.clone(), hits)
+        })
+        .collect()
+}
+
 /// The service answers the root's call `token`.
 fn answer_root(c: &Compiled, h: &Worker, root: &mut Root, token: u32, body: Vec<u8>) {
     let size = body.len();
     h.set_grpc_response(Some(body));
-    root.on_answer(c, h, token, 0, size);
+    root.on_answer(c, h, &h.vm, token, 0, size);
 }
 
 fn minute(remaining: u32) -> Vec<u8> {
     answer(
         Code::Ok,
-        vec![status(Code::Ok, 10, RateLimitUnit::Minute, remaining, 40)],
+        vec![status(Code::Ok, 12, RateLimitUnit::Minute, remaining, 40)],
     )
 }
 
@@ -109,7 +123,7 @@ fn respond_gold(c: &Compiled, h: &Worker, s: &mut Stream, remaining: u32) {
     );
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, &h.vm, 0, size);
+    h.answer(c, s, 0, size);
 }
 
 #[test]
@@ -130,9 +144,9 @@ fn a_tick_sends_the_queued_refills_and_their_answers_fill_the_leases() {
     // 3 (the rate): nothing goes out until the tick.
     let calls = h.call_count();
     assert_eq!(request(&c, &h, "tenant-b").1, Next::Continue);
-    assert_eq!((h.call_count(), root.in_flight()), (calls, 0));
+    assert_eq!((h.call_count(), h.vm.batch.in_flight()), (calls, 0));
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!((h.call_count(), root.in_flight()), (calls + 1, 1));
+    assert_eq!((h.call_count(), h.vm.batch.in_flight()), (calls + 1, 1));
     let refill = h.calls().last().cloned().unwrap();
     assert_eq!(hits(&refill), 3);
     // The mailbox is empty: the next tick sends nothing.
@@ -143,7 +157,7 @@ fn a_tick_sends_the_queued_refills_and_their_answers_fill_the_leases() {
         vec![status(Code::Ok, 1000, RateLimitUnit::Minute, 800, 40)],
     );
     answer_root(&c, &h, &mut root, refill.token, body);
-    assert_eq!(root.in_flight(), 0);
+    assert_eq!(h.vm.batch.in_flight(), 0);
     assert_eq!(lease(&c, &h, "tenant-b").tokens, 3);
     assert_eq!(h.group_counter(1, GroupCounter::LeaseTokens), 1 + 2 + 3);
     // An answer under a token the root did not send changes nothing.
@@ -167,7 +181,7 @@ fn queued_refill(h: &Worker, tenant: String) -> bool {
 }
 
 #[test]
-fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once() {
+fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once_in_full_calls() {
     let c = config(LEASE);
     let h = Worker::with(MemHost::counting());
     h.create_slots(c.config.local.slots);
@@ -177,10 +191,17 @@ fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once() {
         .count();
     assert_eq!(queued, MAX_QUEUED_CALLS);
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!(h.call_count(), MAX_QUEUED_CALLS as u64);
-    assert_eq!(root.in_flight(), MAX_QUEUED_CALLS);
+    // 4,096 refills of one descriptor each, in calls of at most
+    // max_descriptors (100): 41 calls, every descriptor once.
+    let calls = MAX_QUEUED_CALLS.div_ceil(100);
+    assert_eq!(h.call_count(), calls as u64);
+    assert_eq!(h.vm.batch.in_flight(), calls);
+    assert_eq!(
+        h.counter(crate::counters::Counter::RlsDescriptors),
+        MAX_QUEUED_CALLS as u64
+    );
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!(h.call_count(), MAX_QUEUED_CALLS as u64);
+    assert_eq!(h.call_count(), calls as u64);
     // Room again.
     assert!(queued_refill(&h, "again".into()));
 }
@@ -205,7 +226,7 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
     h.fail(HostCall::Dispatch);
     refill(&h);
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!((root.in_flight(), h.call_count()), (0, 0));
+    assert_eq!((h.vm.batch.in_flight(), h.call_count()), (0, 0));
     assert_eq!(h.group_counter(1, GroupCounter::LeasesFailed), 1);
     // The slot says no refill is under way: the next request may ask.
     assert_eq!(lease(&c, &h, "tenant-b").refill_at_ms, 0);
@@ -214,14 +235,14 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
     refill(&h);
     root.on_tick(&c, &h, &h.vm);
     let token = h.calls()[0].token;
-    root.on_answer(&c, &h, token, 14, 0);
+    root.on_answer(&c, &h, &h.vm, token, 14, 0);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesFailed), 2);
     assert_eq!(lease(&c, &h, "tenant-b").tokens, 0);
     // An answer that cannot be read is a failure too.
     refill(&h);
     root.on_tick(&c, &h, &h.vm);
     h.fail(HostCall::GrpcResponse);
-    root.on_answer(&c, &h, h.calls()[1].token, 0, 10);
+    root.on_answer(&c, &h, &h.vm, h.calls()[1].token, 0, 10);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesFailed), 3);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesTaken), 0);
 }
@@ -234,7 +255,7 @@ fn six_local_hits(c: &Compiled, h: &Worker, tenant: &str) {
 }
 
 #[test]
-fn pushes_go_out_once_per_interval_one_call_per_tenant() {
+fn pushes_go_out_once_per_interval_in_one_call_split_back_per_tenant() {
     let c = config(SYNC);
     let h = worker(&c);
     let mut root = Root::default();
@@ -243,26 +264,44 @@ fn pushes_go_out_once_per_interval_one_call_per_tenant() {
         assert_eq!(request(&c, &h, "other").1, Next::Continue);
     }
     root.on_tick(&c, &h, &h.vm);
-    let mut pushed: Vec<u32> = h.calls().iter().map(hits).collect();
-    pushed.sort_unstable();
-    assert_eq!(pushed, [2, 6]);
+    // Both tenants' pushes in one call, each descriptor with its hits.
+    assert_eq!(h.call_count(), 1);
+    let call = h.calls()[0].clone();
+    let mut pushed = descriptor_hits(&call);
+    pushed.sort();
+    assert_eq!(pushed, [("acme".into(), 6), ("other".into(), 2)]);
     assert_eq!(unsynced(&c, &h, "acme"), (0, 6));
-    // The answer lands in the slot: the fleet counted 6 of 10.
-    let calls = h.calls();
-    let acme = calls.iter().find(|call| hits(call) == 6).unwrap();
-    answer_root(&c, &h, &mut root, acme.token, minute(4));
+    // The answer is split back: the fleet counted 8 of 12 for acme, 2 for
+    // the other, in the order the call sent them.
+    let statuses = descriptor_hits(&call)
+        .iter()
+        .map(|(t, _)| {
+            let remaining = if t == "acme" { 4 } else { 10 };
+            status(Code::Ok, 12, RateLimitUnit::Minute, remaining, 40)
+        })
+        .collect();
+    answer_root(&c, &h, &mut root, call.token, answer(Code::Ok, statuses));
     assert_eq!(unsynced(&c, &h, "acme"), (0, 0));
-    assert_eq!(h.group_counter(0, GroupCounter::Syncs), 1);
-    assert_eq!(h.group_counter(0, GroupCounter::SyncHits), 6);
+    assert_eq!(unsynced(&c, &h, "other"), (0, 0));
+    match slot(&c, &h, "default", "acme").mode {
+        ModeState::Sync(s) => assert_eq!(s.views[0], 8),
+        other => panic!("not a sync block: {other:?}"),
+    }
+    match slot(&c, &h, "default", "other").mode {
+        ModeState::Sync(s) => assert_eq!(s.views[0], 2),
+        other => panic!("not a sync block: {other:?}"),
+    }
+    assert_eq!(h.group_counter(0, GroupCounter::Syncs), 2);
+    assert_eq!(h.group_counter(0, GroupCounter::SyncHits), 8);
     // More hits, but the next push is due only an interval later.
     assert_eq!(request(&c, &h, "acme").1, Next::Continue);
     h.set_now_ms(NOW + 49);
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!(h.call_count(), 2);
+    assert_eq!(h.call_count(), 1);
     h.set_now_ms(NOW + 50);
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!(h.call_count(), 3);
-    assert_eq!(hits(&h.calls()[2]), 1);
+    assert_eq!(h.call_count(), 2);
+    assert_eq!(hits(&h.calls()[1]), 0);
 }
 
 #[test]
@@ -273,14 +312,14 @@ fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
     six_local_hits(&c, &h, "acme");
     h.fail(HostCall::Dispatch);
     root.on_tick(&c, &h, &h.vm);
-    assert_eq!(root.in_flight(), 0);
+    assert_eq!(h.vm.batch.in_flight(), 0);
     assert_eq!(unsynced(&c, &h, "acme"), (6, 0));
     assert_eq!(h.group_counter(0, GroupCounter::SyncFailed), 1);
     h.heal(HostCall::Dispatch);
     h.set_now_ms(NOW + 50);
     root.on_tick(&c, &h, &h.vm);
     assert_eq!(unsynced(&c, &h, "acme"), (0, 6));
-    root.on_answer(&c, &h, h.calls()[0].token, 14, 0);
+    root.on_answer(&c, &h, &h.vm, h.calls()[0].token, 14, 0);
     assert_eq!(unsynced(&c, &h, "acme"), (6, 0));
     assert_eq!(h.group_counter(0, GroupCounter::SyncFailed), 2);
     assert_eq!(h.group_counter(0, GroupCounter::Syncs), 0);

@@ -53,6 +53,49 @@ pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
 /// one by one until the next sync. The overshoot bound scales with it.
 pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
 pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
+/// Batched calls to the service (`rate_limit_service.batch`): on unless
+/// `"batch": false`.
+pub const DEFAULT_BATCH_ENABLED: bool = true;
+/// The most descriptors one call carries (`batch.max_descriptors`): a call
+/// holds whole requests, so one request with more still goes, alone.
+pub const DEFAULT_BATCH_MAX_DESCRIPTORS: u32 = 100;
+pub const MAX_BATCH_MAX_DESCRIPTORS: u32 = 1_000;
+/// Calls one worker has under way before its requests queue for the next
+/// one (`batch.max_in_flight`).
+pub const DEFAULT_BATCH_MAX_IN_FLIGHT: u32 = 2;
+pub const MAX_BATCH_MAX_IN_FLIGHT: u32 = 64;
+
+/// A lease batch is at most this fraction (1/n) of its group's tightest
+/// limit. The service adds a refused batch to every descriptor's counter
+/// anyway: a batch the minute refuses still counts in the hour, and one
+/// that crosses the limit loses what was left below it. Each costs at most
+/// one batch: so at most a twentieth (5%) of a window.
+pub const LEASE_BATCH_SHARE_OF_LIMIT: u32 = 20;
+
+/// The largest lease batch of a group whose smallest limit is `smallest`:
+/// `max_batch`, at most `smallest / LEASE_BATCH_SHARE_OF_LIMIT`, at least 1.
+pub const fn lease_batch_cap(max_batch: u32, smallest: u32) -> u32 {
+    let share = smallest / LEASE_BATCH_SHARE_OF_LIMIT;
+    let cap = if max_batch < share { max_batch } else { share };
+    if cap == 0 {
+        1
+    } else {
+        cap
+    }
+}
+
+/// The most hits `local.sync.max_unsynced` may leave unsynced for a group
+/// whose smallest limit is `smallest`: half of it (at least 1), so that
+/// sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced, stays below
+/// what the Envoys could overshoot without syncing at all.
+pub const fn max_unsynced_bound(smallest: u32) -> u32 {
+    let half = smallest / 2;
+    if half == 0 {
+        1
+    } else {
+        half
+    }
+}
 
 /// The most segments `tenant_source.property` may have (`PROPERTY_SHAPE`
 /// in the parser says it too).

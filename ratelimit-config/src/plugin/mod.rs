@@ -18,9 +18,10 @@ pub use defaults::*;
 pub use names::{HeaderMode, MissingTenant, Mode};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
 pub use types::{
-    BucketParams, CostConfig, GroupLocal, LocalConfig, MetricsConfig, PluginConfig, TenantSource,
+    BatchConfig, BucketParams, CostConfig, GroupLocal, LocalConfig, MetricsConfig, PluginConfig,
+    TenantSource,
 };
 #[cfg(feature = "cli")]
 pub use write::{
-    plugin_config_json, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
+    plugin_config_json, BatchJson, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
 };

@@ -3,8 +3,9 @@
 use crate::model::{Group, TeamLimits, Unit};
 
 use super::defaults::{
-    DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS, DEFAULT_MODE,
-    DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
+    lease_batch_cap, max_unsynced_bound, DEFAULT_BATCH_ENABLED, DEFAULT_BATCH_MAX_DESCRIPTORS,
+    DEFAULT_BATCH_MAX_IN_FLIGHT, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED,
+    DEFAULT_LOCAL_SLOTS, DEFAULT_MODE, DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
 };
 use super::names::{HeaderMode, MissingTenant, Mode};
 
@@ -14,6 +15,8 @@ pub struct PluginConfig {
     pub limits: TeamLimits,
     pub cluster: String,
     pub timeout_ms: u32,
+    /// `rate_limit_service.batch`: how a worker's requests share calls.
+    pub batch: BatchConfig,
     pub failure_mode_deny: bool,
     pub status_on_error: u16,
     pub missing_tenant: MissingTenant,
@@ -68,6 +71,27 @@ impl PluginConfig {
     }
 }
 
+/// Batched calls (`rate_limit_service.batch`): per worker, a request that
+/// must ask the service joins the worker's next call while `max_in_flight`
+/// calls are under way; a call carries at most `max_descriptors`
+/// descriptors (whole requests). `enabled` false: one request per call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchConfig {
+    pub enabled: bool,
+    pub max_descriptors: u32,
+    pub max_in_flight: u32,
+}
+
+impl Default for BatchConfig {
+    fn default() -> BatchConfig {
+        BatchConfig {
+            enabled: DEFAULT_BATCH_ENABLED,
+            max_descriptors: DEFAULT_BATCH_MAX_DESCRIPTORS,
+            max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+        }
+    }
+}
+
 /// Request cost: a request carrying `header` costs that many hits (an
 /// integer from 1 to `max`); without it, 1.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +124,7 @@ pub struct LocalConfig {
     pub lease_max_batch: u32,
     /// `local.sync.interval_ms`.
     pub sync_interval_ms: u32,
-    /// `local.sync.max_unsynced`.
+    /// `local.sync.max_unsynced`: for a group, at most `max_unsynced_for`.
     pub sync_max_unsynced: u32,
 }
 
@@ -143,6 +167,33 @@ impl LocalConfig {
         self.group(&group.name)
             .and_then(|g| g.mode)
             .unwrap_or(self.mode)
+    }
+
+    /// The largest lease batch of a tenant of `group`:
+    /// `local.lease.max_batch`, at most a twentieth of the group's smallest
+    /// limit (`lease_batch_cap`).
+    pub fn lease_max_batch_for(&self, group: &Group) -> u32 {
+        let smallest = group
+            .limits
+            .iter()
+            .map(|(_, l)| l)
+            .min()
+            .unwrap_or(u32::MAX);
+        lease_batch_cap(self.lease_max_batch, smallest)
+    }
+
+    /// The most unsynced hits of a tenant of `group` in sync mode:
+    /// `local.sync.max_unsynced`, but never more than half of the group's
+    /// smallest limit (a value set above that is refused by the parser; the
+    /// default is lowered to it).
+    pub fn max_unsynced_for(&self, group: &Group) -> u32 {
+        let smallest = group
+            .limits
+            .iter()
+            .map(|(_, l)| l)
+            .min()
+            .unwrap_or(u32::MAX);
+        self.sync_max_unsynced.min(max_unsynced_bound(smallest))
     }
 
     /// The bucket of a group: its own `local.groups` entry, else its

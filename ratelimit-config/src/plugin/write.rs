@@ -5,8 +5,9 @@
 use serde_json::Value;
 
 use super::defaults::{
-    max_tenant_length_fitting, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED,
-    DEFAULT_LOCAL_SLOTS, DEFAULT_MISSING_TENANT, DEFAULT_STATUS_ON_ERROR,
+    max_tenant_length_fitting, DEFAULT_BATCH_MAX_DESCRIPTORS, DEFAULT_BATCH_MAX_IN_FLIGHT,
+    DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS,
+    DEFAULT_MISSING_TENANT, DEFAULT_STATUS_ON_ERROR,
 };
 use super::names::{HeaderMode, MissingTenant};
 
@@ -38,6 +39,13 @@ pub struct PluginConfigJson<'a> {
 pub struct RateLimitServiceJson<'a> {
     pub cluster: &'a str,
     pub timeout_ms: u32,
+    pub batch: BatchJson,
+}
+
+#[derive(serde::Serialize)]
+pub struct BatchJson {
+    pub max_descriptors: u32,
+    pub max_in_flight: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -76,6 +84,10 @@ pub fn plugin_config_json<'a>(
         rate_limit_service: RateLimitServiceJson {
             cluster: opts.cluster,
             timeout_ms: opts.timeout_ms,
+            batch: BatchJson {
+                max_descriptors: DEFAULT_BATCH_MAX_DESCRIPTORS,
+                max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+            },
         },
         failure_mode_deny: DEFAULT_FAILURE_MODE_DENY,
         status_on_error: DEFAULT_STATUS_ON_ERROR,

@@ -10,7 +10,7 @@ use crate::field::{
 use crate::model::TeamLimits;
 
 use super::super::defaults::{
-    DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_SYNC_INTERVAL_MS,
+    max_unsynced_bound, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_SYNC_INTERVAL_MS,
     DEFAULT_SYNC_MAX_UNSYNCED, MAX_LEASE_MAX_BATCH, MAX_LOCAL_SLOTS, MAX_SYNC_INTERVAL_MS,
     MAX_SYNC_MAX_UNSYNCED, MIN_SYNC_INTERVAL_MS,
 };
@@ -62,12 +62,57 @@ pub(super) fn local_config(
     if let Some(s) = obj.get("sync") {
         sync_settings(s, &join(BASE, "sync"), &mut local, errors);
     }
-    let Some(groups) = obj.get("groups") else {
-        return local;
-    };
+    if let Some(groups) = obj.get("groups") {
+        group_settings(groups, limits, &mut local, errors);
+    }
+    let explicit = obj
+        .get("sync")
+        .and_then(|s| s.get("max_unsynced"))
+        .is_some();
+    if let (true, Some(limits)) = (explicit, limits) {
+        max_unsynced_fits(&local, limits, errors);
+    }
+    local
+}
+
+/// A `local.sync.max_unsynced` set above half of a sync group's smallest
+/// limit makes sync's overshoot bound larger than the limit it bounds.
+fn max_unsynced_fits(local: &LocalConfig, limits: &TeamLimits, errors: &mut Errors) {
+    let max = local.sync_max_unsynced;
+    for g in limits.all_groups() {
+        if local.mode_for(g) != Mode::Sync {
+            continue;
+        }
+        let Some((unit, smallest)) = g.limits.iter().min_by_key(|(_, l)| *l) else {
+            continue;
+        };
+        let bound = max_unsynced_bound(smallest);
+        if max > bound {
+            errors.push(
+                "local.sync.max_unsynced",
+                format!(
+                    "{max} is more than half of group {:?}'s smallest limit ({smallest} per {}): \
+                     sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced per window, would \
+                     exceed the limit itself; at most {bound} for this group",
+                    g.name,
+                    unit.service_unit()
+                ),
+            );
+        }
+    }
+}
+
+/// `local.groups`: each entry names a group of `limits`.
+fn group_settings(
+    groups: &Value,
+    limits: Option<&TeamLimits>,
+    local: &mut LocalConfig,
+    errors: &mut Errors,
+) {
+    const BASE: &str = "local";
     let base = join(BASE, "groups");
     let Some(groups) = errors.record(&base, object(groups)) else {
-        return local;
+        return;
     };
     for (name, params) in groups {
         let path = join(&base, name);
@@ -81,7 +126,6 @@ pub(super) fn local_config(
             local.groups.push((name.clone(), g));
         }
     }
-    local
 }
 
 /// `local.lease`: `{"max_batch": n}`, 1 to `MAX_LEASE_MAX_BATCH`.

@@ -22,11 +22,12 @@ use crate::validate::parse_team_limits;
 use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS,
     DEFAULT_MAX_COST, DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM,
-    DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_MAX_COST,
-    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
+    DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_BATCH_MAX_DESCRIPTORS,
+    MAX_BATCH_MAX_IN_FLIGHT, MAX_MAX_COST, MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS,
+    MAX_TIMEOUT_MS, PPM,
 };
 use super::names::Named;
-use super::types::{CostConfig, PluginConfig, TenantSource};
+use super::types::{BatchConfig, CostConfig, PluginConfig, TenantSource};
 
 const KEYS: &[&str] = &[
     "domain",
@@ -49,7 +50,8 @@ const KEYS: &[&str] = &[
 ];
 const TENANT_SOURCE_KEYS: &[&str] = &["property"];
 const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
-const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
+const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms", "batch"];
+const BATCH_KEYS: &[&str] = &["max_descriptors", "max_in_flight"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
 fn check_keys(
@@ -162,7 +164,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             None
         }
     };
-    let (cluster, timeout_ms) = rate_limit_service(get("rate_limit_service"), &mut errors);
+    let (cluster, timeout_ms, batch) = rate_limit_service(get("rate_limit_service"), &mut errors);
     let failure_mode_deny = or_default(get("failure_mode_deny"), DEFAULT_FAILURE_MODE_DENY, |v| {
         errors.record("failure_mode_deny", boolean(v))
     });
@@ -254,6 +256,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 limits,
                 cluster: cluster.unwrap_or_default(),
                 timeout_ms,
+                batch,
                 failure_mode_deny,
                 status_on_error,
                 missing_tenant,
@@ -445,8 +448,12 @@ fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
     TenantSource::Property(segments)
 }
 
-fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {
+fn rate_limit_service(
+    v: Option<&Value>,
+    errors: &mut Errors,
+) -> (Option<String>, u32, BatchConfig) {
     const BASE: &str = "rate_limit_service";
+    let none = |timeout| (None, timeout, BatchConfig::default());
     let Some(v) = v else {
         errors.push(
             BASE,
@@ -454,10 +461,10 @@ fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>
                 "{\"cluster\": <name of the Envoy cluster of the rate-limit service>} is required",
             ),
         );
-        return (None, DEFAULT_TIMEOUT_MS);
+        return none(DEFAULT_TIMEOUT_MS);
     };
     let Some(obj) = errors.record(BASE, object(v)) else {
-        return (None, DEFAULT_TIMEOUT_MS);
+        return none(DEFAULT_TIMEOUT_MS);
     };
     check_keys(obj, BASE, SERVICE_KEYS, errors);
     let cluster_path = join(BASE, "cluster");
@@ -479,5 +486,50 @@ fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>
             positive_u32_at_most(t, MAX_TIMEOUT_MS),
         )
     });
-    (cluster, timeout)
+    let batch = obj.get("batch").map_or_else(BatchConfig::default, |b| {
+        batch(b, &join(BASE, "batch"), errors)
+    });
+    (cluster, timeout, batch)
+}
+
+/// `rate_limit_service.batch`: `false` (one request per call), `true` (the
+/// defaults), or `{"max_descriptors": n, "max_in_flight": n}`, each key
+/// optional.
+fn batch(v: &Value, path: &str, errors: &mut Errors) -> BatchConfig {
+    let mut batch = BatchConfig::default();
+    let obj = match v {
+        Value::Bool(enabled) => {
+            batch.enabled = *enabled;
+            return batch;
+        }
+        Value::Object(obj) => obj,
+        other => {
+            errors.push(
+                path,
+                format!(
+                    "must be false (one request per call), true, or an object {{\"max_descriptors\": n, \"max_in_flight\": n}}, got {}",
+                    describe(other)
+                ),
+            );
+            return batch;
+        }
+    };
+    check_keys(obj, path, BATCH_KEYS, errors);
+    let mut bounded = |key: &str, max: u32, default: u32| match obj.get(key) {
+        None => default,
+        Some(v) => errors
+            .record(&join(path, key), positive_u32_at_most(v, max))
+            .unwrap_or(default),
+    };
+    batch.max_descriptors = bounded(
+        "max_descriptors",
+        MAX_BATCH_MAX_DESCRIPTORS,
+        batch.max_descriptors,
+    );
+    batch.max_in_flight = bounded(
+        "max_in_flight",
+        MAX_BATCH_MAX_IN_FLIGHT,
+        batch.max_in_flight,
+    );
+    batch
 }

@@ -28,7 +28,56 @@ fn minimal_config_takes_defaults() {
     assert_eq!(c.local, LocalConfig::default());
     assert!(!c.shadow);
     assert_eq!(c.near_limit_ppm, 800_000);
+    assert_eq!(
+        c.batch,
+        BatchConfig {
+            enabled: true,
+            max_descriptors: DEFAULT_BATCH_MAX_DESCRIPTORS,
+            max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+        }
+    );
     assert_eq!(c.tenant_source, TenantSource::Header);
+}
+
+fn with_batch(batch: &str) -> Result<BatchConfig, Vec<String>> {
+    let text = format!(
+        r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl", "batch": {batch}}}}}"#
+    );
+    parse_plugin_config(text.as_bytes())
+        .map(|(c, _)| c.batch)
+        .map_err(|e| e.iter().map(ToString::to_string).collect())
+}
+
+#[test]
+fn batch_is_false_true_or_its_settings() {
+    let on = BatchConfig::default();
+    assert!(!with_batch("false").unwrap().enabled);
+    assert_eq!(with_batch("true").unwrap(), on);
+    assert_eq!(with_batch("{}").unwrap(), on);
+    assert_eq!(
+        with_batch(r#"{"max_descriptors": 40, "max_in_flight": 1}"#).unwrap(),
+        BatchConfig {
+            enabled: true,
+            max_descriptors: 40,
+            max_in_flight: 1,
+        }
+    );
+    assert_eq!(
+        with_batch(r#"{"max_descriptors": 0, "max_in_flight": 65, "size": 3}"#).unwrap_err(),
+        vec![
+            "rate_limit_service.batch.size: unknown key \"size\", expected one of max_descriptors, max_in_flight",
+            "rate_limit_service.batch.max_descriptors: must be a positive integer, got 0",
+            "rate_limit_service.batch.max_in_flight: must be at most 64, got 65",
+        ]
+    );
+    assert_eq!(
+        with_batch(r#"{"max_descriptors": 1001}"#).unwrap_err(),
+        vec!["rate_limit_service.batch.max_descriptors: must be at most 1000, got 1001"]
+    );
+    assert_eq!(
+        with_batch(r#""off""#).unwrap_err(),
+        vec!["rate_limit_service.batch: must be false (one request per call), true, or an object {\"max_descriptors\": n, \"max_in_flight\": n}, got string \"off\""]
+    );
 }
 
 #[test]
@@ -269,6 +318,60 @@ fn sync_settings_are_validated_and_default() {
     );
 }
 
+#[test]
+fn max_unsynced_is_at_most_half_of_a_sync_groups_smallest_limit() {
+    // Left out, each sync group takes the default lowered to half of its
+    // smallest limit: default 5/s (2), gold 70/min (35), silver 9/s (4).
+    let c = with_local(r#"{"mode": "sync"}"#).unwrap();
+    let l = &c.limits;
+    let bounds: Vec<u32> = l
+        .all_groups()
+        .map(|g| c.local.max_unsynced_for(g))
+        .collect();
+    assert_eq!(bounds, [2, 35, 4]);
+    // Set: at most that, in every group in sync mode.
+    let c = with_local(r#"{"mode": "sync", "sync": {"max_unsynced": 2}}"#).unwrap();
+    let bounds: Vec<u32> = l
+        .all_groups()
+        .map(|g| c.local.max_unsynced_for(g))
+        .collect();
+    assert_eq!(bounds, [2, 2, 2]);
+    assert_eq!(
+        with_local(r#"{"mode": "sync", "sync": {"max_unsynced": 1000000}}"#).unwrap_err(),
+        vec![
+            "local.sync.max_unsynced: 1000000 is more than half of group \"default\"'s smallest limit (5 per second): sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced per window, would exceed the limit itself; at most 2 for this group",
+            "local.sync.max_unsynced: 1000000 is more than half of group \"gold\"'s smallest limit (70 per minute): sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced per window, would exceed the limit itself; at most 35 for this group",
+            "local.sync.max_unsynced: 1000000 is more than half of group \"silver\"'s smallest limit (9 per second): sync's overshoot bound, 2 × (Envoys − 1) × max_unsynced per window, would exceed the limit itself; at most 4 for this group",
+        ]
+    );
+    // Only groups in sync mode are held to it.
+    let c = with_local(r#"{"groups": {"gold": {"mode": "sync"}}, "sync": {"max_unsynced": 30}}"#)
+        .unwrap();
+    assert_eq!(c.local.sync_max_unsynced, 30);
+    assert_eq!(
+        with_local(r#"{"groups": {"gold": {"mode": "sync"}}, "sync": {"max_unsynced": 36}}"#)
+            .unwrap_err()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_lease_batch_is_at_most_a_twentieth_of_the_groups_smallest_limit() {
+    // default 5/s and 30/h (1), gold 70/min (3), silver 9/s (1).
+    let c = with_local(r#"{"mode": "lease"}"#).unwrap();
+    let caps: Vec<u32> = c
+        .limits
+        .all_groups()
+        .map(|g| c.local.lease_max_batch_for(g))
+        .collect();
+    assert_eq!(caps, [1, 3, 1]);
+    assert_eq!(lease_batch_cap(100, 1_500), 75);
+    assert_eq!(lease_batch_cap(50, 1_500), 50);
+    assert_eq!(lease_batch_cap(100, 19), 1);
+    assert_eq!(lease_batch_cap(100, u32::MAX), 100);
+}
+
 fn with_local(local: &str) -> Result<PluginConfig, Vec<String>> {
     let text = format!(
         r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
@@ -445,7 +548,7 @@ fn bad_configs_name_their_field() {
         ),
         vec![
             "limits.x-t.default.perhour: must be a positive integer, got -5",
-            "rate_limit_service.x: unknown key \"x\", expected one of cluster, timeout_ms",
+            "rate_limit_service.x: unknown key \"x\", expected one of cluster, timeout_ms, batch",
             "rate_limit_service.timeout_ms: must be a positive integer, got 0",
             "status_on_error: must be an HTTP status from 200 to 599, got 42",
             "missing_tenant: must be one of \"allow\", \"deny\", got string \"block\"",
