@@ -25,13 +25,15 @@
 //! fails is a limiter failure (fail open, unless `failure_mode_deny`) or,
 //! in the local layer, skips that layer; it never panics.
 
-use crate::access_log::{record, Source};
-use crate::answer::{decode, RlsError};
+use crate::access_log::{record, record_admitted, Source};
+use crate::answer::{decode, Answer, RlsError};
+use crate::breaker::{self, Gate};
 use crate::cost::{hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
     decide, encode_request, first_step, near_limit, Compiled, Decision, Step, Verdict, RETRY_AFTER,
 };
+use crate::fallback::{self, Decided};
 use crate::headers::group_policy;
 use crate::health;
 use crate::host::Host;
@@ -43,7 +45,7 @@ use crate::local::{UpdateError, CAS_ATTEMPTS};
 use crate::modes::{local_step, store_heard, store_outcome, ModeStep};
 use crate::proto::{DescriptorStatus, METHOD, SERVICE};
 use crate::vm::Vm;
-use ratelimit_config::HeaderMode;
+use ratelimit_config::{HeaderMode, OnFailure};
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +82,10 @@ pub struct Stream {
     /// Sync mode: this request asked the service itself; its answer
     /// refreshes the tenant's view (`sync`).
     sync: bool,
+    /// The request's cost (`cost_header`; 1 without), and the hits its
+    /// call carried (a lease's batch, hits a mode change carried).
+    cost: u32,
+    hits: u32,
 }
 
 impl Stream {
@@ -92,7 +98,7 @@ impl Stream {
     ) -> Next {
         let tenant = match host.request_header(&c.config.limits.header) {
             Ok(t) => t,
-            Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
+            Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let limited = match first_step(c, tenant.as_deref()) {
             Step::AllowMissingTenant => {
@@ -118,9 +124,10 @@ impl Stream {
                 host.count(Counter::CostInvalid);
                 return local_reply(host, 400, &[], &why);
             }
-            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e)),
+            Err(CostError::Host(e)) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let group = limited.group_index;
+        self.cost = cost;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
         let local = &c.config.local;
@@ -189,30 +196,43 @@ impl Stream {
             self.slot = Some(at);
             self.asked_at_ms = now;
         }
-        let hits = match self.lease_batch {
-            Some(batch) => batch.saturating_add(carried),
-            None => hits_addend(cost.saturating_add(carried)),
+        let (hits, addend) = match self.lease_batch {
+            Some(batch) => (batch.saturating_add(carried), batch.saturating_add(carried)),
+            None => {
+                let hits = cost.saturating_add(carried);
+                (hits, hits_addend(hits))
+            }
         };
-        let message = encode_request(c, &limited, hits);
+        self.hits = hits;
         self.sent_ms = host.now_ms();
+        if breaker::may_call(c, host, &vm.breaker, self.sent_ms) == Gate::Fallback {
+            // No call: a sync ask's pending hit is settled; a lease's ask
+            // lapses by itself (`lease`), with no failed call to count.
+            self.settle_sync(c, host, None);
+            return self.on_failure(c, host, None);
+        }
+        let message = encode_request(c, &limited, addend);
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms) {
             Ok(_token) => Next::Pause,
             Err(e) => {
                 health::dispatch_failed(c, host, &vm.dispatch_warnings, &e);
+                let why = RlsError::Host(e);
+                breaker::record(c, host, &vm.breaker, Some(&why), self.sent_ms);
                 if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
-                    store_outcome(
-                        c,
-                        host,
-                        group,
-                        at,
-                        self.asked_at_ms,
-                        batch,
-                        0,
-                        Outcome::Failed,
-                    );
+                    let (asked, failed) = (self.asked_at_ms, Outcome::Failed);
+                    store_outcome(c, host, group, at, asked, batch, 0, failed);
                 }
-                limiter_error(c, host, Some(group), &RlsError::Host(e))
+                self.settle_sync(c, host, None);
+                self.on_failure(c, host, Some(&why))
             }
+        }
+    }
+
+    /// A sync request that asked the service itself: what it heard (None:
+    /// its call failed, or was not made) settles its pending hit.
+    fn settle_sync<H: Host + ?Sized>(&self, c: &Compiled, host: &H, heard: Option<&Answer>) {
+        if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
+            store_heard(c, host, group, at, self.asked_at_ms, 1, false, heard);
         }
     }
 
@@ -223,6 +243,7 @@ impl Stream {
         &mut self,
         c: &Compiled,
         host: &H,
+        vm: &Vm,
         grpc_status: u32,
         body_size: usize,
     ) {
@@ -236,16 +257,18 @@ impl Stream {
             None
         };
         let decoded = decode(grpc_status, body.as_deref());
+        let now = host.now_ms();
+        breaker::record(c, host, &vm.breaker, decoded.as_ref().err(), now);
+        if let (Ok(answer), Some(at), Some(group)) = (&decoded, self.slot, self.group) {
+            fallback::on_answer(c, host, group, at, self.hits, answer);
+        }
         if let (Some(batch), Some(at), Some(group)) = (self.lease_batch, self.slot, self.group) {
             // This request asked for a batch: the first hit is its own.
             let outcome = Outcome::of(decoded.as_ref().ok());
             let tokens = batch.saturating_sub(1);
             store_outcome(c, host, group, at, self.asked_at_ms, batch, tokens, outcome);
         }
-        if let (true, Some(at), Some(group)) = (self.sync, self.slot, self.group) {
-            let heard = decoded.as_ref().ok();
-            store_heard(c, host, group, at, self.asked_at_ms, 1, false, heard);
-        }
+        self.settle_sync(c, host, decoded.as_ref().ok());
         let Decision {
             verdict,
             to_client,
@@ -296,7 +319,7 @@ impl Stream {
                 }
                 self.refuse(c, host, None, Source::Service, headers, to_client)
             }
-            Verdict::Error(why) => limiter_error(c, host, self.group, &why),
+            Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
         };
         if next == Next::Continue {
             if let Err(e) = host.resume_request() {
@@ -325,19 +348,11 @@ impl Stream {
         if let (Some(g), Some(counter)) = (group, source.group_counter(self.shadow)) {
             host.count_group(g, counter);
         }
-        let group_name = group
-            .and_then(|g| c.config.limits.all_groups().nth(g))
-            .map(|g| g.name.as_str());
+        let group_name = self.group_name(c);
         match tenant {
             Some(t) => record(host, Some(t), group_name, self.shadow, source),
             None => {
-                let read = host
-                    .request_header(&c.config.limits.header)
-                    .unwrap_or_else(|e| {
-                        log::debug!("the tenant not read again for the access log: {e}");
-                        None
-                    });
-                let t = read.as_deref().map(String::from_utf8_lossy);
+                let t = self.tenant_again(c, host);
                 record(host, t.as_deref(), group_name, self.shadow, source);
             }
         }
@@ -348,6 +363,78 @@ impl Stream {
             return Next::Continue;
         }
         over_limit_reply_with(host, &headers, &service)
+    }
+
+    /// The service cannot decide: the call failed (`why`, counted in
+    /// `rls_error`), or the breaker is open (None). `on_failure` decides:
+    /// let it through, refuse it with `status_on_error`, or ask the local
+    /// fallback for the tenant's share (a request whose tenant is not known
+    /// yet, or whose fallback entry another tenant holds, is let through).
+    fn on_failure<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        why: Option<&RlsError>,
+    ) -> Next {
+        if let Some(why) = why {
+            host.count(Counter::RlsError);
+            log::debug!("limiter error: {why}");
+        }
+        let decided = match (c.config.on_failure, self.group, self.slot) {
+            (OnFailure::Deny, ..) => {
+                host.count(Counter::FailureModeDenied);
+                record(host, None, None, false, Source::LimiterError);
+                let status = u32::from(c.config.status_on_error);
+                return local_reply(host, status, &[], "rate limiter unavailable\n");
+            }
+            (OnFailure::Local, Some(group), Some(at)) => {
+                fallback::on_request(c, host, group, at, self.cost.max(1))
+            }
+            _ => Decided::Contended,
+        };
+        let group = self.group;
+        match decided {
+            Decided::Admit => {
+                host.count(Counter::FallbackAllowed);
+                if let Some(g) = group {
+                    host.count_group(g, GroupCounter::Admitted);
+                    host.count_group(g, GroupCounter::FallbackAdmitted);
+                }
+                let tenant = self.tenant_again(c, host);
+                let name = self.group_name(c);
+                record_admitted(host, tenant.as_deref(), name, Source::Fallback);
+                Next::Continue
+            }
+            Decided::Refuse { retry_after_s } => {
+                let headers = vec![(RETRY_AFTER, retry_after_s.to_string())];
+                self.refuse(c, host, None, Source::Fallback, headers, Vec::new())
+            }
+            Decided::Contended => {
+                host.count(Counter::FailureModeAllowed);
+                if let Some(g) = group {
+                    host.count_group(g, GroupCounter::FailedOpen);
+                }
+                Next::Continue
+            }
+        }
+    }
+
+    /// The tenant header's value read again (only refusals and the
+    /// fallback pay for it), in its lossy UTF-8 form.
+    fn tenant_again<H: Host + ?Sized>(&self, c: &Compiled, host: &H) -> Option<String> {
+        let read = host
+            .request_header(&c.config.limits.header)
+            .unwrap_or_else(|e| {
+                log::debug!("the tenant not read again for the access log: {e}");
+                None
+            });
+        read.map(|t| String::from_utf8_lossy(&t).into_owned())
+    }
+
+    fn group_name<'c>(&self, c: &'c Compiled) -> Option<&'c str> {
+        self.group
+            .and_then(|g| c.config.limits.all_groups().nth(g))
+            .map(|g| g.name.as_str())
     }
 
     /// The upstream's response headers have arrived (also for the filter's
@@ -420,34 +507,6 @@ fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
             // `debug!` formats nothing unless debug is on (a static check).
             log::debug!("local layer error: {why}");
         }
-    }
-}
-
-/// The limiter failed: count it (in the tenant's group too, once known),
-/// then fail open or deny.
-fn limiter_error<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    group: Option<usize>,
-    why: &RlsError,
-) -> Next {
-    host.count(Counter::RlsError);
-    log::debug!("limiter error: {why}");
-    if c.config.failure_mode_deny {
-        host.count(Counter::FailureModeDenied);
-        record(host, None, None, false, Source::LimiterError);
-        local_reply(
-            host,
-            u32::from(c.config.status_on_error),
-            &[],
-            "rate limiter unavailable\n",
-        )
-    } else {
-        host.count(Counter::FailureModeAllowed);
-        if let Some(group) = group {
-            host.count_group(group, GroupCounter::FailedOpen);
-        }
-        Next::Continue
     }
 }
 

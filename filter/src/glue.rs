@@ -12,7 +12,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use ratelimit_config::parse_plugin_config;
 
-use crate::counters::{Counter, GroupCounter, Histogram, MetricIds, MetricKind};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
@@ -85,6 +85,7 @@ fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
     let kind = match kind {
         MetricKind::Counter => MetricType::Counter,
         MetricKind::Histogram => MetricType::Histogram,
+        MetricKind::Gauge => MetricType::Gauge,
     };
     hostcalls::define_metric(kind, name)
         .map_err(|e| log::warn!("cannot define metric {name}: status {}", e as u32))
@@ -98,6 +99,15 @@ fn add_metric(id: Option<u32>, n: u64) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         if let Err(e) = hostcalls::increment_metric(id, n) {
             log::debug!("cannot update metric {id}: status {}", e as u32);
+        }
+    }
+}
+
+/// Records a histogram's value, or sets a gauge.
+fn record_metric(id: Option<u32>, value: u64) {
+    if let Some(id) = id {
+        if let Err(e) = hostcalls::record_metric(id, value) {
+            log::debug!("cannot record metric {id}: status {}", e as u32);
         }
     }
 }
@@ -236,11 +246,11 @@ impl Host for Envoy<'_> {
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
-        if let Some(id) = self.0.histogram(histogram) {
-            if let Err(e) = hostcalls::record_metric(id, value) {
-                log::debug!("cannot record metric {id}: status {}", e as u32);
-            }
-        }
+        record_metric(self.0.histogram(histogram), value);
+    }
+
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        record_metric(self.0.gauge(gauge), value);
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
@@ -279,8 +289,8 @@ impl Context for Plugin {
     fn on_grpc_call_response(&mut self, token_id: u32, status_code: u32, response_size: usize) {
         if let Some(s) = &self.shared {
             let host = Envoy(&s.metrics);
-            self.root
-                .on_answer(&s.compiled, &host, token_id, status_code, response_size);
+            let (c, vm) = (&s.compiled, &s.vm);
+            (self.root).on_answer(c, &host, vm, token_id, status_code, response_size);
         }
     }
 }
@@ -318,6 +328,7 @@ impl RootContext for Plugin {
             SlotSecret::from_bytes([0; SlotSecret::BYTES])
         };
         let compiled = Compiled::new(config);
+        root::prepare_failure(&host, &compiled);
         let tick = root::tick_ms(&compiled).map(Duration::from_millis);
         if let Some(Err(e)) = tick.map(hostcalls::set_tick_period) {
             let e = e as u32;
@@ -369,7 +380,7 @@ impl Context for Http {
             return;
         };
         let host = Envoy(&s.metrics);
-        (self.stream).on_rls_answer(&s.compiled, &host, status_code, response_size);
+        (self.stream).on_rls_answer(&s.compiled, &host, &s.vm, status_code, response_size);
     }
 }
 

@@ -15,6 +15,7 @@ use std::cell::Cell;
 use crate::counters::{Counter, Histogram};
 use crate::decision::Compiled;
 use crate::host::{Host, HostError};
+use ratelimit_config::OnFailure;
 
 /// The least time between two warnings of the same kind from one VM.
 pub const WARN_INTERVAL_MS: u64 = 60_000;
@@ -71,10 +72,10 @@ pub fn dispatch_failed<H: Host + ?Sized>(
 ) {
     host.count(Counter::RlsDispatchFailed);
     if let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
-        let meanwhile = if c.config.failure_mode_deny {
-            "requests are refused meanwhile (failure_mode_deny)"
-        } else {
-            "requests pass unlimited meanwhile"
+        let meanwhile = match c.config.on_failure {
+            OnFailure::Allow => "requests pass unlimited meanwhile",
+            OnFailure::Deny => "requests are refused meanwhile (on_failure \"deny\")",
+            OnFailure::Local => "requests get each Envoy's share meanwhile (on_failure \"local\")",
         };
         log::warn!(
             "cannot call the rate-limit service: dispatch to cluster \"{}\" failed ({}); \

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::counters::{Counter, GroupCounter, Histogram};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram};
 
 /// A call of the ports, to say which one failed (and, in the tests, to
 /// make one fail).
@@ -167,6 +167,9 @@ pub trait Host: SharedData {
     /// Records a value in a histogram (a failure to record is the host's to
     /// log).
     fn record(&self, histogram: Histogram, value: u64);
+
+    /// Sets a gauge (a failure to set it is the host's to log).
+    fn set_gauge(&self, gauge: Gauge, value: u64);
 
     /// Sets a property of this stream that Envoy's access log can print:
     /// proxy-wasm `set_property`, which Envoy keeps as the filter state

@@ -4,7 +4,8 @@
 //!
 //! - At configure (`prepare_local`): every slot and the rule-name table are
 //!   created in shared data (`create_shared`), and the slot secret agreed
-//!   (`local::secret`).
+//!   (`local::secret`); `prepare_failure`: the breaker's state and the
+//!   fallback's entries.
 //! - The tick (`tick_ms`): as often as the fastest need, lease refills
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
@@ -24,14 +25,16 @@
 
 use std::collections::HashMap;
 
-use ratelimit_config::LEASE_TICK_MS;
+use ratelimit_config::{OnFailure, LEASE_TICK_MS};
 
-use crate::answer;
+use crate::answer::{self, RlsError};
+use crate::breaker::{self, Gate};
 use crate::decision::Compiled;
+use crate::fallback;
 use crate::host::{Host, HostError, SharedData};
 use crate::lease::{LeaseParams, Outcome};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
+use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
 use crate::modes::{next_push, store_heard, store_outcome};
 use crate::proto::{METHOD, SERVICE};
 use crate::sync::SyncParams;
@@ -51,11 +54,7 @@ pub struct Created {
 /// exists is left alone, and one that cannot be read is not written
 /// (counted as failed).
 pub fn create_shared<S: SharedData + ?Sized>(shared: &S, slots: u32) -> Created {
-    let create = |key: &str, value: &[u8]| match shared.get_shared(key) {
-        Ok((Some(_), _)) => true,
-        Ok((None, _)) => shared.set_shared(key, value, None).is_ok(),
-        Err(_) => false,
-    };
+    let create = |key: &str, value: &[u8]| create(shared, key, value);
     let zeroed = [0u8; SLOT_BYTES];
     let mut created = Created::default();
     for index in 0..slots {
@@ -101,6 +100,22 @@ pub fn prepare_local<S: SharedData + ?Sized>(
         );
     }
     secret
+}
+
+/// The breaker's and the fallback's shared state at configure: the
+/// breaker's value (its gauge set from it), and with `on_failure: local`
+/// one fallback entry per slot (`fallback::create`).
+pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
+    if c.config.breaker.enabled {
+        breaker::create(host);
+    }
+    if c.config.on_failure == OnFailure::Local {
+        let slots = c.config.local.slots;
+        let failed = fallback::create(host, slots);
+        if failed > 0 {
+            log::warn!("fallback: {failed} of {slots} entries could not be created");
+        }
+    }
 }
 
 /// Sync mode's push period (None: no group syncs).
@@ -150,7 +165,7 @@ impl Root {
     pub fn on_tick<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H, vm: &Vm) {
         for call in vm.mailbox.take_queued() {
             let now = host.now_ms();
-            self.send(c, host, call, now);
+            self.send(c, host, vm, call, now);
         }
         if let Some(interval) = sync_interval_ms(c) {
             let now = host.now_ms();
@@ -170,17 +185,33 @@ impl Root {
                 vm.mailbox.forget(tracked.at);
             }
             if let Some(push) = push {
-                self.send(c, host, push, now);
+                self.send(c, host, vm, push, now);
             }
         }
     }
 
-    /// Sends one call; one that cannot be sent is answered as failed.
-    fn send<H: Host + ?Sized>(&mut self, c: &Compiled, host: &H, call: TenantCall, now: u64) {
+    /// Sends one call; one that cannot be sent is answered as failed. While
+    /// the breaker is open (and this call is not its probe) it is not sent:
+    /// a refill or a push not answered lapses by itself (`lease`, `sync`),
+    /// and goes out again once the service answers.
+    fn send<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+        call: TenantCall,
+        now: u64,
+    ) {
+        if breaker::may_call(c, host, &vm.breaker, now) == Gate::Fallback {
+            return;
+        }
         let sent = match call.message(c) {
             Some(message) => host
                 .dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms)
-                .map_err(|e| log::debug!("root call not sent: {e}")),
+                .map_err(|e| {
+                    log::debug!("root call not sent: {e}");
+                    breaker::record(c, host, &vm.breaker, Some(&RlsError::Host(e)), now);
+                }),
             // The group is gone from the configuration.
             None => Err(()),
         };
@@ -203,6 +234,7 @@ impl Root {
         &mut self,
         c: &Compiled,
         host: &H,
+        vm: &Vm,
         token: u32,
         grpc_status: u32,
         body_size: usize,
@@ -220,6 +252,8 @@ impl Root {
             None
         };
         let decoded = answer::decode(grpc_status, body.as_deref());
+        let now = host.now_ms();
+        breaker::record(c, host, &vm.breaker, decoded.as_ref().err(), now);
         settle(c, host, &pending, decoded.as_ref().ok());
     }
 }
@@ -228,6 +262,9 @@ impl Root {
 /// leaves in the tenant's slot and its group's counters.
 fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, p: &Pending, heard: Option<&answer::Answer>) {
     let t = &p.call;
+    if let Some(answer) = heard {
+        fallback::on_answer(c, host, t.group, t.at, t.hits, answer);
+    }
     match t.kind {
         CallKind::Refill => store_outcome(
             c,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
 
-use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram, COUNTERS, GAUGES, HISTOGRAMS};
 #[cfg(test)]
 use crate::decision::Compiled;
 pub use crate::host::HostCall;
@@ -182,6 +182,7 @@ pub struct MemHost {
     /// host).
     recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
     recorded_count: Cell<u64>,
+    gauges: [Cell<u64>; GAUGES],
 }
 
 impl Default for MemHost {
@@ -216,6 +217,7 @@ impl MemHost {
             group_counters: RefCell::new(Vec::new()),
             recorded: Default::default(),
             recorded_count: Cell::new(0),
+            gauges: Default::default(),
         }
     }
 
@@ -420,6 +422,18 @@ impl MemHost {
             .map_or_else(Vec::new, |r| r.borrow().clone())
     }
 
+    /// A gauge's value (0 until set).
+    pub fn gauge(&self, g: Gauge) -> u64 {
+        self.gauges.get(g.index()).map_or(0, Cell::get)
+    }
+
+    /// Every shared-data key (sorted), to see what a change created.
+    pub fn shared_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.shared.borrow().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     /// How many values were recorded, in every histogram.
     pub fn recorded_count(&self) -> u64 {
         self.recorded_count.get()
@@ -584,6 +598,12 @@ impl Host for MemHost {
         }
     }
 
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        if let Some(g) = self.gauges.get(gauge.index()) {
+            g.set(value);
+        }
+    }
+
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
         self.check(HostCall::SetProperty)?;
         if self.keep {
@@ -729,6 +749,10 @@ impl Host for Worker {
 
     fn record(&self, histogram: Histogram, value: u64) {
         self.host.record(histogram, value);
+    }
+
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        self.host.set_gauge(gauge, value);
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {

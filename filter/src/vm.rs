@@ -1,7 +1,8 @@
 //! What one VM (one Envoy worker, or the main thread) keeps between
 //! callbacks, apart from its configuration: the slot secret it agreed at
-//! configure, the throttle of its "cannot call the service" warning, and
-//! the mailbox through which its streams hand work to its root context.
+//! configure, the throttle of its "cannot call the service" warning, the
+//! mailbox through which its streams hand work to its root context, and
+//! what it last read of the breaker.
 //! Plain state: the flow and the root are given it (`&Vm`); the glue keeps
 //! one per VM. Envoy's own state (shared data, metrics, ...) is behind the
 //! ports (`host`).
@@ -9,6 +10,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use crate::breaker;
 use crate::decision::Compiled;
 use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
@@ -143,6 +145,8 @@ pub struct Vm {
     /// (`health::dispatch_failed`).
     pub dispatch_warnings: LogThrottle,
     pub mailbox: Mailbox,
+    /// What this VM last read of the breaker (`breaker::Cache`).
+    pub breaker: breaker::Cache,
 }
 
 impl Vm {
@@ -151,6 +155,7 @@ impl Vm {
             slot_secret,
             dispatch_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),
+            breaker: breaker::Cache::default(),
         }
     }
 }

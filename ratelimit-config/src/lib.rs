@@ -33,8 +33,8 @@ pub mod team_file;
 
 pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
-    parse_plugin_config, BucketParams, GroupLocal, HeaderMode, LocalConfig, MissingTenant, Mode,
-    PluginConfig, LEASE_TICK_MS,
+    parse_plugin_config, BreakerConfig, BucketParams, FallbackConfig, GroupLocal, HeaderMode,
+    LocalConfig, MissingTenant, Mode, OnFailure, PluginConfig, Share, LEASE_TICK_MS,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

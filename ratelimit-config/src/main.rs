@@ -360,23 +360,23 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
-    let (limits, domain, descriptor_key, shadow, local) = match (&a.file, &a.plugin_config) {
-        (_, Some(p)) => {
-            let c = load_plugin(p)?;
-            (
-                c.limits,
-                c.domain,
-                c.descriptor_key,
-                c.shadow,
-                Some(c.local),
-            )
-        }
+    let plugin = match &a.plugin_config {
+        Some(p) => Some(load_plugin(p)?),
+        None => None,
+    };
+    let (limits, domain, descriptor_key, shadow) = match (&a.file, &plugin) {
+        (_, Some(c)) => (
+            c.limits.clone(),
+            c.domain.clone(),
+            c.descriptor_key.clone(),
+            c.shadow,
+        ),
         (Some(f), None) => {
             let (_, limits) = load_team(f)?;
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key, false, None)
+            (limits, a.domain.unwrap_or_default(), key, false)
         }
         // clap requires one of them.
         (None, None) => return Ok(ExitCode::FAILURE),
@@ -391,7 +391,8 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         descriptor_key: &descriptor_key,
         key_prefix: &a.key_prefix,
         shadow,
-        local: local.as_ref(),
+        local: plugin.as_ref().map(|c| &c.local),
+        plugin: plugin.as_ref(),
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)

@@ -58,11 +58,11 @@ fn request(c: &Compiled, h: &Worker, tenant: Option<&str>) -> (Stream, Next) {
 }
 
 /// The service's answer reaches the stream.
-fn respond(c: &Compiled, h: &MemHost, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
+fn respond(c: &Compiled, h: &Worker, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
     let body = crate::testing::answer(code, statuses);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, 0, size);
+    s.on_rls_answer(c, h, &h.vm, 0, size);
 }
 
 fn ok_answer() -> Vec<DescriptorStatus> {
@@ -282,7 +282,7 @@ fn a_failed_call_fails_open_by_default() {
     let h = host(&c);
     // A timeout and a refused connection both arrive as UNAVAILABLE (14).
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    s.on_rls_answer(&c, &h, 14, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
     assert_eq!(h.resumed(), 1);
     assert_eq!(h.reply_count(), 0);
     s.on_response_headers(&h);
@@ -298,7 +298,7 @@ fn a_failed_call_fails_closed_with_failure_mode_deny() {
     let c = config(r#", "failure_mode_deny": true, "status_on_error": 503"#);
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    s.on_rls_answer(&c, &h, 4, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 4, 0);
     assert_eq!(h.resumed(), 0);
     let r = &h.replies()[0];
     assert_eq!(
@@ -318,7 +318,7 @@ fn an_undecodable_answer_is_a_limiter_error() {
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     h.set_grpc_response(Some(vec![0x12, 0x05, 0x08]));
-    s.on_rls_answer(&c, &h, 0, 3);
+    s.on_rls_answer(&c, &h, &h.vm, 0, 3);
     assert_eq!(h.resumed(), 1);
     assert_eq!(
         counted(&h),
@@ -327,7 +327,7 @@ fn an_undecodable_answer_is_a_limiter_error() {
     // So is an answer whose body cannot be read.
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     h.fail(HostCall::GrpcResponse);
-    s.on_rls_answer(&c, &h, 0, 3);
+    s.on_rls_answer(&c, &h, &h.vm, 0, 3);
     assert_eq!(h.resumed(), 2);
     assert_eq!(h.counter(Counter::RlsError), 2);
 }
@@ -830,13 +830,13 @@ fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
     let c = config("");
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-b"));
-    s.on_rls_answer(&c, &h, 14, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
     assert_eq!(h.group_counted(), vec![(GOLD, "failed_open", 1)]);
     assert!(props(&h).is_empty());
     let deny = config(r#", "failure_mode_deny": true, "missing_tenant": "deny""#);
     let h = host(&deny);
     let (mut s, _) = request(&deny, &h, Some("tenant-b"));
-    s.on_rls_answer(&deny, &h, 14, 0);
+    s.on_rls_answer(&deny, &h, &h.vm, 14, 0);
     assert_eq!(props(&h), logged(None, None, "refused", "limiter_error"));
     h.clear_properties();
     request(&deny, &h, None);
@@ -846,7 +846,7 @@ fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
 /// The service's answer, with its own headers, reaches the stream.
 fn respond_with_headers(
     c: &Compiled,
-    h: &MemHost,
+    h: &Worker,
     s: &mut Stream,
     code: Code,
     statuses: Vec<DescriptorStatus>,
@@ -856,7 +856,7 @@ fn respond_with_headers(
     let body = crate::testing::answer_with_headers(code, statuses, to_client, to_upstream);
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, 0, size);
+    s.on_rls_answer(c, h, &h.vm, 0, size);
 }
 
 fn pairs(h: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -1031,7 +1031,7 @@ fn the_latency_of_answered_calls_is_recorded_and_failed_calls_are_not() {
     // recorded, only counted as an error.
     let (mut s, _) = request(&c, &h, Some("tenant-c"));
     h.set_now_ms(NOW + 35);
-    s.on_rls_answer(&c, &h, 14, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
     assert_eq!(h.recorded(Histogram::RlsLatencyMs), vec![7, 3]);
     assert_eq!(h.counter(Counter::RlsError), 1);
     // A refusal from the over-limit cache makes no call: nothing recorded.
@@ -1063,7 +1063,7 @@ fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
     // A call that went out but failed is not a dispatch failure.
     h.heal(HostCall::Dispatch);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
-    s.on_rls_answer(&c, &h, 14, 0);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
     assert_eq!(h.counter(Counter::RlsDispatchFailed), 5);
     assert_eq!(h.counter(Counter::RlsError), 6);
 }

@@ -58,7 +58,7 @@ mod lease_mode {
         let body = answer(code, statuses);
         let size = body.len();
         h.set_grpc_response(Some(body));
-        s.on_rls_answer(c, h, 0, size);
+        s.on_rls_answer(c, h, &h.vm, 0, size);
     }
 
     fn last_hits(h: &Worker) -> Vec<Option<u64>> {
@@ -168,7 +168,7 @@ mod lease_mode {
         // Then each request asks and fails open (failure_mode_deny is false).
         let (mut s, next) = request(&c, &h, "acme");
         assert_eq!(next, Next::Pause);
-        s.on_rls_answer(&c, &h, 14, 0);
+        s.on_rls_answer(&c, &h, &h.vm, 14, 0);
         assert_eq!(h.group_counter(0, GroupCounter::FailedOpen), 1);
         assert_eq!(h.group_counter(0, GroupCounter::LeasesFailed), 2);
         assert_eq!(h.resumed(), 3);
@@ -243,7 +243,7 @@ mod sync_mode {
             vec![status(Code::Ok, 10, RateLimitUnit::Minute, 7, 40)],
         );
         h.set_grpc_response(Some(body.clone()));
-        s.on_rls_answer(&c, &h, 0, body.len());
+        s.on_rls_answer(&c, &h, &h.vm, 0, body.len());
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
@@ -323,7 +323,7 @@ mod sync_mode {
             vec![status(Code::Ok, 10, RateLimitUnit::Minute, 0, 40)],
         );
         h.set_grpc_response(Some(body.clone()));
-        s.on_rls_answer(c, h, 0, body.len());
+        s.on_rls_answer(c, h, &h.vm, 0, body.len());
     }
 
     #[test]
@@ -438,7 +438,7 @@ mod all_modes {
             let body = answer(Code::OverLimit, named());
             let size = body.len();
             h.set_grpc_response(Some(body));
-            s.on_rls_answer(&c, &h, 0, size);
+            s.on_rls_answer(&c, &h, &h.vm, 0, size);
             // The service's 429, then the cache's: the same names.
             let (_, next) = request(&c, &h);
             assert_eq!((next, h.call_count()), (Next::Pause, 1), "{local}");
@@ -471,7 +471,7 @@ mod all_modes {
                 vec![status(Code::Ok, 600, RateLimitUnit::Minute, 500, 40)],
             );
             h.set_grpc_response(Some(body.clone()));
-            s.on_rls_answer(&lease, &h, 0, body.len());
+            s.on_rls_answer(&lease, &h, &h.vm, 0, body.len());
         }
         assert_eq!(request(&lease, &h).1, Next::Continue);
         // Sync: at most max_unsynced (4) hits admitted before the service
@@ -568,7 +568,7 @@ mod mode_change {
                 let body = self.answer_to(calls);
                 let size = body.len();
                 self.h.set_grpc_response(Some(body));
-                s.on_rls_answer(&self.c, &self.h, 0, size);
+                s.on_rls_answer(&self.c, &self.h, &self.h.vm, 0, size);
             }
             if next == Next::Continue || self.h.resumed() > resumed {
                 self.admitted += 1;
@@ -587,7 +587,8 @@ mod mode_change {
                 let body = self.answer_to(n);
                 let (token, size) = (self.h.calls()[n].token, body.len());
                 self.h.set_grpc_response(Some(body));
-                self.root.on_answer(&self.c, &self.h, token, 0, size);
+                self.root
+                    .on_answer(&self.c, &self.h, &self.h.vm, token, 0, size);
             }
         }
 

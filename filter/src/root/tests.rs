@@ -74,7 +74,7 @@ fn hits(call: &crate::testing::Call) -> u32 {
 fn answer_root(c: &Compiled, h: &Worker, root: &mut Root, token: u32, body: Vec<u8>) {
     let size = body.len();
     h.set_grpc_response(Some(body));
-    root.on_answer(c, h, token, 0, size);
+    root.on_answer(c, h, &h.vm, token, 0, size);
 }
 
 fn minute(remaining: u32) -> Vec<u8> {
@@ -109,7 +109,7 @@ fn respond_gold(c: &Compiled, h: &Worker, s: &mut Stream, remaining: u32) {
     );
     let size = body.len();
     h.set_grpc_response(Some(body));
-    s.on_rls_answer(c, h, 0, size);
+    s.on_rls_answer(c, h, &h.vm, 0, size);
 }
 
 #[test]
@@ -212,14 +212,14 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
     refill(&h);
     root.on_tick(&c, &h, &h.vm);
     let token = h.calls()[0].token;
-    root.on_answer(&c, &h, token, 14, 0);
+    root.on_answer(&c, &h, &h.vm, token, 14, 0);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesFailed), 2);
     assert_eq!(lease(&c, &h, "tenant-b").tokens, 0);
     // An answer that cannot be read is a failure too.
     refill(&h);
     root.on_tick(&c, &h, &h.vm);
     h.fail(HostCall::GrpcResponse);
-    root.on_answer(&c, &h, h.calls()[1].token, 0, 10);
+    root.on_answer(&c, &h, &h.vm, h.calls()[1].token, 0, 10);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesFailed), 3);
     assert_eq!(h.group_counter(1, GroupCounter::LeasesTaken), 0);
 }
@@ -278,7 +278,7 @@ fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
     h.set_now_ms(NOW + 50);
     root.on_tick(&c, &h, &h.vm);
     assert_eq!(unsynced(&c, &h, "acme"), (0, 6));
-    root.on_answer(&c, &h, h.calls()[0].token, 14, 0);
+    root.on_answer(&c, &h, &h.vm, h.calls()[0].token, 14, 0);
     assert_eq!(unsynced(&c, &h, "acme"), (6, 0));
     assert_eq!(h.group_counter(0, GroupCounter::SyncFailed), 2);
     assert_eq!(h.group_counter(0, GroupCounter::Syncs), 0);

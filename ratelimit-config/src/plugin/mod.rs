@@ -15,9 +15,11 @@ mod types;
 mod write;
 
 pub use defaults::*;
-pub use names::{HeaderMode, MissingTenant, Mode};
+pub use names::{HeaderMode, MissingTenant, Mode, OnFailure, Share};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
-pub use types::{BucketParams, CostConfig, GroupLocal, LocalConfig, PluginConfig};
+pub use types::{
+    BreakerConfig, BucketParams, CostConfig, FallbackConfig, GroupLocal, LocalConfig, PluginConfig,
+};
 #[cfg(feature = "cli")]
 pub use write::{
     plugin_config_json, LocalJson, PluginConfigJson, PluginOptions, RateLimitServiceJson,
