@@ -5,10 +5,11 @@
 use serde_json::Value;
 
 use super::defaults::{
-    max_tenant_length_fitting, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED,
-    DEFAULT_LOCAL_SLOTS, DEFAULT_MISSING_TENANT, DEFAULT_STATUS_ON_ERROR,
+    max_tenant_length_fitting, DEFAULT_BREAKER_FAILURES, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED,
+    DEFAULT_LOCAL_SLOTS, DEFAULT_MISSING_TENANT, DEFAULT_ON_FAILURE, DEFAULT_PROBE_INTERVAL_MS,
+    DEFAULT_STATUS_ON_ERROR,
 };
-use super::names::{HeaderMode, MissingTenant};
+use super::names::{HeaderMode, MissingTenant, OnFailure};
 
 /// Options for the generated plugin configuration.
 pub struct PluginOptions<'a> {
@@ -25,8 +26,9 @@ pub struct PluginConfigJson<'a> {
     /// The team file, verbatim.
     pub limits: &'a Value,
     pub rate_limit_service: RateLimitServiceJson<'a>,
-    pub failure_mode_deny: bool,
+    pub on_failure: OnFailure,
     pub status_on_error: u16,
+    pub breaker: BreakerJson,
     pub missing_tenant: MissingTenant,
     pub max_tenant_length: u32,
     pub descriptor_key: &'a str,
@@ -38,6 +40,13 @@ pub struct PluginConfigJson<'a> {
 pub struct RateLimitServiceJson<'a> {
     pub cluster: &'a str,
     pub timeout_ms: u32,
+}
+
+#[derive(serde::Serialize)]
+pub struct BreakerJson {
+    pub enabled: bool,
+    pub failures: u32,
+    pub probe_interval_ms: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -77,8 +86,13 @@ pub fn plugin_config_json<'a>(
             cluster: opts.cluster,
             timeout_ms: opts.timeout_ms,
         },
-        failure_mode_deny: DEFAULT_FAILURE_MODE_DENY,
+        on_failure: DEFAULT_ON_FAILURE,
         status_on_error: DEFAULT_STATUS_ON_ERROR,
+        breaker: BreakerJson {
+            enabled: true,
+            failures: DEFAULT_BREAKER_FAILURES,
+            probe_interval_ms: DEFAULT_PROBE_INTERVAL_MS,
+        },
         missing_tenant: DEFAULT_MISSING_TENANT,
         max_tenant_length: max_tenant_length_for(team_json),
         descriptor_key: opts.descriptor_key,
