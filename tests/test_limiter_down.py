@@ -91,7 +91,8 @@ def test_frozen_service_costs_each_request_at_most_the_timeout(stack):
 
 def test_failure_mode_deny_replies_status_on_error(stack):
     fleet = stack.fleet(LIMITS, envoys=1, timeout_ms=TIMEOUT_MS,
-                        failure_mode_deny=True, status_on_error=503, breaker=NO_BREAKER)
+                        failure_mode_deny=True, on_failure="deny", status_on_error=503,
+                        breaker=NO_BREAKER)
     ensure_window_room(3600, 90)
     assert_limiting_works(fleet)
 
