@@ -24,12 +24,13 @@ GROUP_METRICS = {
     "tenant_ratelimit_group_shadow_refused": {"group", "source"},
     "tenant_ratelimit_group_near_limit": {"group"},
     "tenant_ratelimit_group_failed_open": {"group"},
+    "tenant_ratelimit_group_fallback_admitted": {"group"},
 }
-SOURCES = ("service", "cache", "bucket", "sync")
-# Every per-group counter (filter/src/counters.rs GroupCounter): the five
-# families above (refused and shadow_refused by 4 sources: 11 series) and
+SOURCES = ("service", "cache", "bucket", "sync", "fallback")
+# Every per-group counter (filter/src/counters.rs GroupCounter): the six
+# families above (refused and shadow_refused by 5 sources: 14 series) and
 # the 12 of lease and sync mode.
-PER_GROUP = 23
+PER_GROUP = 26
 
 
 def scrape(envoy: harness.Envoy) -> dict[tuple[str, tuple], float]:
@@ -95,10 +96,11 @@ def test_the_scrape_shows_each_groups_counters_with_group_and_source_labels(stac
                   if name == "tenant_ratelimit_group_refused" and ("group", "default") in labels)
     assert refused == 5
 
-    # Exactly these series: 3 groups x (admitted, near_limit, failed_open, and
-    # refused and shadow_refused by 4 sources), whatever the tenants.
+    # Exactly these series: 3 groups x (admitted, near_limit, failed_open,
+    # fallback_admitted, and refused and shadow_refused by 5 sources),
+    # whatever the tenants.
     group_series = [(n, dict(l)) for (n, l) in m if n in GROUP_METRICS]
-    assert len(group_series) == 3 * 11, group_series
+    assert len(group_series) == 3 * 14, group_series
     every = [(n, dict(l)) for (n, l) in m if n.startswith("tenant_ratelimit_group_")]
     assert len(every) == 3 * PER_GROUP, sorted(n for n, _ in every)
     assert all(set(l) <= {"group", "source"} for _, l in every), every
