@@ -194,10 +194,12 @@ impl Cache {
 }
 
 /// Reads, steps and writes the breaker under CAS; returns the state read
-/// last and what `step` returned with it. A host failure reads as closed
-/// (the breaker never stands between a request and a working service
-/// because shared data failed).
-fn update<S, T>(shared: &S, mut step: impl FnMut(State) -> (T, Option<State>)) -> Option<(State, T)>
+/// last with what `step` decided for it written over it (None: not read or
+/// not written). `step` returns the state to write, if any, and keeps what
+/// else it decides in its own captures (one copy of this for every
+/// caller). A host failure reads as closed (the breaker never stands
+/// between a request and a working service because shared data failed).
+fn update<S>(shared: &S, step: &mut dyn FnMut(State) -> Option<State>) -> Option<State>
 where
     S: SharedData + ?Sized,
 {
@@ -210,19 +212,15 @@ where
         &mut scratch,
         &mut |stored, buf| {
             let s = State::decode(stored);
-            let (t, write) = step(s);
-            out = Some((write.unwrap_or(s), t));
-            let w = write?;
-            buf.copy_from_slice(&w.encode());
+            let write = step(s);
+            out = Some(write.unwrap_or(s));
+            buf.copy_from_slice(&write?.encode());
             Some(STATE_BYTES)
         },
     );
     match done {
         Ok(()) => out,
-        Err(e) => {
-            log::debug!("breaker not read or written: {e}");
-            None
-        }
+        Err(_) => None,
     }
 }
 
@@ -236,7 +234,12 @@ pub fn may_call<H: Host + ?Sized>(c: &Compiled, host: &H, cache: &Cache, now_ms:
     if cache.trusted(now_ms) {
         return Gate::Call;
     }
-    let Some((s, g)) = update(host, |s| gate(s, &p, now_ms)) else {
+    let mut g = Gate::Call;
+    let Some(s) = update(host, &mut |s| {
+        let (decided, write) = gate(s, &p, now_ms);
+        g = decided;
+        write
+    }) else {
         return Gate::Call;
     };
     cache.learn(&s, now_ms);
@@ -264,9 +267,11 @@ pub fn record<H: Host + ?Sized>(
     if failed.is_none() && cache.trusted(now_ms) {
         return;
     }
-    let Some((s, t)) = update(host, |s| {
-        let (write, t) = settle(s, &p, failed.is_some(), now_ms);
-        (t, write)
+    let mut t = None;
+    let Some(s) = update(host, &mut |s| {
+        let (write, transition) = settle(s, &p, failed.is_some(), now_ms);
+        t = transition;
+        write
     }) else {
         return;
     };
@@ -276,7 +281,7 @@ pub fn record<H: Host + ?Sized>(
             host.count(Counter::BreakerOpened);
             host.set_gauge(Gauge::BreakerOpen, 1);
             log::warn!(
-                "rate-limit service: {} calls failed in a row (the last: {}): breaker open, no calls; requests get on_failure \"{}\"; one probe every {} ms",
+                "breaker open: {} calls to the rate-limit service failed in a row (the last: {}); requests get on_failure {}, a probe every {} ms",
                 s.failures,
                 failed.map_or(String::new(), ToString::to_string),
                 c.config.on_failure.as_str(),
@@ -287,7 +292,7 @@ pub fn record<H: Host + ?Sized>(
             host.count(Counter::BreakerClosed);
             host.add(Counter::BreakerOpenMs, open_ms);
             host.set_gauge(Gauge::BreakerOpen, 0);
-            log::warn!("rate-limit service answered: breaker closed after {open_ms} ms open");
+            log::warn!("breaker closed: the rate-limit service answered after {open_ms} ms open");
         }
         None => {}
     }

@@ -265,17 +265,19 @@ pub fn decide(mut e: Entry, p: &Params, cost: u32, now_ms: u64) -> (Decided, Opt
     (Decided::Admit, Some(e))
 }
 
-/// Reads, steps and writes the entry of `at` under CAS.
-fn update<S, T>(
+/// Reads, steps and writes the entry of `at` under CAS: `step` gets the
+/// entry (None: another tenant holds it) and returns the one to write,
+/// keeping what else it decides in its own captures (one copy of this for
+/// every caller).
+fn update<S>(
     shared: &S,
     at: SlotRef,
     now_ms: u64,
-    mut step: impl FnMut(Option<Entry>) -> (T, Option<Entry>),
-) -> Result<T, UpdateError>
+    step: &mut dyn FnMut(Option<Entry>) -> Option<Entry>,
+) -> Result<(), UpdateError>
 where
     S: SharedData + ?Sized,
 {
-    let mut out = None;
     let mut scratch = [0u8; ENTRY_BYTES];
     update_key(
         shared,
@@ -283,13 +285,11 @@ where
         CAS_ATTEMPTS,
         &mut scratch,
         &mut |stored, buf| {
-            let (t, write) = step(Entry::claim(stored, at.fingerprint, now_ms));
-            out = Some(t);
-            buf.copy_from_slice(&write?.encode());
+            let write = step(Entry::claim(stored, at.fingerprint, now_ms))?;
+            buf.copy_from_slice(&write.encode());
             Some(ENTRY_BYTES)
         },
-    )?;
-    out.ok_or(UpdateError::CasRetriesExhausted)
+    )
 }
 
 /// The hook where an answer is known: with `on_failure: "local"`, the
@@ -307,13 +307,11 @@ pub fn on_answer<H: Host + ?Sized>(
         return;
     };
     let now = host.now_ms();
-    let stored = update(host, at, now, |e| {
-        let written = e.map(|e| heard(e, &p, answer, hits, now));
-        ((), written)
+    // Not remembered (shared data failed): the share starts from a whole
+    // limit, as for a tenant never heard of.
+    let _ = update(host, at, now, &mut |e| {
+        e.map(|e| heard(e, &p, answer, hits, now))
     });
-    if let Err(e) = stored {
-        log::debug!("fallback: an answer not remembered: {e}");
-    }
 }
 
 /// The hook where the service cannot decide: the fallback's decision for a
@@ -330,14 +328,16 @@ pub fn on_request<H: Host + ?Sized>(
         return Decided::Contended;
     };
     let now = host.now_ms();
-    let decided = update(host, at, now, |e| match e {
-        Some(e) => decide(e, &p, cost, now),
-        None => (Decided::Contended, None),
+    let mut decided = Decided::Contended;
+    let stored = update(host, at, now, &mut |e| {
+        let (d, write) = e.map_or((Decided::Contended, None), |e| decide(e, &p, cost, now));
+        decided = d;
+        write
     });
-    decided.unwrap_or_else(|e| {
-        log::debug!("fallback: no decision: {e}");
-        Decided::Contended
-    })
+    match stored {
+        Ok(()) => decided,
+        Err(_) => Decided::Contended,
+    }
 }
 
 /// Creates the `slots` entries at configure, zeroed at full size, so that

@@ -74,8 +74,8 @@ pub fn dispatch_failed<H: Host + ?Sized>(
     if let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
         let meanwhile = match c.config.on_failure {
             OnFailure::Allow => "requests pass unlimited meanwhile",
-            OnFailure::Deny => "requests are refused meanwhile (on_failure \"deny\")",
-            OnFailure::Local => "requests get each Envoy's share meanwhile (on_failure \"local\")",
+            OnFailure::Deny => "requests are refused meanwhile",
+            OnFailure::Local => "requests get this Envoy's share meanwhile",
         };
         log::warn!(
             "cannot call the rate-limit service: dispatch to cluster \"{}\" failed ({}); \

@@ -110,10 +110,8 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
         breaker::create(host);
     }
     if c.config.on_failure == OnFailure::Local {
-        let slots = c.config.local.slots;
-        let failed = fallback::create(host, slots);
-        if failed > 0 {
-            log::warn!("fallback: {failed} of {slots} entries could not be created");
+        if fallback::create(host, c.config.local.slots) > 0 {
+            log::warn!("fallback: some entries could not be created at configure");
         }
     }
 }

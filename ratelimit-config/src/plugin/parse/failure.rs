@@ -50,19 +50,13 @@ pub(super) fn failure_policy(
         (Some(d), Some(p)) => {
             errors.push(
                 "failure_mode_deny",
-                format!(
-                    "{d} contradicts on_failure {:?}; on_failure alone says what a request gets when the service cannot decide",
-                    p.as_str()
-                ),
+                format!("{d} contradicts on_failure \"{}\"", p.as_str()),
             );
             p
         }
     };
     if on_failure == OnFailure::Local && !local_enabled {
-        errors.push(
-            "on_failure",
-            "\"local\" keeps its counts in the local layer, which local.enabled turns off",
-        );
+        errors.push("on_failure", "\"local\" needs local.enabled");
     }
     let status_on_error = obj
         .get("status_on_error")
@@ -99,7 +93,7 @@ fn status(v: &Value, on_failure: OnFailure, errors: &mut Errors) -> Option<u16> 
     if on_failure == OnFailure::Deny && s < 400 {
         errors.push(
             "status_on_error",
-            format!("{s} is what on_failure \"deny\" (failure_mode_deny) answers instead of the upstream: the client would get {s} and the upstream never see the request; use an error status from 400 to 599"),
+            format!("{s} would refuse with a success, the upstream never reached: on_failure \"deny\" needs 400 to 599"),
         );
     }
     Some(s)
@@ -154,7 +148,7 @@ fn fallback(v: Option<&Value>, on_failure: OnFailure, errors: &mut Errors) -> Fa
         if local {
             errors.push(
                 join(BASE, "envoys"),
-                FieldError::Missing("on_failure \"local\" needs the number of Envoys that share each limit ({\"envoys\": N})"),
+                FieldError::Missing("on_failure \"local\" needs the Envoys sharing each limit"),
             );
         }
         return f;
@@ -163,7 +157,7 @@ fn fallback(v: Option<&Value>, on_failure: OnFailure, errors: &mut Errors) -> Fa
         errors.push(
             BASE,
             format!(
-                "applies only with on_failure \"local\", not {:?}",
+                "only with on_failure \"local\", not \"{}\"",
                 on_failure.as_str()
             ),
         );
@@ -179,7 +173,7 @@ fn fallback(v: Option<&Value>, on_failure: OnFailure, errors: &mut Errors) -> Fa
         }
         None if local => errors.push(
             join(BASE, "envoys"),
-            FieldError::Missing("the number of Envoys that share each limit"),
+            FieldError::Missing("the Envoys sharing each limit"),
         ),
         None => {}
     }

@@ -448,7 +448,7 @@ fn failure_mode_deny_maps_onto_on_failure_and_contradictions_are_refused() {
     // Not a failure policy: 200 with deny, allow with failure_mode_deny.
     assert_eq!(
         policy(r#", "failure_mode_deny": true, "status_on_error": 200"#).unwrap_err(),
-        vec!["status_on_error: 200 is what on_failure \"deny\" (failure_mode_deny) answers instead of the upstream: the client would get 200 and the upstream never see the request; use an error status from 400 to 599"]
+        vec!["status_on_error: 200 would refuse with a success, the upstream never reached: on_failure \"deny\" needs 400 to 599"]
     );
     // Unused with "allow": any status is taken, as before.
     assert_eq!(
@@ -457,11 +457,11 @@ fn failure_mode_deny_maps_onto_on_failure_and_contradictions_are_refused() {
     );
     assert_eq!(
         policy(r#", "failure_mode_deny": true, "on_failure": "allow""#).unwrap_err(),
-        vec!["failure_mode_deny: true contradicts on_failure \"allow\"; on_failure alone says what a request gets when the service cannot decide"]
+        vec!["failure_mode_deny: true contradicts on_failure \"allow\""]
     );
     assert_eq!(
         policy(r#", "failure_mode_deny": false, "on_failure": "deny""#).unwrap_err(),
-        vec!["failure_mode_deny: false contradicts on_failure \"deny\"; on_failure alone says what a request gets when the service cannot decide"]
+        vec!["failure_mode_deny: false contradicts on_failure \"deny\""]
     );
     assert_eq!(
         policy(r#", "on_failure": "block""#).unwrap_err(),
@@ -502,7 +502,7 @@ fn the_breaker_and_the_fallback_are_checked() {
     );
     assert_eq!(
         with_top(r#", "on_failure": "local""#).unwrap_err(),
-        vec!["fallback.envoys: missing: on_failure \"local\" needs the number of Envoys that share each limit ({\"envoys\": N})"]
+        vec!["fallback.envoys: missing: on_failure \"local\" needs the Envoys sharing each limit"]
     );
     assert_eq!(
         with_top(r#", "on_failure": "local", "fallback": {"envoys": 0, "share": "guessed"}"#)
@@ -515,11 +515,13 @@ fn the_breaker_and_the_fallback_are_checked() {
     // A fallback that would never be used is a mistake to report.
     assert_eq!(
         with_top(r#", "fallback": {"envoys": 3}"#).unwrap_err(),
-        vec!["fallback: applies only with on_failure \"local\", not \"allow\""]
+        vec!["fallback: only with on_failure \"local\", not \"allow\""]
     );
     assert_eq!(
-        with_top(r#", "on_failure": "local", "fallback": {"envoys": 3}, "local": {"enabled": false}"#)
-            .unwrap_err(),
-        vec!["on_failure: \"local\" keeps its counts in the local layer, which local.enabled turns off"]
+        with_top(
+            r#", "on_failure": "local", "fallback": {"envoys": 3}, "local": {"enabled": false}"#
+        )
+        .unwrap_err(),
+        vec!["on_failure: \"local\" needs local.enabled"]
     );
 }
