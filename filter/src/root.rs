@@ -109,10 +109,9 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
     if c.config.breaker.enabled {
         breaker::create(host);
     }
-    if c.config.on_failure == OnFailure::Local {
-        if fallback::create(host, c.config.local.slots) > 0 {
-            log::warn!("fallback: some entries could not be created at configure");
-        }
+    let local = c.config.on_failure == OnFailure::Local;
+    if local && fallback::create(host, c.config.local.slots) > 0 {
+        log::warn!("fallback: some entries could not be created at configure");
     }
 }
 
