@@ -11,6 +11,7 @@ figures of the failure page; what is asserted is counted."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import Counter
 
@@ -225,3 +226,27 @@ def test_the_learned_share_keeps_a_pinned_tenants_quota(stack):
     assert pinned_total == quota, (pinned_total, harness.summary(flood))
     # Nothing learned of a new tenant: the configured third.
     assert fresh_total == quota // 3, (fresh_total, harness.summary(fresh))
+
+
+def test_the_fallbacks_decisions_are_in_the_access_log_with_their_source(stack):
+    quota = 5
+    gen = stack.generate({"x-tenant-id": {"default": {"perhour": quota}}})
+    rls = stack.ratelimit(stack.redis(), gen)
+    log = stack.workdir / "fallback-access.log"
+    cfg = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS, on_failure="local",
+                            fallback={"envoys": 1})
+    envoy = stack.envoy(cfg, rls, stack.upstream(), access_log_path=log)
+    ensure_window_room(3600, 120)
+    rls.stop()
+    tenant = unique("logged")
+    results = run_sequential([envoy.url], quota + 3, tenant=tenant)
+    assert [r.status for r in results] == [200] * quota + [429] * 3, harness.summary(results)
+
+    def lines() -> list[dict]:
+        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    # Envoy flushes its access log every 10 s by default.
+    wait_until(lambda: len(lines()) >= quota + 3, "the access-log lines", 40)
+    got = Counter((x["status"], x["verdict"], x["source"]) for x in lines()
+                  if x["tenant"] == tenant and x["group"] == "default")
+    assert got == Counter({(200, "admitted", "fallback"): quota,
+                           (429, "refused", "fallback"): 3}), lines()
