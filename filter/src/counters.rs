@@ -91,7 +91,7 @@ counters! {
     BreakerOpenMs => "tenant_ratelimit.breaker_open_ms",
     /// Calls not made because the breaker was open: each such request was
     /// answered by `on_failure` at once (a lease refill or sync push was
-    /// left for later).
+    /// settled as failed).
     BreakerSkipped => "tenant_ratelimit.breaker_skipped",
     /// `on_failure: local`: admitted by the fallback, within this Envoy's
     /// share of the limits.

@@ -206,9 +206,8 @@ impl Stream {
         self.hits = hits;
         self.sent_ms = host.now_ms();
         if breaker::may_call(c, host, &vm.breaker, self.sent_ms) == Gate::Fallback {
-            // No call: a sync ask's pending hit is settled; a lease's ask
-            // lapses by itself (`lease`), with no failed call to count.
-            self.settle_sync(c, host, None);
+            // No call: settled as a failed one, but no call failed.
+            self.settle_failed(c, host, group);
             return self.on_failure(c, host, None);
         }
         let message = encode_request(c, &limited, addend);
@@ -218,14 +217,20 @@ impl Stream {
                 health::dispatch_failed(c, host, &vm.dispatch_warnings, &e);
                 let why = RlsError::Host(e);
                 breaker::record(c, host, &vm.breaker, Some(&why), self.sent_ms);
-                if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
-                    let (asked, failed) = (self.asked_at_ms, Outcome::Failed);
-                    store_outcome(c, host, group, at, asked, batch, 0, failed);
-                }
-                self.settle_sync(c, host, None);
+                self.settle_failed(c, host, group);
                 self.on_failure(c, host, Some(&why))
             }
         }
+    }
+
+    /// A call that failed or was not made: a lease's ask is settled as
+    /// failed, a sync ask's pending hit as unheard.
+    fn settle_failed<H: Host + ?Sized>(&self, c: &Compiled, host: &H, group: usize) {
+        if let (Some(batch), Some(at)) = (self.lease_batch, self.slot) {
+            let (asked, failed) = (self.asked_at_ms, Outcome::Failed);
+            store_outcome(c, host, group, at, asked, batch, 0, failed);
+        }
+        self.settle_sync(c, host, None);
     }
 
     /// A sync request that asked the service itself: what it heard (None:

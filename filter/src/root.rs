@@ -187,10 +187,9 @@ impl Root {
         }
     }
 
-    /// Sends one call; one that cannot be sent is answered as failed. While
-    /// the breaker is open (and this call is not its probe) it is not sent:
-    /// a refill or a push not answered lapses by itself (`lease`, `sync`),
-    /// and goes out again once the service answers.
+    /// Sends one call; one that cannot be sent is answered as failed, and so
+    /// is one the breaker keeps in (it is open, and this call is not its
+    /// probe): a refill counts `lease.failed`, a push puts its hits back.
     fn send<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -199,17 +198,15 @@ impl Root {
         call: TenantCall,
         now: u64,
     ) {
-        if breaker::may_call(c, host, &vm.breaker, now) == Gate::Fallback {
-            return;
-        }
-        let sent = match call.message(c) {
+        let open = breaker::may_call(c, host, &vm.breaker, now) == Gate::Fallback;
+        let sent = match (!open).then(|| call.message(c)).flatten() {
             Some(message) => host
                 .dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, c.config.timeout_ms)
                 .map_err(|e| {
                     log::debug!("root call not sent: {e}");
                     breaker::record(c, host, &vm.breaker, Some(&RlsError::Host(e)), now);
                 }),
-            // The group is gone from the configuration.
+            // The breaker is open, or the group is gone from the configuration.
             None => Err(()),
         };
         let pending = Pending {

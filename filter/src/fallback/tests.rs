@@ -397,6 +397,9 @@ fn lease_groups_spend_their_lease_then_the_fallback() {
     let fallback = w.group_counter(0, GroupCounter::FallbackAdmitted);
     assert!(spent > 0, "the lease left was spent first");
     assert_eq!(got as u64, spent + fallback);
+    // The refills the open breaker kept in were settled as failed.
+    assert!(w.counter(Counter::BreakerSkipped) > 0);
+    assert!(w.group_counter(0, GroupCounter::LeasesFailed) > 0);
     // The fallback started from what the service had left at its last
     // answer (which counted the lease): at most a third of it.
     assert!(fallback <= 100, "{fallback}");
