@@ -169,12 +169,12 @@ def test_local_holds_a_tenant_at_ten_times_its_quota_to_the_fleets_share(stack):
     try:
         flood = run_concurrent(fleet.urls, 10 * QUOTA, clients=6, tenant=tenant)
         fresh = run_concurrent(fleet.urls, 10 * QUOTA, clients=6, tenant=unique("fresh"))
+        counted = delta(fleet.counters(), before)
     finally:
         fleet.ratelimit.start()
     wait_until(lambda: answered_by_service(fleet), "the service answers again", RECOVERY_S)
     wait_until(lambda: breaker_closed_everywhere(fleet), "the breakers close", RECOVERY_S)
     assert_exact(fleet, QUOTA)
-    counted = delta(fleet.counters(), before)
 
     assert set(tally(flood)) <= {200, 429}, harness.summary(flood)
     admitted = used + tally(flood)[200]

@@ -196,13 +196,20 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     assert "group:   group_1 (listed in its header_value)" in proc.stdout
     for key in keys:
         assert fleet.redis.get_int(key) == 1, (key, fleet.redis.keys(f"{fleet.domain}_*"))
-    # The same through the team file and --domain, but for the group's mode,
-    # which only the plugin configuration holds.
+    # The same through the team file and --domain, but for the group's mode
+    # and what a request gets when the service cannot decide, which only the
+    # plugin configuration holds.
     team = run_cli("explain", fleet.generated.out_dir / "limits.json", "--domain", fleet.domain,
                    "--tenant", "tenant-c", "--at", at)
-    mode = "mode:    exact (local.mode): one call to the service per request\n"
-    assert mode in proc.stdout and mode not in team.stdout
-    assert team.stdout == proc.stdout.replace(mode, "")
+    plugin_only = ("mode:    exact (local.mode): one call to the service per request\n",
+                   "failure: allow: let through, unlimited (fail open)\n",
+                   "breaker: after 5 failed calls in a row, no calls: one probe every 1000 ms "
+                   "until the service answers\n")
+    stripped = proc.stdout
+    for line in plugin_only:
+        assert line in proc.stdout and line not in team.stdout, line
+        stripped = stripped.replace(line, "")
+    assert team.stdout == stripped
 
 
 def test_validate_reports_every_problem_with_its_place(tmp_path):
