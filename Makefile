@@ -39,7 +39,7 @@ WASM        := target/$(WASM_TARGET)/release/tenant_ratelimit.wasm
 # exported. tools/trim-exports removes the others. A callback the glue
 # (filter/src/glue.rs) starts to implement must be added here.
 WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,proxy_on_vm_start,\
-proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,\
+proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,proxy_on_response_trailers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick
 CLI         := target/release/ratelimit-config
 # After trim-exports, binaryen's wasm-opt shrinks the .wasm by about a tenth;
@@ -315,8 +315,8 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py deploy/*.py tools/*.py
-	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py deploy/*.py fuzz/*.py tools/*.py
+	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py tools/*.py
+	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py fuzz/*.py tools/*.py
 	$(PY) -m pytest -q -p no:cacheprovider tools/test_check_docs.py
 	$(PY) tools/check_docs.py
 
@@ -417,8 +417,12 @@ compose-config: deps build
 # ---------------------------------------------------------------- ship
 # The filter as OCI images, with no container engine: target/oci/compat and
 # target/oci/oci (OCI image layouts; digests printed). Reproducible.
+# Each variant's manifest digest, then as each control plane takes it: hex
+# only (Istio's WasmPlugin spec.sha256 refuses the sha256: prefix; Envoy
+# Gateway's image.sha256 and `ratelimit-config render --sha256` take it too).
 oci: build $(GOBIN_DIR)/oci-wasm
-	$(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)
+	@out=$$($(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)); echo "$$out"; \
+	  echo "$$out" | sed -n 's|^{"digest":"sha256:\([0-9a-f]\{64\}\)","layout":"\([^"]*\)","size":\([0-9]*\),"variant":"\([a-z]*\)"}$$|\4: \2, \3 bytes\n  sha256 (hex, for Istio spec.sha256, Envoy Gateway image.sha256, render --sha256): \1|p'
 
 # make oci-push IMAGE=registry.example.com/tenant-ratelimit:0.1.0
 # pushes the compat variant as IMAGE and the wasm OCI variant as IMAGE_OCI
@@ -433,14 +437,20 @@ oci-push: oci $(GOBIN_DIR)/crane
 compose-demo: deps deps-ship build
 	$(PY) e2e/compose_demo.py
 
-# deploy/: the generated files (deploy/render.py: rules and Envoy bootstrap
-# from e2e/limits.json, the built .wasm), then each variant through kustomize
-# into .run/deploy/<variant>.yaml.
-deploy-render: deps-python build $(GOBIN_DIR)/kustomize
-	$(PY) deploy/render.py
+# deploy/<target>/: what `ratelimit-config render` writes for the example
+# (e2e/limits.json, deploy/deployment.yaml), committed: ratelimit-config's
+# tests/deploy.rs fails when it is stale. Then each target through
+# kustomize into .run/deploy/<target>.yaml.
+DEPLOY_TARGETS := istio envoy-gateway envoy
+deploy-render: deps-rust $(GOBIN_DIR)/kustomize
+	cargo build --release -p ratelimit-config
+	@for t in $(DEPLOY_TARGETS); do \
+	  $(CLI) render e2e/limits.json --deployment deploy/deployment.yaml --target $$t --out deploy/$$t >/dev/null; \
+	  echo deploy/$$t; \
+	done
 	@mkdir -p .run/deploy
-	@for v in sidecar istio envoy-gateway; do \
-	  $(GOBIN_DIR)/kustomize build deploy/$$v > .run/deploy/$$v.yaml; echo .run/deploy/$$v.yaml; \
+	@for t in $(DEPLOY_TARGETS); do \
+	  $(GOBIN_DIR)/kustomize build deploy/$$t > .run/deploy/$$t.yaml; echo .run/deploy/$$t.yaml; \
 	done
 
 # The aarch64 Envoy of the same wheel under qemu-user (not part of make test).

@@ -75,6 +75,20 @@ def fixture(name: str) -> list[dict]:
     return [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if d]
 
 
+def render(limits: Path, out: Path, *, image: str, sha256: str | None,
+           fail_strategy: str) -> list[dict]:
+    """The documents `ratelimit-config render --target envoy-gateway` writes
+    for the team file `limits` with deploy/deployment.yaml and these flags."""
+    args = ["render", limits, "--deployment", harness.REPO / "deploy" / "deployment.yaml",
+            "--target", "envoy-gateway", "--image", image, "--fail-strategy", fail_strategy,
+            "--out", out]
+    if sha256:
+        args += ["--sha256", sha256]
+    harness.run_cli(*args)
+    return [d for name in ("envoyproxy.yaml", "envoyextensionpolicy.yaml")
+            for d in yaml.safe_load_all((out / name).read_text()) if d]
+
+
 def find(docs: list[dict], kind: str) -> dict:
     hits = [d for d in docs if d["kind"] == kind]
     if len(hits) != 1:
@@ -314,20 +328,19 @@ class EnvoyGateway:
             self._lock.release()
 
 
-def proxy_bootstrap_for_tests(envoyproxy: dict, *, admin_port: int, rls_port: int,
-                              version: str) -> dict:
-    """The EnvoyProxy of tests/envoy-gateway/envoyproxy.yaml as this host runs it:
+def proxy_bootstrap_for_tests(envoyproxy: dict, *, cluster: str, admin_port: int,
+                              rls_port: int, version: str) -> dict:
+    """The rendered EnvoyProxy as this host runs it:
     the rate-limit cluster on the loopback service, the admin on a port the
     harness chose (Envoy Gateway's host mode gives it port 0), and the host
     provider naming the project's Envoy version."""
     ep = copy.deepcopy(envoyproxy)
     boot = yaml.safe_load(ep["spec"]["bootstrap"]["value"])
-    for cluster in boot["static_resources"]["clusters"]:
-        if cluster["name"] == "ratelimit":
-            cluster["type"] = "STATIC"
-            addr = (cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-                    ["address"]["socket_address"])
-            addr["address"], addr["port_value"] = harness.LOOPBACK, rls_port
+    (rls,) = [c for c in boot["static_resources"]["clusters"] if c["name"] == cluster]
+    rls["type"] = "STATIC"
+    addr = (rls["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            ["address"]["socket_address"])
+    addr["address"], addr["port_value"] = harness.LOOPBACK, rls_port
     boot["admin"] = {"address": {"socket_address": {"address": harness.LOOPBACK,
                                                     "port_value": admin_port}}}
     ep["spec"]["bootstrap"]["value"] = yaml.safe_dump(boot, sort_keys=False)

@@ -591,6 +591,17 @@ def generate(limits: dict, out_dir: Path, domain: str, cluster: str | None = Non
     return gen
 
 
+def render_target(limits: dict, target: str, out_dir: Path, *args: str | Path) -> dict[str, str]:
+    """`ratelimit-config render` of a team JSON for one target into `out_dir`
+    (the team file beside it), with `args` (--deployment, --set, ...);
+    {file name: text} of what it wrote."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    limits_path = out_dir.parent / f"{out_dir.name}-limits.json"
+    limits_path.write_text(json.dumps(limits, indent=2))
+    run_cli("render", limits_path, "--target", target, "--out", out_dir, *args)
+    return {p.name: p.read_text() for p in sorted(out_dir.iterdir())}
+
+
 # ------------------------------------------------------------------ envoy
 
 def render(template: Path, **values) -> str:

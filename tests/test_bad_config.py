@@ -56,6 +56,14 @@ def _breaker_probe_too_fast(cfg):
     cfg["breaker"] = {"probe_interval_ms": 1}
 
 
+def _bad_response_cost_header(cfg):
+    cfg["response_cost_header"] = "X Cost"
+
+
+def _bad_route(cfg):
+    cfg["limits"]["x-tenant-id"]["default"]["routes"] = {"reports*": {"perminute": 5}}
+
+
 # (mutation of a generated plugin-config.json, strings the Envoy log must contain)
 BAD_CONFIGS = {
     "unknown-key": (_unknown_key, ["invalid configuration", '"bogus"']),
@@ -75,6 +83,10 @@ BAD_CONFIGS = {
                              ["invalid configuration", "fallback.envoys"]),
     "breaker-probe-too-fast": (_breaker_probe_too_fast,
                                ["invalid configuration", "breaker.probe_interval_ms"]),
+    "bad-response-cost-header": (_bad_response_cost_header,
+                                 ["invalid configuration", "response_cost_header"]),
+    "bad-route": (_bad_route, ["invalid configuration",
+                               "limits.x-tenant-id.default.routes.reports*", "wildcard"]),
 }
 
 

@@ -81,3 +81,89 @@ def test_help_teaches_the_format():
               "validate", "generate", "explain", "check", "schema"]:
         assert s in out, s
     assert "--domain" in run_cli("explain", "--help").stdout
+
+
+def _check(plugin, service):
+    return subprocess.run([str(harness.CLI), "check", "--plugin-config", str(plugin),
+                           "--service-config", str(service)],
+                          capture_output=True, text=True, timeout=30)
+
+
+@pytest.mark.parametrize("target, plugin", [
+    ("istio", "wasmplugin.yaml"),
+    ("envoy-gateway", "envoyextensionpolicy.yaml"),
+    ("envoy", "envoy.yaml"),
+    ("envoy", "http-filter.yaml"),
+])
+def test_check_reads_what_is_deployed(tmp_path, target, plugin):
+    """check takes the deployed objects as they are: the plugin configuration
+    inside a WasmPlugin, an EnvoyExtensionPolicy or an Envoy bootstrap, the
+    rules inside a ConfigMap; a mismatch is named at its line in that file."""
+    rules = (REPO / "deploy" / target / "ratelimit.yaml").read_text()
+    cm = tmp_path / "configmap.yaml"
+    body = "".join("    " + line + "\n" for line in rules.splitlines())
+    cm.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ratelimit-config\n"
+                  "data:\n  ratelimit.yaml: |\n" + body)
+    deployed = REPO / "deploy" / target / plugin
+    ok = _check(deployed, cm)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: 7 descriptors of 2 groups"), ok.stdout
+
+    # One limit edited in the rules: named at its line in the ConfigMap.
+    lines = cm.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if "requests_per_unit: 700" in line)
+    lines[n] = lines[n].replace("700", "701")
+    cm.write_text("\n".join(lines) + "\n")
+    bad = _check(deployed, cm)
+    assert bad.returncode == 1
+    assert bad.stderr.startswith(f"{cm}:{n + 1}:"), bad.stderr
+    assert "allows 701 per minute, but the group sets perminute 700" in bad.stderr
+
+    # A domain typo in the deployed object says so.
+    typo = tmp_path / plugin
+    typo.write_text(deployed.read_text().replace('internal-api', 'internal-apj'))
+    bad = _check(typo, cm)
+    assert bad.returncode == 1
+    assert 'is not the filter\'s domain "internal-apj"' in bad.stderr, bad.stderr
+    assert "of 0 descriptors" not in bad.stderr
+
+
+def test_check_names_a_bad_setting_at_its_line_in_a_wasmplugin(tmp_path):
+    wp = REPO / "deploy" / "istio" / "wasmplugin.yaml"
+    lines = wp.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if "max_tenant_length:" in line)
+    lines[n] = "    max_tenant_length: -1"
+    bad_wp = tmp_path / "wasmplugin.yaml"
+    bad_wp.write_text("\n".join(lines) + "\n")
+    out = _check(bad_wp, REPO / "deploy" / "istio" / "ratelimit.yaml")
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"{bad_wp}:{n + 1}:24: max_tenant_length: must be a positive integer"), out.stderr
+    other = _check(REPO / "deploy" / "istio" / "networkpolicy.yaml",
+                   REPO / "deploy" / "istio" / "ratelimit.yaml")
+    assert "no plugin configuration here: found NetworkPolicy" in other.stderr, other.stderr
+
+
+@pytest.mark.parametrize("text, says", [
+    ('// ours\n{"x-tenant-id": {"default": {"perhour": 1}}}', "JSON has no comments"),
+    ("{'x-tenant-id': {'default': {'perhour': 1}}}", "double quotes"),
+    ("x-tenant-id:\n  default: {perhour: 1}\n", "looks like YAML"),
+    ('{"x-tenant-id": {"default": {"perhour": 99999999999999999999999}}}',
+     "got 99999999999999999999999"),
+    ('{"domain": "d", "limits": {"x-tenant-id": {"default": {"perhour": 1}}},'
+     ' "rate_limit_service": {"cluster": "c"}}', "this is a plugin configuration"),
+])
+def test_validate_names_the_cause(text, says):
+    out = subprocess.run([str(harness.CLI), "validate", "-"], input=text,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    assert says in out.stderr, out.stderr
+
+
+def test_explain_says_a_too_long_tenant_is_refused(tmp_path):
+    gen = harness.generate(LIMITS, tmp_path, "d")
+    out = subprocess.run([str(harness.CLI), "explain", "--plugin-config",
+                          str(tmp_path / "plugin-config.json"), "--tenant", "t" * 200],
+                         capture_output=True, text=True, timeout=30)
+    assert gen and out.returncode == 0
+    assert "the filter answers 431" in out.stdout, out.stdout

@@ -1,88 +1,105 @@
-"""deploy/: the Kubernetes manifests, rendered by the pinned kustomize and
+"""deploy/: what `ratelimit-config render` writes for the example, built by the
+pinned kustomize from the repository as it is (nothing else is needed) and
 validated against the real schemas, read at test time from the pinned Go
 modules' own files (Kubernetes' OpenAPI v3 from k8s.io/kubernetes, Istio's
-CRDs from istio.io/istio, Envoy Gateway's from github.com/envoyproxy/gateway).
-Nothing here has run in a Kubernetes cluster; what can be run locally is:
-the sidecar's Envoy bootstrap (envoy --mode validate), and its readiness
-probe and preStop drain commands against a real Envoy."""
+CRDs from istio.io/istio, Envoy Gateway's and the Gateway API's from
+github.com/envoyproxy/gateway). Nothing here has run in a Kubernetes
+cluster; what can be run locally is: the rendered Envoy bootstrap (envoy
+--mode validate), the plain-Envoy pieces and Istio's bootstrap override on a
+real Envoy with real traffic, and the sidecar's probe and preStop drain
+commands against a real Envoy."""
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
-import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import jsonschema
 import pytest
+import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 import ship
+from harness import ensure_window_room, run_sequential, tally, unique
 
 DEPLOY = harness.REPO / "deploy"
-VARIANTS = ("sidecar", "istio", "envoy-gateway")
+VARIANTS = ("istio", "envoy-gateway", "envoy")
 ISTIO_CLUSTER = "outbound|8081||ratelimit.my-api.svc.cluster.local"
+EG_PROXY = {"app.kubernetes.io/component": "proxy", "app.kubernetes.io/managed-by": "envoy-gateway"}
 
 
 # ------------------------------------------------------------------ rendering
 
+def build(directory: Path) -> list[dict]:
+    text = ship.run([ship.KUSTOMIZE, "build", directory]).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory) -> dict[str, list[dict]]:
-    """deploy/ copied, its generated/ files written by deploy/render.py, each variant built."""
-    root = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("generated", "__pycache__"))
-    ship.run([harness.REPO / ".deps" / "venv" / "bin" / "python", DEPLOY / "render.py",
-              "--root", root])
-    out = {}
-    for variant in VARIANTS:
-        text = ship.run([ship.KUSTOMIZE, "build", root / variant]).stdout
-        out[variant] = [d for d in yaml.safe_load_all(text) if d]
-    return out
+def rendered() -> dict[str, list[dict]]:
+    """Each target of deploy/, as committed, through kustomize."""
+    return {variant: build(DEPLOY / variant) for variant in VARIANTS}
 
 
 def find(docs: list[dict], kind: str, name: str | None = None) -> dict:
-    hits = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name
-                                                      or d["metadata"]["name"].startswith(name + "-"))]
+    """The one `kind` named `name` (a generated ConfigMap's name has a hash suffix)."""
+    def named(d: dict) -> bool:
+        n = d["metadata"]["name"]
+        return name is None or n == name or (kind == "ConfigMap" and n.rsplit("-", 1)[0] == name)
+    hits = [d for d in docs if d["kind"] == kind and named(d)]
     assert len(hits) == 1, f"{kind} {name}: {len(hits)} found"
     return hits[0]
 
 
+def render_example(tmp_path: Path, target: str, *args: str) -> Path:
+    """The example rendered again with more settings, into tmp_path/target."""
+    out = tmp_path / target
+    harness.run_cli("render", harness.REPO / "e2e" / "limits.json", "--deployment",
+                    DEPLOY / "deployment.yaml", "--target", target, "--out", out, *args)
+    return out
+
+
 # ------------------------------------------------------------------ schemas
 
-def strict(schema):
+def strict(schema, partial: bool = False):
     """Refuse unknown fields, as `kubectl apply --validate=strict` does:
     additionalProperties false wherever properties are listed and nothing
-    says unknown fields are kept."""
+    says unknown fields are kept. `partial`: nothing required (a patch)."""
     if isinstance(schema, dict):
-        schema = {k: strict(v) for k, v in schema.items()}
+        schema = {k: strict(v, partial) for k, v in schema.items() if not (partial and k == "required")}
         if ("properties" in schema and "additionalProperties" not in schema
                 and not schema.get("x-kubernetes-preserve-unknown-fields")):
             schema["additionalProperties"] = False
         return schema
     if isinstance(schema, list):
-        return [strict(s) for s in schema]
+        return [strict(s, partial) for s in schema]
     return schema
 
 
 class Schemas:
     def __init__(self):
-        self.validators: dict[tuple[str, str], jsonschema.protocols.Validator] = {}
+        self.schemas: dict[tuple[str, str], dict] = {}
         k8s = ship.module_dir(ship.K8S_MODULE) / "api" / "openapi-spec" / "v3"
-        for f in ("api__v1_openapi.json", "apis__apps__v1_openapi.json"):
+        for f in ("api__v1_openapi.json", "apis__apps__v1_openapi.json",
+                  "apis__networking.k8s.io__v1_openapi.json"):
             components = json.loads((k8s / f).read_text())["components"]
-            components = strict(components)
             for name, s in components["schemas"].items():
                 for gvk in s.get("x-kubernetes-group-version-kind", []):
                     api = f"{gvk['group']}/{gvk['version']}" if gvk["group"] else gvk["version"]
-                    self.validators[(api, gvk["kind"])] = jsonschema.Draft7Validator(
-                        {"$ref": f"#/components/schemas/{name}", "components": components})
+                    self.schemas[(api, gvk["kind"])] = {
+                        "$ref": f"#/components/schemas/{name}", "components": components}
         istio = ship.module_dir(ship.ISTIO_MODULE) / "manifests" / "charts" / "base" / "files" / "crd-all.gen.yaml"
-        eg = (ship.module_dir(ship.EG_MODULE) / "charts" / "gateway-helm" / "charts" / "crds" / "crds"
-              / "generated" / "gateway.envoyproxy.io_envoyextensionpolicies.yaml")
-        for path in (istio, eg):
+        charts = ship.module_dir(ship.EG_MODULE) / "charts"
+        eg = charts / "gateway-helm" / "charts" / "crds" / "crds" / "generated"
+        crd_files = [istio, eg / "gateway.envoyproxy.io_envoyextensionpolicies.yaml",
+                     eg / "gateway.envoyproxy.io_envoyproxies.yaml",
+                     charts / "gateway-helm" / "charts" / "crds" / "crds" / "gatewayapi-crds.yaml"]
+        for path in crd_files:
             for crd in yaml.safe_load_all(path.read_text()):
                 if not crd or crd.get("kind") != "CustomResourceDefinition":
                     continue
@@ -94,14 +111,17 @@ class Schemas:
                     props.setdefault("apiVersion", {"type": "string"})
                     props.setdefault("kind", {"type": "string"})
                     props.setdefault("metadata", {"type": "object"})
-                    schema = strict(schema)
-                    self.validators[(f"{group}/{version['name']}", kind)] = \
-                        jsonschema.Draft7Validator(schema)
+                    self.schemas[(f"{group}/{version['name']}", kind)] = schema
+        self.validators: dict[tuple, jsonschema.protocols.Validator] = {}
 
-    def errors(self, doc: dict) -> list[str]:
-        v = self.validators.get((doc["apiVersion"], doc["kind"]))
-        if v is None:
+    def errors(self, doc: dict, partial: bool = False) -> list[str]:
+        key = (doc["apiVersion"], doc["kind"])
+        if key not in self.schemas:
             return [f"no schema for {doc['apiVersion']} {doc['kind']}"]
+        if (key, partial) not in self.validators:
+            self.validators[(key, partial)] = jsonschema.Draft7Validator(
+                strict(self.schemas[key], partial))
+        v = self.validators[(key, partial)]
         return [f"{doc['kind']} {doc['metadata']['name']}: {'.'.join(map(str, e.absolute_path))}: "
                 f"{e.message}" for e in v.iter_errors(doc)]
 
@@ -119,8 +139,21 @@ def test_every_rendered_manifest_matches_the_real_schema(variant, rendered, sche
     assert problems == []
 
 
+@pytest.mark.parametrize("variant, patch", [("istio", "workload-patch.yaml"),
+                                            ("envoy-gateway", "gateway-patch.yaml")])
+def test_the_patches_for_the_users_own_objects_name_real_fields(variant, patch, schemas):
+    """The patch of the user's Deployment (Istio's bootstrap override
+    annotation) and Gateway (its EnvoyProxy): every field is one of the
+    kind's schema, required ones aside (a patch carries only what it sets)."""
+    (doc,) = [d for d in yaml.safe_load_all((DEPLOY / variant / patch).read_text()) if d]
+    assert schemas.errors(doc, partial=True) == []
+    broken = copy.deepcopy(doc)
+    broken["spec"]["template" if variant == "istio" else "infrastructure"]["metadta"] = {}
+    assert schemas.errors(broken, partial=True) != []
+
+
 def test_the_schema_check_catches_an_unknown_field_and_a_bad_value(rendered, schemas):
-    dep = copy.deepcopy(find(rendered["sidecar"], "Deployment", "my-api"))
+    dep = copy.deepcopy(find(rendered["envoy"], "Deployment", "my-api"))
     dep["spec"]["template"]["spec"]["containers"][1]["readinesProbe"] = {}
     assert any("readinesProbe" in e for e in schemas.errors(dep))
     wp = copy.deepcopy(find(rendered["istio"], "WasmPlugin"))
@@ -129,36 +162,152 @@ def test_the_schema_check_catches_an_unknown_field_and_a_bad_value(rendered, sch
     eep = copy.deepcopy(find(rendered["envoy-gateway"], "EnvoyExtensionPolicy"))
     eep["spec"]["wasm"][0]["code"]["type"] = "OCI"
     assert any("code.type" in e for e in schemas.errors(eep))
+    ep = copy.deepcopy(find(rendered["envoy-gateway"], "EnvoyProxy"))
+    ep["spec"]["bootstrap"]["type"] = "Patch"
+    assert any("bootstrap.type" in e for e in schemas.errors(ep))
+    np = copy.deepcopy(find(rendered["istio"], "NetworkPolicy", "ratelimit-from-proxies"))
+    np["spec"]["ingress"][0]["form"] = np["spec"]["ingress"][0].pop("from")
+    assert any("form" in e for e in schemas.errors(np))
 
 
 # ------------------------------------------------------------------ content
 
-def generated_plugin_config(tmp_path: Path, cluster: str) -> dict:
+def generated(tmp_path: Path, cluster: str) -> tuple[dict, str]:
     harness.run_cli("generate", harness.REPO / "e2e" / "limits.json", "--domain", "internal-api",
                     "--cluster", cluster, "--out", tmp_path)
-    return json.loads((tmp_path / "plugin-config.json").read_text())
+    return (json.loads((tmp_path / "plugin-config.json").read_text()),
+            (tmp_path / "ratelimit.yaml").read_text())
 
 
-def test_the_istio_and_envoy_gateway_plugin_configs_are_what_ratelimit_config_generates(
-        rendered, tmp_path):
+def bootstrap_of(docs: list[dict]) -> dict:
+    return yaml.safe_load(find(docs, "ConfigMap", "envoy-config")["data"]["envoy.yaml"])
+
+
+def wasm_config(bootstrap: dict) -> dict:
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    (wasm,) = [f for f in hcm["typed_config"]["http_filters"] if f["name"] == "envoy.filters.http.wasm"]
+    return wasm["typed_config"]["config"]
+
+
+def test_render_and_generate_agree_on_the_plugin_configuration_and_the_rules(rendered, tmp_path):
+    istio_config, rules = generated(tmp_path / "i", ISTIO_CLUSTER)
     wp = find(rendered["istio"], "WasmPlugin")
-    assert wp["spec"]["pluginConfig"] == generated_plugin_config(tmp_path / "i", ISTIO_CLUSTER)
-    assert wp["spec"]["url"].startswith("oci://")
+    assert wp["spec"]["pluginConfig"] == istio_config
+    assert wp["spec"]["url"] == "oci://registry.example.com/tenant-ratelimit:0.1.0"
+    static_config, _ = generated(tmp_path / "e", "tenant_ratelimit")
     eep = find(rendered["envoy-gateway"], "EnvoyExtensionPolicy")
-    assert eep["spec"]["wasm"][0]["config"] == generated_plugin_config(tmp_path / "e", "ratelimit")
+    assert eep["spec"]["wasm"][0]["config"] == static_config
+    assert json.loads(wasm_config(bootstrap_of(rendered["envoy"]))["configuration"]["value"]) == static_config
     assert eep["spec"]["wasm"][0]["rootID"] == wp["spec"]["pluginName"] == "tenant_ratelimit"
-    # Both proxies call the shared service of deploy/ratelimit, which serves the generated rules.
-    for variant in ("istio", "envoy-gateway"):
-        cm = find(rendered[variant], "ConfigMap", "ratelimit-config")
-        assert cm["data"]["ratelimit.yaml"] == (tmp_path / "i" / "ratelimit.yaml").read_text()
+    # Every target's service serves the same generated rules.
+    for variant in VARIANTS:
+        assert find(rendered[variant], "ConfigMap", "ratelimit-config")["data"]["ratelimit.yaml"] == rules
 
 
-def sidecar_pod(rendered) -> dict:
-    return find(rendered["sidecar"], "Deployment", "my-api")["spec"]["template"]["spec"]
+def test_the_fail_strategy_is_written_out(rendered, tmp_path):
+    """deployment.yaml says open; closed is one flag away, for both control planes."""
+    assert find(rendered["istio"], "WasmPlugin")["spec"]["failStrategy"] == "FAIL_OPEN"
+    assert find(rendered["envoy-gateway"], "EnvoyExtensionPolicy")["spec"]["wasm"][0]["failOpen"] is True
+    istio = build(render_example(tmp_path, "istio", "--fail-strategy", "closed"))
+    assert find(istio, "WasmPlugin")["spec"]["failStrategy"] == "FAIL_CLOSE"
+    eg = build(render_example(tmp_path, "envoy-gateway", "--fail-strategy", "closed"))
+    assert find(eg, "EnvoyExtensionPolicy")["spec"]["wasm"][0]["failOpen"] is False
+
+
+def test_the_istio_cluster_follows_the_namespace_service_and_cluster_domain(tmp_path, schemas):
+    docs = build(render_example(tmp_path, "istio", "--namespace", "payments", "--set",
+                                "service.port=9000", "--set", "cluster_domain=corp.example"))
+    config = find(docs, "WasmPlugin")["spec"]["pluginConfig"]
+    assert config["rate_limit_service"]["cluster"] == \
+        "outbound|9000||ratelimit.payments.svc.corp.example"
+    service = find(docs, "Service", "ratelimit")
+    assert service["metadata"]["namespace"] == "payments"
+    assert service["spec"]["ports"][0]["port"] == 9000
+    assert {d["metadata"].get("namespace") for d in docs} == {"payments"}
+    assert [e for d in docs for e in schemas.errors(d)] == []
+
+
+def pods(docs: list[dict]) -> list[dict]:
+    """The pod templates' labels and container ports of the workloads."""
+    return [{"labels": d["spec"]["template"]["metadata"]["labels"],
+             "ports": {p["containerPort"] for c in d["spec"]["template"]["spec"]["containers"]
+                       for p in c.get("ports", [])}}
+            for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+
+def selected(policy: dict, docs: list[dict]) -> list[dict]:
+    want = policy["spec"]["podSelector"]["matchLabels"]
+    return [p for p in pods(docs) if want.items() <= p["labels"].items()]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_only_the_proxies_reach_the_service_and_only_the_service_reaches_redis(variant, rendered):
+    docs = rendered[variant]
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    service_pods = {"app.kubernetes.io/name": "ratelimit"}
+    if variant == "envoy":
+        # The service runs in the app's pod, on 127.0.0.1: the pod takes
+        # connections on Envoy's listener only.
+        policy = policies["my-api-envoy-only"]
+        (pod,) = selected(policy, docs)
+        assert policy["spec"]["ingress"] == [{"from": [], "ports": [{"protocol": "TCP", "port": 8000}]}]
+        assert 8090 in pod["ports"]  # the service's HTTP port (/json spends quota): not reachable
+        service_pods = {"app": "my-api"}
+    else:
+        policy = policies["ratelimit-from-proxies"]
+        (pod,) = selected(policy, docs)
+        assert pod["labels"] == service_pods
+        ((rule,),) = [policy["spec"]["ingress"]]
+        assert rule["ports"] == [{"protocol": "TCP", "port": 8081}]
+        (peer,) = rule["from"]
+        if variant == "istio":
+            # The pods the WasmPlugin runs in, in this namespace.
+            assert peer == {"podSelector": find(docs, "WasmPlugin")["spec"]["selector"]}
+        else:
+            # This Gateway's proxies, in Envoy Gateway's namespace.
+            assert peer["namespaceSelector"] == {
+                "matchLabels": {"kubernetes.io/metadata.name": "envoy-gateway-system"}}
+            assert peer["podSelector"]["matchLabels"] == {
+                **EG_PROXY, "gateway.envoyproxy.io/owning-gateway-name": "my-gateway",
+                "gateway.envoyproxy.io/owning-gateway-namespace": "my-api"}
+    redis_policy = policies[next(n for n in policies if n.startswith("ratelimit-redis-from-"))]
+    (redis_pod,) = selected(redis_policy, docs)
+    assert 6379 in redis_pod["ports"]
+    assert redis_policy["spec"]["ingress"] == [{
+        "from": [{"podSelector": {"matchLabels": service_pods}}],
+        "ports": [{"protocol": "TCP", "port": 6379}]}]
+    assert all(p["spec"]["policyTypes"] == ["Ingress"] for p in policies.values())
 
 
 def container(pod: dict, name: str) -> dict:
     return next(c for c in pod["containers"] if c["name"] == name)
+
+
+def test_the_redis_password_comes_from_a_secret_when_one_is_given(tmp_path, schemas):
+    docs = build(render_example(tmp_path, "istio", "--set", "redis.auth_secret.name=ratelimit-redis"))
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    secret = {"secretKeyRef": {"name": "ratelimit-redis", "key": "password"}}
+    service = container(find(docs, "Deployment", "ratelimit")["spec"]["template"]["spec"], "ratelimit")
+    assert {"name": "REDIS_AUTH", "valueFrom": secret} in service["env"]
+    redis = container(find(docs, "StatefulSet", "ratelimit-redis")["spec"]["template"]["spec"], "redis")
+    assert redis["env"] == [{"name": "REDIS_PASSWORD", "valueFrom": secret}]
+    assert redis["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert "REDISCLI_AUTH" in " ".join(redis["readinessProbe"]["exec"]["command"])
+    # Without one, nothing mentions a password.
+    plain = build(DEPLOY / "istio")
+    assert "REDIS_AUTH" not in json.dumps(plain) and "requirepass" not in json.dumps(plain)
+
+
+def test_a_redis_of_your_own_is_not_rendered(tmp_path):
+    docs = build(render_example(tmp_path, "envoy-gateway", "--set", "redis.url=redis.example.com:6379"))
+    assert not [d for d in docs if d["kind"] == "StatefulSet"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "NetworkPolicy"] == ["ratelimit-from-proxies"]
+    service = container(find(docs, "Deployment", "ratelimit")["spec"]["template"]["spec"], "ratelimit")
+    assert {"name": "REDIS_URL", "value": "redis.example.com:6379"} in service["env"]
+
+
+def sidecar_pod(rendered) -> dict:
+    return find(rendered["envoy"], "Deployment", "my-api")["spec"]["template"]["spec"]
 
 
 def test_the_sidecar_pod_probes_the_services_healthcheck_and_drains_envoy_within_its_grace(rendered):
@@ -166,6 +315,7 @@ def test_the_sidecar_pod_probes_the_services_healthcheck_and_drains_envoy_within
     assert {c["name"] for c in pod["containers"]} == {"app", "envoy", "ratelimit"}
     rl = container(pod, "ratelimit")
     assert rl["readinessProbe"]["httpGet"]["path"] == "/healthcheck"
+    assert {"name": "GRPC_HOST", "value": "127.0.0.1"} in rl["env"]
     envoy = container(pod, "envoy")
     pre_stop = " ".join(envoy["lifecycle"]["preStop"]["exec"]["command"])
     assert "POST /drain_listeners?graceful" in pre_stop
@@ -177,16 +327,22 @@ def test_the_sidecar_pod_probes_the_services_healthcheck_and_drains_envoy_within
     assert drain_s <= app_sleep < pod["terminationGracePeriodSeconds"]
 
 
-def test_the_sidecar_configmaps_hold_the_built_wasm_and_a_bootstrap_envoy_accepts(rendered, tmp_path):
-    docs = rendered["sidecar"]
-    wasm_cm = find(docs, "ConfigMap", "tenant-ratelimit-wasm")
-    assert base64.b64decode(wasm_cm["binaryData"]["tenant_ratelimit.wasm"]) == harness.WASM.read_bytes()
-    bootstrap = find(docs, "ConfigMap", "envoy-config")["data"]["envoy.yaml"]
-    assert "address: 127.0.0.1, port_value: 9901" in bootstrap  # admin on loopback only
+def test_the_sidecar_loads_the_filter_from_the_oci_image_and_envoy_accepts_its_bootstrap(rendered, tmp_path):
+    pod = sidecar_pod(rendered)
+    volume = next(v for v in pod["volumes"] if v["name"] == "filter")
+    assert volume["image"]["reference"] == "registry.example.com/tenant-ratelimit:0.1.0"
+    mount = next(m for m in container(pod, "envoy")["volumeMounts"] if m["name"] == "filter")
+    bootstrap = bootstrap_of(rendered["envoy"])
+    wasm_path = wasm_config(bootstrap)["vm_config"]["code"]["local"]["filename"]
+    # The compat image's one file, plugin.wasm, where the bootstrap reads it.
+    assert wasm_path == mount["mountPath"] + "/plugin.wasm"
+    assert bootstrap["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 9901}
+    wasm_config(bootstrap)["vm_config"]["code"]["local"]["filename"] = str(harness.WASM)
+    bootstrap["admin"]["address"]["socket_address"]["port_value"] = harness.free_port()
+    bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"] = {
+        "address": harness.LOOPBACK, "port_value": harness.free_port()}
     local = tmp_path / "envoy.yaml"
-    local.write_text(bootstrap.replace("/etc/envoy-wasm/tenant_ratelimit.wasm", str(harness.WASM))
-                     .replace("port_value: 8000", f"port_value: {harness.free_port()}")
-                     .replace("port_value: 9901", f"port_value: {harness.free_port()}"))
+    local.write_text(yaml.safe_dump(bootstrap))
     proc = subprocess.run([str(harness.ENVOY_BIN), "--mode", "validate", "-c", str(local),
                            "--disable-hot-restart"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -229,3 +385,138 @@ def test_the_sidecar_probe_and_prestop_commands_work_against_a_real_envoy(render
     # Envoy is draining: it now closes each connection after answering.
     r = harness.send(url, tenant=harness.unique("tenant-a"))
     assert r.status == 200 and r.headers.get("connection") == "close", r
+
+
+# ------------------------------------------------------------------ on a real Envoy
+
+def listener_bootstrap(listen: int, admin: int, upstream_port: int, http_filter: dict,
+                       stats_config: dict | None = None) -> dict:
+    """A bootstrap of one loopback listener with `http_filter` before the
+    router, in front of the upstream: what a user's own bootstrap has."""
+    boot = {
+        "admin": {"address": {"socket_address": {"address": harness.LOOPBACK, "port_value": admin}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "ingress",
+                "address": {"socket_address": {"address": harness.LOOPBACK, "port_value": listen}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                                 "http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "ingress",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]}]},
+                        "http_filters": [http_filter, {
+                            "name": "envoy.filters.http.router",
+                            "typed_config": {"@type": "type.googleapis.com/"
+                                                      "envoy.extensions.filters.http.router.v3.Router"}}],
+                    }}]}],
+            }],
+            "clusters": [{
+                "name": "upstream", "type": "STATIC", "connect_timeout": "1s",
+                "load_assignment": {"cluster_name": "upstream", "endpoints": [{"lb_endpoints": [{
+                    "endpoint": {"address": {"socket_address": {
+                        "address": harness.LOOPBACK, "port_value": upstream_port}}}}]}]}}],
+        },
+    }
+    if stats_config is not None:
+        boot["stats_config"] = stats_config
+    return boot
+
+
+def group_series(admin_url: str) -> dict[tuple, float]:
+    text = requests.get(f"{admin_url}/stats/prometheus", timeout=5).text
+    return {(f.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text)
+            if f.name.startswith("tenant_ratelimit_group_") and f.type == "counter"
+            for s in f.samples}
+
+
+def test_the_plain_envoy_pieces_limit_on_a_real_stack(stack, tmp_path):
+    """render --target envoy for a stack on loopback: http-filter.yaml in a
+    bootstrap of one's own, bootstrap-fragment.yaml merged in with
+    --config-yaml; the quota holds and the group counters carry labels."""
+    gold = unique("tenant-gold")
+    limits = {"x-tenant-id": {"default": {"perhour": 100}, "gold": {"perhour": 3, "header_value": [gold]}}}
+    domain = unique("internal-api")
+    gen = stack.generate(limits, domain)
+    rls = stack.ratelimit(stack.redis(), gen)
+    upstream = stack.upstream()
+    files = harness.render_target(
+        limits, "envoy", tmp_path / "envoy", "--domain", domain,
+        "--set", f"service.port={rls.grpc_port}", "--set", f"envoy.wasm_path={harness.WASM}",
+        "--plugin", f"rate_limit_service.timeout_ms={harness.COUNTING_TIMEOUT_MS}")
+    assert "sidecar.yaml" not in files  # no namespace: no Kubernetes objects
+    # The service's rules render wrote are the ones the service runs.
+    assert files["ratelimit.yaml"].split("\n", 1)[1] == gen.ratelimit_yaml.read_text().split("\n", 1)[1]
+    http_filter = yaml.safe_load(files["http-filter.yaml"])
+    listen, admin = harness.free_port(), harness.free_port()
+    config = tmp_path / "own.yaml"
+    config.write_text(yaml.safe_dump(listener_bootstrap(listen, admin, upstream.listen_port, http_filter)))
+    proc = stack.spawn("envoy-plain", harness.envoy_argv(
+        config, 2, extra=["--config-yaml", files["bootstrap-fragment.yaml"]]))
+    harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{admin}/ready"),
+                       "envoy /ready", process=proc)
+    ensure_window_room(3600, 60)
+    results = run_sequential([f"http://127.0.0.1:{listen}/"], 6, tenant=gold)
+    assert tally(results) == Counter({200: 3, 429: 3}), harness.summary(results)
+    series = group_series(f"http://127.0.0.1:{admin}")
+    assert series[("tenant_ratelimit_group_admitted", (("group", "gold"),))] == 3
+    assert series[("tenant_ratelimit_group_refused", (("group", "gold"), ("source", "service")))] == 1
+
+
+def test_istios_bootstrap_override_gives_a_sidecar_the_group_labels(stack, tmp_path):
+    """stats-bootstrap.yaml's custom_bootstrap.json, merged the way istio-agent
+    merges a bootstrap override (envoy --config-yaml), onto a bootstrap with
+    what Istio's own sets: no default tags, a stats matcher that keeps only
+    some prefixes (`wasm` among them)."""
+    (configmap,) = [d for d in yaml.safe_load_all((DEPLOY / "istio" / "stats-bootstrap.yaml").read_text()) if d]
+    override = configmap["data"]["custom_bootstrap.json"]
+    (patch,) = [d for d in yaml.safe_load_all((DEPLOY / "istio" / "workload-patch.yaml").read_text()) if d]
+    annotations = patch["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"sidecar.istio.io/bootstrapOverride": configmap["metadata"]["name"]}
+    gold = unique("tenant-gold")
+    gen = stack.generate({"x-tenant-id": {"default": {"perhour": 100},
+                                          "gold": {"perhour": 2, "header_value": [gold]}}})
+    rls = stack.ratelimit(stack.redis(), gen)
+    upstream = stack.upstream()
+    cfg = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    http_filter = {"name": "envoy.filters.http.wasm", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        "config": {"name": "tenant_ratelimit", "root_id": "tenant_ratelimit",
+                   "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
+                                     "value": json.dumps(cfg)},
+                   "vm_config": {"runtime": "envoy.wasm.runtime.v8",
+                                 "code": {"local": {"filename": str(harness.WASM)}}}}}}
+    istio_like = {"use_all_default_tags": False,
+                  "stats_tags": [{"tag_name": "cluster_name", "regex": "^cluster(\\.(.+);)"}],
+                  "stats_matcher": {"inclusion_list": {"patterns": [
+                      {"prefix": p} for p in ("reporter=", "cluster_manager", "listener_manager",
+                                              "server", "cluster.xds-grpc", "wasm", "component", "istio")]}}}
+    listen, admin = harness.free_port(), harness.free_port()
+    boot = listener_bootstrap(listen, admin, upstream.listen_port, http_filter, istio_like)
+    boot["static_resources"]["clusters"].append(
+        ratelimit_cluster(cfg["rate_limit_service"]["cluster"], rls.grpc_port))
+    config = tmp_path / "istio-like.yaml"
+    config.write_text(yaml.safe_dump(boot))
+    proc = stack.spawn("envoy-istio-like", harness.envoy_argv(config, 2, extra=["--config-yaml", override]))
+    harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{admin}/ready"),
+                       "envoy /ready", process=proc)
+    ensure_window_room(3600, 60)
+    assert tally(run_sequential([f"http://127.0.0.1:{listen}/"], 3, tenant=gold)) == Counter({200: 2, 429: 1})
+    series = group_series(f"http://127.0.0.1:{admin}")
+    assert series[("tenant_ratelimit_group_admitted", (("group", "gold"),))] == 2
+    assert series[("tenant_ratelimit_group_refused", (("group", "gold"), ("source", "service")))] == 1
+
+
+def ratelimit_cluster(name: str, port: int) -> dict:
+    return {"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{
+                "endpoint": {"address": {"socket_address": {
+                    "address": harness.LOOPBACK, "port_value": port}}}}]}]}}

@@ -1,7 +1,8 @@
 """The filter deployed through a real control plane: Envoy Gateway v1.9.1 in
-standalone mode (tests/gateway.py), fed the manifests of tests/envoy-gateway/
-(a Gateway with the EnvoyProxy that adds the rate-limit cluster, an HTTPRoute,
-the EnvoyExtensionPolicy). Envoy Gateway pulls the OCI image `make oci` builds
+standalone mode (tests/gateway.py), fed a Gateway and an HTTPRoute
+(tests/envoy-gateway/gateway.yaml) and what `ratelimit-config render --target
+envoy-gateway` writes (the EnvoyProxy that adds the rate-limit cluster, the
+EnvoyExtensionPolicy). Envoy Gateway pulls the OCI image `make oci` builds
 from a loopback registry itself, serves the module to the Envoy it starts,
 and the test sends traffic through that Envoy: real ratelimit, real Redis.
 
@@ -62,24 +63,33 @@ class Deployment:
         # No Kubernetes Service here: the route's upstream is a Backend on loopback.
         route["spec"]["rules"][0]["backendRefs"] = [
             {"group": "gateway.envoyproxy.io", "kind": "Backend", "name": "upstream"}]
+        # The EnvoyProxy and the EnvoyExtensionPolicy as `ratelimit-config
+        # render --target envoy-gateway` writes them for this test's team
+        # file, image, digest and fail strategy.
+        rendered = gateway.render(self.gen.out_dir / "limits.json", self.gen.out_dir / "envoy-gateway",
+                                  image=image_ref,
+                                  sha256=sha256 if sha256 and ":" not in sha256 else None,
+                                  fail_strategy="open" if fail_open else "closed")
+        policy = gateway.find(rendered, "EnvoyExtensionPolicy")
+        wasm = policy["spec"]["wasm"][0]
+        assert wasm["failOpen"] is fail_open
+        assert wasm["code"]["image"]["url"] == image_ref
+        if sha256 is not None and ":" in sha256:
+            # A digest as registries print it: render takes only hex; the
+            # test writes it by hand, as a user pasting it would.
+            wasm["code"]["image"]["sha256"] = sha256
+        cluster = self.cluster = wasm["config"]["rate_limit_service"]["cluster"]
         admin_port = harness.free_port()
         proxy = gateway.proxy_bootstrap_for_tests(
-            gateway.find(gateway.fixture("envoyproxy.yaml"), "EnvoyProxy"),
+            gateway.find(rendered, "EnvoyProxy"), cluster=cluster,
             admin_port=admin_port, rls_port=self.rls.grpc_port, version=gateway.envoy_version())
-        policy = gateway.find(gateway.fixture("envoyextensionpolicy.yaml"), "EnvoyExtensionPolicy")
-        wasm = policy["spec"]["wasm"][0]
-        wasm["failOpen"] = fail_open
-        wasm["code"]["image"]["url"] = image_ref
-        if sha256 is None:
-            del wasm["code"]["image"]["sha256"]
-        else:
-            wasm["code"]["image"]["sha256"] = sha256
-        # The fixture's plugin configuration with this test's limits and domain;
-        # its cluster stays the one envoyproxy.yaml adds.
+        # The rendered plugin configuration with this test's domain and
+        # timeout (the service here loads the rules of stack.generate); its
+        # cluster stays the one the rendered EnvoyProxy adds.
         config = self.gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS,
                                         **(config_overrides or {}))
-        assert config["rate_limit_service"]["cluster"] == \
-            wasm["config"]["rate_limit_service"]["cluster"] == "ratelimit"
+        assert config["limits"] == wasm["config"]["limits"]
+        config["rate_limit_service"]["cluster"] = cluster
         wasm["config"] = config
 
         started = time.monotonic()
@@ -165,7 +175,7 @@ def test_envoy_gateway_pulls_the_image_and_its_proxy_admits_exactly_the_quota(de
     assert remote["http_uri"]["cluster"] == "wasm_cluster"
     assert filt["config"]["root_id"] == "tenant_ratelimit"
     # The rate-limit cluster is the EnvoyProxy bootstrap's: static, out of xDS's reach.
-    assert "ratelimit" in static_clusters(d.eg)
+    assert d.cluster in static_clusters(d.eg)
 
     ensure_window_room(3600, 120)
     results = run_sequential([d.url], REQUESTS, tenant=gold)

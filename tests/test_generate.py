@@ -166,7 +166,10 @@ def test_check_names_a_one_character_edit(tmp_path, case):
     gen = harness.generate(SEED, tmp_path / "gen", domain)
     proc = _check(gen, gen.ratelimit_yaml)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == f'ok: 9 descriptors of 2 groups match the rules of domain "{domain}"'
+    assert proc.stdout.splitlines() == [
+        f'ok: 9 descriptors of 2 groups match the rules of domain "{domain}"',
+        "tenant from: header x-tenant-id",
+    ]
 
     (old, new), message = EDITS[case]
     old, new, message = (s.format(d=domain) for s in (old, new, message))

@@ -20,9 +20,20 @@ import harness
 import ship
 
 ISTIO_VALIDATE = harness._tool("TRL_ISTIO_VALIDATE", ".deps/gobin/istio-validate")
-FIXTURE = Path(__file__).resolve().parent / "istio" / "wasmplugin.yaml"
 SHIPPED = harness.REPO / "deploy" / "istio" / "wasmplugin.yaml"
 HEX = "0123456789abcdef" * 4
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    """The WasmPlugin `ratelimit-config render` writes for the example with a
+    pinned digest and the other fail strategy than deploy/'s."""
+    out = tmp_path_factory.mktemp("istio")
+    harness.run_cli("render", harness.REPO / "e2e" / "limits.json",
+                    "--deployment", harness.REPO / "deploy" / "deployment.yaml",
+                    "--target", "istio", "--sha256", HEX, "--fail-strategy", "closed",
+                    "--out", out)
+    return out / "wasmplugin.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +50,9 @@ def validate(crds: Path, *files: Path) -> tuple[int, list[dict]]:
                              if line.startswith("{")]
 
 
-def plugin() -> dict:
-    return yaml.safe_load(FIXTURE.read_text())
+@pytest.fixture
+def plugin(rendered):
+    return lambda: yaml.safe_load(rendered.read_text())
 
 
 def errors_of(crds: Path, tmp_path: Path, doc: dict) -> list[str]:
@@ -53,15 +65,19 @@ def errors_of(crds: Path, tmp_path: Path, doc: dict) -> list[str]:
     return result["errors"]
 
 
-@pytest.mark.parametrize("path", [FIXTURE, SHIPPED], ids=["fixture", "deploy"])
-def test_the_wasmplugin_passes_istios_validation(crds, path):
+@pytest.mark.parametrize("which", ["rendered", "deploy"])
+def test_the_wasmplugin_passes_istios_validation(crds, rendered, which):
+    path = rendered if which == "rendered" else SHIPPED
+    doc = yaml.safe_load(path.read_text())
+    assert doc["spec"]["failStrategy"] == ("FAIL_CLOSE" if which == "rendered" else "FAIL_OPEN")
+    assert doc["spec"].get("sha256") == (HEX if which == "rendered" else None)
     code, results = validate(crds, path)
     assert [(r["kind"], r["errors"]) for r in results] == [("WasmPlugin", [])]
     assert code == 0
 
 
 @pytest.mark.parametrize("strategy", ["FAIL_CLOSE", "FAIL_OPEN"])
-def test_both_fail_strategies_are_valid(crds, tmp_path, strategy):
+def test_both_fail_strategies_are_valid(crds, plugin, tmp_path, strategy):
     doc = plugin()
     doc["spec"]["failStrategy"] = strategy
     assert errors_of(crds, tmp_path, doc) == []
@@ -73,7 +89,7 @@ def test_both_fail_strategies_are_valid(crds, tmp_path, strategy):
     (HEX[:63], "sha256 field must be 64 characters long"),
     (HEX.upper(), "sha256 field must match [a-f0-9]{64} pattern"),
 ])
-def test_sha256_must_be_64_lowercase_hex_characters(crds, tmp_path, value, message):
+def test_sha256_must_be_64_lowercase_hex_characters(crds, plugin, tmp_path, value, message):
     doc = plugin()
     doc["spec"]["sha256"] = value
     errors = errors_of(crds, tmp_path, doc)
@@ -92,7 +108,7 @@ def test_sha256_must_be_64_lowercase_hex_characters(crds, tmp_path, value, messa
                                      "name": "gw"}]),
      "only one of targetRefs or workloadSelector can be set"),
 ])
-def test_istio_refuses_a_broken_wasmplugin(crds, tmp_path, change, message):
+def test_istio_refuses_a_broken_wasmplugin(crds, plugin, tmp_path, change, message):
     doc = copy.deepcopy(plugin())
     change(doc["spec"])
     errors = errors_of(crds, tmp_path, doc)

@@ -21,6 +21,7 @@ mod native {
     use tenant_ratelimit::local::{
         remember_over_limit, slot_for, update, SlotKey, SlotSecret, CAS_ATTEMPTS,
     };
+    use tenant_ratelimit::tenant::Read;
     use tenant_ratelimit::testing::MEMHOST_SECRET;
 
     /// The key MemHost hashes with, so that the tenants picked here are
@@ -118,16 +119,19 @@ mod native {
     /// own (a tenant that shares a slot takes it over, which would turn a
     /// refusal into a call); the named group's every tenth.
     fn tenants() -> (Vec<String>, Vec<String>) {
+        // A tenant's slot depends on its group's scope, not on the tenants
+        // the group lists: any list gives the bench configurations' scopes.
+        let scopes = compiled(&["placeholder".to_string()], "");
         let mut used = HashSet::new();
-        let mut pick = |group: &str, prefix: &str, n: usize| -> Vec<String> {
+        let mut pick = |group: usize, prefix: &str, n: usize| -> Vec<String> {
             (0..)
                 .map(|i| format!("{prefix}-{i:05}"))
-                .filter(|t| used.insert(slot_for(&KEY, group, t, SLOTS).index))
+                .filter(|t| used.insert(slot_for(&KEY, scopes.scope(group), t, SLOTS).index))
                 .take(n)
                 .collect()
         };
-        let gold = pick("gold", "gold", GOLD_TENANTS);
-        let default = pick("default", "tenant", TENANTS - GOLD_TENANTS);
+        let gold = pick(1, "gold", GOLD_TENANTS);
+        let default = pick(0, "tenant", TENANTS - GOLD_TENANTS);
         let mut all = Vec::with_capacity(TENANTS);
         let (mut g, mut d) = (gold.iter(), default.iter());
         for i in 0..TENANTS {
@@ -179,10 +183,16 @@ mod native {
     /// its longer one for the next 1,800 s.
     fn remember_all_over_limit(c: &Compiled, store: &MemHost, tenants: &[String], asked_at: u64) {
         for t in tenants {
-            let Step::Limit(l) = first_step(c, Some(t.as_bytes())) else {
+            let read = Read::Value(t.as_bytes().to_vec());
+            let Step::Limit(l) = first_step(c, &read) else {
                 fail(&format!("{t} is not limited"));
             };
-            let at = slot_for(&KEY, &l.group.name, &l.tenant, c.config.local.slots);
+            let at = slot_for(
+                &KEY,
+                c.scope(l.group_index),
+                &l.tenant,
+                c.config.local.slots,
+            );
             let statuses = [
                 status(Code::Ok, 1000, RateLimitUnit::Second, 999, 1),
                 status(Code::OverLimit, 3600, RateLimitUnit::Hour, 0, 1_800),
@@ -285,20 +295,25 @@ mod native {
         // The parts, for attribution.
         {
             let cfg = compiled(&gold, "");
+            let reads: Vec<Read> = tenants
+                .iter()
+                .map(|t| Read::Value(t.as_bytes().to_vec()))
+                .collect();
             let mut i = 0usize;
             group.bench_function("first_step", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
-                    let t = tenants.get(i).map_or(&b""[..], |t| t.as_bytes());
-                    matches!(first_step(&cfg, black_box(Some(t))), Step::Limit(_))
+                    let read = reads.get(i).unwrap_or(&Read::Missing);
+                    matches!(first_step(&cfg, black_box(read)), Step::Limit(_))
                 })
             });
             let mut i = 0usize;
+            let scope = cfg.scope(0);
             group.bench_function("slot_for", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;
                     let t = tenants.get(i).map_or("", String::as_str);
-                    slot_for(&KEY, black_box("default"), black_box(t), black_box(SLOTS))
+                    slot_for(&KEY, black_box(scope), black_box(t), black_box(SLOTS))
                 })
             });
             let mut index = 0u32;

@@ -8,15 +8,16 @@
 use crate::counters::{Counter, GroupCounter};
 use crate::host::Host;
 
-/// The tenant header's value (its lossy UTF-8 form, at most
-/// `max_tenant_length` bytes of header).
+/// The tenant as the service sees it (`ratelimit_config::tenant_value`: a
+/// byte that is not UTF-8, and `%`, written `%XX`; from at most
+/// `max_tenant_length` raw bytes).
 pub const TENANT: &str = "tenant_ratelimit_tenant";
 /// The tenant's group (`default` or a named one).
 pub const GROUP: &str = "tenant_ratelimit_group";
 /// `refused` or `shadow_refused`; `admitted` for the fallback's admissions.
 pub const VERDICT: &str = "tenant_ratelimit_verdict";
 /// What decided: `service`, `cache`, `bucket`, `sync`, `fallback`,
-/// `missing_tenant`, `tenant_too_long` or `limiter_error`.
+/// `missing_tenant`, `tenant_too_long`, `tenant_repeated` or `limiter_error`.
 pub const SOURCE: &str = "tenant_ratelimit_source";
 
 /// What refused a request.
@@ -37,6 +38,8 @@ pub enum Source {
     MissingTenant,
     /// The tenant header value is longer than `max_tenant_length` (431).
     TenantTooLong,
+    /// The tenant header was sent more than once (400).
+    TenantRepeated,
     /// The limiter failed and `failure_mode_deny` refused.
     LimiterError,
 }
@@ -51,6 +54,7 @@ impl Source {
             Source::Fallback => "fallback",
             Source::MissingTenant => "missing_tenant",
             Source::TenantTooLong => "tenant_too_long",
+            Source::TenantRepeated => "tenant_repeated",
             Source::LimiterError => "limiter_error",
         }
     }
@@ -65,7 +69,10 @@ impl Source {
             Source::Bucket => Some(Counter::LocalOverLimit),
             Source::Sync => Some(Counter::SyncOverLimit),
             Source::Fallback => Some(Counter::FallbackOverLimit),
-            Source::MissingTenant | Source::TenantTooLong | Source::LimiterError => None,
+            Source::MissingTenant
+            | Source::TenantTooLong
+            | Source::TenantRepeated
+            | Source::LimiterError => None,
         }
     }
 

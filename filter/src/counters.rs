@@ -43,7 +43,8 @@ counters! {
     FailureModeDenied => "tenant_ratelimit.failure_mode_denied",
     /// The call failed, timed out, or its answer was unusable.
     RlsError => "tenant_ratelimit.rls_error",
-    /// No tenant header (or an empty one), allowed or denied by the policy.
+    /// No tenant (no header, or no attribute), allowed or denied by the
+    /// policy.
     MissingTenant => "tenant_ratelimit.missing_tenant",
     /// Refused by the token bucket, no call.
     LocalOverLimit => "tenant_ratelimit.local_over_limit",
@@ -99,6 +100,12 @@ counters! {
     /// `on_failure: local`: refused by the fallback (429, source
     /// `fallback`).
     FallbackOverLimit => "tenant_ratelimit.fallback_over_limit",
+    /// A `response_cost_header` value (header or trailer) that is not an
+    /// integer from 1 to `max_cost`: nothing more charged, the response
+    /// untouched.
+    ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
+    /// Refused (400): the tenant header was sent more than once; no call.
+    TenantRepeated => "tenant_ratelimit.tenant_repeated",
 }
 
 /// How many counters there are.
@@ -160,6 +167,8 @@ impl Gauge {
 /// How many gauges there are.
 pub const GAUGES: usize = Gauge::ALL.len();
 
+use ratelimit_config::plugin::OTHER_GROUP;
+
 macro_rules! group_counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
         /// A counter kept once per group (`default` included): its stat is
@@ -215,6 +224,11 @@ group_counters! {
     NearLimit => "near_limit",
     /// The limiter failed and the request was let through.
     FailedOpen => "failed_open",
+    /// The service answered a call with a descriptor that matched none of
+    /// its rules (an unknown domain, a descriptor key or a tenant value its
+    /// rules do not name): that limit is not applied. Also in `admitted`
+    /// or `refused` (by another of the call's limits).
+    NoRule => "no_rule",
     /// Lease mode: batches the service granted.
     LeasesTaken => "lease.taken",
     /// Lease mode: tokens those batches reserved.
@@ -257,6 +271,15 @@ group_counters! {
     /// `on_failure: local`: would have been refused by the fallback
     /// (shadow).
     ShadowRefusedFallback => "shadow_refused.fallback",
+    /// Response costs charged after the response (`response_cost_header`):
+    /// charges the service answered.
+    ResponseCostCharges => "response_cost.charges",
+    /// The hits those charges added (each the response's cost less what its
+    /// request was charged).
+    ResponseCostHits => "response_cost.hits",
+    /// Charges that failed, timed out or were dropped (a full mailbox): those
+    /// hits were never counted (undershoot).
+    ResponseCostFailed => "response_cost.failed",
 }
 
 /// How many counters each group has.
@@ -272,34 +295,53 @@ pub enum MetricKind {
 
 /// The ids the host gave every metric when they were defined (None: that
 /// one could not be defined, and is not updated): the counters by
-/// `Counter::index`, the group counters by group index then
+/// `Counter::index`, the group counters by the group's series then
 /// `GroupCounter::index`, the histograms by `Histogram::index`.
 #[derive(Debug)]
 pub struct MetricIds {
     counters: [Option<u32>; COUNTERS],
-    groups: Vec<[Option<u32>; GROUP_COUNTERS]>,
+    /// The group counters of each series: one per group that has its own,
+    /// and one for `OTHER_GROUP` when some group has not.
+    series: Vec<[Option<u32>; GROUP_COUNTERS]>,
+    /// By group index (`limits.all_groups()` order): its series.
+    series_of: Vec<u32>,
     histograms: [Option<u32>; HISTOGRAMS],
     gauges: [Option<u32>; GAUGES],
 }
 
 impl MetricIds {
-    /// Defines every metric, with the group counters of these groups (in
-    /// `limits.all_groups()` order), through `define`.
+    /// Defines every metric through `define`, with the group counters of
+    /// these groups (in `limits.all_groups()` order, each with whether its
+    /// counters are series of their own: `metrics.groups`); the counters of
+    /// the others are one series, group `OTHER_GROUP`, defined once.
     pub fn define<'a>(
-        groups: impl Iterator<Item = &'a str>,
+        groups: impl Iterator<Item = (&'a str, bool)>,
         mut define: impl FnMut(MetricKind, &str) -> Option<u32>,
     ) -> MetricIds {
         let mut counters = [None; COUNTERS];
         for (id, c) in counters.iter_mut().zip(Counter::ALL) {
             *id = define(MetricKind::Counter, c.name());
         }
-        let groups = groups
-            .map(|group| {
-                let mut ids = [None; GROUP_COUNTERS];
-                for (id, c) in ids.iter_mut().zip(GroupCounter::ALL) {
-                    *id = define(MetricKind::Counter, &c.stat_name(group));
+        let mut series = Vec::new();
+        let mut other = None;
+        let mut of_group = |name: &str| {
+            let mut ids = [None; GROUP_COUNTERS];
+            for (id, c) in ids.iter_mut().zip(GroupCounter::ALL) {
+                *id = define(MetricKind::Counter, &c.stat_name(name));
+            }
+            ids
+        };
+        let series_of = groups
+            .map(|(name, own)| match (own, other) {
+                (false, Some(i)) => i,
+                _ => {
+                    series.push(of_group(if own { name } else { OTHER_GROUP }));
+                    let i = u32::try_from(series.len().saturating_sub(1)).unwrap_or(u32::MAX);
+                    if !own {
+                        other = Some(i);
+                    }
+                    i
                 }
-                ids
             })
             .collect();
         let mut histograms = [None; HISTOGRAMS];
@@ -312,7 +354,8 @@ impl MetricIds {
         }
         MetricIds {
             counters,
-            groups,
+            series,
+            series_of,
             histograms,
             gauges,
         }
@@ -322,9 +365,11 @@ impl MetricIds {
         self.counters.get(c.index()).copied().flatten()
     }
 
-    /// A counter of the group with index `group`.
+    /// A counter of the group with index `group` (of its own series, or
+    /// of `OTHER_GROUP`'s).
     pub fn group(&self, group: usize, c: GroupCounter) -> Option<u32> {
-        self.groups.get(group)?.get(c.index()).copied().flatten()
+        let series = usize::try_from(*self.series_of.get(group)?).ok()?;
+        self.series.get(series)?.get(c.index()).copied().flatten()
     }
 
     pub fn histogram(&self, h: Histogram) -> Option<u32> {
@@ -364,8 +409,12 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 25);
+        assert_eq!(COUNTERS, 27);
         assert_eq!(Gauge::BreakerOpen.name(), "tenant_ratelimit.breaker_open");
+        assert_eq!(
+            Counter::TenantRepeated.name(),
+            "tenant_ratelimit.tenant_repeated"
+        );
         assert_eq!(
             Counter::SyncOverLimit.name(),
             "tenant_ratelimit.sync_over_limit"
@@ -383,11 +432,14 @@ mod tests {
     #[test]
     fn every_metric_is_defined_once_under_its_name_and_found_by_its_id() {
         let mut defined = Vec::new();
-        let ids = MetricIds::define(["default", "gold"].into_iter(), |kind, name| {
-            defined.push((kind, name.to_string()));
-            // One that the host refuses.
-            (name != "tenant_ratelimit.group.gold.admitted").then_some(defined.len() as u32)
-        });
+        let ids = MetricIds::define(
+            [("default", true), ("gold", true)].into_iter(),
+            |kind, name| {
+                defined.push((kind, name.to_string()));
+                // One that the host refuses.
+                (name != "tenant_ratelimit.group.gold.admitted").then_some(defined.len() as u32)
+            },
+        );
         assert_eq!(
             defined.len(),
             COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS + GAUGES
@@ -417,6 +469,46 @@ mod tests {
             ids.gauge(Gauge::BreakerOpen),
             id_of("tenant_ratelimit.breaker_open")
         );
+    }
+
+    #[test]
+    fn groups_without_series_of_their_own_share_the_other_series() {
+        let mut defined = Vec::new();
+        let groups = [
+            ("default", false),
+            ("gold", true),
+            ("silver", false),
+            ("bronze", false),
+        ];
+        let ids = MetricIds::define(groups.into_iter(), |_, name| {
+            defined.push(name.to_string());
+            Some(defined.len() as u32)
+        });
+        // gold's counters, then other's once (default, silver and bronze).
+        assert_eq!(
+            defined.len(),
+            COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS + GAUGES
+        );
+        let id_of = |name: &str| defined.iter().position(|n| n == name).map(|i| i as u32 + 1);
+        let other = id_of("tenant_ratelimit.group.other.admitted");
+        assert!(other.is_some());
+        for g in [0, 2, 3] {
+            assert_eq!(ids.group(g, GroupCounter::Admitted), other);
+        }
+        assert_eq!(
+            ids.group(1, GroupCounter::NoRule),
+            id_of("tenant_ratelimit.group.gold.no_rule")
+        );
+        assert!(!defined
+            .iter()
+            .any(|n| n.contains(".silver.") || n.contains(".default.")));
+        assert_eq!(ids.group(4, GroupCounter::Admitted), None);
+    }
+
+    #[test]
+    fn each_group_takes_the_series_the_configuration_says() {
+        // ratelimit-config's warning counts what a group costs.
+        assert_eq!(GROUP_COUNTERS, ratelimit_config::plugin::SERIES_PER_GROUP);
     }
 
     #[test]

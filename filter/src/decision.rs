@@ -6,12 +6,17 @@
 
 use std::borrow::Cow;
 
+use ratelimit_config::model::{RequestDescriptors, Route};
 use ratelimit_config::plugin::PPM;
-use ratelimit_config::{descriptors, Group, HeaderMode, MissingTenant, PluginConfig};
+use ratelimit_config::{
+    tenant_value, Group, HeaderMode, MissingTenant, PluginConfig, TenantSource,
+};
 
 use crate::answer::{decode, Answer};
 use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
+use crate::local::{Scope, ScopeBuilder};
 use crate::proto::{encode_rate_limit_request, grpc_upstream, DescriptorStatus};
+use crate::tenant::{Read, Source};
 
 pub use crate::answer::RlsError;
 
@@ -22,31 +27,83 @@ pub struct Compiled {
     pub upstream: String,
     /// `config.max_tenant_length`, as a length.
     pub max_tenant_length: usize,
+    /// Where the tenant is read (`tenant_source`).
+    pub tenant: Source,
+    /// Each group's scope in the local layer, by group index.
+    scopes: Vec<Scope>,
 }
 
 impl Compiled {
     pub fn new(config: PluginConfig) -> Compiled {
         let upstream = grpc_upstream(&config.cluster);
         let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
+        let tenant = Source::new(&config.tenant_source, &config.limits);
+        let mut scopes = Vec::with_capacity(config.limits.group_count());
+        for g in config.limits.all_groups() {
+            scopes.push(group_scope(&config, g));
+        }
         Compiled {
             config,
             upstream,
             max_tenant_length,
+            tenant,
+            scopes,
         }
+    }
+
+    /// The local-layer scope of the group with this index
+    /// (`local::placement::Scope`).
+    pub fn scope(&self, group: usize) -> Scope {
+        self.scopes.get(group).copied().unwrap_or(Scope::NONE)
     }
 }
 
-/// The first step for a request, from its tenant header.
+/// What a group's tenants' local state belongs to: the instance (the
+/// service's cluster, the domain, the descriptor key, where the tenant is
+/// read) and the group (its name, limits and local bucket: an instance with
+/// a tighter bucket never drains another's). The mode is left out: a live
+/// change of mode keeps the tenant's slot, and `modes` settles what the old
+/// mode's block held.
+fn group_scope(c: &PluginConfig, g: &Group) -> Scope {
+    let mut b = ScopeBuilder::new()
+        .part(c.cluster.as_bytes())
+        .part(c.domain.as_bytes())
+        .part(c.descriptor_key.as_bytes());
+    b = match &c.tenant_source {
+        TenantSource::Header => b.part(b"header").part(c.limits.header.as_bytes()),
+        TenantSource::Property(path) => path
+            .iter()
+            .fold(b.part(b"property"), |b, p| b.part(p.as_bytes())),
+    };
+    b = b.part(b"group").part(g.name.as_bytes());
+    for (unit, n) in g.limits.iter() {
+        b = b
+            .part(unit.descriptor_value().as_bytes())
+            .part(&n.to_le_bytes());
+    }
+    if let Some(p) = c.local.bucket_for(g) {
+        b = b
+            .part(b"bucket")
+            .part(&p.tokens_per_second.to_le_bytes())
+            .part(&p.burst.to_le_bytes());
+    }
+    b.finish()
+}
+
+/// The first step for a request, from its tenant.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Step<'a> {
-    /// No tenant header (or an empty one) and `missing_tenant: allow`:
-    /// pass it on.
+    /// No tenant (no such header, or no such attribute) and
+    /// `missing_tenant: allow`: pass it on.
     AllowMissingTenant,
-    /// No tenant header (or an empty one) and `missing_tenant: deny`.
+    /// No tenant and `missing_tenant: deny`.
     DenyMissingTenant,
     /// A tenant value longer than `max_tenant_length` bytes: refused (431),
     /// never sent to the service, whatever group it would fall in.
     TenantTooLong,
+    /// The tenant header sent more than once: refused (400), whatever its
+    /// values (`tenant`).
+    RepeatedTenant,
     /// A tenant that no group limits (there is no `default` group): pass it
     /// on.
     NotLimited,
@@ -61,51 +118,101 @@ pub struct Limited<'a> {
     /// The group's index in `limits.all_groups()`: its per-group counters.
     pub group_index: usize,
     pub tenant: Cow<'a, str>,
+    /// The route the request matched, when the group limits it (`routes`):
+    /// its descriptors follow the group's in the call.
+    pub route: Option<&'a Route>,
 }
 
-/// Decides the first step. `tenant` is the raw header value, if any. Its
-/// length is checked on these raw bytes, before anything else is done with
-/// it: a long value would otherwise become a long counter key in Redis (and
-/// its lossy form can be up to three times longer). A value that is not
-/// UTF-8 is limited as its lossy UTF-8 form, so a hostile byte string is
-/// still a tenant with its own counter, never a way around it.
-pub fn first_step<'a>(c: &'a Compiled, tenant: Option<&'a [u8]>) -> Step<'a> {
-    let tenant = match tenant {
-        Some(t) if t.len() > c.max_tenant_length => return Step::TenantTooLong,
-        Some(t) if !t.is_empty() => String::from_utf8_lossy(t),
-        _ => {
+impl Limited<'_> {
+    /// How many descriptors the request's call carries, the group's first
+    /// (`own_statuses`), then the route's: the service answers one status
+    /// per descriptor, in that order.
+    pub fn descriptor_count(&self) -> usize {
+        self.group.limits.len() + self.route.map_or(0, |r| r.limits.len())
+    }
+}
+
+/// How many of the statuses answering a call about a tenant of group
+/// `group` are the tenant's own (the group's units): the rest are the
+/// route's. 0 when the configuration has no such group.
+pub fn own_statuses(c: &Compiled, group: usize) -> usize {
+    c.config
+        .limits
+        .all_groups()
+        .nth(group)
+        .map_or(0, |g| g.limits.len())
+}
+
+/// Decides the first step from the tenant as read (`tenant::read`). The
+/// length is checked on the raw bytes, before anything else is done with
+/// them: a long value would otherwise become a long counter key in Redis.
+/// An empty value is a tenant, the empty one (as in Envoy's own rate-limit
+/// filter). The group is the one listing the raw value; the value sent is
+/// `tenant_value`'s: bytes that are not UTF-8, and `%`, written `%XX`, so
+/// that every raw value, hostile or not, is a tenant with its own counter,
+/// never a way around it, and still a valid protobuf string.
+pub fn first_step<'a>(c: &'a Compiled, tenant: &'a Read) -> Step<'a> {
+    let raw = match tenant {
+        Read::Value(raw) if raw.len() > c.max_tenant_length => return Step::TenantTooLong,
+        Read::Value(raw) => raw,
+        Read::Repeated => return Step::RepeatedTenant,
+        Read::Missing => {
             return match c.config.missing_tenant {
                 MissingTenant::Allow => Step::AllowMissingTenant,
                 MissingTenant::Deny => Step::DenyMissingTenant,
             }
         }
     };
-    match c.config.limits.group_index_for(&tenant) {
+    let limits = &c.config.limits;
+    let group = match std::str::from_utf8(raw) {
+        Ok(t) => limits.group_index_for(t),
+        // No team file lists a value that is not UTF-8.
+        Err(_) => limits.default.as_ref().map(|g| (0, g)),
+    };
+    match group {
         Some((group_index, group)) => Step::Limit(Limited {
             group,
             group_index,
-            tenant,
+            tenant: tenant_value(raw),
+            route: None,
         }),
         None => Step::NotLimited,
     }
 }
 
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
-/// unit its group limits, each counting `hits_addend` hits (0 counts 1).
+/// unit its group limits, then one per unit of its route's limits
+/// (`Limited::descriptor_count`), each counting `hits_addend` hits (0
+/// counts 1).
 pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8> {
+    let key = &c.config.descriptor_key;
+    let d = RequestDescriptors::new(l.group, l.route, key, &l.tenant);
     encode_rate_limit_request(&c.config.domain, hits_addend, || {
-        descriptors(l.group, &c.config.descriptor_key, &l.tenant).map(|(_, entries)| entries)
+        d.as_slice().iter().map(|(_, entries)| entries)
     })
 }
 
 /// The message of a call about `tenant` of the group with index `group`
-/// (a lease refill, a sync push): the group's descriptors, each counting
-/// `hits`. None if the configuration has no such group.
-pub fn tenant_message(c: &Compiled, group: usize, tenant: &str, hits: u32) -> Option<Vec<u8>> {
+/// (a lease refill, a sync push; a charge, on `route` too): the group's
+/// descriptors (and the route's), each counting `hits`. None if the
+/// configuration has no such group, or the group no such route.
+pub fn tenant_message(
+    c: &Compiled,
+    group: usize,
+    tenant: &str,
+    route: Option<&str>,
+    hits: u32,
+) -> Option<Vec<u8>> {
+    let g = c.config.limits.all_groups().nth(group)?;
+    let route = match route {
+        Some(name) => Some(g.route(name.as_bytes())?),
+        None => None,
+    };
     let limited = Limited {
-        group: c.config.limits.all_groups().nth(group)?,
+        group: g,
         group_index: group,
         tenant: Cow::Borrowed(tenant),
+        route,
     };
     Some(encode_request(c, &limited, hits))
 }
@@ -152,6 +259,19 @@ pub fn near_limit(statuses: &[DescriptorStatus], ratio_ppm: u32) -> bool {
         };
         let used = u64::from(limit.saturating_sub(s.limit_remaining));
         limit > 0 && used * u64::from(PPM) >= u64::from(ratio_ppm) * u64::from(limit)
+    })
+}
+
+/// The first status (its index: that of the descriptor sent) that matched
+/// none of the service's rules: envoyproxy/ratelimit answers such a
+/// descriptor OK with no `current_limit` and `limit_remaining` 0 (an
+/// unknown domain, a descriptor key or value its rules do not name); a rule
+/// that is `unlimited` answers `u32::MAX` remaining, on purpose.
+pub fn no_rule(statuses: &[DescriptorStatus]) -> Option<usize> {
+    statuses.iter().position(|s| {
+        s.code() == crate::proto::Code::Ok
+            && s.current_limit.is_none()
+            && s.limit_remaining != u32::MAX
     })
 }
 
@@ -248,8 +368,12 @@ mod tests {
         Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0)
     }
 
+    fn some(tenant: &[u8]) -> Read {
+        Read::Value(tenant.to_vec())
+    }
+
     fn asked(c: &Compiled, tenant: &[u8]) -> RateLimitRequest {
-        match first_step(c, Some(tenant)) {
+        match first_step(c, &some(tenant)) {
             Step::Limit(l) => RateLimitRequest::decode(&encode_request(c, &l, 0)[..]).unwrap(),
             other => panic!("expected a call, got {other:?}"),
         }
@@ -297,14 +421,18 @@ mod tests {
     }
 
     #[test]
-    fn missing_or_empty_tenant_follows_the_policy() {
-        assert_eq!(first_step(&compiled(""), None), Step::AllowMissingTenant);
+    fn a_missing_tenant_follows_the_policy_and_an_empty_one_is_a_tenant() {
         assert_eq!(
-            first_step(&compiled(""), Some(b"")),
+            first_step(&compiled(""), &Read::Missing),
             Step::AllowMissingTenant
         );
         let deny = compiled(r#", "missing_tenant": "deny""#);
-        assert_eq!(first_step(&deny, None), Step::DenyMissingTenant);
+        assert_eq!(first_step(&deny, &Read::Missing), Step::DenyMissingTenant);
+        for c in [compiled(""), deny] {
+            let r = asked(&c, b"");
+            assert_eq!(r.descriptors[0].entries[1].value, "");
+            assert_eq!(first_step(&c, &Read::Repeated), Step::RepeatedTenant);
+        }
     }
 
     #[test]
@@ -312,15 +440,116 @@ mod tests {
         let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "c"},
             "limits": {"x-tenant-id": {"gold": {"perminute": 70, "header_value": ["tenant-b"]}}}}"#;
         let c = Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0);
-        assert_eq!(first_step(&c, Some(b"tenant-a")), Step::NotLimited);
-        assert!(matches!(first_step(&c, Some(b"tenant-b")), Step::Limit(_)));
-        assert_eq!(first_step(&c, None), Step::AllowMissingTenant);
+        assert_eq!(first_step(&c, &some(b"tenant-a")), Step::NotLimited);
+        assert!(matches!(first_step(&c, &some(b"tenant-b")), Step::Limit(_)));
+        assert_eq!(first_step(&c, &Read::Missing), Step::AllowMissingTenant);
+        // Not UTF-8: in no listed group, and no default here.
+        assert_eq!(first_step(&c, &some(b"tenant-\xff")), Step::NotLimited);
     }
 
     #[test]
-    fn hostile_bytes_are_still_a_limited_tenant() {
+    fn hostile_bytes_are_each_a_limited_tenant_of_their_own() {
         let r = asked(&compiled(""), &[0xff, 0xfe, b'a', 0]);
-        assert_eq!(r.descriptors[0].entries[1].value, "\u{fffd}\u{fffd}a\u{0}");
+        assert_eq!(r.descriptors[0].entries[1].value, "%FF%FEa\u{0}");
+        // Distinct raw values, distinct values sent: no lossy form that two
+        // share.
+        let sent = |t: &[u8]| {
+            asked(&compiled(""), t).descriptors[0].entries[1]
+                .value
+                .clone()
+        };
+        let values = [
+            sent(b"vic\xfftim"),
+            sent(b"vic\xfetim"),
+            sent("vic\u{FFFD}tim".as_bytes()),
+            sent(b"vic%FFtim"),
+        ];
+        assert_eq!(
+            values,
+            ["vic%FFtim", "vic%FEtim", "vic\u{FFFD}tim", "vic%25FFtim"]
+        );
+        // A listed tenant is found by its raw value, whatever it is sent as.
+        let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "c"},
+            "limits": {"x-tenant-id": {"default": {"perhour": 1}, "gold": {"perminute": 70, "header_value": ["50%off"]}}}}"#;
+        let listed = Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0);
+        let read = some(b"50%off");
+        let Step::Limit(l) = first_step(&listed, &read) else {
+            panic!("not limited")
+        };
+        assert_eq!(
+            (l.group.name.as_str(), l.tenant.as_ref()),
+            ("gold", "50%25off")
+        );
+    }
+
+    #[test]
+    fn each_group_of_each_instance_has_a_scope_of_its_own() {
+        let base = compiled("");
+        let (default, gold) = (base.scope(0), base.scope(1));
+        assert_ne!(default, gold);
+        // The same configuration: the same scopes (instances share).
+        assert_eq!(compiled("").scope(0), default);
+        // A mode is not part of it: a live mode change keeps the slots.
+        let lease = compiled(r#", "local": {"mode": "lease"}"#);
+        assert_eq!(lease.scope(0), default);
+        let apart = |text: &str| {
+            let c = Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0);
+            assert_ne!(c.scope(0), default, "{text}");
+        };
+        let t = |domain: &str, cluster: &str, key: &str, header: &str, limit: u32, extra: &str| {
+            format!(
+                r#"{{"domain": "{domain}", "rate_limit_service": {{"cluster": "{cluster}"}}, "descriptor_key": "{key}",
+                   "limits": {{"{header}": {{"default": {{"persecond": 5, "perhour": {limit}}},
+                      "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}}{extra}}}"#
+            )
+        };
+        let same = t("internal-api", "ratelimit", "tenant", "x-tenant-id", 30, "");
+        assert_eq!(
+            Compiled::new(parse_plugin_config(same.as_bytes()).unwrap().0).scope(0),
+            default
+        );
+        apart(&t("other", "ratelimit", "tenant", "x-tenant-id", 30, ""));
+        apart(&t("internal-api", "other", "tenant", "x-tenant-id", 30, ""));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "org",
+            "x-tenant-id",
+            30,
+            "",
+        ));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "tenant",
+            "x-org-id",
+            30,
+            "",
+        ));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "tenant",
+            "x-tenant-id",
+            31,
+            "",
+        ));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "tenant",
+            "x-tenant-id",
+            30,
+            r#", "tenant_source": {"property": ["metadata", "x"]}"#,
+        ));
+        apart(&t(
+            "internal-api",
+            "ratelimit",
+            "tenant",
+            "x-tenant-id",
+            30,
+            r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
+        ));
     }
 
     #[test]
@@ -545,16 +774,17 @@ mod tests {
         #[test]
         fn any_tenant_bytes_give_a_step(tenant in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let c = compiled("");
-            match first_step(&c, Some(&tenant)) {
+            match first_step(&c, &Read::Value(tenant.clone())) {
                 Step::Limit(l) => {
                     // Never more than max_tenant_length raw bytes reach the
-                    // service (the lossy form may be longer).
+                    // service (escaped, at most three times as many), and
+                    // the message decodes: the value is a valid string.
                     proptest::prop_assert!(tenant.len() <= 128);
+                    proptest::prop_assert!(l.tenant.len() <= 3 * tenant.len());
                     RateLimitRequest::decode(&encode_request(&c, &l, 0)[..]).unwrap();
                 }
-                Step::AllowMissingTenant => proptest::prop_assert!(tenant.is_empty()),
                 Step::TenantTooLong => proptest::prop_assert!(tenant.len() > 128),
-                Step::NotLimited | Step::DenyMissingTenant => proptest::prop_assert!(false),
+                _ => proptest::prop_assert!(false),
             }
         }
     }

@@ -4,8 +4,9 @@
 //! Envoy calls the filter three times per request, and each call is one
 //! method of `Stream` here:
 //!
-//! 1. `on_request_headers`: read the tenant header; a value longer than
-//!    `max_tenant_length` is refused with 431 (`tenant_too_long`); a missing
+//! 1. `on_request_headers`: read the tenant (`tenant`); a value longer than
+//!    `max_tenant_length` is refused with 431 (`tenant_too_long`), a header
+//!    sent more than once with 400 (`tenant_repeated`); a missing
 //!    tenant is allowed or refused (`missing_tenant`); a tenant no group limits
 //!    passes; a limited one goes through the local layer (over-limit cache,
 //!    token bucket: a refusal there is a 429 with no call), then the request
@@ -28,24 +29,25 @@
 use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
-use crate::cost::{hits_addend, request_cost, CostError};
+use crate::cost::{charge_response, hits_addend, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    decide, encode_request, first_step, near_limit, Compiled, Decision, Step, Verdict, RETRY_AFTER,
+    self, decide, encode_request, first_step, near_limit, Compiled, Decision, Limited, Step,
+    Verdict, RETRY_AFTER,
 };
 use crate::fallback::{self, Decided};
 use crate::headers::group_policy;
 use crate::health;
-use crate::host::Host;
+use crate::host::{Host, HostError};
 use crate::lease::Outcome;
-use crate::local::names::{intern, lookup};
-use crate::local::over_limit::MAX_STATUSES;
-use crate::local::{remember_refusal, slot_for, update, LocalVerdict, SlotRef};
-use crate::local::{UpdateError, CAS_ATTEMPTS};
-use crate::modes::{local_step, store_heard, store_outcome, ModeStep};
-use crate::proto::{DescriptorStatus, METHOD, SERVICE};
-use crate::vm::Vm;
-use ratelimit_config::{HeaderMode, OnFailure};
+use crate::local::names::lookup;
+use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError};
+use crate::modes::ModeStep;
+use crate::modes::{local_error, local_step, remember, route_step, store_heard, store_outcome};
+use crate::proto::{METHOD, SERVICE};
+use crate::tenant;
+use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
+use ratelimit_config::{OnFailure, UnitLimits};
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +88,17 @@ pub struct Stream {
     /// call carried (a lease's batch, hits a mode change carried).
     cost: u32,
     hits: u32,
+    /// The tenant's slot on its route, when the request is on a route with
+    /// limits of its own and the local layer is on.
+    route_slot: Option<SlotRef>,
+    /// How many of the answer's statuses are the tenant's own (its group's
+    /// units); the rest are its route's.
+    own_statuses: usize,
+    /// With `response_cost_header`: the charge to queue once the response
+    /// tells its cost, `hits` holding what the request was charged.
+    charge: Option<Box<TenantCall>>,
+    /// The request went upstream counted: its response's cost is charged.
+    charge_armed: bool,
 }
 
 impl Stream {
@@ -96,11 +109,11 @@ impl Stream {
         host: &H,
         vm: &Vm,
     ) -> Next {
-        let tenant = match host.request_header(&c.config.limits.header) {
+        let tenant = match tenant::read(&c.tenant, host) {
             Ok(t) => t,
             Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
-        let limited = match first_step(c, tenant.as_deref()) {
+        let mut limited = match first_step(c, &tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
                 return Next::Continue;
@@ -115,9 +128,22 @@ impl Stream {
                 record(host, None, None, false, Source::TenantTooLong);
                 return local_reply(host, 431, &[], "tenant header value too long\n");
             }
+            Step::RepeatedTenant => {
+                host.count(Counter::TenantRepeated);
+                record(host, None, None, false, Source::TenantRepeated);
+                return local_reply(host, 400, &[], "tenant header sent more than once\n");
+            }
             Step::NotLimited => return Next::Continue,
             Step::Limit(limited) => limited,
         };
+        // A hostcall per request only for the tenants of groups with routes.
+        if !limited.group.routes.is_empty() {
+            match host.route_name() {
+                Ok(Some(name)) => limited.route = limited.group.route(&name),
+                Ok(None) => {}
+                Err(e) => log::debug!("the route's name not read: {e}"),
+            }
+        }
         let cost = match request_cost(c, host) {
             Ok(cost) => cost,
             Err(CostError::Invalid(why)) => {
@@ -130,25 +156,43 @@ impl Stream {
         self.cost = cost;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
+        self.own_statuses = limited.group.limits.len();
         let local = &c.config.local;
+        let (at, route_at) = if local.enabled {
+            let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
+            let scope = c.scope(limited.group_index);
+            let at = slot_for(secret, scope, tenant, local.slots);
+            let on_route = limited
+                .route
+                .map(|r| route_slot_for(secret, scope, tenant, &r.name, local.slots));
+            (Some(at), on_route)
+        } else {
+            (None, None)
+        };
+        if c.config.response_cost.is_some() {
+            self.charge = Some(charge_for(&limited, at, route_at, cost));
+        }
         // Hits of a sync block a mode change dropped: this call carries
         // them (`modes`).
         let mut carried = 0;
-        if local.enabled {
-            let at = slot_for(
-                &vm.slot_secret,
-                &limited.group.name,
-                &limited.tenant,
-                local.slots,
-            );
+        if let Some(at) = at {
             let now = host.now_ms();
-            let mode = c.config.headers;
             let names = |id| lookup(host, id);
+            // The route's state first: a refusal there writes nothing.
+            if let (Some(route), Some(route_at)) = (limited.route, route_at) {
+                let verdict = route_step(c, host, route, route_at, now, &names, cost);
+                if let Some(next) = self.local_verdict(c, host, &limited, &route.limits, verdict) {
+                    return next;
+                }
+            }
             let verdict = match local_step(c, host, vm, &limited, at, now, &names, cost) {
                 Ok(step) => {
                     carried = step.carried;
                     match step.mode {
-                        ModeStep::Admitted => return Next::Continue,
+                        ModeStep::Admitted => {
+                            self.charge_armed = true;
+                            return Next::Continue;
+                        }
                         ModeStep::Refused(headers) => {
                             let tenant = Some(limited.tenant.as_ref());
                             let none = Vec::new();
@@ -164,36 +208,12 @@ impl Stream {
                 }
                 Err(e) => Err(e),
             };
-            match verdict {
-                Ok(LocalVerdict::Proceed) => {}
-                Ok(LocalVerdict::Contended) => host.count(Counter::SlotContended),
-                // In shadow, a local would-be refusal is let through
-                // without a call, as the refusal would have gone out
-                // without one: one would-be refusal per request.
-                Ok(LocalVerdict::BucketEmpty(mut headers)) => {
-                    headers.extend(group_policy(mode, limited.group));
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Bucket,
-                        headers,
-                        Vec::new(),
-                    );
-                }
-                Ok(LocalVerdict::CachedOverLimit(headers)) => {
-                    return self.refuse(
-                        c,
-                        host,
-                        Some(limited.tenant.as_ref()),
-                        Source::Cache,
-                        headers,
-                        Vec::new(),
-                    );
-                }
-                Err(e) => local_error(host, &e),
+            let limits = &limited.group.limits;
+            if let Some(next) = self.local_verdict(c, host, &limited, limits, verdict) {
+                return next;
             }
             self.slot = Some(at);
+            self.route_slot = route_at;
             self.asked_at_ms = now;
         }
         let (hits, addend) = match self.lease_batch {
@@ -283,9 +303,21 @@ impl Stream {
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
+        let no_rule = match &verdict {
+            Verdict::Allow(_, statuses) | Verdict::OverLimit(_, statuses) => {
+                decision::no_rule(statuses)
+            }
+            Verdict::Error(_) => None,
+        };
+        if let (Some(index), Some(group)) = (no_rule, self.group) {
+            health::no_rule(c, host, &vm.no_rule_warnings, group, index, || {
+                tenant_again(c, host).unwrap_or_default()
+            });
+        }
         let next = match verdict {
             Verdict::Allow(headers, statuses) => {
                 host.count(Counter::Allowed);
+                self.charge_armed = true;
                 if let Some(group) = self.group {
                     host.count_group(group, GroupCounter::Admitted);
                     if near_limit(&statuses, c.config.near_limit_ppm) {
@@ -304,24 +336,18 @@ impl Stream {
             Verdict::OverLimit(headers, statuses) => {
                 // Remembered in shadow too: the cache then lets through
                 // (and counts) what it would have refused, as enforcing
-                // would, and spares the service the same calls.
+                // would, and spares the service the same calls. Each slot
+                // keeps its part of the answer (`own_statuses`).
+                let own = self.own_statuses.min(statuses.len());
+                let (own, on_route) = statuses.split_at(own);
                 if let Some(at) = self.slot {
-                    let (asked_at, answered_at) = (self.asked_at_ms, host.now_ms());
-                    // Only X-RateLimit-Limit repeats rule names.
-                    let names = if c.config.headers == HeaderMode::DraftVersion03 {
-                        rule_names(host, &statuses)
-                    } else {
-                        [0; MAX_STATUSES]
-                    };
-                    let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-                        let slot =
-                            remember_refusal(stored, at, asked_at, answered_at, &statuses, &names);
-                        ((), slot)
-                    });
-                    if let Err(e) = remembered {
-                        local_error(host, &e);
-                    }
+                    remember(c, host, at, self.asked_at_ms, own);
                 }
+                if let Some(at) = self.route_slot {
+                    remember(c, host, at, self.asked_at_ms, on_route);
+                }
+                // In shadow the request goes upstream, counted.
+                self.charge_armed = self.shadow;
                 self.refuse(c, host, None, Source::Service, headers, to_client)
             }
             Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
@@ -357,7 +383,7 @@ impl Stream {
         match tenant {
             Some(t) => record(host, Some(t), group_name, self.shadow, source),
             None => {
-                let t = self.tenant_again(c, host);
+                let t = tenant_again(c, host);
                 record(host, t.as_deref(), group_name, self.shadow, source);
             }
         }
@@ -405,7 +431,7 @@ impl Stream {
                     host.count_group(g, GroupCounter::Admitted);
                     host.count_group(g, GroupCounter::FallbackAdmitted);
                 }
-                let tenant = self.tenant_again(c, host);
+                let tenant = tenant_again(c, host);
                 let name = self.group_name(c);
                 record_admitted(host, tenant.as_deref(), name, Source::Fallback);
                 Next::Continue
@@ -424,53 +450,146 @@ impl Stream {
         }
     }
 
-    /// The tenant header's value read again (only refusals and the
-    /// fallback pay for it), in its lossy UTF-8 form.
-    fn tenant_again<H: Host + ?Sized>(&self, c: &Compiled, host: &H) -> Option<String> {
-        let read = host
-            .request_header(&c.config.limits.header)
-            .unwrap_or_else(|e| {
-                log::debug!("the tenant not read again for the access log: {e}");
-                None
-            });
-        read.map(|t| String::from_utf8_lossy(&t).into_owned())
-    }
-
     fn group_name<'c>(&self, c: &'c Compiled) -> Option<&'c str> {
         self.group
             .and_then(|g| c.config.limits.all_groups().nth(g))
             .map(|g| g.name.as_str())
     }
 
+    /// What the local layer's verdict on a slot (the tenant's, or its
+    /// state on the route, whose limits are `limits`) does to the request:
+    /// None, it goes on to the service; else it was answered.
+    fn local_verdict<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        limited: &Limited<'_>,
+        limits: &UnitLimits,
+        verdict: Result<LocalVerdict, UpdateError>,
+    ) -> Option<Next> {
+        let (source, headers) = match verdict {
+            Ok(LocalVerdict::Proceed) => return None,
+            Ok(LocalVerdict::Contended) => {
+                host.count(Counter::SlotContended);
+                return None;
+            }
+            Err(e) => {
+                local_error(host, &e);
+                return None;
+            }
+            // In shadow, a local would-be refusal is let through
+            // without a call, as the refusal would have gone out
+            // without one: one would-be refusal per request.
+            Ok(LocalVerdict::BucketEmpty(mut headers)) => {
+                headers.extend(group_policy(c.config.headers, limits));
+                (Source::Bucket, headers)
+            }
+            Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
+        };
+        let tenant = Some(limited.tenant.as_ref());
+        Some(self.refuse(c, host, tenant, source, headers, Vec::new()))
+    }
+
     /// The upstream's response headers have arrived (also for the filter's
-    /// own local replies, which carry their headers already).
-    pub fn on_response_headers<H: Host + ?Sized>(&mut self, host: &H) -> Next {
+    /// own local replies, which carry their headers already). A cost the
+    /// upstream reports in them is charged.
+    pub fn on_response_headers<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+    ) -> Next {
         for (name, value) in self.response_headers.drain(..) {
             add_response_header(host, name, &value);
         }
         for (name, value) in self.forwarded.drain(..) {
             add_response_header(host, &name, &value);
         }
+        if let (true, Some(rc)) = (self.charge_armed, &c.config.response_cost) {
+            let found = host.response_header(&rc.header);
+            self.response_cost(c, host, vm, found);
+        }
         Next::Continue
     }
+
+    /// The upstream's response trailers have arrived (gRPC, streamed
+    /// responses): a cost the headers did not carry is charged from them.
+    pub fn on_response_trailers<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+    ) -> Next {
+        if let (true, Some(rc)) = (self.charge_armed, &c.config.response_cost) {
+            let found = host.response_trailer(&rc.header);
+            self.response_cost(c, host, vm, found);
+        }
+        Next::Continue
+    }
+
+    /// The response's cost field, as read: charged once, when there is one
+    /// (the headers' wins over the trailers').
+    fn response_cost<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+        found: Result<Option<Vec<u8>>, HostError>,
+    ) {
+        let value = match found {
+            Ok(Some(v)) => v,
+            Ok(None) => return,
+            Err(e) => return log::debug!("the response's cost not read: {e}"),
+        };
+        self.charge_armed = false;
+        if let Some(call) = self.charge.take() {
+            charge_response(c, host, vm, *call, &value);
+        }
+    }
+}
+
+/// The charge a response's cost will queue for this request: on its
+/// descriptors (the group's, and its route's), `hits` what the request was
+/// charged. Without the local layer, the slots are none (fingerprint 0).
+fn charge_for(
+    limited: &Limited<'_>,
+    at: Option<SlotRef>,
+    route_at: Option<SlotRef>,
+    cost: u32,
+) -> Box<TenantCall> {
+    const NO_SLOT: SlotRef = SlotRef {
+        index: 0,
+        fingerprint: 0,
+    };
+    Box::new(TenantCall {
+        kind: CallKind::Charge,
+        group: limited.group_index,
+        tenant: limited.tenant.to_string(),
+        at: at.unwrap_or(NO_SLOT),
+        hits: cost,
+        route: limited.route.map(|r| OnRoute {
+            name: r.name.clone(),
+            at: route_at.unwrap_or(NO_SLOT),
+        }),
+    })
+}
+
+/// The tenant, read again from the request (its lossy UTF-8 form), for
+/// what only rare paths need: a refusal's access log, a warning.
+fn tenant_again<H: Host + ?Sized>(c: &Compiled, host: &H) -> Option<String> {
+    let read = host
+        .request_header(&c.config.limits.header)
+        .unwrap_or_else(|e| {
+            log::debug!("the tenant not read again: {e}");
+            None
+        });
+    read.map(|t| String::from_utf8_lossy(&t).into_owned())
 }
 
 fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {
     if let Err(e) = host.add_response_header(name, value) {
         log::debug!("a response header not added: {e}");
     }
-}
-
-/// The ids of the statuses' rule names in the shared name table (0: none);
-/// no host call for a status whose rule has no name.
-fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
-    let mut ids = [0u8; MAX_STATUSES];
-    for (id, s) in ids.iter_mut().zip(statuses) {
-        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
-            *id = intern(host, &limit.name);
-        }
-    }
-    ids
 }
 
 /// A 429 for the limiter, with these headers and the service's own.
@@ -503,17 +622,8 @@ fn local_reply<H: Host + ?Sized>(
     }
 }
 
-/// A failure of the local layer skips it (the service still decides).
-fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
-    match e {
-        UpdateError::CasRetriesExhausted => host.count(Counter::CasRetriesExhausted),
-        UpdateError::Host(why) => {
-            host.count(Counter::LocalError);
-            // `debug!` formats nothing unless debug is on (a static check).
-            log::debug!("local layer error: {why}");
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod expensive_tests;

@@ -122,8 +122,9 @@ extern "C" {
 }
 
 // The SDK's `hostcalls::set_property` panics on any status but Ok (for one,
-// when Envoy refuses to overwrite a property): the import is called here
-// instead, and its status is returned as an error.
+// when Envoy refuses to overwrite a property), and its `get_property` both
+// panics on an unexpected status and reads an empty value as absent: the
+// imports are called here instead, and their status returned as an error.
 #[link(wasm_import_module = "env")]
 #[allow(clashing_extern_declarations)]
 extern "C" {
@@ -133,7 +134,17 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
 }
+
+/// `xds.route_name`, as proxy-wasm serialises a property path: its parts,
+/// each followed by a NUL.
+const ROUTE_NAME_PATH: &[u8] = b"xds\0route_name\0";
 
 /// 128 random bits for the slot secret; if `random_get` fails, a warning,
 /// `slot_secret_fallback`, and the host's clock in nanoseconds instead,
@@ -182,6 +193,58 @@ impl Host for Envoy<'_> {
         // The `_bytes` getter: the SDK's other getters unwrap UTF-8.
         hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
             .map_err(failed(HostCall::RequestHeader))
+    }
+
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size = 0;
+        // SAFETY: the host reads the path, and writes a buffer it allocated
+        // with this module's allocator (`proxy_on_memory_allocate`, a Vec
+        // of that capacity), which the Vec below takes over.
+        let status = unsafe {
+            proxy_get_property(
+                ROUTE_NAME_PATH.as_ptr(),
+                ROUTE_NAME_PATH.len(),
+                &mut data,
+                &mut size,
+            )
+        };
+        match status {
+            0 if data.is_null() => Ok(None),
+            // SAFETY: see above.
+            0 => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
+            // NotFound: no route.
+            1 => Ok(None),
+            other => Err(HostError::new(HostCall::RouteName, other)),
+        }
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+            .map_err(failed(HostCall::ResponseHeader))
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
+            .map_err(failed(HostCall::ResponseTrailer))
+    }
+
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut size: usize = 0;
+        // SAFETY: the host reads `path.len()` bytes of `path`; on Ok it
+        // writes the address and size of a buffer it allocated through
+        // `proxy_on_memory_allocate` (this module's allocator, as a Vec of
+        // that capacity), which the Vec below then owns.
+        let status = unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) };
+        match status {
+            0 if data.is_null() => Ok(Some(Vec::new())),
+            // SAFETY: as above: `size` bytes at `data`, allocated for us.
+            0 => Ok(Some(unsafe { Vec::from_raw_parts(data, size, size) })),
+            // NotFound.
+            1 => Ok(None),
+            other => Err(HostError::new(HostCall::Property, other)),
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -319,7 +382,8 @@ impl RootContext for Plugin {
                 return false;
             }
         };
-        let groups = config.limits.all_groups().map(|g| g.name.as_str());
+        let groups = (config.limits.all_groups())
+            .map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
         let metrics = MetricIds::define(groups, define_metric);
         let host = Envoy(&metrics);
         let slot_secret = if config.local.enabled {
@@ -398,7 +462,22 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         match &self.shared {
-            Some(s) => action(self.stream.on_response_headers(&Envoy(&s.metrics))),
+            Some(s) => action(self.stream.on_response_headers(
+                &s.compiled,
+                &Envoy(&s.metrics),
+                &s.vm,
+            )),
+            None => Action::Continue,
+        }
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        match &self.shared {
+            Some(s) => action(self.stream.on_response_trailers(
+                &s.compiled,
+                &Envoy(&s.metrics),
+                &s.vm,
+            )),
             None => Action::Continue,
         }
     }

@@ -16,7 +16,7 @@
 
 use std::fmt::Write;
 
-use ratelimit_config::{Group, HeaderMode};
+use ratelimit_config::{HeaderMode, UnitLimits};
 
 use crate::proto::{Code, DescriptorStatus, HeaderValue, RateLimitUnit};
 
@@ -162,15 +162,15 @@ fn write_policy_item(out: &mut String, name: &str, quota: u32, window: u64) {
     let _ = write!(out, ";q={quota};w={window}");
 }
 
-/// `RateLimit-Policy` for a group, from its configured limits: what a
-/// bucket refusal carries in the IETF family (the bucket knows no window,
-/// so no `RateLimit`). None in the other modes.
-pub fn group_policy(mode: HeaderMode, group: &Group) -> Option<(&'static str, String)> {
+/// `RateLimit-Policy` for a group (or a route), from its configured limits:
+/// what a bucket refusal carries in the IETF family (the bucket knows no
+/// window, so no `RateLimit`). None in the other modes.
+pub fn group_policy(mode: HeaderMode, limits: &UnitLimits) -> Option<(&'static str, String)> {
     if mode != HeaderMode::IetfDraft10 {
         return None;
     }
     let mut policy = String::with_capacity(96);
-    for (unit, limit) in group.limits.iter() {
+    for (unit, limit) in limits.iter() {
         write_policy_item(&mut policy, unit.descriptor_value(), limit, unit.seconds());
     }
     (!policy.is_empty()).then_some((RATELIMIT_POLICY, policy))
@@ -417,7 +417,7 @@ mod tests {
         let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "c"},
             "limits": {"x-tenant-id": {"default": {"persecond": 5, "perhour": 30}}}}"#;
         let c = parse_plugin_config(text.as_bytes()).unwrap().0;
-        let g = c.limits.all_groups().next().unwrap();
+        let g = &c.limits.all_groups().next().unwrap().limits;
         assert_eq!(
             group_policy(HeaderMode::IetfDraft10, g),
             Some((

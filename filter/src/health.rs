@@ -12,7 +12,7 @@
 
 use std::cell::Cell;
 
-use crate::counters::{Counter, Histogram};
+use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
 use crate::host::{Host, HostError};
 use ratelimit_config::OnFailure;
@@ -87,6 +87,43 @@ pub fn dispatch_failed<H: Host + ?Sized>(
             held
         );
     }
+}
+
+/// The service answered a descriptor (the `index`th of the group's, for the
+/// tenant `tenant` reads, only when the warning is due) with no rule of its own: count it for the group, and warn
+/// (throttled) naming the domain and the descriptor. That limit is off: a
+/// descriptor key, domain or tenant value the service's rules do not name.
+pub fn no_rule<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    warnings: &LogThrottle,
+    group: usize,
+    index: usize,
+    tenant: impl FnOnce() -> String,
+) {
+    host.count_group(group, GroupCounter::NoRule);
+    let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) else {
+        return;
+    };
+    let Some(g) = c.config.limits.all_groups().nth(group) else {
+        return;
+    };
+    // The descriptor as the flow sends it (`model::descriptors`): the
+    // group's `index`th unit, then the tenant.
+    let Some((unit, _)) = g.limits.iter().nth(index) else {
+        return;
+    };
+    log::warn!(
+        "the rate-limit service has no rule for domain \"{}\", descriptor [generic_key={}, {}={}] \
+         (group {}): that limit is not applied; check the service's configuration against this \
+         one (ratelimit-config check); {} more since the last warning",
+        c.config.domain,
+        unit.descriptor_value(),
+        c.config.descriptor_key,
+        tenant(),
+        g.name,
+        held
+    );
 }
 
 /// The service answered a call sent at `sent_ms`: record its latency. Only

@@ -24,6 +24,10 @@ pub enum HostCall {
     AddHeader,
     SetProperty,
     AddRequestHeader,
+    RouteName,
+    ResponseHeader,
+    ResponseTrailer,
+    Property,
 }
 
 impl HostCall {
@@ -39,6 +43,10 @@ impl HostCall {
             HostCall::AddHeader => "add_response_header",
             HostCall::SetProperty => "set_property",
             HostCall::AddRequestHeader => "add_request_header",
+            HostCall::RouteName => "route_name",
+            HostCall::ResponseHeader => "response_header",
+            HostCall::ResponseTrailer => "response_trailer",
+            HostCall::Property => "get_property",
         }
     }
 }
@@ -108,8 +116,27 @@ pub trait SharedData {
 /// Everything else the filter asks of Envoy, for the context it is called
 /// for (a stream, or the root context).
 pub trait Host: SharedData {
-    /// The request header `name`'s raw bytes, None when it is absent.
+    /// The request header `name`'s raw bytes, None when it is absent. Of a
+    /// header sent more than once, the first value (Envoy's
+    /// `get_header_map_value`).
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The name of the route the request matched (Envoy's `xds.route_name`
+    /// property), None when it has none.
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The upstream response's header `name`, None when it is absent.
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+
+    /// The upstream response's trailer `name`, None when it is absent.
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError>;
+    /// An Envoy attribute of this stream (proxy-wasm `get_property`): its
+    /// raw bytes, as Envoy serializes it (a string as it is; a number as 8
+    /// bytes), `Some` of nothing for an empty one, None when it is absent.
+    /// `path` is the attribute's segments joined by NUL, as proxy-wasm
+    /// takes it (`request\0headers\0x-tenant-id`: every value of that
+    /// header, joined by `,`).
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError>;
 
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;

@@ -1,6 +1,7 @@
 //! tenant-ratelimit: per-tenant, fleet-wide rate limits for Envoy.
 //!
-//! A proxy-wasm HTTP filter that takes the tenant from a request header,
+//! A proxy-wasm HTTP filter that takes the tenant from a request header (or
+//! from an Envoy attribute, such as a verified JWT claim),
 //! sends one descriptor per limited unit to the Envoy rate-limit service in
 //! one `ShouldRateLimit` call, answers 429 with X-RateLimit-* headers and
 //! Retry-After, and fails open (counted) when the limiter breaks.
@@ -18,6 +19,8 @@
 //!   sync), and what a mode's answer leaves in the tenant's slot.
 //! - `lease`: lease mode's state machine (reserve a batch, spend it).
 //! - `sync`: sync mode's state machine (admit against a view, push hits).
+//! - `tenant`: the request's tenant, read from its source (a header, or an
+//!   Envoy attribute): missing, sent more than once, or its raw value.
 //! - `decision`: the compiled configuration, the first step, the call's
 //!   message, the verdict from the service's answer.
 //! - `answer`: the service's answer, decoded once.
@@ -40,7 +43,8 @@
 //! - `local`: the local layer, decided before any call:
 //!   - `local::bucket`: token-bucket arithmetic;
 //!   - `local::over_limit`: the over-limit cache and its headers;
-//!   - `local::placement`: where a tenant lives (keyed hash, slot key);
+//!   - `local::placement`: where a tenant lives (its scope: the instance
+//!     and group; keyed hash, slot key);
 //!   - `local::slot`: a slot's state, its encoding, who owns it;
 //!   - `local::cas`: the read-modify-write of a slot under CAS;
 //!   - `local::names`: the rule names of cached refusals;
@@ -67,6 +71,7 @@ pub mod modes;
 pub mod proto;
 pub mod root;
 pub mod sync;
+pub mod tenant;
 pub mod vm;
 pub mod window;
 

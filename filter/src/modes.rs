@@ -13,15 +13,18 @@
 //! and its call carries a sync block's unpushed hits (`LocalStep::carried`),
 //! so the service counts every hit admitted before it decides on this one.
 
-use ratelimit_config::{BucketParams, HeaderMode, Mode};
+use ratelimit_config::{BucketParams, HeaderMode, Mode, Unit};
 
 use crate::answer::Answer;
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{Compiled, Limited};
+use crate::decision::{own_statuses, Compiled, Limited};
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
-use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot, SlotRef, Stranded};
-use crate::local::{UpdateError, CAS_ATTEMPTS};
+use crate::local::names::intern;
+use crate::local::over_limit::MAX_STATUSES;
+use crate::local::{self, remember_refusal, update, Claim, LocalVerdict, ModeState, Slot};
+use crate::local::{SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
+use crate::proto::{Code, DescriptorStatus};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::{CallKind, TenantCall, Tracked, Vm};
 
@@ -116,9 +119,10 @@ impl Admission {
 /// The local layer, then the mode, for a request at `now_ms` that costs
 /// `cost` hits, on the stored slot; returns the slot to write, if any.
 /// `names` reads the rule names of a cached refusal (every mode answers
-/// cached refusals alike). A request that costs more than 1 asks the
-/// service itself in every mode, as in exact mode (leases and sync views
-/// count single hits), and leaves the mode's block as it is.
+/// cached refusals alike). A request that costs more than 1, or that is on
+/// a route with limits of its own (`on_route`), asks the service itself in
+/// every mode, as in exact mode (leases and sync views count single hits of
+/// the group's descriptors only), and leaves the mode's block as it is.
 #[allow(clippy::too_many_arguments)]
 pub fn admit(
     stored: Option<&[u8]>,
@@ -129,6 +133,7 @@ pub fn admit(
     names: &dyn Fn(u8) -> Option<String>,
     cost: u32,
     params: ModeParams,
+    on_route: bool,
 ) -> (Admission, Option<Slot>) {
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (Admission::just(LocalVerdict::Contended), None);
@@ -142,8 +147,9 @@ pub fn admit(
         switched,
         ..Admission::just(LocalVerdict::Proceed)
     };
+    let single = cost <= 1 && !on_route;
     let write = match params {
-        ModeParams::Lease(p) if cost <= 1 => {
+        ModeParams::Lease(p) if single => {
             let held = match slot.mode {
                 ModeState::Lease(l) => Some(l),
                 _ => None,
@@ -154,7 +160,7 @@ pub fn admit(
             a.lease_stranded = stranded;
             true
         }
-        ModeParams::Sync(p) if cost <= 1 => {
+        ModeParams::Sync(p) if single => {
             let before = slot.mode;
             let held = match before {
                 ModeState::Sync(s) => Some(s),
@@ -192,8 +198,11 @@ pub fn local_step<H: Host + ?Sized>(
     let bucket = c.config.local.bucket_for(limited.group);
     let params = ModeParams::of(c, limited.group);
     let headers = c.config.headers;
+    let on_route = limited.route.is_some();
     let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        admit(stored, at, now, bucket, headers, names, cost, params)
+        admit(
+            stored, at, now, bucket, headers, names, cost, params, on_route,
+        )
     })?;
     let carried = match a.switched {
         Some(stranded) => mode_changed(host, stranded),
@@ -255,6 +264,116 @@ fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) ->
         tenant: limited.tenant.to_string(),
         at,
         hits,
+        route: None,
+    }
+}
+
+/// The local layer on the tenant's state on its request's route (its own
+/// slot, `route_at`): the route's over-limit cache, and its bucket when the
+/// route limits `persecond`. No mode: a request on such a route asks the
+/// service (`admit`).
+#[allow(clippy::too_many_arguments)]
+pub fn route_step<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    route: &ratelimit_config::model::Route,
+    route_at: SlotRef,
+    now: u64,
+    names: &dyn Fn(u8) -> Option<String>,
+    cost: u32,
+) -> Result<LocalVerdict, UpdateError> {
+    let bucket = route.limits.get(Unit::Second).map(|n| BucketParams {
+        tokens_per_second: n,
+        burst: n,
+    });
+    let headers = c.config.headers;
+    update(host, route_at.index, CAS_ATTEMPTS, |stored| {
+        local::admit_named(stored, route_at, now, bucket, headers, names, cost)
+    })
+}
+
+/// The ids of the statuses' rule names in the shared name table (0: none);
+/// no host call for a status whose rule has no name.
+fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
+    let mut ids = [0u8; MAX_STATUSES];
+    for (id, s) in ids.iter_mut().zip(statuses) {
+        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
+            *id = intern(host, &limit.name);
+        }
+    }
+    ids
+}
+
+/// Remembers a refusal of the service in the over-limit cache of the slot
+/// at `at` (a tenant's, or its state on a route), for a call sent at
+/// `asked_at_ms`: `statuses` are that slot's part of the answer. Nothing
+/// is written when none of them is over its limit, or for no slot
+/// (fingerprint 0: the local layer was off).
+pub fn remember<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    at: SlotRef,
+    asked_at_ms: u64,
+    statuses: &[DescriptorStatus],
+) {
+    if at.fingerprint == 0 || !statuses.iter().any(|s| s.code() == Code::OverLimit) {
+        return;
+    }
+    let answered_at = host.now_ms();
+    // Only X-RateLimit-Limit repeats rule names.
+    let names = if c.config.headers == HeaderMode::DraftVersion03 {
+        rule_names(host, statuses)
+    } else {
+        [0; MAX_STATUSES]
+    };
+    let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let slot = remember_refusal(stored, at, asked_at_ms, answered_at, statuses, &names);
+        ((), slot)
+    });
+    if let Err(e) = remembered {
+        local_error(host, &e);
+    }
+}
+
+/// A failure of the local layer skips it (the service still decides).
+pub fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
+    match e {
+        UpdateError::CasRetriesExhausted => host.count(Counter::CasRetriesExhausted),
+        UpdateError::Host(why) => {
+            host.count(Counter::LocalError);
+            // `debug!` formats nothing unless debug is on (a static check).
+            log::debug!("local layer error: {why}");
+        }
+    }
+}
+
+/// What the answer to a response's charge (None: it failed, or was never
+/// sent) leaves: counted in the group; when the service says the tenant is
+/// now over a limit, remembered in the over-limit cache of its slot and of
+/// its state on the route, so that its next requests are refused without
+/// a call.
+pub fn settle_charge<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    call: &TenantCall,
+    asked_at_ms: u64,
+    heard: Option<&Answer>,
+) {
+    let group = call.group;
+    let Some(answer) = heard else {
+        host.count_group(group, GroupCounter::ResponseCostFailed);
+        return;
+    };
+    host.count_group(group, GroupCounter::ResponseCostCharges);
+    host.add_group(group, GroupCounter::ResponseCostHits, u64::from(call.hits));
+    if !answer.over_limit {
+        return;
+    }
+    let statuses = &answer.response.statuses;
+    let (own, on_route) = statuses.split_at(own_statuses(c, group).min(statuses.len()));
+    remember(c, host, call.at, asked_at_ms, own);
+    if let Some(r) = &call.route {
+        remember(c, host, r.at, asked_at_ms, on_route);
     }
 }
 
@@ -440,6 +559,7 @@ pub fn next_push<H: Host + ?Sized>(
         tenant: t.tenant.clone(),
         at,
         hits: delta,
+        route: None,
     });
     (push, idle)
 }

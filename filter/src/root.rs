@@ -10,11 +10,13 @@
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
-//!   its mailbox (`vm::Mailbox`: lease refills) go out, each as one call; then, once per sync interval, the
+//!   its mailbox (`vm::Mailbox`: lease refills, response costs to charge)
+//!   go out, each as one call; then, once per sync interval, the
 //!   unsynced hits of every tracked tenant (one call per tenant), and a
 //!   tenant with nothing left pending is forgotten until its next request.
 //!   A call that cannot be sent is handled as its failed answer: a refill
-//!   counts `lease.failed`, a push `sync.failed` and puts its hits back.
+//!   counts `lease.failed`, a push `sync.failed` and puts its hits back, a
+//!   charge `response_cost.failed`.
 //! - On an answer (`Root::on_answer`): the call's token finds what it was
 //!   for; its answer is decoded once (`answer::decode`) and stored in the
 //!   tenant's slot by the mode (`modes`).
@@ -35,7 +37,7 @@ use crate::host::{Host, HostError, SharedData};
 use crate::lease::{LeaseParams, Outcome};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{next_push, store_heard, store_outcome};
+use crate::modes::{next_push, settle_charge, store_heard, store_outcome};
 use crate::proto::{METHOD, SERVICE};
 use crate::sync::SyncParams;
 use crate::vm::{CallKind, TenantCall, Vm};
@@ -124,10 +126,12 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 }
 
 /// The root's tick period: the shorter of the lease refills' and the sync
-/// pushes' (None: no group needs a tick).
+/// pushes' (None: no group needs a tick). Response costs are charged on the
+/// tick of lease refills.
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
     let mut groups = c.config.limits.all_groups();
-    let leases = groups.any(|g| LeaseParams::for_group(c, g).is_some());
+    let leases =
+        groups.any(|g| LeaseParams::for_group(c, g).is_some()) || c.config.response_cost.is_some();
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),
@@ -271,6 +275,7 @@ fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, p: &Pending, heard: Option<&
             Outcome::of(heard),
         ),
         CallKind::Push => store_heard(c, host, t.group, t.at, p.asked_at_ms, t.hits, true, heard),
+        CallKind::Charge => settle_charge(c, host, t, p.asked_at_ms, heard),
     }
 }
 

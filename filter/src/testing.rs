@@ -15,11 +15,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Deref;
 
 use crate::counters::{Counter, Gauge, GroupCounter, Histogram, COUNTERS, GAUGES, HISTOGRAMS};
-#[cfg(test)]
 use crate::decision::Compiled;
 pub use crate::host::HostCall;
 use crate::host::{Host, HostError, SharedData, SharedDataError};
-use crate::local::{SlotKey, SlotSecret};
+use crate::local::{slot_for, SlotKey, SlotRef, SlotSecret};
 use crate::proto::{
     Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,
 };
@@ -152,10 +151,23 @@ type SharedMap = HashMap<String, (Vec<u8>, u32), BuildHasherDefault<Fnv>>;
 
 type Writer = Box<dyn FnMut(Option<&[u8]>) -> Vec<u8>>;
 
+/// A response's headers or trailers.
+type Fields = Vec<(String, Vec<u8>)>;
+
 /// The in-memory host. Single-threaded, like a proxy-wasm VM.
 pub struct MemHost {
     now_ms: Cell<u64>,
+    /// In order; a name may appear more than once (a repeated header).
     request_headers: RefCell<Vec<(String, Vec<u8>)>>,
+    /// The matched route's name (`xds.route_name`), and how often it was
+    /// read.
+    route_name: RefCell<Option<Vec<u8>>>,
+    route_name_reads: Cell<u64>,
+    /// The upstream response's headers, then its trailers.
+    response: RefCell<[Fields; 2]>,
+    /// Envoy attributes by path (segments joined by NUL), besides
+    /// `request.headers`, which is read from `request_headers`.
+    attributes: RefCell<Vec<(String, Vec<u8>)>>,
     shared: RefCell<SharedMap>,
     last_cas: Cell<u32>,
     failing: Cell<u16>,
@@ -197,6 +209,10 @@ impl MemHost {
         MemHost {
             now_ms: Cell::new(0),
             request_headers: RefCell::new(Vec::new()),
+            route_name: RefCell::new(None),
+            route_name_reads: Cell::new(0),
+            response: RefCell::new(Default::default()),
+            attributes: RefCell::new(Vec::new()),
             shared: RefCell::new(SharedMap::default()),
             last_cas: Cell::new(0),
             failing: Cell::new(0),
@@ -233,23 +249,78 @@ impl MemHost {
         self.now_ms.set(now_ms);
     }
 
-    /// Sets (or replaces) a request header, reusing its buffer.
+    /// Sets (or replaces) a request header, reusing its buffer; a header
+    /// sent more than once is left with this one value.
     pub fn set_request_header(&self, name: &str, value: &[u8]) {
         let mut headers = self.request_headers.borrow_mut();
-        match headers.iter_mut().find(|(k, _)| k == name) {
-            Some((_, v)) => {
-                v.clear();
-                v.extend_from_slice(value);
+        let mut seen = false;
+        headers.retain_mut(|(k, v)| {
+            if k != name {
+                return true;
             }
-            None => headers.push((name.to_string(), value.to_vec())),
+            if seen {
+                return false;
+            }
+            seen = true;
+            v.clear();
+            v.extend_from_slice(value);
+            true
+        });
+        if !seen {
+            headers.push((name.to_string(), value.to_vec()));
         }
+    }
+
+    /// Sends a request header once more (a repeated header), after its
+    /// other values.
+    pub fn append_request_header(&self, name: &str, value: &[u8]) {
+        (self.request_headers.borrow_mut()).push((name.to_string(), value.to_vec()));
     }
 
     pub fn remove_request_header(&self, name: &str) {
         self.request_headers.borrow_mut().retain(|(k, _)| k != name);
     }
 
+    /// Sets an Envoy attribute (`Host::property`), by its path: segments
+    /// joined by NUL.
+    pub fn set_attribute(&self, path: &str, value: &[u8]) {
+        let mut attributes = self.attributes.borrow_mut();
+        attributes.retain(|(p, _)| p != path);
+        attributes.push((path.to_string(), value.to_vec()));
+    }
+
     /// What `grpc_response` returns: the body of the service's answer.
+    /// The route the next requests match (None: no route name).
+    pub fn set_route_name(&self, name: Option<&str>) {
+        *self.route_name.borrow_mut() = name.map(|n| n.as_bytes().to_vec());
+    }
+
+    /// How often the flow read the route's name.
+    pub fn route_name_reads(&self) -> u64 {
+        self.route_name_reads.get()
+    }
+
+    /// The upstream response's headers (`trailers` false) or trailers,
+    /// replacing those set before.
+    pub fn set_response(&self, trailers: bool, fields: &[(&str, &[u8])]) {
+        let mut r = self.response.borrow_mut();
+        if let Some(map) = r.get_mut(usize::from(trailers)) {
+            *map = fields
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_vec()))
+                .collect();
+        }
+    }
+
+    fn response_field(&self, trailers: bool, name: &str) -> Option<Vec<u8>> {
+        self.response
+            .borrow()
+            .get(usize::from(trailers))?
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+
     pub fn set_grpc_response(&self, body: Option<Vec<u8>>) {
         *self.grpc_body.borrow_mut() = body;
     }
@@ -490,6 +561,46 @@ impl Host for MemHost {
             .map(|(_, v)| v.clone()))
     }
 
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        self.route_name_reads.set(self.route_name_reads.get() + 1);
+        self.check(HostCall::RouteName)?;
+        Ok(self.route_name.borrow().clone())
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::ResponseHeader)?;
+        Ok(self.response_field(false, name))
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::ResponseTrailer)?;
+        Ok(self.response_field(true, name))
+    }
+
+    /// `request\0headers\0<name>`: every value of the header, joined by
+    /// `,`, as Envoy gives it; any other path, what `set_attribute` set.
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.check(HostCall::Property)?;
+        if let Some(name) = path.strip_prefix("request\0headers\0") {
+            let headers = self.request_headers.borrow();
+            let mut values = headers.iter().filter(|(k, _)| k == name).map(|(_, v)| v);
+            let Some(first) = values.next() else {
+                return Ok(None);
+            };
+            let mut all = first.clone();
+            for v in values {
+                all.push(b',');
+                all.extend_from_slice(v);
+            }
+            return Ok(Some(all));
+        }
+        let attributes = self.attributes.borrow();
+        Ok(attributes
+            .iter()
+            .find(|(p, _)| p == path)
+            .map(|(_, v)| v.clone()))
+    }
+
     fn now_ms(&self) -> u64 {
         self.now_ms.get()
     }
@@ -615,6 +726,14 @@ impl Host for MemHost {
     }
 }
 
+/// Where the flow puts `tenant` of the group named `group` under `c`, with
+/// the slot secret `secret` (`local::slot_for` in the group's scope).
+pub fn slot_of(c: &Compiled, secret: &SlotSecret, group: &str, tenant: &str) -> SlotRef {
+    let mut groups = c.config.limits.all_groups();
+    let index = groups.position(|g| g.name == group).unwrap_or(usize::MAX);
+    slot_for(secret, c.scope(index), tenant, c.config.local.slots)
+}
+
 /// One worker of one Envoy, for the tests: the in-memory host and one VM's
 /// state (`vm`), as the glue gives them to a stream or the root. It derefs
 /// to the host, so a test reads it as one.
@@ -696,6 +815,22 @@ impl SharedData for Worker {
 impl Host for Worker {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
         self.host.request_header(name)
+    }
+
+    fn route_name(&self) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.route_name()
+    }
+
+    fn response_header(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.response_header(name)
+    }
+
+    fn response_trailer(&self, name: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.response_trailer(name)
+    }
+
+    fn property(&self, path: &str) -> Result<Option<Vec<u8>>, HostError> {
+        self.host.property(path)
     }
 
     fn now_ms(&self) -> u64 {

@@ -32,6 +32,10 @@ pub enum CallKind {
     Refill,
     /// Sync mode: the tenant's `hits` admitted since the last push.
     Push,
+    /// A response's cost (`response_cost_header`): the `hits` it cost
+    /// beyond what its request was charged, on the request's descriptors
+    /// (the group's, and its route's). Nothing waits for the answer.
+    Charge,
 }
 
 /// A call to the service about one tenant of a group, sent by the root:
@@ -42,14 +46,28 @@ pub struct TenantCall {
     /// The group's index in `limits.all_groups()`.
     pub group: usize,
     pub tenant: String,
+    /// The tenant's slot (not used when the local layer is off).
     pub at: SlotRef,
     pub hits: u32,
+    /// A charge's route, when the request's route had limits of its own:
+    /// its descriptors follow the group's in the call.
+    pub route: Option<OnRoute>,
+}
+
+/// The route a call is also about, and the slot of the tenant's state on
+/// that route (not used when the local layer is off).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OnRoute {
+    pub name: String,
+    pub at: SlotRef,
 }
 
 impl TenantCall {
-    /// The call's message; None if the configuration has no such group.
+    /// The call's message; None if the configuration has no such group (or
+    /// the group no such route).
     pub fn message(&self, c: &Compiled) -> Option<Vec<u8>> {
-        crate::decision::tenant_message(c, self.group, &self.tenant, self.hits)
+        let route = self.route.as_ref().map(|r| r.name.as_str());
+        crate::decision::tenant_message(c, self.group, &self.tenant, route, self.hits)
     }
 }
 
@@ -144,6 +162,10 @@ pub struct Vm {
     /// This VM's "cannot call the service" warnings
     /// (`health::dispatch_failed`).
     pub dispatch_warnings: LogThrottle,
+    /// This VM's warnings about invalid response costs.
+    pub cost_warnings: LogThrottle,
+    /// This VM's "no rule for a descriptor" warnings (`health::no_rule`).
+    pub no_rule_warnings: LogThrottle,
     pub mailbox: Mailbox,
     /// What this VM last read of the breaker (`breaker::Cache`).
     pub breaker: breaker::Cache,
@@ -154,6 +176,8 @@ impl Vm {
         Vm {
             slot_secret,
             dispatch_warnings: LogThrottle::new(),
+            cost_warnings: LogThrottle::new(),
+            no_rule_warnings: LogThrottle::new(),
             mailbox: Mailbox::default(),
             breaker: breaker::Cache::default(),
         }
@@ -180,6 +204,7 @@ mod tests {
             tenant: format!("t{i}"),
             at: at(i as u64 + 1),
             hits: 1,
+            route: None,
         }
     }
 

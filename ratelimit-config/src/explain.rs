@@ -9,8 +9,8 @@
 
 use std::fmt::Write;
 
-use crate::model::{descriptors, TeamLimits, Unit};
-use crate::plugin::{LocalConfig, Mode, OnFailure, PluginConfig, Share};
+use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
+use crate::plugin::{LocalConfig, Mode, OnFailure, PluginConfig, Share, TenantSource};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -129,12 +129,81 @@ pub struct ExplainOptions<'a> {
     /// The plugin configuration, when explaining one: shows what a
     /// request gets when the service cannot decide.
     pub plugin: Option<&'a PluginConfig>,
+    /// The Envoy route (its name) to explain the tenant's limits on.
+    pub route: Option<&'a str>,
+    /// Where the filter reads the tenant (`tenant_source`).
+    pub tenant_source: &'a TenantSource,
+}
+
+/// One descriptor's section: its limit, entries, rule, Redis key and window.
+fn descriptor_section(
+    out: &mut String,
+    opts: &ExplainOptions<'_>,
+    (unit, limit): (Unit, u32),
+    entries: &[(&str, &str)],
+    rule: &str,
+    now: u64,
+) {
+    let start = window_start(unit, now);
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{}: {limit} per {}",
+        unit.json_key(),
+        unit.service_unit()
+    );
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!("({k:?}, {v:?})"))
+        .collect();
+    let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
+    let _ = writeln!(
+        out,
+        "  rule:       {}.generic_key_{}.{rule}",
+        opts.domain,
+        unit.descriptor_value()
+    );
+    let _ = writeln!(
+        out,
+        "  redis key:  {}",
+        redis_key(opts.key_prefix, opts.domain, entries, unit, now)
+    );
+    let _ = writeln!(
+        out,
+        "  window:     {} to {} ({start} + {}s)",
+        utc(start),
+        utc(start + unit.seconds()),
+        unit.seconds()
+    );
+}
+
+/// Where the tenant comes from, as `explain` and `check` say it.
+pub fn tenant_from(limits: &TeamLimits, source: &TenantSource) -> String {
+    match source {
+        TenantSource::Header => format!("header {}", limits.header),
+        TenantSource::Property(path) => format!(
+            "property {} (tenant_source; the {} header is not read)",
+            TenantSource::dotted(path),
+            limits.header
+        ),
+    }
 }
 
 /// The explanation, as the CLI prints it.
 pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now: u64) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "tenant:  {tenant:?} (header {})", limits.header);
+    let _ = writeln!(
+        out,
+        "tenant:  {tenant:?} ({})",
+        tenant_from(limits, opts.tenant_source)
+    );
+    let sent = tenant_value(tenant.as_bytes());
+    if sent != tenant {
+        let _ = writeln!(
+            out,
+            "sent as: {sent:?} (a '%' is written %25, so that no two tenant values share a counter)"
+        );
+    }
     let Some(group) = limits.group_for(tenant) else {
         let _ = writeln!(
             out,
@@ -149,6 +218,7 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         "not listed in any named group"
     };
     let _ = writeln!(out, "group:   {} ({why})", group.name);
+    let tenant = sent.as_ref();
     if opts.shadow || group.shadow {
         let whose = if group.shadow {
             "the group's \"shadow\": true"
@@ -168,47 +238,19 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
     }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
+    let tenant_rule = if listed {
+        format!("{}_{tenant}", opts.descriptor_key)
+    } else {
+        opts.descriptor_key.to_string()
+    };
     for (unit, entries) in descriptors(group, opts.descriptor_key, tenant) {
         let limit = group.limits.get(unit).unwrap_or_default();
-        let start = window_start(unit, now);
         let rule_tail = if listed {
-            format!("{}_{tenant}", opts.descriptor_key)
+            tenant_rule.clone()
         } else {
-            format!(
-                "{} (the default rule; the counter is still this tenant's own)",
-                opts.descriptor_key
-            )
+            format!("{tenant_rule} (the default rule; the counter is still this tenant's own)")
         };
-        let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "{}: {limit} per {}",
-            unit.json_key(),
-            unit.service_unit()
-        );
-        let shown: Vec<String> = entries
-            .iter()
-            .map(|(k, v)| format!("({k:?}, {v:?})"))
-            .collect();
-        let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
-        let _ = writeln!(
-            out,
-            "  rule:       {}.generic_key_{}.{rule_tail}",
-            opts.domain,
-            unit.descriptor_value()
-        );
-        let _ = writeln!(
-            out,
-            "  redis key:  {}",
-            redis_key(opts.key_prefix, opts.domain, &entries, unit, now)
-        );
-        let _ = writeln!(
-            out,
-            "  window:     {} to {} ({start} + {}s)",
-            utc(start),
-            utc(start + unit.seconds()),
-            unit.seconds()
-        );
+        descriptor_section(&mut out, opts, (unit, limit), &entries, &rule_tail, now);
         if let Some(c) = opts.plugin.filter(|c| c.on_failure == OnFailure::Local) {
             let _ = writeln!(
                 out,
@@ -217,6 +259,45 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
                 unit.service_unit()
             );
         }
+    }
+    let route = opts.route.map(|name| (name, group.route(name.as_bytes())));
+    match route {
+        Some((name, Some(r))) => {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "on route {name:?}: also these, the tenant's own counters on the route (both must admit a request)"
+            );
+            let all = RequestDescriptors::new(group, Some(r), opts.descriptor_key, tenant);
+            for &(unit, entries) in all.as_slice().iter().skip(group.limits.len()) {
+                let limit = r.limits.get(unit).unwrap_or_default();
+                let rule = format!("{tenant_rule}.route_{name}");
+                descriptor_section(&mut out, opts, (unit, limit), entries.as_ref(), &rule, now);
+            }
+        }
+        Some((name, None)) => {
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "on route {name:?}: {} sets no limits on it: only the limits above apply",
+                group.name
+            );
+        }
+        None if !group.routes.is_empty() => {
+            let names: Vec<String> = group
+                .routes
+                .iter()
+                .map(|r| format!("{:?}", r.name))
+                .collect();
+            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "routes:  {} has limits of its own on {} (see one with --route)",
+                group.name,
+                names.join(", ")
+            );
+        }
+        None => {}
     }
     let unset: Vec<&str> = limits
         .units_in_use()
@@ -292,7 +373,39 @@ mod tests {
         shadow: false,
         local: None,
         plugin: None,
+        route: None,
+        tenant_source: &TenantSource::Header,
     };
+
+    #[test]
+    fn the_tenant_source_and_the_value_sent_are_named() {
+        let limits = seed();
+        let a = explain(&limits, &OPTS, "tenant-a", 0);
+        assert!(
+            a.starts_with("tenant:  \"tenant-a\" (header x-tenant-id)\ngroup:"),
+            "{a}"
+        );
+        let path = vec![
+            "metadata".to_string(),
+            "filter_metadata".into(),
+            "jwt".into(),
+            "tenant".into(),
+        ];
+        let source = TenantSource::Property(path);
+        let opts = ExplainOptions {
+            tenant_source: &source,
+            ..OPTS
+        };
+        let a = explain(&limits, &opts, "50%off", 0);
+        assert!(
+            a.starts_with("tenant:  \"50%off\" (property metadata.filter_metadata.jwt.tenant (tenant_source; the x-tenant-id header is not read))\nsent as: \"50%25off\" (a '%' is written %25, so that no two tenant values share a counter)\ngroup:   default"),
+            "{a}"
+        );
+        assert!(
+            a.contains("redis key:  internal-api_generic_key_per_second_tenant_50%25off_0"),
+            "{a}"
+        );
+    }
 
     #[test]
     fn a_shadowed_group_says_so() {
@@ -429,5 +542,60 @@ not limited: perday (default sets none; the filter sends no descriptor for it)
             explain(&l, &OPTS, "b", 0),
             "tenant:  \"b\" (header x-t)\ngroup:   none: no named group lists it and there is no default group, so the filter sends no descriptor and it is not limited\n"
         );
+    }
+
+    #[test]
+    fn a_tenants_limits_on_a_route() {
+        let doc = json!({"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perminute": 50}}}}});
+        let limits = parse_team_limits(&doc, "").unwrap().0;
+        let on = |tenant, route| {
+            let opts = ExplainOptions {
+                route,
+                domain: "api",
+                ..OPTS
+            };
+            explain(&limits, &opts, tenant, 1_670_320_834)
+        };
+        let text = on("acme", Some("reports"));
+        assert!(
+            text.ends_with(
+                r#"
+perminute: 6000 per minute
+  descriptor: [("generic_key", "per_minute"), ("tenant", "acme")]
+  rule:       api.generic_key_per_minute.tenant_acme
+  redis key:  api_generic_key_per_minute_tenant_acme_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T10:01:00Z (1670320800 + 60s)
+
+on route "reports": also these, the tenant's own counters on the route (both must admit a request)
+
+perminute: 50 per minute
+  descriptor: [("generic_key", "per_minute"), ("tenant", "acme"), ("route", "reports")]
+  rule:       api.generic_key_per_minute.tenant_acme.route_reports
+  redis key:  api_generic_key_per_minute_tenant_acme_route_reports_1670320800
+  window:     2022-12-06T10:00:00Z to 2022-12-06T10:01:00Z (1670320800 + 60s)
+"#
+            ),
+            "{text}"
+        );
+        let text = on("b", Some("reports"));
+        assert!(
+            text.contains("  rule:       api.generic_key_per_minute.tenant.route_reports\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  redis key:  api_generic_key_per_minute_tenant_b_route_reports_1670320800\n"
+            ),
+            "{text}"
+        );
+        assert!(on("b", Some("search")).ends_with(
+            "\non route \"search\": default sets no limits on it: only the limits above apply\n"
+        ));
+        assert!(on("b", None).ends_with(
+            "\nroutes:  default has limits of its own on \"reports\" (see one with --route)\n"
+        ));
     }
 }

@@ -19,9 +19,13 @@ pub mod validate;
 #[cfg(feature = "cli")]
 pub mod check;
 #[cfg(feature = "cli")]
+pub mod deployed;
+#[cfg(feature = "cli")]
 pub mod envoy_rate_limits;
 #[cfg(feature = "cli")]
 pub mod explain;
+#[cfg(feature = "cli")]
+pub mod render;
 #[cfg(feature = "cli")]
 pub mod schema;
 #[cfg(feature = "cli")]
@@ -30,11 +34,15 @@ pub mod service_yaml;
 pub mod span;
 #[cfg(feature = "cli")]
 pub mod team_file;
+#[cfg(feature = "cli")]
+pub mod yaml_in;
+#[cfg(feature = "cli")]
+pub mod yaml_out;
 
-pub use model::{descriptors, Group, TeamLimits, Unit, UnitLimits};
+pub use model::{descriptors, tenant_value, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
     parse_plugin_config, BreakerConfig, BucketParams, FallbackConfig, GroupLocal, HeaderMode,
-    LocalConfig, MissingTenant, Mode, OnFailure, PluginConfig, Share, LEASE_TICK_MS,
+    LocalConfig, MissingTenant, Mode, OnFailure, PluginConfig, Share, TenantSource, LEASE_TICK_MS,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

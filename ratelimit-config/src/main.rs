@@ -1,6 +1,7 @@
 //! `ratelimit-config`: validates a team limits file and generates the
 //! configurations that must agree with it.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -9,17 +10,22 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Parser, Subcommand};
 use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
-use ratelimit_config::envoy_rate_limits::envoy_rate_limits_yaml;
+use ratelimit_config::deployed::{self, Placement};
+use ratelimit_config::envoy_rate_limits::{envoy_rate_limits_yaml, envoy_route_rate_limits_yaml};
 use ratelimit_config::explain::{explain, ExplainOptions};
 use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
 use ratelimit_config::plugin::{
     plugin_config_json, PluginOptions, DEFAULT_DESCRIPTOR_KEY, DEFAULT_TIMEOUT_MS,
 };
+use ratelimit_config::render::deployment::{
+    deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
+};
+use ratelimit_config::render::{render, write_rendered, RenderError, Target, Team};
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
 use ratelimit_config::team_file::{check_team_file, syntax_error, Finding, Severity};
-use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits};
+use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits, TenantSource};
 use serde_json::Value;
 
 /// Per-tenant rate limits for Envoy, from one small JSON file.
@@ -38,6 +44,8 @@ use serde_json::Value;
 ///   non-empty "header_value"; a tenant may be in only one group.
 /// - Units: persecond, perminute, perhour, perday, each a positive integer
 ///   up to 4294967295; a unit left out is not limited; a group needs one.
+/// - "routes" (optional, in any group): limits per Envoy route name, on top
+///   of the group's, e.g. "routes": {"reports": {"perminute": 5}}.
 ///
 /// Problems are reported all at once, as <file>:<line>:<col>: <path>: <message>,
 /// e.g. limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5
@@ -58,7 +66,9 @@ enum Command {
         files: Vec<PathBuf>,
     },
     /// Write ratelimit.yaml (the service's rules), envoy-rate-limits.yaml (the
-    /// rate_limits of Envoy's own filter) and plugin-config.json (the wasm filter's).
+    /// rate_limits of Envoy's own filter), plugin-config.json (the wasm filter's),
+    /// and, when a group limits routes, envoy-route-rate-limits.yaml (those
+    /// routes' rate_limits for Envoy's own filter).
     Generate {
         /// The team limits JSON file.
         file: PathBuf,
@@ -101,6 +111,9 @@ enum Command {
         /// The moment, in Unix seconds (default: now).
         #[arg(long)]
         at: Option<u64>,
+        /// An Envoy route's name: also show the tenant's limits on that route.
+        #[arg(long)]
+        route: Option<String>,
     },
     /// Prove that every descriptor the filter can send matches a service rule
     /// with the same limit and unit; name each one that does not.
@@ -114,6 +127,53 @@ enum Command {
     },
     /// Print a JSON Schema (draft 2020-12) of the team limits file, for editors.
     Schema,
+    /// Write every deployment artifact of one target from the team file:
+    /// istio (WasmPlugin), envoy-gateway (EnvoyExtensionPolicy, EnvoyProxy),
+    /// envoy (bootstrap pieces; with --namespace, the sidecar Deployment);
+    /// each with the rate-limit service, its Redis and NetworkPolicies.
+    ///
+    /// Settings come from --deployment FILE (YAML or JSON), then the flags.
+    /// Plugin settings: `plugin:` in the file or --plugin PATH=VALUE
+    /// (e.g. --plugin local.mode=lease --plugin shadow=true
+    /// --plugin 'metrics.groups=[gold, silver]'); any other key:
+    /// --set PATH=VALUE (e.g. --set service.port=9000).
+    #[command(verbatim_doc_comment)]
+    Render {
+        /// The team limits JSON file (`-`: standard input).
+        file: PathBuf,
+        /// What to write for.
+        #[arg(long, value_parser = ["istio", "envoy-gateway", "envoy"])]
+        target: String,
+        /// Output directory (created when missing; files an earlier render wrote there and this one does not are removed).
+        #[arg(long)]
+        out: PathBuf,
+        /// A deployment description (YAML or JSON): domain, namespace, image, sha256,
+        /// fail_strategy, service, cluster_domain, redis, workload, istio, envoy_gateway,
+        /// envoy, plugin. See docs/deploying.md.
+        #[arg(long, value_name = "FILE")]
+        deployment: Option<PathBuf>,
+        /// The rate-limit service domain.
+        #[arg(long)]
+        domain: Option<String>,
+        /// The Kubernetes namespace of everything rendered.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// The filter's OCI image (the compat variant `make oci-push` pushes).
+        #[arg(long)]
+        image: Option<String>,
+        /// The image's manifest digest (`make oci` prints it), hex or sha256:hex.
+        #[arg(long)]
+        sha256: Option<String>,
+        /// When the filter cannot run: open (requests pass, unlimited) or closed (refused).
+        #[arg(long, value_parser = ["open", "closed"])]
+        fail_strategy: Option<String>,
+        /// A description setting, PATH=VALUE (VALUE read as YAML).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML).
+        #[arg(long = "plugin", value_name = "PATH=VALUE")]
+        plugin: Vec<String>,
+    },
 }
 
 /// Why a command failed. Its `Display` is what stderr shows: one line per
@@ -148,6 +208,12 @@ enum CliError {
     GeneratedYaml(Vec<Problem>),
     /// The generated files disagree with each other: a bug.
     Disagree(Vec<Problem>),
+    /// A bad command-line value.
+    Usage(String),
+    /// The deployment description's problems.
+    Description(Vec<DescriptionError>),
+    /// What `render` refused.
+    Render(RenderError),
 }
 
 /// Each of `items` on a line of its own, after `prefix`.
@@ -189,6 +255,9 @@ impl fmt::Display for CliError {
             CliError::Disagree(problems) => {
                 lines(f, "generated files disagree (a bug): ", problems)
             }
+            CliError::Usage(message) => f.write_str(message),
+            CliError::Description(errors) => lines(f, "", errors),
+            CliError::Render(e) => e.fmt(f),
         }
     }
 }
@@ -205,17 +274,47 @@ impl std::error::Error for CliError {
     }
 }
 
+/// A file's text; `-` is standard input (read once: a second `-` is empty).
 fn read(path: &Path) -> Result<String, CliError> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        return io::Read::read_to_string(&mut io::stdin(), &mut text)
+            .map(|_| text)
+            .map_err(|source| CliError::Read {
+                path: path.to_path_buf(),
+                source,
+            });
+    }
     std::fs::read_to_string(path).map_err(|source| CliError::Read {
         path: path.to_path_buf(),
         source,
     })
 }
 
+/// How messages name a file: `-` is `<stdin>`.
+fn shown(path: &Path) -> String {
+    if path == Path::new("-") {
+        "<stdin>".into()
+    } else {
+        path.display().to_string()
+    }
+}
+
+/// A file's name for a generated header: only its name, so the output does
+/// not depend on where it ran.
+fn source_name(path: &Path) -> String {
+    if path == Path::new("-") {
+        return "stdin".into();
+    }
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
 /// Reads and checks one team file; its warnings are printed.
 fn load_team(path: &Path) -> Result<(Value, TeamLimits), CliError> {
     let text = read(path)?;
-    let report = check_team_file(&path.display().to_string(), &text);
+    let report = check_team_file(&shown(path), &text);
     match report.parsed {
         Some(parsed) => {
             for warning in &report.findings {
@@ -246,6 +345,11 @@ fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
     }
     if let Err(e) = serde_json::from_str::<Value>(&text) {
         let (at, error) = syntax_error(&text, &e);
+        // Not JSON: a deployed object in YAML (a WasmPlugin, an
+        // EnvoyExtensionPolicy, an Envoy bootstrap) holding it.
+        if !text.trim_start().starts_with(['{', '[']) {
+            return load_deployed_plugin(&file, &text, (at, error));
+        }
         return Err(CliError::Findings(vec![found(at, error)]));
     }
     match parse_plugin_config(text.as_bytes()) {
@@ -261,9 +365,110 @@ fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
     }
 }
 
-fn load_service(path: &Path) -> Result<ServiceConfig, CliError> {
+/// The plugin configuration held by a deployed object in YAML; `json_error`
+/// is what is reported when the text is not YAML either.
+fn load_deployed_plugin(
+    file: &str,
+    text: &str,
+    json_error: (Position, ConfigError),
+) -> Result<PluginConfig, CliError> {
+    let finding = |at: Position, path: String, message: String| Finding {
+        file: file.to_string(),
+        at,
+        severity: Severity::Error,
+        error: ConfigError { path, message },
+    };
+    let found = match deployed::plugin_config(text) {
+        Ok(f) => f,
+        // Not YAML either: the JSON error says the most.
+        Err(_) if ratelimit_config::yaml_in::documents(text).is_err() => {
+            return Err(CliError::Findings(vec![finding(
+                json_error.0,
+                json_error.1.path,
+                json_error.1.message,
+            )]))
+        }
+        Err((at, message)) => {
+            return Err(CliError::Findings(vec![finding(
+                at,
+                String::new(),
+                message,
+            )]))
+        }
+    };
+    let mut findings: Vec<Finding> = found
+        .problems
+        .iter()
+        .map(|(at, m)| finding(*at, String::new(), m.clone()))
+        .collect();
+    let bytes = serde_json::to_vec(&found.value).map_err(|source| CliError::Serialise {
+        what: "plugin configuration",
+        source,
+    })?;
+    match parse_plugin_config(&bytes) {
+        Ok((config, _)) if findings.is_empty() => Ok(config),
+        Ok(_) => Err(CliError::Findings(findings)),
+        Err(errors) => {
+            findings.extend(errors.into_iter().map(|e| {
+                let at = found.locate(&e.path);
+                let message = format!("{} ({})", e.message, found.what);
+                finding(at, e.path, message)
+            }));
+            Err(CliError::Findings(findings))
+        }
+    }
+}
+
+/// A service config, or each entry of the ConfigMaps in the file. Each
+/// config's `file` is unique; `places` maps it back to the file read and
+/// where the entry's text is in it.
+fn load_service(
+    path: &Path,
+    places: &mut BTreeMap<String, (String, Placement)>,
+) -> Result<Vec<ServiceConfig>, CliError> {
     let text = read(path)?;
-    parse_service_config(&path.display().to_string(), &text).map_err(CliError::Service)
+    let file = path.display().to_string();
+    let Some(entries) = deployed::config_map_entries(&text) else {
+        return parse_service_config(&file, &text)
+            .map(|s| vec![s])
+            .map_err(CliError::Service);
+    };
+    if entries.is_empty() {
+        return Err(CliError::Service(vec![Problem {
+            file,
+            at: Position::START,
+            message: "a ConfigMap with no entry in data: the service would load no rules".into(),
+        }]));
+    }
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (key, body, placement) in entries {
+        let name = format!("{file} (data.{key})");
+        places.insert(name.clone(), (file.clone(), placement));
+        match parse_service_config(&name, &body) {
+            Ok(s) => out.push(s),
+            Err(p) => problems.extend(p),
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(CliError::Service(
+            problems.into_iter().map(|p| placed(p, places)).collect(),
+        ))
+    }
+}
+
+/// A problem in a ConfigMap's entry, at its place in the file.
+fn placed(p: Problem, places: &BTreeMap<String, (String, Placement)>) -> Problem {
+    match places.get(&p.file) {
+        Some((file, placement)) => Problem {
+            file: file.clone(),
+            at: placement.map(p.at),
+            message: p.message,
+        },
+        None => p,
+    }
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -300,14 +505,11 @@ struct GenerateArgs {
 
 fn generate(a: &GenerateArgs) -> Result<(), CliError> {
     let (doc, limits) = load_team(&a.file)?;
-    // Only the file name: the output must not depend on where it ran.
-    let source = a
-        .file
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| a.file.display().to_string());
+    let source = source_name(&a.file);
     let yaml = service_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let native = envoy_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
+    let native_routes =
+        envoy_route_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let plugin = plugin_config_json(
         &doc,
         &PluginOptions {
@@ -335,11 +537,14 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         path: a.out.clone(),
         source,
     })?;
-    for (name, contents) in [
-        ("ratelimit.yaml", &yaml),
-        ("envoy-rate-limits.yaml", &native),
-        ("plugin-config.json", &plugin_text),
-    ] {
+    let outputs = [
+        ("ratelimit.yaml", Some(&yaml)),
+        ("envoy-rate-limits.yaml", Some(&native)),
+        ("envoy-route-rate-limits.yaml", native_routes.as_ref()),
+        ("plugin-config.json", Some(&plugin_text)),
+    ];
+    for (name, contents) in outputs {
+        let Some(contents) = contents else { continue };
         let path = a.out.join(name);
         if let Err(source) = std::fs::write(&path, contents) {
             return Err(CliError::Write { path, source });
@@ -357,6 +562,7 @@ struct ExplainArgs {
     descriptor_key: Option<String>,
     key_prefix: String,
     at: Option<u64>,
+    route: Option<String>,
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
@@ -364,19 +570,34 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         Some(p) => Some(load_plugin(p)?),
         None => None,
     };
-    let (limits, domain, descriptor_key, shadow) = match (&a.file, &plugin) {
-        (_, Some(c)) => (
-            c.limits.clone(),
-            c.domain.clone(),
-            c.descriptor_key.clone(),
-            c.shadow,
-        ),
+    let (limits, domain, descriptor_key, shadow, source) = match (&a.file, &plugin) {
+        (_, Some(c)) => {
+            // The filter refuses a tenant longer than max_tenant_length
+            // before any limit applies.
+            let max = usize::try_from(c.max_tenant_length).unwrap_or(usize::MAX);
+            if a.tenant.len() > max {
+                println!(
+                    "tenant: {} bytes, over max_tenant_length {}: the filter answers 431 (Request Header Fields Too Large), counted in tenant_too_long; no group, no limit applies",
+                    a.tenant.len(),
+                    c.max_tenant_length
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
+            (
+                c.limits.clone(),
+                c.domain.clone(),
+                c.descriptor_key.clone(),
+                c.shadow,
+                c.tenant_source.clone(),
+            )
+        }
         (Some(f), None) => {
             let (_, limits) = load_team(f)?;
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
-            (limits, a.domain.unwrap_or_default(), key, false)
+            let source = TenantSource::Header;
+            (limits, a.domain.unwrap_or_default(), key, false, source)
         }
         // clap requires one of them.
         (None, None) => return Ok(ExitCode::FAILURE),
@@ -393,6 +614,8 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         shadow,
         local: plugin.as_ref().map(|c| &c.local),
         plugin: plugin.as_ref(),
+        route: a.route.as_deref(),
+        tenant_source: &source,
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)
@@ -402,9 +625,15 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
     // Every input is read, so that every one's problems are shown.
     let mut errors = Vec::new();
     let plugin = load_plugin(plugin_config).map_err(|e| errors.push(e)).ok();
+    let mut places = BTreeMap::new();
     let services: Vec<ServiceConfig> = service_configs
         .iter()
-        .filter_map(|s| load_service(s).map_err(|e| errors.push(e)).ok())
+        .filter_map(|s| {
+            load_service(s, &mut places)
+                .map_err(|e| errors.push(e))
+                .ok()
+        })
+        .flatten()
         .collect();
     let (Some(plugin), true) = (plugin, errors.is_empty()) else {
         for e in &errors {
@@ -412,7 +641,10 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
         }
         return ExitCode::FAILURE;
     };
-    let report = check(&plugin, &services);
+    let mut report = check(&plugin, &services);
+    for p in report.problems.iter_mut().chain(report.warnings.iter_mut()) {
+        *p = placed(p.clone(), &places);
+    }
     for w in &report.warnings {
         let w = w.to_string();
         // `file:line:col: warning: …`, as validate prints warnings.
@@ -429,6 +661,7 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
             "ok: {} descriptors of {} groups match the rules of domain {:?}",
             report.checked, report.groups, plugin.domain
         );
+        println!("tenant from: {}", report.tenant_from);
         if !report.shadowed.is_empty() {
             println!(
                 "shadow (refusals counted, never enforced): {}",
@@ -436,6 +669,12 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
             );
         }
         ExitCode::SUCCESS
+    } else if report.checked == 0 {
+        eprintln!(
+            "no descriptor checked: the filter's domain {:?} is in no service config given",
+            plugin.domain
+        );
+        ExitCode::FAILURE
     } else {
         eprintln!(
             "{} of {} descriptors do not match",
@@ -444,6 +683,70 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
         );
         ExitCode::FAILURE
     }
+}
+
+struct RenderArgs {
+    file: PathBuf,
+    target: String,
+    out: PathBuf,
+    deployment: Option<PathBuf>,
+    /// (description key, value) of the named flags.
+    flags: Vec<(&'static str, String)>,
+    set: Vec<String>,
+    plugin: Vec<String>,
+}
+
+fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
+    let target = Target::from_name(&a.target)
+        .ok_or_else(|| CliError::Usage(format!("unknown target {:?}", a.target)))?;
+    let (json, limits) = load_team(&a.file)?;
+    let (mut description, mut sources) = match &a.deployment {
+        Some(path) => read_description(&shown(path), &read(path)?)
+            .map_err(|e| CliError::Description(vec![e]))?,
+        None => (Value::Object(Default::default()), Sources::default()),
+    };
+    if !description.is_object() {
+        description = Value::Object(Default::default());
+    }
+    for (key, value) in &a.flags {
+        set_path(&mut description, key, Value::String(value.clone()));
+        sources
+            .flags
+            .insert((*key).to_string(), format!("--{}", key.replace('_', "-")));
+    }
+    for (flag, args, prefix) in [("--set", &a.set, ""), ("--plugin", &a.plugin, "plugin.")] {
+        for arg in args {
+            let (path, value) =
+                parse_assignment(arg).map_err(|m| CliError::Usage(format!("{flag} {m}")))?;
+            let path = format!("{prefix}{path}");
+            set_path(&mut description, &path, value);
+            sources.flags.insert(
+                path,
+                format!("{flag} {}", arg.split('=').next().unwrap_or(arg)),
+            );
+        }
+    }
+    let dep = deployment(&description, &sources, target).map_err(CliError::Description)?;
+    let source = source_name(&a.file);
+    let team = Team {
+        source: &source,
+        json: &json,
+        limits: &limits,
+    };
+    let place = |path: &str| sources.place(path);
+    let (files, warnings) = render(&team, &dep, target, &place).map_err(CliError::Render)?;
+    for w in &warnings {
+        eprintln!(
+            "{}: warning: plugin configuration: {w}",
+            place(&format!("plugin.{}", w.path))
+        );
+    }
+    for path in
+        write_rendered(&a.out, &files).map_err(|(path, source)| CliError::Write { path, source })?
+    {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
@@ -473,6 +776,7 @@ fn main() -> ExitCode {
             descriptor_key,
             key_prefix,
             at,
+            route,
         } => explain_cmd(ExplainArgs {
             file,
             plugin_config,
@@ -481,11 +785,43 @@ fn main() -> ExitCode {
             descriptor_key,
             key_prefix,
             at,
+            route,
         }),
         Command::Check {
             plugin_config,
             service_config,
         } => Ok(check_cmd(&plugin_config, &service_config)),
+        Command::Render {
+            file,
+            target,
+            out,
+            deployment,
+            domain,
+            namespace,
+            image,
+            sha256,
+            fail_strategy,
+            set,
+            plugin,
+        } => render_cmd(&RenderArgs {
+            file,
+            target,
+            out,
+            deployment,
+            flags: [
+                ("domain", domain),
+                ("namespace", namespace),
+                ("image", image),
+                ("sha256", sha256),
+                ("fail_strategy", fail_strategy),
+            ]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect(),
+            set,
+            plugin,
+        })
+        .map(|()| ExitCode::SUCCESS),
         Command::Schema => serde_json::to_string_pretty(&team_limits_schema())
             .map(|s| {
                 println!("{s}");

@@ -1,5 +1,6 @@
 //! The team limits model: one header, a default group and named groups of tenants.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// A time unit a group can be limited over. Windows align to the clock.
@@ -92,6 +93,11 @@ impl UnitLimits {
     pub fn is_empty(&self) -> bool {
         self.0.iter().all(Option::is_none)
     }
+
+    /// How many units are limited (the descriptors they give).
+    pub fn len(&self) -> usize {
+        self.0.iter().flatten().count()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +109,30 @@ pub struct Group {
     /// `"shadow": true`: the group's refusals are counted, never enforced
     /// (the filter lets them through; the service still answers OVER_LIMIT).
     pub shadow: bool,
+    /// `routes`: limits of each of the group's tenants on an Envoy route, on
+    /// top of the group's own (file order; empty when the group sets none).
+    pub routes: Vec<Route>,
 }
+
+impl Group {
+    /// The group's limits on the route named `name` (Envoy's
+    /// `xds.route_name`), if it sets any.
+    pub fn route(&self, name: &[u8]) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name.as_bytes() == name)
+    }
+}
+
+/// A route's limits, per tenant: a request the route matched counts in
+/// these as well as in the group's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// The name of the Envoy route (`name` in its route configuration).
+    pub name: String,
+    pub limits: UnitLimits,
+}
+
+/// The key of the route's entry in a route's descriptors.
+pub const ROUTE_DESCRIPTOR_KEY: &str = "route";
 
 pub const DEFAULT_GROUP: &str = "default";
 
@@ -144,11 +173,17 @@ impl TeamLimits {
         }
     }
 
-    /// Every unit that some group limits, shortest first.
+    /// Every unit that some group limits, itself or on a route, shortest
+    /// first.
     pub fn units_in_use(&self) -> Vec<Unit> {
         Unit::ALL
             .into_iter()
-            .filter(|u| self.all_groups().any(|g| g.limits.get(*u).is_some()))
+            .filter(|u| {
+                self.all_groups().any(|g| {
+                    g.limits.get(*u).is_some()
+                        || g.routes.iter().any(|r| r.limits.get(*u).is_some())
+                })
+            })
             .collect()
     }
 
@@ -192,6 +227,110 @@ pub fn descriptors<'a>(
     })
 }
 
+/// One descriptor's entries: the unit's and the tenant's, and on a route
+/// the route's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Entries<'a> {
+    entries: [(&'a str, &'a str); 3],
+    len: usize,
+}
+
+impl<'a> AsRef<[(&'a str, &'a str)]> for Entries<'a> {
+    fn as_ref(&self) -> &[(&'a str, &'a str)] {
+        self.entries.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// The most descriptors a request sends: one per unit of its group, and
+/// one per unit of its route.
+pub const MAX_DESCRIPTORS: usize = 2 * Unit::ALL.len();
+
+/// The descriptors of one request of `tenant` under `group`, in the order
+/// they are sent and answered: the group's (`descriptors`), then, on a
+/// route the group limits, one per unit of the route:
+/// `[("generic_key", "per_<unit>"), (key, tenant), ("route", <name>)]`.
+/// The service answers one status per descriptor, in this order: the
+/// first `group.limits.len()` are the tenant's, the rest the route's.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestDescriptors<'a> {
+    all: [(Unit, Entries<'a>); MAX_DESCRIPTORS],
+    len: usize,
+}
+
+impl<'a> RequestDescriptors<'a> {
+    pub fn new(
+        group: &'a Group,
+        route: Option<&'a Route>,
+        descriptor_key: &'a str,
+        tenant: &'a str,
+    ) -> RequestDescriptors<'a> {
+        let mut d = RequestDescriptors {
+            all: [(Unit::Second, Entries::default()); MAX_DESCRIPTORS],
+            len: 0,
+        };
+        let own = Some((&group.limits, ("", "")));
+        let on_route = route.map(|r| (&r.limits, (ROUTE_DESCRIPTOR_KEY, r.name.as_str())));
+        for (limits, third) in own.into_iter().chain(on_route) {
+            for unit in Unit::ALL {
+                let (Some(_), Some(slot)) = (limits.get(unit), d.all.get_mut(d.len)) else {
+                    continue;
+                };
+                let entries = [
+                    ("generic_key", unit.descriptor_value()),
+                    (descriptor_key, tenant),
+                    third,
+                ];
+                let len = if third.0.is_empty() { 2 } else { 3 };
+                *slot = (unit, Entries { entries, len });
+                d.len += 1;
+            }
+        }
+        d
+    }
+
+    /// Each descriptor's unit and entries.
+    pub fn as_slice(&self) -> &[(Unit, Entries<'a>)] {
+        self.all.get(..self.len).unwrap_or_default()
+    }
+}
+
+/// The tenant value the filter sends for a raw value (a header's bytes, or
+/// a property's): the raw value with each byte that is not part of valid
+/// UTF-8, and each `%`, written as `%XX` (uppercase hex). Injective, so two
+/// distinct raw values never share a counter, and always valid UTF-8, as a
+/// protobuf string must be. Borrowed when there is nothing to write (valid
+/// UTF-8 without `%`: nearly every tenant); at most three times as long.
+pub fn tenant_value(raw: &[u8]) -> Cow<'_, str> {
+    if !raw.contains(&b'%') {
+        if let Ok(s) = std::str::from_utf8(raw) {
+            return Cow::Borrowed(s);
+        }
+    }
+    let mut out = String::with_capacity(raw.len() + 8);
+    for chunk in raw.utf8_chunks() {
+        let mut valid = chunk.valid();
+        while let Some(at) = valid.bytes().position(|b| b == b'%') {
+            out.push_str(valid.get(..at).unwrap_or_default());
+            push_escaped(&mut out, b'%');
+            valid = valid.get(at + 1..).unwrap_or_default();
+        }
+        out.push_str(valid);
+        for &b in chunk.invalid() {
+            push_escaped(&mut out, b);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `%XX`, uppercase.
+fn push_escaped(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let hex = |n: u8| char::from(HEX.get(usize::from(n)).copied().unwrap_or(b'0'));
+    out.push('%');
+    out.push(hex(b >> 4));
+    out.push(hex(b & 15));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,6 +348,7 @@ mod tests {
             limits,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             shadow: false,
+            routes: Vec::new(),
         }
     }
 
@@ -240,6 +380,49 @@ mod tests {
     }
 
     #[test]
+    fn tenant_values_escape_what_is_not_utf8_and_the_escape_itself() {
+        assert!(matches!(
+            tenant_value(b"tenant-a"),
+            Cow::Borrowed("tenant-a")
+        ));
+        assert_eq!(tenant_value("caf\u{e9}".as_bytes()), "caf\u{e9}");
+        assert_eq!(tenant_value(b"vic\xfftim"), "vic%FFtim");
+        assert_eq!(tenant_value(b"vic\xfetim"), "vic%FEtim");
+        assert_eq!(tenant_value("vic\u{FFFD}tim".as_bytes()), "vic\u{FFFD}tim");
+        assert_eq!(tenant_value(b"vic%FFtim"), "vic%25FFtim");
+        assert_eq!(tenant_value(b"50%"), "50%25");
+        assert_eq!(tenant_value(b"%\xc3"), "%25%C3");
+        assert_eq!(tenant_value(b""), "");
+    }
+
+    /// What the escape means: `%XX` back to its byte gives the raw value.
+    fn unescape(s: &str) -> Vec<u8> {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_raw_value_is_its_own_tenant(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            let v = tenant_value(&raw);
+            // Decodes back to the raw bytes: no two raw values give one.
+            proptest::prop_assert_eq!(unescape(&v), raw.clone());
+            proptest::prop_assert!(v.len() <= 3 * raw.len());
+        }
+    }
+
+    #[test]
     fn one_descriptor_per_limited_unit() {
         let g = group("default", Some(5), Some(30), &[]);
         let d: Vec<_> = descriptors(&g, "tenant", "acme").collect();
@@ -256,5 +439,57 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_request_on_a_route_sends_the_groups_descriptors_then_the_routes() {
+        let mut g = group("default", Some(5), Some(30), &[]);
+        let mut limits = UnitLimits::default();
+        limits.set(Unit::Minute, 2);
+        g.routes.push(Route {
+            name: "reports".into(),
+            limits,
+        });
+        let route = g.route(b"reports");
+        assert!(route.is_some() && g.route(b"report").is_none());
+        let d = RequestDescriptors::new(&g, route, "tenant", "acme");
+        let got: Vec<(Unit, Vec<(&str, &str)>)> = d
+            .as_slice()
+            .iter()
+            .map(|(u, e)| (*u, e.as_ref().to_vec()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    Unit::Second,
+                    vec![("generic_key", "per_second"), ("tenant", "acme")]
+                ),
+                (
+                    Unit::Hour,
+                    vec![("generic_key", "per_hour"), ("tenant", "acme")]
+                ),
+                (
+                    Unit::Minute,
+                    vec![
+                        ("generic_key", "per_minute"),
+                        ("tenant", "acme"),
+                        ("route", "reports")
+                    ]
+                ),
+            ]
+        );
+        // Off the route: the group's only, as `descriptors` gives them.
+        let d = RequestDescriptors::new(&g, None, "tenant", "acme");
+        let own: Vec<_> = descriptors(&g, "tenant", "acme")
+            .map(|(_, e)| e.to_vec())
+            .collect();
+        let got: Vec<_> = d
+            .as_slice()
+            .iter()
+            .map(|(_, e)| e.as_ref().to_vec())
+            .collect();
+        assert_eq!(got, own);
+        assert_eq!(g.limits.len(), 2);
     }
 }

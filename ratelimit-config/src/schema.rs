@@ -6,7 +6,7 @@
 use serde_json::{json, Value};
 
 use crate::model::Unit;
-use crate::validate::MAX_TENANT_LEN;
+use crate::validate::{MAX_ROUTE_NAME_LEN, MAX_TENANT_LEN};
 
 /// The `$id` of the schema.
 pub const SCHEMA_ID: &str = "urn:tenant-ratelimit:team-limits";
@@ -32,6 +32,28 @@ pub fn team_limits_schema() -> Value {
     let unit_keys: Vec<&str> = Unit::ALL.iter().map(|u| u.json_key()).collect();
     let at_least_one_unit: Vec<Value> =
         unit_keys.iter().map(|k| json!({"required": [k]})).collect();
+    let mut route_units = units.clone();
+    route_units.remove("shadow");
+    units.insert(
+        "routes".into(),
+        json!({
+            "description": "Limits of each tenant of the group on an Envoy route (the route's name in Envoy's route configuration, which Envoy gives the filter as xds.route_name), on top of the group's own.",
+            "type": "object",
+            "minProperties": 1,
+            "propertyNames": {
+                "minLength": 1,
+                "maxLength": MAX_ROUTE_NAME_LEN,
+                // No control character; no '*' at the end (a wildcard to the service).
+                "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]*[^\\x00-\\x1f\\x7f-\\x9f*]$"
+            },
+            "additionalProperties": {
+                "type": "object",
+                "properties": route_units,
+                "additionalProperties": false,
+                "anyOf": at_least_one_unit.clone()
+            }
+        }),
+    );
     let mut named_props = units.clone();
     named_props.insert(
         "header_value".into(),
@@ -52,6 +74,7 @@ pub fn team_limits_schema() -> Value {
     let mut reserved = unit_keys.clone();
     reserved.push("header_value");
     reserved.push("shadow");
+    reserved.push("routes");
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
@@ -60,6 +83,9 @@ pub fn team_limits_schema() -> Value {
         "examples": [{"x-tenant-id": {
             "default": {"persecond": 5, "perminute": 20, "perhour": 30},
             "group_1": {"persecond": 50, "perminute": 70, "perhour": 100, "header_value": ["tenant-b", "tenant-c"]}
+        }}, {"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"], "routes": {"reports": {"perminute": 50}}}
         }}],
         "type": "object",
         "minProperties": 1,

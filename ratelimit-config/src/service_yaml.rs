@@ -5,10 +5,19 @@
 //! value-specific rule per listed tenant. A tenant whose group leaves a unit
 //! out gets an `unlimited` rule for it, so that the default rule cannot catch
 //! it when a client (Envoy's native filter, for one) sends every unit.
+//!
+//! A group's route limits nest one level deeper, under each of its tenant
+//! rules: `route: <name>` with the route's limit. The service counts a
+//! descriptor under all of its entries, so the route's counter is the
+//! tenant's own, even under the default (value-less) tenant rule. A default
+//! rule that limits only on routes has no `rate_limit` of its own (no
+//! limit for the tenant's own descriptor). A listed tenant's rule stops the
+//! walk before the default rule's routes: a tenant never gets another
+//! group's route limits.
 
 use std::fmt::Write;
 
-use crate::model::{Group, TeamLimits, Unit};
+use crate::model::{tenant_value, Group, TeamLimits, Unit, ROUTE_DESCRIPTOR_KEY};
 
 /// `s` as a YAML scalar that Go's yaml.v2 (YAML 1.1, what the rate-limit
 /// service reads with) and any YAML 1.2 reader both read back as this exact
@@ -51,35 +60,74 @@ pub(crate) fn generated_header(out: &mut String, source: &str) {
     );
 }
 
+/// One rule at `indent` spaces: its key (and value), the comment naming
+/// its group, its limit (None: `unlimited`), and nothing else: children
+/// follow with `children`.
+#[allow(clippy::too_many_arguments)]
 fn rule(
     out: &mut String,
+    indent: usize,
     key: &str,
     value: Option<&str>,
     group: &str,
     unit: Unit,
-    limit: Option<u32>,
+    limit: Option<Option<u32>>,
 ) {
+    let pad = " ".repeat(indent);
     match value {
         None => {
-            let _ = writeln!(out, "      - key: {}  # {group}", scalar(key));
+            let _ = writeln!(out, "{pad}- key: {}  # {group}", scalar(key));
         }
         Some(v) => {
-            let _ = writeln!(out, "      - key: {}", scalar(key));
-            let _ = writeln!(out, "        value: {}  # {group}", scalar(v));
+            let _ = writeln!(out, "{pad}- key: {}", scalar(key));
+            let _ = writeln!(out, "{pad}  value: {}  # {group}", scalar(v));
         }
     }
     match limit {
-        Some(n) => {
+        Some(Some(n)) => {
             let _ = writeln!(
                 out,
-                "        rate_limit: {{ unit: {}, requests_per_unit: {n} }}",
+                "{pad}  rate_limit: {{ unit: {}, requests_per_unit: {n} }}",
                 unit.service_unit()
             );
         }
-        None => {
-            let _ = writeln!(out, "        rate_limit: {{ unlimited: true }}");
+        Some(None) => {
+            let _ = writeln!(out, "{pad}  rate_limit: {{ unlimited: true }}");
         }
+        // A rule without a limit: only its children limit.
+        None => {}
     }
+}
+
+/// The group's route rules under a tenant rule, for `unit`: one per route
+/// that limits it (nested: generic_key, then tenant, then route).
+fn route_rules(out: &mut String, g: &Group, label: &str, unit: Unit) {
+    let mut routes = g
+        .routes
+        .iter()
+        .filter_map(|r| r.limits.get(unit).map(|n| (r, n)))
+        .peekable();
+    if routes.peek().is_none() {
+        return;
+    }
+    let _ = writeln!(out, "        descriptors:");
+    for (r, n) in routes {
+        let name = Some(r.name.as_str());
+        rule(
+            out,
+            10,
+            ROUTE_DESCRIPTOR_KEY,
+            name,
+            label,
+            unit,
+            Some(Some(n)),
+        );
+    }
+}
+
+/// Whether the group limits `unit` on any of its routes.
+fn routes_limit(g: &Group, unit: Unit) -> bool {
+    g.routes.iter().any(|r| r.limits.get(unit).is_some())
 }
 
 /// The service YAML for `limits` under `domain`. `source` names the team
@@ -107,8 +155,12 @@ pub fn service_yaml(
         let _ = writeln!(out, "    value: {}", unit.descriptor_value());
         let _ = writeln!(out, "    descriptors:");
         if let Some(d) = &limits.default {
-            if let Some(limit) = d.limits.get(unit) {
-                rule(&mut out, descriptor_key, None, &label(d), unit, Some(limit));
+            let limit = d.limits.get(unit);
+            if limit.is_some() || routes_limit(d, unit) {
+                let label = label(d);
+                let limit = limit.map(Some);
+                rule(&mut out, 6, descriptor_key, None, &label, unit, limit);
+                route_rules(&mut out, d, &label, unit);
             }
         }
         for g in &limits.groups {
@@ -122,7 +174,18 @@ fn group_rules(out: &mut String, g: &Group, descriptor_key: &str, unit: Unit) {
     let limit = g.limits.get(unit);
     let label = label(g);
     for t in &g.tenants {
-        rule(out, descriptor_key, Some(t), &label, unit, limit);
+        // The value as the filter sends it (a `%` written `%25`).
+        let sent = tenant_value(t.as_bytes());
+        rule(
+            out,
+            6,
+            descriptor_key,
+            Some(&sent),
+            &label,
+            unit,
+            Some(limit),
+        );
+        route_rules(out, g, &label, unit);
     }
 }
 
@@ -227,5 +290,57 @@ descriptors:
             assert_eq!(back, s);
         }
         assert_eq!(comment_text("a\nb"), "a\\nb");
+    }
+
+    #[test]
+    fn route_rules_nest_under_each_tenant_rule() {
+        let doc = json!({"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5, "perday": 50}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perminute": 50}, "search": {"perminute": 100}}},
+            "free": {"perminute": 60, "header_value": ["b"]}}});
+        let (l, _) = parse_team_limits(&doc, "").unwrap();
+        let y = service_yaml(&l, "api", "tenant", "limits.json");
+        let expected = r#"# generated from limits.json by ratelimit-config; do not edit
+domain: api
+descriptors:
+  - key: generic_key
+    value: per_minute
+    descriptors:
+      - key: tenant  # default
+        rate_limit: { unit: minute, requests_per_unit: 600 }
+        descriptors:
+          - key: route
+            value: reports  # default
+            rate_limit: { unit: minute, requests_per_unit: 5 }
+      - key: tenant
+        value: acme  # gold
+        rate_limit: { unit: minute, requests_per_unit: 6000 }
+        descriptors:
+          - key: route
+            value: reports  # gold
+            rate_limit: { unit: minute, requests_per_unit: 50 }
+          - key: route
+            value: search  # gold
+            rate_limit: { unit: minute, requests_per_unit: 100 }
+      - key: tenant
+        value: b  # free
+        rate_limit: { unit: minute, requests_per_unit: 60 }
+  - key: generic_key
+    value: per_day
+    descriptors:
+      - key: tenant  # default
+        descriptors:
+          - key: route
+            value: reports  # default
+            rate_limit: { unit: day, requests_per_unit: 50 }
+      - key: tenant
+        value: acme  # gold
+        rate_limit: { unlimited: true }
+      - key: tenant
+        value: b  # free
+        rate_limit: { unlimited: true }
+"#;
+        assert_eq!(y, expected);
     }
 }

@@ -33,6 +33,11 @@ impl SourceMap {
         self.spans.get(path).copied()
     }
 
+    /// Records where `path` is (for texts other than JSON: `yaml_in`).
+    pub fn insert(&mut self, path: String, span: Span) {
+        self.spans.insert(path, span);
+    }
+
     pub fn duplicates(&self) -> &[DuplicateKey] {
         &self.duplicates
     }

@@ -73,13 +73,73 @@ pub fn syntax_error(text: &str, e: &serde_json::Error) -> (Position, ConfigError
     let full = e.to_string();
     let suffix = format!(" at line {} column {}", e.line(), e.column());
     let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    let cause = syntax_cause(text, at);
     (
         at,
         ConfigError {
             path: String::new(),
-            message: format!("not valid JSON: {message}"),
+            message: format!("not valid JSON: {message}{cause}"),
         },
     )
+}
+
+/// What most likely made `text` not JSON, from the character at `at`
+/// (comments, single quotes) or the look of the whole (YAML).
+fn syntax_cause(text: &str, at: Position) -> &'static str {
+    let here = text
+        .lines()
+        .nth(at.line.saturating_sub(1))
+        .and_then(|l| l.chars().nth(at.column.saturating_sub(1)));
+    let first = text.trim_start().chars().next();
+    match (here, first) {
+        (Some('/'), _) | (Some('#'), Some('{')) => {
+            ": JSON has no comments; remove them (a group's purpose can go in its name)"
+        }
+        (Some('\''), _) => ": JSON strings and keys take double quotes (\"...\"), not single ones",
+        (_, Some(c)) if c != '{' && c != '[' && c != '"' => {
+            ": this looks like YAML or another format; the file is JSON (see `ratelimit-config schema`)"
+        }
+        _ => "",
+    }
+}
+
+/// When `doc` is not a team file but a plugin configuration (what
+/// `generate` writes as plugin-config.json), says so.
+fn plugin_config_by_mistake(doc: &Value) -> Option<ConfigError> {
+    let obj = doc.as_object()?;
+    let plugin_keys = ["domain", "limits", "rate_limit_service"];
+    if obj.len() > 1 && plugin_keys.iter().filter(|k| obj.contains_key(**k)).count() >= 2 {
+        return Some(ConfigError {
+            path: String::new(),
+            message: "this is a plugin configuration (domain, limits, rate_limit_service), not a team file: its team file is the value of \"limits\"; to check a plugin configuration against the service's rules, use `ratelimit-config check --plugin-config`".into(),
+        });
+    }
+    None
+}
+
+/// A number too large for an integer is read as a float (`1e+23`): the
+/// message shows it as written instead.
+fn as_written(message: String, text: &str, at: Position) -> String {
+    let Some((head, got)) = message.rsplit_once(", got ") else {
+        return message;
+    };
+    if !got.contains(['e', '.']) || got.parse::<f64>().is_err() {
+        return message;
+    }
+    let written: String = text
+        .lines()
+        .nth(at.line.saturating_sub(1))
+        .map(|l| {
+            l.chars()
+                .skip(at.column.saturating_sub(1))
+                .take_while(|c| c.is_ascii_digit() || matches!(c, '-' | '+' | '.' | 'e' | 'E'))
+                .collect()
+        })
+        .unwrap_or_default();
+    if written.is_empty() || written == got {
+        return message;
+    }
+    format!("{head}, got {written}")
 }
 
 /// Checks the text of a team limits file; `file` names it in the findings.
@@ -110,6 +170,12 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
             };
         }
     };
+    if let Some(error) = plugin_config_by_mistake(&doc) {
+        return TeamFile {
+            findings: vec![finding(Position::START, Severity::Error, error)],
+            parsed: None,
+        };
+    }
     let map = scan(text);
     let mut findings: Vec<Finding> = map
         .duplicates()
@@ -136,7 +202,9 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
         Err(diagnostics) => {
             findings.extend(diagnostics.into_iter().map(|d| {
                 let at = map.locate(&d.error.path, d.anchor == Anchor::Key);
-                finding(at, Severity::Error, d.error)
+                let mut error = d.error;
+                error.message = as_written(error.message, text, at);
+                finding(at, Severity::Error, error)
             }));
             None
         }
@@ -173,7 +241,7 @@ mod tests {
             lines(text),
             vec![
                 "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
-                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, shadow, header_value",
+                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, shadow, routes, header_value",
             ]
         );
     }
@@ -188,6 +256,23 @@ mod tests {
             lines("{\"x-t\": {\"default\": {\"perhour\": 1,\n \"perhour\": 2}}}"),
             vec!["limits.json:2:2: x-t.default.perhour: duplicate key \"perhour\" (first at 1:22): JSON keeps only the last one"]
         );
+    }
+
+    #[test]
+    fn what_is_not_a_team_file_says_what_it_is() {
+        let out = lines(
+            r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1}}}, "rate_limit_service": {"cluster": "c"}}"#,
+        );
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(out[0].contains("this is a plugin configuration"), "{out:?}");
+        let out = lines("{\"x-t\": {\"default\": {\"perhour\": 99999999999999999999999}}}");
+        assert!(out[0].ends_with("got 99999999999999999999999"), "{out:?}");
+        let out = lines("// limits\n{\"x-t\": {}}");
+        assert!(out[0].contains("JSON has no comments"), "{out:?}");
+        let out = lines("{'x-t': {}}");
+        assert!(out[0].contains("double quotes"), "{out:?}");
+        let out = lines("x-t:\n  default: {perhour: 1}\n");
+        assert!(out[0].contains("looks like YAML"), "{out:?}");
     }
 
     #[test]
@@ -209,7 +294,7 @@ mod tests {
             out,
             vec![
                 format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
-                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, shadow"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, shadow, routes"),
             ]
         );
     }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{join, Errors};
 use crate::field::{boolean, describe, header_name, positive_u32, string, FieldError};
-use crate::model::{Group, TeamLimits, Unit, UnitLimits, DEFAULT_GROUP};
+use crate::model::{Group, Route, TeamLimits, Unit, UnitLimits, DEFAULT_GROUP};
 
 // The toolkit both parsers share moved to `error` and `field`; these paths
 // stay for the users of this module.
@@ -23,16 +23,31 @@ pub const MAX_TENANT_LEN: usize = 256;
 const HEADER_VALUE: &str = "header_value";
 /// A group's `"shadow": true`: counted, never enforced.
 const SHADOW: &str = "shadow";
+/// A group's limits on Envoy routes, by route name.
+const ROUTES: &str = "routes";
 /// The keys of a group, as an unknown key's message lists them.
-const DEFAULT_GROUP_KEYS: &[&str] = &["persecond", "perminute", "perhour", "perday", SHADOW];
+const DEFAULT_GROUP_KEYS: &[&str] = &[
+    "persecond",
+    "perminute",
+    "perhour",
+    "perday",
+    SHADOW,
+    ROUTES,
+];
 const NAMED_GROUP_KEYS: &[&str] = &[
     "persecond",
     "perminute",
     "perhour",
     "perday",
     SHADOW,
+    ROUTES,
     HEADER_VALUE,
 ];
+const ROUTE_KEYS: &[&str] = &["persecond", "perminute", "perhour", "perday"];
+
+/// Longest route name accepted in `routes` (it is part of every Redis key
+/// of the route's counters).
+pub const MAX_ROUTE_NAME_LEN: usize = 256;
 
 /// Why a key cannot name a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,7 +113,7 @@ impl fmt::Display for TenantValueError {
 impl std::error::Error for TenantValueError {}
 
 fn group_name(name: &str) -> Result<(), GroupNameError> {
-    if Unit::from_json_key(name).is_some() || name == HEADER_VALUE || name == SHADOW {
+    if Unit::from_json_key(name).is_some() || [HEADER_VALUE, SHADOW, ROUTES].contains(&name) {
         return Err(GroupNameError::Reserved(name.to_string()));
     }
     let ok = !name.is_empty()
@@ -212,15 +227,23 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
 
     let mut default = None;
     let mut groups = Vec::new();
-    let mut seen: HashMap<&str, &str> = HashMap::new();
-    for (name, gv) in groups_obj {
+    // Each listed tenant, with the index of its group among `names`. (The
+    // map's type is the model's, `TeamLimits::new`: one copy of the code.)
+    let names: Vec<&str> = groups_obj.keys().map(String::as_str).collect();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (index, (name, gv)) in groups_obj.iter().enumerate() {
         let path = join(&header_path, name);
         if let Err(e) = group_name(name) {
             errors.push_key(&path, e);
             continue;
         }
         let is_default = name == DEFAULT_GROUP;
-        if let Some(g) = group(name, gv, &path, is_default, &mut seen, errors) {
+        let listed = Listed {
+            names: &names,
+            index,
+            seen: &mut seen,
+        };
+        if let Some(g) = group(name, gv, &path, is_default, listed, errors) {
             if is_default {
                 default = Some(g);
             } else {
@@ -231,12 +254,19 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
     Some(TeamLimits::new(header.clone(), default, groups))
 }
 
-fn group<'a>(
-    name: &'a str,
-    v: &'a Value,
+/// The tenants listed so far, and this group's place among the groups.
+struct Listed<'a, 'm> {
+    names: &'a [&'a str],
+    index: usize,
+    seen: &'m mut HashMap<String, usize>,
+}
+
+fn group(
+    name: &str,
+    v: &Value,
     path: &str,
     is_default: bool,
-    seen: &mut HashMap<&'a str, &'a str>,
+    mut listed: Listed<'_, '_>,
     errors: &mut Errors,
 ) -> Option<Group> {
     let Value::Object(obj) = v else {
@@ -254,6 +284,7 @@ fn group<'a>(
     let mut tenants = Vec::new();
     let mut has_unit_key = false;
     let mut shadow = false;
+    let mut routes = Vec::new();
     for (key, value) in obj {
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
@@ -270,12 +301,14 @@ fn group<'a>(
                 );
                 continue;
             }
-            tenants = tenant_list(name, obj_key(obj, key), &field, seen, errors);
+            tenants = tenant_list(obj_key(obj, key), &field, &mut listed, errors);
         } else if key == SHADOW {
             match boolean(value) {
                 Ok(b) => shadow = b,
                 Err(e) => errors.push(&field, e),
             }
+        } else if key == ROUTES {
+            routes = route_list(value, &field, errors);
         } else {
             let expected = if is_default {
                 DEFAULT_GROUP_KEYS
@@ -311,18 +344,108 @@ fn group<'a>(
         limits,
         tenants,
         shadow,
+        routes,
     })
+}
+
+/// A group's `routes`: `{"<route name>": {"perminute": 5}, ...}`.
+fn route_list(v: &Value, path: &str, errors: &mut Errors) -> Vec<Route> {
+    let Value::Object(obj) = v else {
+        errors.push(
+            path,
+            format!(
+                "must be an object of routes such as {{\"reports\": {{\"perminute\": 5}}}}, got {}",
+                describe(v)
+            ),
+        );
+        return Vec::new();
+    };
+    if obj.is_empty() {
+        errors.push(path, "must name at least one route");
+    }
+    let mut out = Vec::new();
+    for (name, rv) in obj {
+        let field = join(path, name);
+        if let Err(why) = route_name(name) {
+            errors.push_key(&field, why);
+            continue;
+        }
+        let Value::Object(units) = rv else {
+            errors.push(
+                &field,
+                format!(
+                    "must be an object of limits such as {{\"perminute\": 5}}, got {}",
+                    describe(rv)
+                ),
+            );
+            continue;
+        };
+        let mut limits = UnitLimits::default();
+        for (key, value) in units {
+            let unit_path = join(&field, key);
+            match Unit::from_json_key(key) {
+                Some(unit) => match positive_u32(value) {
+                    Ok(n) => limits.set(unit, n),
+                    Err(e) => errors.push(&unit_path, e),
+                },
+                None => errors.push_key(
+                    &unit_path,
+                    FieldError::UnknownKey {
+                        key: key.clone(),
+                        expected: ROUTE_KEYS,
+                    },
+                ),
+            }
+        }
+        if units.is_empty() {
+            errors.push(
+                &field,
+                "has no limits: set at least one of persecond, perminute, perhour, perday",
+            );
+        }
+        out.push(Route {
+            name: name.clone(),
+            limits,
+        });
+    }
+    out
+}
+
+/// Why a key cannot name a route: the name must be one Envoy's route
+/// configuration can hold, and one the service's YAML reads back as itself.
+fn route_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("a route name must not be empty".into());
+    }
+    if name.len() > MAX_ROUTE_NAME_LEN {
+        return Err(format!(
+            "a route name must be at most {MAX_ROUTE_NAME_LEN} bytes, got {}",
+            name.len()
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(format!(
+            "route name {} contains a control character",
+            excerpt(name)
+        ));
+    }
+    if name.ends_with('*') {
+        return Err(format!(
+            "route name {} ends with '*', which the rate-limit service reads as a wildcard",
+            excerpt(name)
+        ));
+    }
+    Ok(())
 }
 
 fn obj_key<'a>(obj: &'a Map<String, Value>, key: &str) -> &'a Value {
     obj.get(key).unwrap_or(&Value::Null)
 }
 
-fn tenant_list<'a>(
-    group: &'a str,
-    v: &'a Value,
+fn tenant_list(
+    v: &Value,
     path: &str,
-    seen: &mut HashMap<&'a str, &'a str>,
+    listed: &mut Listed<'_, '_>,
     errors: &mut Errors,
 ) -> Vec<String> {
     let Value::Array(items) = v else {
@@ -349,8 +472,8 @@ fn tenant_list<'a>(
             errors.push(&item_path, e);
             continue;
         }
-        match seen.get(t) {
-            Some(&other) if other == group => {
+        match listed.seen.get(t) {
+            Some(&other) if other == listed.index => {
                 errors.push(
                     &item_path,
                     format!("{} is listed twice in this group", excerpt(t)),
@@ -362,12 +485,12 @@ fn tenant_list<'a>(
                     format!(
                         "{} is already listed in group {}",
                         excerpt(t),
-                        excerpt(other)
+                        excerpt(listed.names.get(other).copied().unwrap_or_default())
                     ),
                 );
             }
             None => {
-                seen.insert(t, group);
+                listed.seen.insert(t.to_string(), listed.index);
                 out.push(t.to_string());
             }
         }
@@ -380,30 +503,28 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
     let mut out = Vec::new();
     let header_path = join(base, &limits.header);
     for g in limits.all_groups() {
-        let units: Vec<(Unit, u32)> = g.limits.iter().collect();
-        for (i, &(longer, long_limit)) in units.iter().enumerate() {
-            for &(shorter, short_limit) in units.iter().take(i) {
-                let ratio = longer.seconds() / shorter.seconds();
-                let path = join(&join(&header_path, &g.name), longer.json_key());
-                if u64::from(long_limit) >= u64::from(short_limit) * ratio {
-                    out.push(ConfigError {
-                        path,
-                        message: format!(
-                            "can never bind: {} {} allows {} per {} already",
-                            shorter.json_key(),
-                            short_limit,
-                            u64::from(short_limit) * ratio,
-                            longer.service_unit()
-                        ),
+        let group_path = join(&header_path, &g.name);
+        unit_warnings(&group_path, &g.limits, &mut out);
+        for r in &g.routes {
+            let route_path = join(&join(&group_path, ROUTES), &r.name);
+            unit_warnings(&route_path, &r.limits, &mut out);
+            // Every request on the route counts in the group's limits too.
+            for (unit, limit) in r.limits.iter() {
+                let covered = g
+                    .limits
+                    .iter()
+                    .filter(|(u, _)| *u <= unit)
+                    .find_map(|(u, n)| {
+                        let allows = u64::from(n) * (unit.seconds() / u.seconds());
+                        (u64::from(limit) >= allows).then_some((u, n, allows))
                     });
-                } else if long_limit < short_limit {
-                    let spath = join(&join(&header_path, &g.name), shorter.json_key());
+                if let Some((u, n, allows)) = covered {
                     out.push(ConfigError {
-                        path: spath,
+                        path: join(&route_path, unit.json_key()),
                         message: format!(
-                            "can never bind: {} {} is lower",
-                            longer.json_key(),
-                            long_limit
+                            "can never bind: the group's {} {n} allows {allows} per {} on every route already",
+                            u.json_key(),
+                            unit.service_unit()
                         ),
                     });
                 }
@@ -411,6 +532,38 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
         }
     }
     out
+}
+
+/// A longer window of `limits` that allows at least what a shorter one
+/// already allows over it, or that is lower than a shorter one.
+fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
+    let units: Vec<(Unit, u32)> = limits.iter().collect();
+    for (i, &(longer, long_limit)) in units.iter().enumerate() {
+        for &(shorter, short_limit) in units.iter().take(i) {
+            let ratio = longer.seconds() / shorter.seconds();
+            if u64::from(long_limit) >= u64::from(short_limit) * ratio {
+                out.push(ConfigError {
+                    path: join(path, longer.json_key()),
+                    message: format!(
+                        "can never bind: {} {} allows {} per {} already",
+                        shorter.json_key(),
+                        short_limit,
+                        u64::from(short_limit) * ratio,
+                        longer.service_unit()
+                    ),
+                });
+            } else if long_limit < short_limit {
+                out.push(ConfigError {
+                    path: join(path, shorter.json_key()),
+                    message: format!(
+                        "can never bind: {} {} is lower",
+                        longer.json_key(),
+                        long_limit
+                    ),
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -454,7 +607,7 @@ mod tests {
                 "x-tenant-id.default.perminute: must be a positive integer, got -5",
                 "x-tenant-id.default.perhour: must be a positive integer, got 2.5",
                 "x-tenant-id.default.perday: must be a positive integer, got string \"9\"",
-                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, shadow",
+                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, shadow, routes",
                 "x-tenant-id.group_1.perhour: must be a positive integer at most 4294967295, got 4294967296",
                 "x-tenant-id.group_1.header_value: must list at least one tenant value",
                 "x-tenant-id.perhour: \"perhour\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
@@ -530,6 +683,79 @@ mod tests {
             vec![
                 "limits.x-t.default.perminute: can never bind: persecond 1 allows 60 per minute already",
                 "limits.x-t.default.perminute: can never bind: perhour 30 is lower",
+            ]
+        );
+    }
+
+    #[test]
+    fn routes_parse_in_default_and_named_groups() {
+        let doc = json!({"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perminute": 50, "perday": 1000},
+                                "httproute/ns/api/rule/0": {"persecond": 2}}}}});
+        let (l, w) = parse_team_limits(&doc, "").unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let gold = l.group_for("acme").unwrap();
+        assert_eq!(gold.routes.len(), 2);
+        let reports = gold.route(b"reports").unwrap();
+        assert_eq!(reports.limits.get(Unit::Minute), Some(50));
+        assert_eq!(reports.limits.get(Unit::Day), Some(1000));
+        assert!(gold.route(b"export").is_none());
+        let default = l.group_for("other").unwrap();
+        assert_eq!(default.route(b"reports").unwrap().limits.len(), 1);
+        // A unit only a route sets is in use.
+        assert_eq!(
+            l.units_in_use(),
+            vec![Unit::Second, Unit::Minute, Unit::Day]
+        );
+        // A group without routes has none.
+        let (l, _) = parse_team_limits(&json!({"x-t": {"default": {"perhour": 1}}}), "").unwrap();
+        assert!(l.default.unwrap().routes.is_empty());
+    }
+
+    #[test]
+    fn bad_routes_are_named() {
+        let long = "r".repeat(MAX_ROUTE_NAME_LEN + 1);
+        let doc = json!({"x-t": {
+            "default": {"perhour": 100, "routes": {
+                "a": {"perminute": 0}, "b": {"perweek": 1}, "c": {},
+                "d*": {"perhour": 1}, "": {"perhour": 1}, "e\u{7}": {"perhour": 1},
+                long.clone(): {"perhour": 1}, "f": 5}},
+            "g": {"perhour": 1, "header_value": ["t"], "routes": {}},
+            "routes": {"perhour": 1}}});
+        assert_eq!(
+            errs(doc),
+            vec![
+                "x-t.default.routes.a.perminute: must be a positive integer, got 0".to_string(),
+                "x-t.default.routes.b.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday".into(),
+                "x-t.default.routes.c: has no limits: set at least one of persecond, perminute, perhour, perday".into(),
+                "x-t.default.routes.d*: route name \"d*\" ends with '*', which the rate-limit service reads as a wildcard".into(),
+                "x-t.default.routes.: a route name must not be empty".into(),
+                "x-t.default.routes.e\u{7}: route name \"e\\u{7}\" contains a control character".into(),
+                format!("x-t.default.routes.{}…: a route name must be at most 256 bytes, got 257", &long[..64]),
+                "x-t.default.routes.f: must be an object of limits such as {\"perminute\": 5}, got 5".into(),
+                "x-t.g.routes: must name at least one route".into(),
+                "x-t.routes: \"routes\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")".into(),
+            ]
+        );
+    }
+
+    #[test]
+    fn route_limits_the_group_already_enforces_are_warnings() {
+        let doc = json!({"x-t": {"default": {"persecond": 1, "perhour": 1000, "routes": {
+            "a": {"perminute": 60}, "b": {"perhour": 1000}, "c": {"perminute": 59},
+            "d": {"persecond": 2, "perminute": 200}}}}});
+        let (_, w) = parse_team_limits(&doc, "").unwrap();
+        let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            w,
+            vec![
+                "x-t.default.routes.a.perminute: can never bind: the group's persecond 1 allows 60 per minute on every route already",
+                "x-t.default.routes.b.perhour: can never bind: the group's perhour 1000 allows 1000 per hour on every route already",
+                "x-t.default.routes.d.perminute: can never bind: persecond 2 allows 120 per minute already",
+                "x-t.default.routes.d.persecond: can never bind: the group's persecond 1 allows 1 per second on every route already",
+                "x-t.default.routes.d.perminute: can never bind: the group's persecond 1 allows 60 per minute on every route already",
             ]
         );
     }

@@ -36,13 +36,31 @@ impl std::error::Error for UpdateError {}
 /// token of the read, retrying up to `attempts` times when another worker
 /// wrote in between. `step` gets the stored bytes and returns its result and
 /// the slot to write, if any; a result with nothing to write needs no CAS.
+/// The result is that of the last call of `step`.
 pub fn update<S, T, F>(store: &S, index: u32, attempts: u32, mut step: F) -> Result<T, UpdateError>
 where
     S: SharedData + ?Sized,
     F: FnMut(Option<&[u8]>) -> (T, Option<Slot>),
 {
-    let key = SlotKey::new(index);
     let mut result = None;
+    update_slot(store, index, attempts, &mut |stored| {
+        let (r, write) = step(stored);
+        result = Some(r);
+        write
+    })?;
+    // `step` ran whenever update_slot succeeded.
+    result.ok_or(UpdateError::CasRetriesExhausted)
+}
+
+/// The loop of `update`, compiled once per store rather than once per
+/// caller's closure (each caller's copy cost about 700 bytes of the .wasm).
+fn update_slot<S: SharedData + ?Sized>(
+    store: &S,
+    index: u32,
+    attempts: u32,
+    step: &mut dyn FnMut(Option<&[u8]>) -> Option<Slot>,
+) -> Result<(), UpdateError> {
+    let key = SlotKey::new(index);
     let mut scratch = [0u8; SLOT_BYTES];
     update_key(
         store,
@@ -50,14 +68,10 @@ where
         attempts,
         &mut scratch,
         &mut |stored, out| {
-            let (r, slot) = step(stored);
-            result = Some(r);
-            let slot = slot?;
-            out.copy_from_slice(&slot.encode_fixed());
+            out.copy_from_slice(&step(stored)?.encode_fixed());
             Some(SLOT_BYTES)
         },
-    )?;
-    result.ok_or(UpdateError::CasRetriesExhausted)
+    )
 }
 
 /// A step of `update_key`: the stored bytes in, the new value written into

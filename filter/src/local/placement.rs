@@ -1,7 +1,20 @@
-//! Where a tenant lives: the keyed hash (SipHash-2-4) of its group and
+//! Where a tenant lives: the keyed hash (SipHash-2-4) of its scope and
 //! value gives a slot index and a fingerprint (`slot_for`); the slot's
 //! shared-data key is `trl.<index>` (`SlotKey`). The hash's key is the slot
 //! secret, agreed by every VM at configure (`secret`).
+//!
+//! The scope (`Scope`) is what, besides the tenant's value, makes its
+//! state its own: the instance of the filter (the rate-limit service's
+//! cluster, the domain, the descriptor key, where the tenant is read) and
+//! the tenant's group (its name and limits). Several instances of the
+//! filter in one Envoy share one shared-data map when their `vm_id` is the
+//! same (Istio leaves it empty): they share the slots too, but a tenant of
+//! one never owns the slot of a tenant of another, so none reads another's
+//! bucket, cached refusal, lease or sync view. Two instances with the same
+//! scope spend the same counters of the same service, and share the
+//! tenant's state, as two workers do. One array of slots for every
+//! instance keeps the keyspace at `local.slots` keys, however many
+//! instances and configurations come and go.
 
 /// Where a tenant lives: a slot index and the fingerprint that says the
 /// slot is that tenant's.
@@ -99,8 +112,8 @@ impl SipHasher {
         self.v[0] ^= m;
     }
 
-    fn write(&mut self, bytes: impl IntoIterator<Item = u8>) {
-        for b in bytes {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
             self.tail |= u64::from(b) << (8 * (self.len % 8));
             self.len = self.len.wrapping_add(1);
             if self.len % 8 == 0 {
@@ -121,18 +134,93 @@ impl SipHasher {
     }
 }
 
-/// The keyed hash of the group name and the tenant (a tenant that moves to
-/// another group starts afresh).
-fn fingerprint(key: &SlotSecret, group: &str, tenant: &str) -> u64 {
+/// What a tenant's state belongs to besides its value: one instance of the
+/// filter and one group of its configuration (see the module doc), as a
+/// 64-bit hash, computed once per configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Scope(u64);
+
+impl Scope {
+    /// The scope of nothing (of a group that does not exist).
+    pub const NONE: Scope = Scope(0);
+}
+
+/// Builds a `Scope` from its parts, in order; each is written with its
+/// length, so no two lists of parts are written alike. FNV-1a, unkeyed:
+/// the parts are the operator's configuration, not chosen by clients (the
+/// keyed hash is the fingerprint's, over the scope and the tenant).
+pub struct ScopeBuilder(u64);
+
+impl ScopeBuilder {
+    pub fn new() -> ScopeBuilder {
+        ScopeBuilder(0xcbf2_9ce4_8422_2325)
+    }
+
+    #[inline(never)]
+    pub fn part(mut self, part: &[u8]) -> ScopeBuilder {
+        let len = u32::try_from(part.len()).unwrap_or(u32::MAX);
+        for &b in len.to_le_bytes().iter().chain(part) {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self
+    }
+
+    pub fn finish(self) -> Scope {
+        Scope(self.0)
+    }
+}
+
+impl Default for ScopeBuilder {
+    fn default() -> ScopeBuilder {
+        ScopeBuilder::new()
+    }
+}
+
+impl Scope {
+    /// The scope of `parts`, in order (`ScopeBuilder`).
+    pub fn of(parts: &[&[u8]]) -> Scope {
+        parts
+            .iter()
+            .fold(ScopeBuilder::new(), |b, p| b.part(p))
+            .finish()
+    }
+}
+
+/// The keyed hash of the scope and the tenant (a tenant that moves to
+/// another group, or whose group's limits change, starts afresh), and of
+/// the route for the tenant's state on a route. 0xff separates the tenant
+/// from the route: no UTF-8 text holds that byte, and the tenant as sent is
+/// always UTF-8.
+fn fingerprint(key: &SlotSecret, scope: Scope, tenant: &str, route: Option<&str>) -> u64 {
     let mut h = SipHasher::new(key);
-    h.write(group.bytes().chain([0xff]).chain(tenant.bytes()));
+    h.write(&scope.0.to_le_bytes());
+    h.write(tenant.as_bytes());
+    if let Some(route) = route {
+        h.write(&[0xff]);
+        h.write(route.as_bytes());
+    }
     // 0 marks an empty slot.
     h.finish().max(1)
 }
 
-/// Where `tenant` of `group` lives among `slots` slots, under `key`.
-pub fn slot_for(key: &SlotSecret, group: &str, tenant: &str, slots: u32) -> SlotRef {
-    let fp = fingerprint(key, group, tenant);
+/// Where `tenant` of `scope` lives among `slots` slots, under `key`.
+pub fn slot_for(key: &SlotSecret, scope: Scope, tenant: &str, slots: u32) -> SlotRef {
+    place(fingerprint(key, scope, tenant, None), slots)
+}
+
+/// Where the state of `tenant` of `scope` on `route` lives: a slot of its
+/// own, apart from the tenant's (the same slots, bounded as they are).
+pub fn route_slot_for(
+    key: &SlotSecret,
+    scope: Scope,
+    tenant: &str,
+    route: &str,
+    slots: u32,
+) -> SlotRef {
+    place(fingerprint(key, scope, tenant, Some(route)), slots)
+}
+
+fn place(fp: u64, slots: u32) -> SlotRef {
     let index = u32::try_from((fp >> 32) % u64::from(slots.max(1))).unwrap_or(0);
     SlotRef {
         index,
@@ -209,21 +297,58 @@ mod tests {
 
     const KEY: SlotSecret = SlotSecret { k0: 1, k1: 2 };
 
+    fn group(name: &str) -> Scope {
+        Scope::of(&[name.as_bytes()])
+    }
+
+    #[test]
+    fn scopes_are_their_parts_in_order() {
+        let s = |parts: &[&str]| {
+            let parts: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+            Scope::of(&parts)
+        };
+        assert_eq!(s(&["a", "bc"]), s(&["a", "bc"]));
+        assert_ne!(s(&["a", "bc"]), s(&["ab", "c"]));
+        assert_ne!(s(&["a", "bc"]), s(&["bc", "a"]));
+        assert_ne!(s(&["a", ""]), s(&["a"]));
+        // A tenant of one scope never owns another's slot.
+        let (x, y) = (s(&["domain-a", "default"]), s(&["domain-b", "default"]));
+        assert_ne!(
+            slot_for(&KEY, x, "acme", 4_096).fingerprint,
+            slot_for(&KEY, y, "acme", 4_096).fingerprint
+        );
+    }
+
     #[test]
     fn slots_spread_and_stay_in_range() {
         let slots = 64;
         let mut used = std::collections::HashSet::new();
         for i in 0..10_000 {
-            let r = slot_for(&KEY, "default", &format!("tenant-{i}"), slots);
+            let r = slot_for(&KEY, group("default"), &format!("tenant-{i}"), slots);
             assert!(r.index < slots);
             used.insert(r.index);
         }
         assert_eq!(used.len(), 64);
         assert_ne!(
-            slot_for(&KEY, "default", "a", slots).fingerprint,
-            slot_for(&KEY, "gold", "a", slots).fingerprint
+            slot_for(&KEY, group("default"), "a", slots).fingerprint,
+            slot_for(&KEY, group("gold"), "a", slots).fingerprint
         );
-        assert_eq!(slot_for(&KEY, "g", "t", 0).index, 0);
+        assert_eq!(slot_for(&KEY, group("g"), "t", 0).index, 0);
+        // A tenant's state on a route is apart from its own, and from
+        // another tenant's on that route; the bytes cannot be shifted
+        // from one part to the other.
+        let own = slot_for(&KEY, group("g"), "t", 1 << 20).fingerprint;
+        let on_route = route_slot_for(&KEY, group("g"), "t", "reports", 1 << 20);
+        assert!(on_route.index < 1 << 20);
+        assert_ne!(own, on_route.fingerprint);
+        assert_ne!(
+            on_route,
+            route_slot_for(&KEY, group("g"), "u", "reports", 1 << 20)
+        );
+        assert_ne!(
+            route_slot_for(&KEY, group("g"), "t\u{ff}a", "b", 64).fingerprint,
+            route_slot_for(&KEY, group("g"), "t", "a\u{ff}b", 64).fingerprint
+        );
     }
 
     #[test]
@@ -233,13 +358,11 @@ mod tests {
         let tenants: Vec<String> = (0..1_000).map(|i| format!("tenant-{i}")).collect();
         let mut moved = 0;
         for t in &tenants {
-            let a = slot_for(&KEY, "default", t, slots);
-            assert_eq!(a, slot_for(&KEY, "default", t, slots));
-            assert_eq!(
-                a,
-                slot_for(&SlotSecret { k0: 1, k1: 2 }, "default", t, slots)
-            );
-            let b = slot_for(&other, "default", t, slots);
+            let d = group("default");
+            let a = slot_for(&KEY, d, t, slots);
+            assert_eq!(a, slot_for(&KEY, d, t, slots));
+            assert_eq!(a, slot_for(&SlotSecret { k0: 1, k1: 2 }, d, t, slots));
+            let b = slot_for(&other, d, t, slots);
             assert_ne!(a.fingerprint, b.fingerprint, "{t}");
             moved += usize::from(a.index != b.index);
         }
@@ -251,7 +374,7 @@ mod tests {
         // another's.
         let mut by_index = std::collections::HashMap::new();
         let pair = tenants.iter().find_map(|t| {
-            let i = slot_for(&KEY, "default", t, 64).index;
+            let i = slot_for(&KEY, group("default"), t, 64).index;
             by_index
                 .insert(i, t)
                 .map(|first| (first.clone(), t.clone()))
@@ -262,9 +385,10 @@ mod tests {
             SlotSecret::from_bytes([7; 16]),
             SlotSecret::from_bytes([9; 16]),
         ];
+        let d = group("default");
         assert!(keys
             .iter()
-            .any(|k| slot_for(k, "default", &x, 64).index != slot_for(k, "default", &y, 64).index));
+            .any(|k| slot_for(k, d, &x, 64).index != slot_for(k, d, &y, 64).index));
     }
 
     #[test]
@@ -274,7 +398,7 @@ mod tests {
         let key = SlotSecret::from_bytes(core::array::from_fn(|i| i as u8));
         let hash = |n: u8| {
             let mut h = SipHasher::new(&key);
-            h.write(0..n);
+            h.write(&(0..n).collect::<Vec<u8>>());
             h.finish()
         };
         assert_eq!(hash(0), 0x726f_db47_dd0e_0e31);
@@ -298,7 +422,7 @@ mod tests {
                                     msg in prop::collection::vec(any::<u8>(), 0..300)) {
             use std::hash::Hasher;
             let mut ours = SipHasher::new(&SlotSecret { k0, k1 });
-            ours.write(msg.iter().copied());
+            ours.write(&msg);
             let mut theirs = std::hash::SipHasher::new_with_keys(k0, k1);
             theirs.write(&msg);
             prop_assert_eq!(ours.finish(), theirs.finish());

@@ -8,9 +8,9 @@ use super::*;
 use crate::answer::decode;
 use crate::flow::{Next, Stream};
 use crate::lease::Lease;
-use crate::local::{slot_for, SlotKey};
+use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, status, Worker};
+use crate::testing::{answer, compiled, slot_of, status, Worker};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -82,7 +82,7 @@ mod lease_mode {
     }
 
     fn lease_of(c: &Compiled, h: &Worker, tenant: &str) -> Lease {
-        let at = slot_for(&h.slot_secret(), "default", tenant, c.config.local.slots);
+        let at = slot_of(c, &h.slot_secret(), "default", tenant);
         let bytes = h.shared_value(&SlotKey::new(at.index)).unwrap();
         match Slot::decode(&bytes).unwrap().mode {
             ModeState::Lease(l) => l,
@@ -290,7 +290,7 @@ mod sync_mode {
         assert_eq!(h.group_counter(0, GroupCounter::SyncHits), 6);
         let slot = Slot::decode(
             &h.shared_value(&SlotKey::new(
-                slot_for(&h.slot_secret(), "default", "acme", c.config.local.slots).index,
+                slot_of(&c, &h.slot_secret(), "default", "acme").index,
             ))
             .unwrap(),
         )
@@ -603,7 +603,7 @@ mod mode_change {
         }
 
         fn block(&self) -> ModeState {
-            let at = slot_for(&self.h.slot_secret(), "default", "acme", 4_096);
+            let at = slot_of(&self.c, &self.h.slot_secret(), "default", "acme");
             let bytes = self.h.shared_value(&SlotKey::new(at.index)).unwrap();
             // Nothing written yet (exact mode without a bucket): no block.
             Slot::decode(&bytes).map_or(ModeState::None, |s| s.mode)

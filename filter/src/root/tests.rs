@@ -9,9 +9,9 @@ use crate::counters::GroupCounter;
 use crate::flow::{Next, Stream};
 use crate::host::HostCall;
 use crate::lease::Lease;
-use crate::local::{slot_for, ModeState, Slot, SlotRef};
+use crate::local::{ModeState, Slot, SlotRef};
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, status, MemHost, Worker};
+use crate::testing::{answer, compiled, slot_of, status, MemHost, Worker};
 use crate::vm::MAX_QUEUED_CALLS;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -42,7 +42,7 @@ fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
 }
 
 fn at(c: &Compiled, h: &Worker, group: &str, tenant: &str) -> SlotRef {
-    slot_for(&h.slot_secret(), group, tenant, c.config.local.slots)
+    slot_of(c, &h.slot_secret(), group, tenant)
 }
 
 fn slot(c: &Compiled, h: &Worker, group: &str, tenant: &str) -> Slot {
@@ -162,6 +162,7 @@ fn queued_refill(h: &Worker, tenant: String) -> bool {
             fingerprint: 1,
         },
         hits: 5,
+        route: None,
     })
 }
 
@@ -197,6 +198,7 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
             tenant: "tenant-b".into(),
             at: b,
             hits: 7,
+            route: None,
         })
     };
     // Dispatch fails: the refill's outcome is a failure, at once.

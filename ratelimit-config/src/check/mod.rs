@@ -14,7 +14,7 @@
 
 mod lookup;
 mod service;
-mod yaml_tree;
+pub mod yaml_tree;
 
 use std::collections::BTreeSet;
 
@@ -22,7 +22,8 @@ pub use lookup::lookup;
 pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig};
 
 use crate::error::excerpt;
-use crate::model::{descriptors, Group};
+use crate::explain::tenant_from;
+use crate::model::{descriptors, tenant_value, Group, RequestDescriptors, Unit};
 use crate::plugin::PluginConfig;
 use crate::span::Position;
 
@@ -38,6 +39,8 @@ pub struct CheckReport {
     /// Groups in shadow (the plugin's `shadow`, or their own): the service
     /// must still refuse them, the filter lets those refusals through.
     pub shadowed: Vec<String>,
+    /// Where the filter reads the tenant (`explain::tenant_from`).
+    pub tenant_from: String,
 }
 
 /// Values under `key` in any rule one level down: tenants the service knows
@@ -55,7 +58,10 @@ fn named_values(roots: &[Rule], key: &str) -> BTreeSet<String> {
 /// Checks every descriptor the filter configured by `plugin` can send
 /// against `services` (every config file the service loads).
 pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
-    let mut report = CheckReport::default();
+    let mut report = CheckReport {
+        tenant_from: tenant_from(&plugin.limits, &plugin.tenant_source),
+        ..CheckReport::default()
+    };
     let domain = plugin.domain.as_str();
     let matching: Vec<&ServiceConfig> = services.iter().filter(|s| s.domain == domain).collect();
     let service = match matching.as_slice() {
@@ -88,10 +94,15 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
     };
     let limits = &plugin.limits;
     let key = plugin.descriptor_key.as_str();
-    let listed: BTreeSet<&str> = limits
+    // Listed tenants as the filter sends them (a `%` written `%25`).
+    let listed: BTreeSet<String> = limits
         .groups
         .iter()
-        .flat_map(|g| g.tenants.iter().map(String::as_str))
+        .flat_map(|g| {
+            g.tenants
+                .iter()
+                .map(|t| tenant_value(t.as_bytes()).into_owned())
+        })
         .collect();
     for group in limits.all_groups() {
         report.groups += 1;
@@ -103,7 +114,7 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
             // and each it does have one for (such a rule would catch it).
             let mut any = "<any other tenant>".to_string();
             let named = named_values(&service.descriptors, key);
-            while named.contains(&any) || listed.contains(any.as_str()) {
+            while named.contains(&any) || listed.contains(&any) {
                 any.push('_');
             }
             let mut t = vec![(any, "any other tenant".to_string())];
@@ -111,10 +122,10 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
                 if v.contains('*') {
                     // The shortest value the pattern matches stands for all.
                     let sample = v.replace('*', "");
-                    if !listed.contains(sample.as_str()) {
+                    if !listed.contains(&sample) {
                         t.push((sample, format!("tenants matching {}", excerpt(&v))));
                     }
-                } else if !listed.contains(v.as_str()) {
+                } else if !listed.contains(&v) {
                     t.push((v.clone(), format!("tenant {}", excerpt(&v))));
                 }
             }
@@ -123,7 +134,12 @@ pub fn check(plugin: &PluginConfig, services: &[ServiceConfig]) -> CheckReport {
             group
                 .tenants
                 .iter()
-                .map(|t| (t.clone(), format!("tenant {t:?}")))
+                .map(|t| {
+                    (
+                        tenant_value(t.as_bytes()).into_owned(),
+                        format!("tenant {t:?}"),
+                    )
+                })
                 .collect()
         };
         for (tenant, shown) in &tenants {
@@ -142,62 +158,88 @@ fn check_tenant(
     shown: &str,
 ) {
     for (unit, entries) in descriptors(group, key, tenant) {
-        report.checked += 1;
         let want = group.limits.get(unit).unwrap_or_default();
-        let want_text = format!("{} {}", unit.json_key(), want);
         let who = format!("{} {shown}, {}", group.name, unit.descriptor_value());
-        let (found, walked) = lookup(&service.descriptors, &entries);
-        let path: Vec<&str> = walked.iter().map(|r| r.composite.as_str()).collect();
-        let rule_name = format!("{}.{}", service.domain, path.join("."));
-        let mut problem = |at: Position, message: String| {
-            report.problems.push(Problem {
-                file: service.file.clone(),
-                at,
-                message: format!("{who}: {message}"),
-            });
-        };
-        let shown_entries: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let Some(rule) = found else {
-            let at = walked.last().map_or(service.domain_at, |r| r.at);
-            problem(
-                at,
-                format!(
-                    "no rule matches the descriptor [{}]; the service answers OK, so {want_text} is not enforced",
-                    shown_entries.join(", ")
-                ),
+        check_descriptor(report, service, &who, unit, want, &entries);
+    }
+    for route in &group.routes {
+        let all = RequestDescriptors::new(group, Some(route), key, tenant);
+        for &(unit, entries) in all.as_slice().iter().skip(group.limits.len()) {
+            let want = route.limits.get(unit).unwrap_or_default();
+            let who = format!(
+                "{} {shown} on route {}, {}",
+                group.name,
+                excerpt(&route.name),
+                unit.descriptor_value()
             );
-            continue;
-        };
-        let Some(limit) = &rule.limit else { continue };
-        if limit.unlimited {
-            problem(
-                limit.at,
-                format!("matches {rule_name}, which is unlimited, but the group sets {want_text}"),
-            );
-        } else if limit.unit != unit.service_unit() || limit.requests_per_unit != want {
-            let at = if limit.unit == unit.service_unit() {
-                limit.count_at
-            } else {
-                limit.unit_at
-            };
-            problem(
-                at,
-                format!(
-                    "matches {rule_name}, which allows {} per {}, but the group sets {want_text}",
-                    limit.requests_per_unit, limit.unit
-                ),
-            );
-        } else if rule.shadow_mode {
-            // The service answers OK to a rule in its shadow_mode: the
-            // filter never sees the refusal, so it can neither enforce it
-            // nor count it as a shadow refusal.
-            problem(
-                rule.at,
-                format!(
-                    "{rule_name} is in the service's shadow_mode: the service answers OK, so the filter never sees a refusal (not enforced, and not counted as a shadow refusal either); remove shadow_mode and set \"shadow\": true on the group in the team file instead"
-                ),
-            );
+            check_descriptor(report, service, &who, unit, want, entries.as_ref());
         }
+    }
+}
+
+/// Checks that `entries` match a rule of `service` that allows `want` per
+/// `unit`; `who` names the descriptor in a problem.
+fn check_descriptor(
+    report: &mut CheckReport,
+    service: &ServiceConfig,
+    who: &str,
+    unit: Unit,
+    want: u32,
+    entries: &[(&str, &str)],
+) {
+    report.checked += 1;
+    let want_text = format!("{} {}", unit.json_key(), want);
+    let (found, walked) = lookup(&service.descriptors, entries);
+    let path: Vec<&str> = walked.iter().map(|r| r.composite.as_str()).collect();
+    let rule_name = format!("{}.{}", service.domain, path.join("."));
+    let mut problem = |at: Position, message: String| {
+        report.problems.push(Problem {
+            file: service.file.clone(),
+            at,
+            message: format!("{who}: {message}"),
+        });
+    };
+    let shown_entries: Vec<String> = entries.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let Some(rule) = found else {
+        let at = walked.last().map_or(service.domain_at, |r| r.at);
+        problem(
+            at,
+            format!(
+                "no rule matches the descriptor [{}]; the service answers OK, so {want_text} is not enforced",
+                shown_entries.join(", ")
+            ),
+        );
+        return;
+    };
+    let Some(limit) = &rule.limit else { return };
+    if limit.unlimited {
+        problem(
+            limit.at,
+            format!("matches {rule_name}, which is unlimited, but the group sets {want_text}"),
+        );
+    } else if limit.unit != unit.service_unit() || limit.requests_per_unit != want {
+        let at = if limit.unit == unit.service_unit() {
+            limit.count_at
+        } else {
+            limit.unit_at
+        };
+        problem(
+            at,
+            format!(
+                "matches {rule_name}, which allows {} per {}, but the group sets {want_text}",
+                limit.requests_per_unit, limit.unit
+            ),
+        );
+    } else if rule.shadow_mode {
+        // The service answers OK to a rule in its shadow_mode: the
+        // filter never sees the refusal, so it can neither enforce it
+        // nor count it as a shadow refusal.
+        problem(
+            rule.at,
+            format!(
+                "{rule_name} is in the service's shadow_mode: the service answers OK, so the filter never sees a refusal (not enforced, and not counted as a shadow refusal either); remove shadow_mode and set \"shadow\": true on the group in the team file instead"
+            ),
+        );
     }
 }
 
@@ -243,6 +285,31 @@ mod tests {
         assert!(r.warnings.is_empty());
         // default: 3 units for any other tenant; group_1: 3 units × 2 tenants.
         assert_eq!((r.groups, r.checked), (2, 9));
+    }
+
+    #[test]
+    fn a_listed_tenant_with_a_percent_sign_is_named_as_the_filter_sends_it() {
+        let text = r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1},
+            "g": {"perhour": 5, "header_value": ["50%off"]}}}, "rate_limit_service": {"cluster": "rl"}}"#;
+        let p = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let yaml = service_yaml(&p.limits, "d", "tenant", "limits.json");
+        assert!(yaml.contains("value: \"50%25off\"  # g"), "{yaml}");
+        let r = check(
+            &p,
+            &[parse_service_config("ratelimit.yaml", &yaml).unwrap()],
+        );
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        assert_eq!(r.tenant_from, "header x-t");
+        // The raw value in the YAML would match nothing the filter sends.
+        let raw = yaml.replace("50%25off", "50%off");
+        let r = check(&p, &[parse_service_config("ratelimit.yaml", &raw).unwrap()]);
+        let found: Vec<String> = r.problems.iter().map(|p| p.message.clone()).collect();
+        assert!(
+            found.iter().any(|m| m.starts_with(
+                "g tenant \"50%off\", per_hour: matches d.generic_key_per_hour.tenant,"
+            )),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -372,5 +439,42 @@ mod tests {
         let r = check(&p, &[s]);
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert_eq!(r.shadowed, vec!["default", "group_1"]);
+    }
+
+    #[test]
+    fn route_limits_are_checked_and_a_wrong_one_is_named() {
+        let team = r#"{"x-tenant-id": {
+            "default": {"perminute": 600, "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perminute": 6000, "header_value": ["acme"],
+                     "routes": {"reports": {"perday": 50}}}}}"#;
+        let text = format!(
+            r#"{{"domain": "api", "limits": {team}, "rate_limit_service": {{"cluster": "rl"}}}}"#
+        );
+        let p = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let yaml = service_yaml(&p.limits, "api", "tenant", "limits.json");
+        let s = parse_service_config("ratelimit.yaml", &yaml).unwrap();
+        let r = check(&p, &[s]);
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+        // default: 1 own + 1 route; gold: 1 own + 1 route.
+        assert_eq!(r.checked, 4);
+        let y = yaml.replacen("requests_per_unit: 5 ", "requests_per_unit: 6 ", 1);
+        let s = parse_service_config("ratelimit.yaml", &y).unwrap();
+        let out: Vec<String> = check(&p, &[s])
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(out[0].contains("default any other tenant on route \"reports\", per_minute: matches api.generic_key_per_minute.tenant.route_reports, which allows 6 per minute, but the group sets perminute 5"), "{out:?}");
+        // A route rule with another name: the route's limit is off, named.
+        let y = yaml.replace("value: reports  # gold", "value: report  # gold");
+        let s = parse_service_config("ratelimit.yaml", &y).unwrap();
+        let out: Vec<String> = check(&p, &[s])
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(out.len(), 1, "{y}\n{out:?}");
+        assert!(out[0].contains("gold tenant \"acme\" on route \"reports\", per_day: no rule matches the descriptor [generic_key=per_day, tenant=acme, route=reports]"), "{out:?}");
     }
 }

@@ -118,11 +118,9 @@ impl Reader<'_> {
     /// `null` or nothing is no value.
     fn string(&mut self, m: &Marked, what: &str) -> String {
         match &m.node {
-            Node::Scalar { text, plain: true }
-                if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") =>
-            {
-                String::new()
-            }
+            Node::Scalar {
+                text, plain: true, ..
+            } if matches!(text.as_str(), "" | "~" | "null" | "Null" | "NULL") => String::new(),
             Node::Scalar { text, .. } => text.clone(),
             _ => {
                 self.problem(m.at, format!("{what} must be a string"));
@@ -133,7 +131,9 @@ impl Reader<'_> {
 
     fn boolean(&mut self, m: &Marked, what: &str) -> bool {
         match &m.node {
-            Node::Scalar { text, plain: true } => match text.as_str() {
+            Node::Scalar {
+                text, plain: true, ..
+            } => match text.as_str() {
                 "true" | "True" | "TRUE" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "y"
                 | "Y" => true,
                 "false" | "False" | "FALSE" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "n"
@@ -152,12 +152,12 @@ impl Reader<'_> {
 
     fn count(&mut self, m: &Marked) -> u32 {
         match &m.node {
-            Node::Scalar { text, plain: true } if text.bytes().all(|b| b.is_ascii_digit()) => {
-                text.parse().unwrap_or_else(|_| {
-                    self.problem(m.at, "requests_per_unit does not fit in 32 bits");
-                    0
-                })
-            }
+            Node::Scalar {
+                text, plain: true, ..
+            } if text.bytes().all(|b| b.is_ascii_digit()) => text.parse().unwrap_or_else(|_| {
+                self.problem(m.at, "requests_per_unit does not fit in 32 bits");
+                0
+            }),
             _ => {
                 self.problem(m.at, "requests_per_unit must be a whole number");
                 0

@@ -8,15 +8,20 @@ use yaml_rust2::Event;
 use crate::span::Position;
 
 /// A YAML node with where it starts; scalars keep their text as written.
+/// `block`: a literal (`|`) block scalar, whose lines are the file's lines.
 #[derive(Clone, Debug)]
-pub(super) enum Node {
-    Scalar { text: String, plain: bool },
+pub enum Node {
+    Scalar {
+        text: String,
+        plain: bool,
+        block: bool,
+    },
     Map(Vec<(String, Position, Marked)>),
     Seq(Vec<Marked>),
 }
 
 #[derive(Clone, Debug)]
-pub(super) struct Marked {
+pub struct Marked {
     pub at: Position,
     pub node: Node,
 }
@@ -35,7 +40,7 @@ enum Frame {
 
 /// Why a text is not a YAML tree this reader takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum YamlError {
+pub enum YamlError {
     /// The YAML parser's own message.
     Syntax(String),
     KeyNotString,
@@ -60,6 +65,8 @@ impl std::error::Error for YamlError {}
 struct Builder {
     stack: Vec<Frame>,
     root: Option<Marked>,
+    /// The documents ended so far (multi-document loads).
+    documents: Vec<Marked>,
     error: Option<(Position, YamlError)>,
 }
 
@@ -105,8 +112,14 @@ impl MarkedEventReceiver for Builder {
                 node: Node::Scalar {
                     text,
                     plain: style == TScalarStyle::Plain,
+                    block: style == TScalarStyle::Literal,
                 },
             }),
+            Event::DocumentEnd => {
+                if let Some(root) = self.root.take() {
+                    self.documents.push(root);
+                }
+            }
             Event::MappingStart(..) => self.stack.push(Frame::Map {
                 at,
                 entries: Vec::new(),
@@ -134,7 +147,23 @@ impl MarkedEventReceiver for Builder {
     }
 }
 
-pub(super) fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, YamlError)> {
+/// Every document of a YAML stream (`---` between them), empty ones left out.
+pub fn load_yaml_documents(text: &str) -> Result<Vec<Marked>, (Position, YamlError)> {
+    let mut builder = Builder::default();
+    let mut parser = Parser::new_from_str(text);
+    parser.load(&mut builder, true).map_err(|e| {
+        (
+            position(e.marker()),
+            YamlError::Syntax(e.info().to_string()),
+        )
+    })?;
+    match builder.error {
+        Some(e) => Err(e),
+        None => Ok(builder.documents),
+    }
+}
+
+pub fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, YamlError)> {
     let mut builder = Builder::default();
     let mut parser = Parser::new_from_str(text);
     parser.load(&mut builder, false).map_err(|e| {
@@ -145,6 +174,6 @@ pub(super) fn load_yaml(text: &str) -> Result<Option<Marked>, (Position, YamlErr
     })?;
     match builder.error {
         Some(e) => Err(e),
-        None => Ok(builder.root),
+        None => Ok(builder.documents.into_iter().next().or(builder.root)),
     }
 }

@@ -67,6 +67,19 @@ pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
 pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
 pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
 
+/// The most segments `tenant_source.property` may have (`PROPERTY_SHAPE`
+/// in the parser says it too).
+pub const MAX_PROPERTY_SEGMENTS: usize = 16;
+/// The group under which `metrics.groups` sums the counters of every group
+/// it does not list (`tenant_ratelimit_group_admitted{group="other"}`).
+pub const OTHER_GROUP: &str = "other";
+/// The series each group's counters take on every Envoy (the filter's
+/// `GroupCounter`s: a test there keeps the two equal).
+pub const SERIES_PER_GROUP: usize = 30;
+/// Above this many groups exported one by one, the configuration gets a
+/// warning: each costs `SERIES_PER_GROUP` series on every Envoy.
+pub const METRICS_GROUPS_WARN: usize = 100;
+
 /// `max_tenant_length` for a team file whose longest listed tenant is
 /// `longest` bytes: the default, or that length when it is longer (a team
 /// file may list values up to 256 bytes), so that limits the CLI accepts are

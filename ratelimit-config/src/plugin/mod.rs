@@ -18,7 +18,8 @@ pub use defaults::*;
 pub use names::{HeaderMode, MissingTenant, Mode, OnFailure, Share};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
 pub use types::{
-    BreakerConfig, BucketParams, CostConfig, FallbackConfig, GroupLocal, LocalConfig, PluginConfig,
+    BreakerConfig, BucketParams, CostConfig, FallbackConfig, GroupLocal, LocalConfig,
+    MetricsConfig, PluginConfig, TenantSource,
 };
 #[cfg(feature = "cli")]
 pub use write::{

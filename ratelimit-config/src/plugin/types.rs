@@ -37,6 +37,34 @@ pub struct PluginConfig {
     pub near_limit_ppm: u32,
     /// Request cost (`cost_header`, `max_cost`): None, every request costs 1.
     pub cost: Option<CostConfig>,
+    /// A cost the upstream reports (`response_cost_header`, in a response
+    /// header or trailer; at most `max_cost`): None, the request's cost is
+    /// all that is charged.
+    pub response_cost: Option<CostConfig>,
+    /// Where the tenant comes from (`tenant_source`): the team file's
+    /// header unless it says otherwise.
+    pub tenant_source: TenantSource,
+    /// Which groups' counters are series of their own (`metrics`).
+    pub metrics: MetricsConfig,
+}
+
+/// Where the filter reads a request's tenant (`tenant_source`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TenantSource {
+    /// The request header the team file names (`limits`' top-level key).
+    #[default]
+    Header,
+    /// An Envoy attribute, by its path (`{"property": [...]}`): for example
+    /// the claim that `jwt_authn` verified and put in the request's dynamic
+    /// metadata (`payload_in_metadata`). No header is read.
+    Property(Vec<String>),
+}
+
+impl TenantSource {
+    /// The property path, dotted, as the docs and `explain` show it.
+    pub fn dotted(path: &[String]) -> String {
+        path.join(".")
+    }
 }
 
 impl PluginConfig {
@@ -157,5 +185,26 @@ impl LocalConfig {
             tokens_per_second: n,
             burst: n,
         })
+    }
+}
+
+/// `metrics`: which groups' counters are series of their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricsConfig {
+    /// `metrics.groups`: the groups whose counters are their own series;
+    /// every other group's are summed under `OTHER_GROUP`. None (the
+    /// default): every group has its own. Searched one by one at configure
+    /// (a sort or a set would add code to the filter for a list that is
+    /// short when it is useful).
+    pub groups: Option<Vec<String>>,
+}
+
+impl MetricsConfig {
+    /// Whether `group`'s counters are series of their own.
+    pub fn exported(&self, group: &str) -> bool {
+        match &self.groups {
+            None => true,
+            Some(listed) => listed.binary_search_by(|g| g.as_str().cmp(group)).is_ok(),
+        }
     }
 }

@@ -16,7 +16,7 @@ use super::super::defaults::{
 };
 use super::super::names::{Mode, Named};
 use super::super::types::{BucketParams, GroupLocal, LocalConfig};
-use super::{check_keys, one_of};
+use super::{check_keys, no_such_group, one_of};
 
 const LOCAL_KEYS: &[&str] = &["enabled", "slots", "mode", "groups", "lease", "sync"];
 const LEASE_KEYS: &[&str] = &["max_batch"];
@@ -74,14 +74,7 @@ pub(super) fn local_config(
         // Only checkable when the limits themselves parsed.
         if let Some(limits) = limits {
             if !limits.all_groups().any(|g| g.name == *name) {
-                let names: Vec<&str> = limits.all_groups().map(|g| g.name.as_str()).collect();
-                errors.push(
-                    &path,
-                    format!(
-                        "no such group in limits, expected one of {}",
-                        names.join(", ")
-                    ),
-                );
+                errors.push(&path, no_such_group(limits));
             }
         }
         if let Some(g) = group_local(params, &path, local.enabled, errors) {

@@ -5,6 +5,7 @@
 
 mod failure;
 mod local;
+mod metrics;
 #[cfg(test)]
 mod tests;
 
@@ -22,10 +23,11 @@ use crate::validate::parse_team_limits;
 use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_HEADERS, DEFAULT_MAX_COST,
     DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM, DEFAULT_SHADOW,
-    DEFAULT_TIMEOUT_MS, MAX_MAX_COST, MAX_MAX_TENANT_LENGTH, MAX_TIMEOUT_MS, PPM,
+    DEFAULT_TIMEOUT_MS, MAX_MAX_COST, MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS,
+    PPM,
 };
 use super::names::Named;
-use super::types::{CostConfig, PluginConfig};
+use super::types::{CostConfig, PluginConfig, TenantSource};
 
 const KEYS: &[&str] = &[
     "domain",
@@ -45,7 +47,12 @@ const KEYS: &[&str] = &[
     "near_limit_ratio",
     "cost_header",
     "max_cost",
+    "response_cost_header",
+    "tenant_source",
+    "metrics",
 ];
+const TENANT_SOURCE_KEYS: &[&str] = &["property"];
+const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
 const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
@@ -75,6 +82,15 @@ fn one_of<T: Named>(v: &Value, path: &str, errors: &mut Errors) -> Option<T> {
         );
     }
     found
+}
+
+/// The message for a name that is no group of `limits`.
+fn no_such_group(limits: &TeamLimits) -> String {
+    let names: Vec<&str> = limits.all_groups().map(|g| g.name.as_str()).collect();
+    format!(
+        "no such group in limits, expected one of {}",
+        names.join(", ")
+    )
 }
 
 /// The value of an optional key: its default when it is left out, and also
@@ -198,12 +214,22 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
     let near_limit_ppm = or_default(get("near_limit_ratio"), DEFAULT_NEAR_LIMIT_PPM, |v| {
         near_limit_ratio(v, &mut errors)
     });
-    let cost = cost_config(
+    let response_cost = response_cost_header(get("response_cost_header"), &mut errors);
+    let (cost, max_cost) = cost_config(
         get("cost_header"),
         get("max_cost"),
         limits.as_ref(),
+        response_cost.is_some(),
         &mut errors,
     );
+    let response_cost = response_cost.map(|header| CostConfig {
+        header,
+        max: max_cost,
+    });
+    let tenant_source =
+        get("tenant_source").map_or(TenantSource::Header, |v| tenant_source(v, &mut errors));
+    let metrics =
+        metrics::metrics_config(get("metrics"), limits.as_ref(), &mut errors, &mut warnings);
 
     // Every field was checked, so every problem is reported; build only
     // when there were none.
@@ -226,6 +252,9 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 shadow,
                 near_limit_ppm,
                 cost,
+                response_cost,
+                tenant_source,
+                metrics,
             },
             warnings,
         )),
@@ -297,23 +326,53 @@ fn listed_tenants_fit(limits: &TeamLimits, max: u32, errors: &mut Errors) {
     }
 }
 
+/// `response_cost_header`: the response header (and trailer) whose value
+/// the upstream sets to what the request cost.
+fn response_cost_header(v: Option<&Value>, errors: &mut Errors) -> Option<String> {
+    let name = errors.record("response_cost_header", non_empty_string(v?))?;
+    errors.record("response_cost_header", header_name(name))?;
+    Some(name.to_string())
+}
+
 /// `cost_header` and `max_cost`: both optional; `max_cost` only with a
-/// `cost_header` (alone it would do nothing, which is a mistake to report).
+/// `cost_header` or a `response_cost_header` (alone it would do nothing,
+/// which is a mistake to report). Also returns `max_cost`, which bounds a
+/// response's cost too.
 fn cost_config(
     header: Option<&Value>,
     max_value: Option<&Value>,
     limits: Option<&TeamLimits>,
+    response_cost: bool,
     errors: &mut Errors,
-) -> Option<CostConfig> {
+) -> (Option<CostConfig>, u32) {
     let max = match max_value {
         None => Some(DEFAULT_MAX_COST),
         Some(v) => errors.record("max_cost", positive_u32_at_most(v, MAX_MAX_COST)),
     };
+    let cost = request_cost(
+        header,
+        max_value.is_some(),
+        max,
+        limits,
+        response_cost,
+        errors,
+    );
+    (cost, max.unwrap_or(DEFAULT_MAX_COST))
+}
+
+fn request_cost(
+    header: Option<&Value>,
+    max_given: bool,
+    max: Option<u32>,
+    limits: Option<&TeamLimits>,
+    response_cost: bool,
+    errors: &mut Errors,
+) -> Option<CostConfig> {
     let Some(header) = header else {
-        if max_value.is_some() {
+        if max_given && !response_cost {
             errors.push(
                 "max_cost",
-                "needs cost_header (the request header that carries the cost)",
+                "needs cost_header or response_cost_header (the header that carries the cost)",
             );
         }
         return None;
@@ -334,6 +393,44 @@ fn cost_config(
         header: name.to_string(),
         max: max?,
     })
+}
+
+/// `tenant_source`: `{"property": [segment, ...]}`, the path of an Envoy
+/// attribute (each segment a non-empty string; proxy-wasm joins them with
+/// NUL, so a segment cannot hold one).
+fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
+    const BASE: &str = "tenant_source";
+    let Some(obj) = errors.record(BASE, object(v)) else {
+        return TenantSource::Header;
+    };
+    check_keys(obj, BASE, TENANT_SOURCE_KEYS, errors);
+    let path = join(BASE, "property");
+    let Some(p) = obj.get("property") else {
+        errors.push(
+            path,
+            FieldError::Missing(
+                "the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]",
+            ),
+        );
+        return TenantSource::Header;
+    };
+    let items = match p.as_array() {
+        Some(items) if (1..=MAX_PROPERTY_SEGMENTS).contains(&items.len()) => items,
+        _ => {
+            errors.push(path, PROPERTY_SHAPE);
+            return TenantSource::Header;
+        }
+    };
+    let mut segments = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        match errors.record(&at, non_empty_string(item)) {
+            Some(s) if s.contains('\0') => errors.push(at, "must not contain a NUL character"),
+            Some(s) => segments.push(s.to_string()),
+            None => {}
+        }
+    }
+    TenantSource::Property(segments)
 }
 
 fn rate_limit_service(v: Option<&Value>, errors: &mut Errors) -> (Option<String>, u32) {

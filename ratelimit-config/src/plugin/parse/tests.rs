@@ -43,6 +43,39 @@ fn minimal_config_takes_defaults() {
     assert_eq!(c.local, LocalConfig::default());
     assert!(!c.shadow);
     assert_eq!(c.near_limit_ppm, 800_000);
+    assert_eq!(c.tenant_source, TenantSource::Header);
+}
+
+#[test]
+fn the_tenant_comes_from_the_header_or_a_property_path() {
+    let c = with_top(
+        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+    )
+    .unwrap();
+    let TenantSource::Property(path) = &c.tenant_source else {
+        panic!("{:?}", c.tenant_source)
+    };
+    assert_eq!(
+        TenantSource::dotted(path),
+        "metadata.filter_metadata.envoy.filters.http.jwt_authn.jwt_payload.tenant"
+    );
+    let cases = [
+        (r#""jwt""#.to_string(), "tenant_source: must be an object, got string \"jwt\""),
+        ("{}".into(), "tenant_source.property: missing: the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]"),
+        (r#"{"property": "metadata.x"}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (r#"{"property": []}"#.into(), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (format!(r#"{{"property": {:?}}}"#, ["a"; 17]), "tenant_source.property: must be an array of 1 to 16 path segments (strings)"),
+        (r#"{"property": ["metadata", ""]}"#.into(), "tenant_source.property[1]: must not be empty"),
+        (r#"{"property": ["a\u0000b"]}"#.into(), "tenant_source.property[0]: must not contain a NUL character"),
+    ];
+    for (v, want) in cases {
+        let got = with_top(&format!(r#", "tenant_source": {v}"#)).unwrap_err();
+        assert_eq!(got, vec![want], "{v}");
+    }
+    assert_eq!(
+        with_top(r#", "tenant_source": {"header": "x"}"#).unwrap_err(),
+        vec!["tenant_source.header: unknown key \"header\", expected one of property", "tenant_source.property: missing: the path of the Envoy attribute that holds the tenant, e.g. [\"metadata\", \"filter_metadata\", \"envoy.filters.http.jwt_authn\", \"jwt_payload\", \"tenant\"]"]
+    );
 }
 
 fn with_top(extra: &str) -> Result<PluginConfig, Vec<String>> {
@@ -139,11 +172,42 @@ fn request_cost_is_off_unless_a_cost_header_is_named() {
 }
 
 #[test]
+fn a_response_cost_header_is_bounded_by_max_cost() {
+    assert_eq!(with_cost("").unwrap().response_cost, None);
+    let c = with_cost(r#", "response_cost_header": "x-cost""#).unwrap();
+    assert_eq!(
+        c.response_cost,
+        Some(CostConfig {
+            header: "x-cost".into(),
+            max: 1000
+        })
+    );
+    assert_eq!(c.cost, None);
+    // max_cost bounds it, without a cost_header too; the same name as the
+    // request's cost header is fine (one is a request header, one a response's).
+    let c = with_cost(r#", "response_cost_header": "x-cost", "max_cost": 100000"#).unwrap();
+    assert_eq!(c.response_cost.unwrap().max, 100_000);
+    let c =
+        with_cost(r#", "response_cost_header": "x-cost", "cost_header": "x-cost", "max_cost": 7"#)
+            .unwrap();
+    assert_eq!((c.cost.unwrap().max, c.response_cost.unwrap().max), (7, 7));
+    let err = |keys: &str| with_cost(keys).unwrap_err();
+    assert_eq!(
+        err(r#", "response_cost_header": "X-Cost""#),
+        vec!["response_cost_header: header name \"X-Cost\" must be lowercase (Envoy matches header names in lowercase)"]
+    );
+    assert_eq!(
+        err(r#", "response_cost_header": 5"#),
+        vec!["response_cost_header: must be a string, got 5"]
+    );
+}
+
+#[test]
 fn bad_cost_settings_are_named() {
     let err = |keys: &str| with_cost(keys).unwrap_err();
     assert_eq!(
         err(r#", "max_cost": 10"#),
-        vec!["max_cost: needs cost_header (the request header that carries the cost)"]
+        vec!["max_cost: needs cost_header or response_cost_header (the header that carries the cost)"]
     );
     assert_eq!(
         err(r#", "cost_header": "x-cost", "max_cost": 0"#),
@@ -384,7 +448,7 @@ fn bad_configs_name_their_field() {
         errs(&format!(
             r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
         )),
-        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, on_failure, failure_mode_deny, status_on_error, breaker, fallback, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost"]
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, on_failure, failure_mode_deny, status_on_error, breaker, fallback, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source, metrics"]
     );
     assert_eq!(
         errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
@@ -470,6 +534,32 @@ fn failure_mode_deny_maps_onto_on_failure_and_contradictions_are_refused() {
 }
 
 #[test]
+fn metrics_groups_lists_the_groups_with_series_of_their_own() {
+    let all = with_top("").unwrap();
+    assert_eq!(all.metrics, MetricsConfig::default());
+    assert!(all.metrics.exported("gold") && all.metrics.exported("default"));
+    let some = with_top(r#", "metrics": {"groups": ["gold"]}"#).unwrap();
+    assert_eq!(some.metrics.groups, Some(vec!["gold".to_string()]));
+    assert!(some.metrics.exported("gold"));
+    assert!(!some.metrics.exported("default"));
+    let none = with_top(r#", "metrics": {"groups": []}"#).unwrap();
+    assert!(!none.metrics.exported("gold"));
+    assert_eq!(
+        with_top(r#", "metrics": {"groups": ["gold", "silver", "gold", 3], "group": 1}"#)
+            .unwrap_err(),
+        vec![
+            "metrics.group: unknown key \"group\", expected one of groups",
+            "metrics.groups[1]: no such group in limits, expected one of default, gold",
+            "metrics.groups[3]: must be a string, got 3",
+        ]
+    );
+    assert_eq!(
+        with_top(r#", "metrics": {"groups": "gold"}"#).unwrap_err(),
+        vec!["metrics.groups: must be an array of group names (the groups whose counters are series of their own)"]
+    );
+}
+
+#[test]
 fn the_breaker_and_the_fallback_are_checked() {
     let c = with_top(
         r#", "on_failure": "local", "fallback": {"envoys": 3, "share": "learned"}, "breaker": {"failures": 3, "probe_interval_ms": 250}"#,
@@ -524,4 +614,38 @@ fn the_breaker_and_the_fallback_are_checked() {
         .unwrap_err(),
         vec!["on_failure: \"local\" needs local.enabled"]
     );
+}
+
+#[test]
+fn a_group_named_other_cannot_be_told_from_the_sum() {
+    let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}, "metrics": {"groups": []},
+        "limits": {"x-t": {"default": {"perhour": 1}, "other": {"perhour": 2, "header_value": ["b"]}}}}"#;
+    assert_eq!(
+        errs(text),
+        vec!["metrics.groups: a group is named \"other\", the name under which metrics.groups sums the groups it does not list: rename that group"]
+    );
+}
+
+#[test]
+fn many_groups_with_series_of_their_own_warn() {
+    let groups: Vec<String> = (0..=METRICS_GROUPS_WARN)
+        .map(|i| format!(r#""g{i}": {{"perhour": 1, "header_value": ["t{i}"]}}"#))
+        .collect();
+    let config = |metrics: &str| {
+        format!(
+            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}}{metrics},
+                "limits": {{"x-t": {{"default": {{"perhour": 1}}, {}}}}}}}"#,
+            groups.join(", ")
+        )
+    };
+    let (_, warnings) = parse_plugin_config(config("").as_bytes()).unwrap();
+    let shown: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(shown, vec![format!(
+        "metrics: 102 groups have counters of their own ({SERIES_PER_GROUP} series each, {} in all, on every Envoy): list the groups to watch in metrics.groups; the others are then summed under group \"other\"",
+        102 * SERIES_PER_GROUP
+    )]);
+    let bounded = config(r#", "metrics": {"groups": ["default", "g1"]}"#);
+    let (c, warnings) = parse_plugin_config(bounded.as_bytes()).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert!(c.metrics.exported("g1") && !c.metrics.exported("g2"));
 }

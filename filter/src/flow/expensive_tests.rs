@@ -1,0 +1,483 @@
+//! Expensive operations through the flow and the root: a route's own limits
+//! (`routes`), and a cost the upstream reports after the response
+//! (`response_cost_header`), charged by the root.
+
+use prost::Message;
+
+use super::{Next, Stream};
+use crate::counters::{Counter, GroupCounter};
+use crate::decision::Compiled;
+use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
+use crate::root::{tick_ms, Root};
+use crate::testing::{answer, compiled, status, HostCall, Worker};
+use crate::vm::{CallKind, MAX_QUEUED_CALLS};
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const HEADER: &str = "x-tenant-id";
+const NOW: u64 = 1_700_000_000_250;
+
+/// 600 a minute per tenant, 5 on `reports`, 2 a second on `burst`; `gold`
+/// (tenant `acme`) has no routes. `extra`: more top-level keys.
+fn config(extra: &str) -> Compiled {
+    compiled(&format!(
+        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit"}},
+            "limits": {{"x-tenant-id": {{
+              "default": {{"perminute": 600,
+                           "routes": {{"reports": {{"perminute": 5}}, "burst": {{"persecond": 2}}}}}},
+              "gold": {{"perminute": 6000, "header_value": ["acme"]}}}}}}{extra}}}"#
+    ))
+}
+
+/// Quota 100 a minute, costs from `x-cost` in the response.
+fn costly(extra: &str) -> Compiled {
+    compiled(&format!(
+        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit"}},
+            "limits": {{"x-tenant-id": {{
+              "default": {{"perminute": 100, "routes": {{"reports": {{"perhour": 50}}}}}}}}}},
+            "response_cost_header": "x-cost"{extra}}}"#
+    ))
+}
+
+fn host(c: &Compiled) -> Worker {
+    let h = Worker::ready(c, NOW);
+    h.set_route_name(Some("reports"));
+    h
+}
+
+fn request(c: &Compiled, h: &Worker, tenant: &str, route: Option<&str>) -> (Stream, Next) {
+    h.set_route_name(route);
+    h.set_request_header(HEADER, tenant.as_bytes());
+    let mut s = Stream::default();
+    let next = s.on_request_headers(c, h, &h.vm);
+    (s, next)
+}
+
+fn respond(c: &Compiled, h: &Worker, s: &mut Stream, code: Code, statuses: Vec<DescriptorStatus>) {
+    let body = answer(code, statuses);
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    s.on_rls_answer(c, h, &h.vm, 0, size);
+}
+
+/// The descriptors of the last call, as `key=value` entries.
+fn last_call(h: &Worker) -> (Vec<Vec<String>>, u32) {
+    let calls = h.calls();
+    let asked = RateLimitRequest::decode(&calls.last().unwrap().message[..]).unwrap();
+    let descriptors = asked
+        .descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect()
+        })
+        .collect();
+    (descriptors, asked.hits_addend)
+}
+
+fn minute(code: Code, limit: u32, remaining: u32) -> DescriptorStatus {
+    status(code, limit, RateLimitUnit::Minute, remaining, 40)
+}
+
+#[test]
+fn a_request_on_a_limited_route_sends_the_routes_descriptors_after_the_tenants() {
+    let c = config("");
+    let h = host(&c);
+    let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
+    assert_eq!(next, Next::Pause);
+    assert_eq!(
+        last_call(&h),
+        (
+            vec![
+                vec!["generic_key=per_minute".into(), "tenant=tenant-a".into()],
+                vec![
+                    "generic_key=per_minute".into(),
+                    "tenant=tenant-a".into(),
+                    "route=reports".into()
+                ],
+            ],
+            0
+        )
+    );
+    assert_eq!(h.route_name_reads(), 1);
+    // Another route, or none: the tenant's descriptors only.
+    for route in [Some("search"), None] {
+        request(&c, &h, "tenant-a", route);
+        assert_eq!(last_call(&h).0.len(), 1);
+    }
+    // A group without routes never reads the route's name.
+    request(&c, &h, "acme", Some("reports"));
+    assert_eq!(last_call(&h).0.len(), 1);
+    assert_eq!(h.route_name_reads(), 3);
+    // Nor does any tenant when no group has routes.
+    let plain = compiled(
+        r#"{"domain": "api", "rate_limit_service": {"cluster": "ratelimit"},
+            "limits": {"x-tenant-id": {"default": {"perminute": 600}}}}"#,
+    );
+    request(&plain, &h, "tenant-a", Some("reports"));
+    assert_eq!(h.route_name_reads(), 3);
+    // The route's name unreadable: the tenant's limits still apply.
+    h.fail(HostCall::RouteName);
+    let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
+    assert_eq!((next, last_call(&h).0.len()), (Next::Pause, 1));
+}
+
+#[test]
+fn both_must_admit_and_the_headers_describe_the_tightest_window() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::Ok,
+        vec![minute(Code::Ok, 600, 590), minute(Code::Ok, 5, 2)],
+    );
+    s.on_response_headers(&c, &h, &h.vm);
+    let added = h.added_headers();
+    assert_eq!(
+        added[0],
+        ("x-ratelimit-limit".into(), "5, 600;w=60, 5;w=60".into())
+    );
+    assert_eq!(added[1], ("x-ratelimit-remaining".into(), "2".into()));
+    // The route refuses: a 429, whatever the tenant's own window says.
+    let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![minute(Code::Ok, 600, 589), minute(Code::OverLimit, 5, 0)],
+    );
+    let reply = h.replies().pop().unwrap();
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header("retry-after"), Some("40"));
+}
+
+#[test]
+fn a_refusal_on_the_route_is_remembered_apart_from_the_tenants() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![minute(Code::Ok, 600, 100), minute(Code::OverLimit, 5, 0)],
+    );
+    let calls = h.call_count();
+    // The same route: refused from the cache, no call.
+    let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
+    assert_eq!((next, h.call_count()), (Next::Pause, calls));
+    assert_eq!(h.counter(Counter::CachedOverLimit), 1);
+    let reply = h.replies().pop().unwrap();
+    assert_eq!(reply.header("x-ratelimit-limit"), Some("5, 5;w=60"));
+    // The tenant's other routes, and another tenant on this one, still ask.
+    for (tenant, route) in [
+        ("tenant-a", Some("search")),
+        ("tenant-a", None),
+        ("tenant-c", Some("reports")),
+    ] {
+        let (_, next) = request(&c, &h, tenant, route);
+        assert_eq!(next, Next::Pause);
+    }
+    assert_eq!(h.call_count(), calls + 3);
+    assert_eq!(h.counter(Counter::CachedOverLimit), 1);
+}
+
+#[test]
+fn a_refusal_of_the_tenant_on_a_route_refuses_its_other_routes_too() {
+    let c = config("");
+    let h = host(&c);
+    let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![minute(Code::OverLimit, 600, 0), minute(Code::Ok, 5, 4)],
+    );
+    let calls = h.call_count();
+    request(&c, &h, "tenant-a", None);
+    assert_eq!(h.call_count(), calls);
+    assert_eq!(h.counter(Counter::CachedOverLimit), 1);
+}
+
+#[test]
+fn a_routes_persecond_is_a_bucket_of_its_own() {
+    let c = config("");
+    let h = host(&c);
+    for _ in 0..2 {
+        let (_, next) = request(&c, &h, "tenant-a", Some("burst"));
+        assert_eq!(next, Next::Pause);
+    }
+    let calls = h.call_count();
+    request(&c, &h, "tenant-a", Some("burst"));
+    assert_eq!(h.call_count(), calls);
+    assert_eq!(h.counter(Counter::LocalOverLimit), 1);
+    assert_eq!(h.group_counter(0, GroupCounter::RefusedBucket), 1);
+    assert_eq!(h.replies().pop().unwrap().status, 429);
+    // The tenant itself has no bucket (no persecond): its other routes ask.
+    let (_, next) = request(&c, &h, "tenant-a", None);
+    assert_eq!((next, h.call_count()), (Next::Pause, calls + 1));
+}
+
+#[test]
+fn a_request_on_a_limited_route_asks_the_service_in_lease_and_sync_mode() {
+    for mode in ["lease", "sync"] {
+        let c = config(&format!(r#", "local": {{"mode": "{mode}"}}"#));
+        let h = host(&c);
+        let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
+        assert_eq!(next, Next::Pause, "{mode}");
+        // One hit of its own, on both: no batch, no local admission.
+        let (descriptors, hits) = last_call(&h);
+        assert_eq!((descriptors.len(), hits), (2, 0), "{mode}");
+    }
+}
+
+/// A request of tenant-a on `reports` admitted by the service, whose
+/// response carries `cost` in its headers (`trailer`: in its trailers).
+fn admitted_with_cost(c: &Compiled, h: &Worker, cost: Option<&[u8]>, trailer: Option<&[u8]>) {
+    let (mut s, _) = request(c, h, "tenant-a", Some("reports"));
+    let ok = vec![
+        minute(Code::Ok, 100, 90),
+        status(Code::Ok, 50, RateLimitUnit::Hour, 40, 900),
+    ];
+    respond(c, h, &mut s, Code::Ok, ok);
+    let headers: Vec<(&str, &[u8])> = cost.map(|v| ("x-cost", v)).into_iter().collect();
+    h.set_response(false, &headers);
+    let trailers: Vec<(&str, &[u8])> = trailer.map(|v| ("x-cost", v)).into_iter().collect();
+    h.set_response(true, &trailers);
+    assert_eq!(s.on_response_headers(c, h, &h.vm), Next::Continue);
+    assert_eq!(s.on_response_trailers(c, h, &h.vm), Next::Continue);
+}
+
+#[test]
+fn a_response_cost_is_charged_by_the_root_on_the_same_descriptors() {
+    let c = costly("");
+    let h = host(&c);
+    admitted_with_cost(&c, &h, Some(b"10"), None);
+    // Nothing waits for it: the root sends it on its next tick.
+    assert_eq!(h.call_count(), 1);
+    let mut root = Root::default();
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.call_count(), 2);
+    assert_eq!(
+        last_call(&h),
+        (
+            vec![
+                vec!["generic_key=per_minute".into(), "tenant=tenant-a".into()],
+                vec![
+                    "generic_key=per_hour".into(),
+                    "tenant=tenant-a".into(),
+                    "route=reports".into()
+                ],
+            ],
+            9
+        )
+    );
+    let body = answer(Code::Ok, vec![minute(Code::Ok, 100, 81)]);
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostCharges), 1);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
+    assert_eq!(root.in_flight(), 0);
+    // Charges need the root's tick even without leases.
+    assert_eq!(tick_ms(&c), Some(20));
+}
+
+#[test]
+fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call() {
+    let c = costly("");
+    let h = host(&c);
+    admitted_with_cost(&c, &h, Some(b"95"), None);
+    let mut root = Root::default();
+    root.on_tick(&c, &h, &h.vm);
+    let body = answer(
+        Code::OverLimit,
+        vec![
+            minute(Code::OverLimit, 100, 0),
+            status(Code::Ok, 50, RateLimitUnit::Hour, 5, 900),
+        ],
+    );
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
+    let calls = h.call_count();
+    let (_, next) = request(&c, &h, "tenant-a", None);
+    assert_eq!((next, h.call_count()), (Next::Pause, calls));
+    assert_eq!(h.replies().pop().unwrap().status, 429);
+    assert_eq!(h.counter(Counter::CachedOverLimit), 1);
+    // The route's part of the answer was not over: nothing of its own.
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 94);
+}
+
+#[test]
+fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
+    let c = costly("");
+    let h = host(&c);
+    admitted_with_cost(&c, &h, None, Some(b"7"));
+    let queued = h.vm.mailbox.take_queued();
+    assert_eq!(queued.len(), 1);
+    assert_eq!((queued[0].kind, queued[0].hits), (CallKind::Charge, 6));
+    assert_eq!(
+        queued[0].route.as_ref().map(|r| r.name.as_str()),
+        Some("reports")
+    );
+    // Both: the headers' cost, charged once.
+    admitted_with_cost(&c, &h, Some(b"3"), Some(b"7"));
+    let queued = h.vm.mailbox.take_queued();
+    assert_eq!(queued.iter().map(|q| q.hits).collect::<Vec<_>>(), [2]);
+    // Neither: nothing charged.
+    admitted_with_cost(&c, &h, None, None);
+    assert!(h.vm.mailbox.take_queued().is_empty());
+}
+
+#[test]
+fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() {
+    let c = costly(r#", "max_cost": 500"#);
+    let h = host(&c);
+    admitted_with_cost(&c, &h, Some(b"10"), None);
+    let good = h.added_headers();
+    let bad: [&[u8]; 7] = [
+        b"0",
+        b"-1",
+        b"abc",
+        b"501",
+        b"99999999999999999999",
+        b"",
+        b"1.5",
+    ];
+    for (i, value) in bad.iter().enumerate() {
+        admitted_with_cost(&c, &h, Some(value), None);
+        assert_eq!(h.counter(Counter::ResponseCostInvalid), i as u64 + 1);
+        // The response gets the headers any admitted one gets, no more.
+        assert_eq!(h.added_headers().len(), good.len() * (i + 2));
+    }
+    // In a trailer too.
+    admitted_with_cost(&c, &h, None, Some(b"abc"));
+    assert_eq!(h.counter(Counter::ResponseCostInvalid), 8);
+    // Only the good one was queued.
+    let queued = h.vm.mailbox.take_queued();
+    assert_eq!(queued.iter().map(|q| q.hits).collect::<Vec<_>>(), [9]);
+    assert_eq!(h.reply_count(), 0);
+}
+
+#[test]
+fn a_cost_no_higher_than_the_requests_is_not_refunded() {
+    let c = costly(r#", "cost_header": "x-request-cost""#);
+    let h = host(&c);
+    h.set_request_header("x-request-cost", b"5");
+    for (cost, charged) in [(&b"3"[..], None), (b"5", None), (b"8", Some(3))] {
+        admitted_with_cost(&c, &h, Some(cost), None);
+        let queued = h.vm.mailbox.take_queued();
+        assert_eq!(queued.first().map(|q| q.hits), charged);
+    }
+}
+
+#[test]
+fn refused_and_failed_open_requests_are_not_charged() {
+    let c = costly("");
+    let h = host(&c);
+    h.set_response(false, &[("x-cost", b"10")]);
+    // Refused by the service: the local reply's headers pass here too.
+    let (mut s, _) = request(&c, &h, "tenant-a", None);
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![minute(Code::OverLimit, 100, 0)],
+    );
+    s.on_response_headers(&c, &h, &h.vm);
+    // Refused from the cache.
+    let (mut s, _) = request(&c, &h, "tenant-a", None);
+    s.on_response_headers(&c, &h, &h.vm);
+    // Failed open.
+    let (mut s, _) = request(&c, &h, "tenant-b", None);
+    s.on_rls_answer(&c, &h, &h.vm, 14, 0);
+    s.on_response_headers(&c, &h, &h.vm);
+    assert!(h.vm.mailbox.take_queued().is_empty());
+    // In shadow, a refusal goes upstream counted: charged.
+    let c = costly(r#", "shadow": true"#);
+    let (mut s, _) = request(&c, &h, "tenant-d", None);
+    respond(
+        &c,
+        &h,
+        &mut s,
+        Code::OverLimit,
+        vec![minute(Code::OverLimit, 100, 0)],
+    );
+    s.on_response_headers(&c, &h, &h.vm);
+    assert_eq!(h.vm.mailbox.take_queued().len(), 1);
+}
+
+#[test]
+fn a_lease_token_admission_is_charged_too() {
+    let c = costly(r#", "local": {"mode": "lease"}"#);
+    let h = host(&c);
+    // The first two requests ask (for 1 hit, then for 2: one token is
+    // left); the third spends the token.
+    for _ in 0..2 {
+        let (mut s, _) = request(&c, &h, "tenant-a", None);
+        respond(&c, &h, &mut s, Code::Ok, vec![minute(Code::Ok, 100, 90)]);
+    }
+    let (mut s, next) = request(&c, &h, "tenant-a", None);
+    assert_eq!(next, Next::Continue);
+    h.set_response(false, &[("x-cost", b"4")]);
+    s.on_response_headers(&c, &h, &h.vm);
+    let charges: Vec<u32> =
+        h.vm.mailbox
+            .take_queued()
+            .iter()
+            .filter(|q| q.kind == CallKind::Charge)
+            .map(|q| q.hits)
+            .collect();
+    assert_eq!(charges, [3]);
+}
+
+#[test]
+fn a_charge_that_fails_or_finds_the_mailbox_full_is_counted() {
+    let c = costly("");
+    let h = host(&c);
+    let mut root = Root::default();
+    admitted_with_cost(&c, &h, Some(b"10"), None);
+    h.fail(HostCall::Dispatch);
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 1);
+    h.heal(HostCall::Dispatch);
+    // An answer that is an error.
+    admitted_with_cost(&c, &h, Some(b"10"), None);
+    root.on_tick(&c, &h, &h.vm);
+    let token = u32::try_from(h.call_count()).unwrap();
+    root.on_answer(&c, &h, &h.vm, token, 14, 0);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 2);
+    // A full mailbox drops the charge, counted.
+    for _ in 0..MAX_QUEUED_CALLS {
+        admitted_with_cost(&c, &h, Some(b"2"), None);
+    }
+    admitted_with_cost(&c, &h, Some(b"2"), None);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 3);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostCharges), 0);
+}
+
+#[test]
+fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
+    let c = costly(r#", "local": {"enabled": false}"#);
+    let h = host(&c);
+    admitted_with_cost(&c, &h, Some(b"10"), None);
+    let mut root = Root::default();
+    root.on_tick(&c, &h, &h.vm);
+    let before = h.shared_snapshot();
+    let body = answer(Code::OverLimit, vec![minute(Code::OverLimit, 100, 0)]);
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    root.on_answer(&c, &h, &h.vm, 2, 0, size);
+    assert_eq!(h.shared_snapshot(), before);
+    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
+}

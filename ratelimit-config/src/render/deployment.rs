@@ -1,0 +1,624 @@
+//! What `render` needs besides the team file, as one tree: the deployment
+//! description (`--deployment FILE`, YAML or JSON), then the command line
+//! over it (`--domain`, `--namespace`, `--image`, `--sha256`,
+//! `--fail-strategy`, `--set PATH=VALUE`, `--plugin PATH=VALUE`). Every
+//! key is checked; a problem names its place: the file's line, or the flag.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::error::{excerpt, join, ConfigError};
+use crate::field::{describe, unknown_keys};
+use crate::span::{Position, SourceMap};
+use crate::yaml_in;
+
+/// What `render` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Istio,
+    EnvoyGateway,
+    Envoy,
+}
+
+impl Target {
+    pub const ALL: [Target; 3] = [Target::Istio, Target::EnvoyGateway, Target::Envoy];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Istio => "istio",
+            Target::EnvoyGateway => "envoy-gateway",
+            Target::Envoy => "envoy",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.name() == s)
+    }
+}
+
+/// What happens to requests when the filter cannot run (its module cannot
+/// be fetched, or it refuses its configuration): Istio's `failStrategy`,
+/// Envoy Gateway's `failOpen`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailStrategy {
+    /// The filter is left out: requests pass, nothing is limited.
+    Open,
+    /// Requests are refused (Istio: 403; Envoy Gateway: 500, or 503 for a
+    /// refused configuration).
+    Closed,
+}
+
+/// The Redis the service counts in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redis {
+    /// `host:port` of a Redis of your own; None: `render` writes one.
+    pub url: Option<String>,
+    /// The Secret (name, key) holding its password: the service's
+    /// `REDIS_AUTH`, and `--requirepass` of the Redis `render` writes.
+    pub auth: Option<(String, String)>,
+}
+
+/// A deployment description, checked.
+#[derive(Clone, Debug)]
+pub struct Deployment {
+    pub domain: String,
+    pub namespace: Option<String>,
+    /// The OCI image (the compat variant `make oci-push` pushes), without
+    /// a scheme.
+    pub image: Option<String>,
+    /// Its manifest digest, 64 hex characters.
+    pub sha256: Option<String>,
+    pub fail_strategy: Option<FailStrategy>,
+    pub service_name: String,
+    pub service_port: u32,
+    pub service_image: String,
+    pub cluster_domain: String,
+    pub redis: Redis,
+    pub redis_image: String,
+    pub workload_name: Option<String>,
+    pub workload_labels: Vec<(String, String)>,
+    pub workload_image: Option<String>,
+    pub istio_phase: String,
+    pub route: Option<String>,
+    pub gateway: Option<String>,
+    pub proxy_namespace: String,
+    pub envoy_listen_port: u32,
+    pub envoy_admin_port: u32,
+    pub envoy_app_port: u32,
+    pub envoy_image: String,
+    pub envoy_wasm_path: String,
+    pub envoy_service_address: String,
+    /// Plugin settings over the defaults `generate` writes.
+    pub plugin: Map<String, Value>,
+}
+
+/// The keys of a description, with what each takes.
+const KEYS: &[&str] = &[
+    "domain",
+    "namespace",
+    "image",
+    "sha256",
+    "fail_strategy",
+    "service",
+    "cluster_domain",
+    "redis",
+    "workload",
+    "istio",
+    "envoy_gateway",
+    "envoy",
+    "plugin",
+];
+const SERVICE_KEYS: &[&str] = &["name", "port", "image"];
+const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image"];
+const SECRET_KEYS: &[&str] = &["name", "key"];
+const WORKLOAD_KEYS: &[&str] = &["name", "labels", "image"];
+const ISTIO_KEYS: &[&str] = &["phase"];
+const GATEWAY_KEYS: &[&str] = &["route", "gateway", "proxy_namespace"];
+const ENVOY_KEYS: &[&str] = &[
+    "listen_port",
+    "admin_port",
+    "app_port",
+    "image",
+    "wasm_path",
+    "service_address",
+];
+const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
+
+/// The images of the parts `render` writes, as the project runs them.
+pub const RATELIMIT_IMAGE: &str = "envoyproxy/ratelimit:3fb70258";
+pub const REDIS_IMAGE: &str = "redis:7-alpine";
+pub const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
+
+/// Where the description's values came from: a file (with its positions),
+/// and the paths the command line set.
+#[derive(Debug, Default)]
+pub struct Sources {
+    pub file: Option<String>,
+    pub spans: SourceMap,
+    /// Path → the flag that set it (`--set service.port`, `--domain`).
+    pub flags: BTreeMap<String, String>,
+}
+
+/// A problem of the description, located.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptionError {
+    /// `file:line:col` or the flag.
+    pub place: String,
+    pub error: ConfigError,
+}
+
+impl std::fmt::Display for DescriptionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.place, self.error)
+    }
+}
+
+impl std::error::Error for DescriptionError {}
+
+impl Sources {
+    /// Where a problem at `path` is: the flag that set it (or a parent),
+    /// else its line in the file.
+    pub fn place(&self, path: &str) -> String {
+        let mut p = path;
+        loop {
+            if let Some(flag) = self.flags.get(p) {
+                return flag.clone();
+            }
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                None => break,
+            }
+        }
+        match &self.file {
+            Some(f) => {
+                let at = self.spans.locate(path, false);
+                format!("{f}:{}:{}", at.line, at.column)
+            }
+            None => "the command line".into(),
+        }
+    }
+}
+
+/// Reads a description's text (YAML, or JSON, which YAML reads).
+pub fn read_description(file: &str, text: &str) -> Result<(Value, Sources), DescriptionError> {
+    let error = |at: Position, message: String| DescriptionError {
+        place: format!("{file}:{}:{}", at.line, at.column),
+        error: ConfigError {
+            path: String::new(),
+            message,
+        },
+    };
+    let docs = yaml_in::documents(text).map_err(|(at, m)| error(at, m))?;
+    let [doc] = docs.as_slice() else {
+        return Err(error(
+            Position::START,
+            format!("{} documents, expected one", docs.len()),
+        ));
+    };
+    let c = yaml_in::convert(doc);
+    if let Some((at, m)) = c.problems.first() {
+        return Err(error(*at, m.clone()));
+    }
+    let sources = Sources {
+        file: Some(file.to_string()),
+        spans: c.spans,
+        flags: BTreeMap::new(),
+    };
+    Ok((c.value, sources))
+}
+
+/// `PATH=VALUE` of `--set` or `--plugin`: the value read as YAML (`9000`
+/// a number, `true` a boolean, `[a, b]` a list, `lease` a string).
+pub fn parse_assignment(arg: &str) -> Result<(String, Value), String> {
+    let (path, text) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("{arg:?}: expected PATH=VALUE, e.g. local.mode=lease"))?;
+    if path.is_empty() || path.split('.').any(str::is_empty) {
+        return Err(format!("{arg:?}: the path must be keys joined by dots"));
+    }
+    let value = match yaml_in::documents(text) {
+        Ok(docs) => match docs.first() {
+            Some(d) => yaml_in::convert(d).value,
+            None => Value::Null,
+        },
+        // Not YAML on its own (`a: b` …): the text as it is.
+        Err(_) => Value::String(text.to_string()),
+    };
+    Ok((path.to_string(), value))
+}
+
+/// Sets `path` (keys joined by dots) in `root` to `value`, creating
+/// objects on the way; an existing value that is not an object is replaced.
+pub fn set_path(root: &mut Value, path: &str, value: Value) {
+    let mut node = root;
+    for key in path.split('.') {
+        if !node.is_object() {
+            *node = Value::Object(Map::new());
+        }
+        let Value::Object(map) = node else { return };
+        node = map.entry(key.to_string()).or_insert(Value::Null);
+    }
+    *node = value;
+}
+
+/// Collects a description's problems, each at its place.
+struct Reader<'a> {
+    sources: &'a Sources,
+    errors: Vec<DescriptionError>,
+}
+
+impl Reader<'_> {
+    fn push(&mut self, path: &str, message: impl std::fmt::Display) {
+        self.errors.push(DescriptionError {
+            place: self.sources.place(path),
+            error: ConfigError {
+                path: path.to_string(),
+                message: message.to_string(),
+            },
+        });
+    }
+
+    fn object<'v>(
+        &mut self,
+        v: Option<&'v Value>,
+        path: &str,
+        keys: &'static [&'static str],
+    ) -> Option<&'v Map<String, Value>> {
+        match v? {
+            Value::Object(m) => {
+                for (key, e) in unknown_keys(m, keys) {
+                    self.push(&join(path, key), e);
+                }
+                Some(m)
+            }
+            Value::Null => None,
+            other => {
+                self.push(path, format!("must be a mapping, got {}", describe(other)));
+                None
+            }
+        }
+    }
+
+    fn string(&mut self, m: Option<&Map<String, Value>>, path: &str, key: &str) -> Option<String> {
+        match m?.get(key)? {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            Value::Null => None,
+            other => {
+                self.push(
+                    &join(path, key),
+                    format!("must be a non-empty string, got {}", describe(other)),
+                );
+                None
+            }
+        }
+    }
+
+    fn port(&mut self, m: Option<&Map<String, Value>>, path: &str, key: &str, default: u32) -> u32 {
+        match m.and_then(|m| m.get(key)) {
+            None | Some(Value::Null) => default,
+            Some(v) => match v.as_u64().filter(|n| (1..=65_535).contains(n)) {
+                Some(n) => u32::try_from(n).unwrap_or(default),
+                None => {
+                    self.push(
+                        &join(path, key),
+                        format!("must be a port from 1 to 65535, got {}", describe(v)),
+                    );
+                    default
+                }
+            },
+        }
+    }
+
+    fn require<T>(&mut self, v: Option<T>, path: &str, why: &str) -> Option<T> {
+        if v.is_none() {
+            self.push(path, format!("missing: {why}"));
+        }
+        v
+    }
+}
+
+/// A Kubernetes name (RFC 1123 label: lowercase letters, digits and `-`,
+/// at most 63, starting and ending with a letter or digit).
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Checks a description for `target`.
+pub fn deployment(
+    v: &Value,
+    sources: &Sources,
+    target: Target,
+) -> Result<Deployment, Vec<DescriptionError>> {
+    let mut r = Reader {
+        sources,
+        errors: Vec::new(),
+    };
+    let top = r.object(Some(v), "", KEYS);
+    let domain = r.string(top, "", "domain");
+    let domain = r.require(
+        domain,
+        "domain",
+        "the rate-limit service domain (domain: or --domain)",
+    );
+    let namespace = r.string(top, "", "namespace");
+    let kube = target != Target::Envoy || namespace.is_some();
+    let namespace = if target == Target::Envoy {
+        namespace
+    } else {
+        r.require(
+            namespace,
+            "namespace",
+            "the Kubernetes namespace (namespace: or --namespace)",
+        )
+    };
+    for (key, value) in [("namespace", &namespace)] {
+        if let Some(ns) = value.as_ref().filter(|n| !dns_label(n)) {
+            r.push(
+                key,
+                format!(
+                    "{} is not a Kubernetes namespace name (lowercase letters, digits, '-')",
+                    excerpt(ns)
+                ),
+            );
+        }
+    }
+    let image = r
+        .string(top, "", "image")
+        .map(|i| i.strip_prefix("oci://").unwrap_or(&i).to_string());
+    let image = if kube {
+        r.require(
+            image,
+            "image",
+            "the filter's OCI image, as `make oci-push IMAGE=…` pushed it (image: or --image)",
+        )
+    } else {
+        image
+    };
+    let sha256 = r.string(top, "", "sha256").and_then(|s| {
+        let hex = s.strip_prefix("sha256:").unwrap_or(&s).to_string();
+        if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            Some(hex.to_ascii_lowercase())
+        } else {
+            r.push(
+                "sha256",
+                format!("must be the image's manifest digest, 64 hex characters (with or without \"sha256:\"), got {}", excerpt(&s)),
+            );
+            None
+        }
+    });
+    let fail_strategy = match top.and_then(|t| t.get("fail_strategy")) {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s == "open" => Some(FailStrategy::Open),
+        Some(Value::String(s)) if s == "closed" => Some(FailStrategy::Closed),
+        Some(other) => {
+            r.push(
+                "fail_strategy",
+                format!("must be \"open\" or \"closed\", got {}", describe(other)),
+            );
+            None
+        }
+    };
+    let fail_strategy = if target == Target::Envoy {
+        fail_strategy
+    } else {
+        r.require(
+            fail_strategy,
+            "fail_strategy",
+            "what requests get when the filter cannot run (its image missing, its configuration refused): \"open\" (passed, unlimited) or \"closed\" (refused) (fail_strategy: or --fail-strategy)",
+        )
+    };
+    let service = r.object(top.and_then(|t| t.get("service")), "service", SERVICE_KEYS);
+    let service_name = r
+        .string(service, "service", "name")
+        .unwrap_or_else(|| "ratelimit".into());
+    if !dns_label(&service_name) {
+        r.push(
+            "service.name",
+            format!(
+                "{} is not a Kubernetes Service name",
+                excerpt(&service_name)
+            ),
+        );
+    }
+    let service_port = r.port(service, "service", "port", 8081);
+    let service_image = r
+        .string(service, "service", "image")
+        .unwrap_or_else(|| RATELIMIT_IMAGE.into());
+    let cluster_domain = r
+        .string(top, "", "cluster_domain")
+        .unwrap_or_else(|| "cluster.local".into());
+    let redis_v = r.object(top.and_then(|t| t.get("redis")), "redis", REDIS_KEYS);
+    let url = r.string(redis_v, "redis", "url");
+    let secret = r.object(
+        redis_v.and_then(|m| m.get("auth_secret")),
+        "redis.auth_secret",
+        SECRET_KEYS,
+    );
+    let auth = secret.and_then(|s| {
+        let name = r.string(Some(s), "redis.auth_secret", "name");
+        let name = r.require(
+            name,
+            "redis.auth_secret.name",
+            "the name of the Secret holding the Redis password",
+        )?;
+        let key = r
+            .string(Some(s), "redis.auth_secret", "key")
+            .unwrap_or_else(|| "password".into());
+        Some((name, key))
+    });
+    let redis_image = r
+        .string(redis_v, "redis", "image")
+        .unwrap_or_else(|| REDIS_IMAGE.into());
+    let workload = r.object(
+        top.and_then(|t| t.get("workload")),
+        "workload",
+        WORKLOAD_KEYS,
+    );
+    let workload_name = r.string(workload, "workload", "name");
+    let workload_labels = match workload.and_then(|w| w.get("labels")) {
+        Some(Value::Object(m)) if !m.is_empty() => m
+            .iter()
+            .filter_map(|(k, v)| match v {
+                Value::String(s) => Some((k.clone(), s.clone())),
+                other => {
+                    r.push(
+                        &join("workload.labels", k),
+                        format!("must be a string, got {}", describe(other)),
+                    );
+                    None
+                }
+            })
+            .collect(),
+        None | Some(Value::Null) => workload_name
+            .iter()
+            .map(|n| ("app".to_string(), n.clone()))
+            .collect(),
+        Some(other) => {
+            r.push(
+                "workload.labels",
+                format!("must be a mapping of labels, got {}", describe(other)),
+            );
+            Vec::new()
+        }
+    };
+    let workload_image = r.string(workload, "workload", "image");
+    match target {
+        Target::Istio => {
+            r.require(
+                workload_name.as_ref(),
+                "workload.name",
+                "the workload the filter runs in front of (its pods get the WasmPlugin and the stats annotation)",
+            );
+        }
+        Target::Envoy if kube => {
+            r.require(
+                workload_name.as_ref(),
+                "workload.name",
+                "the Deployment of the application Envoy runs in front of",
+            );
+            r.require(
+                workload_image.as_ref(),
+                "workload.image",
+                "the application's container image (the sidecar Deployment runs it beside Envoy)",
+            );
+        }
+        _ => {}
+    }
+    let istio = r.object(top.and_then(|t| t.get("istio")), "istio", ISTIO_KEYS);
+    let istio_phase = r
+        .string(istio, "istio", "phase")
+        .unwrap_or_else(|| "AUTHZ".into());
+    if !PHASES.contains(&istio_phase.as_str()) {
+        r.push(
+            "istio.phase",
+            format!(
+                "must be one of {}, got {}",
+                PHASES.join(", "),
+                excerpt(&istio_phase)
+            ),
+        );
+    }
+    let eg = r.object(
+        top.and_then(|t| t.get("envoy_gateway")),
+        "envoy_gateway",
+        GATEWAY_KEYS,
+    );
+    let route = r.string(eg, "envoy_gateway", "route");
+    let gateway = r.string(eg, "envoy_gateway", "gateway");
+    if target == Target::EnvoyGateway {
+        r.require(
+            route.as_ref(),
+            "envoy_gateway.route",
+            "the HTTPRoute the filter runs on",
+        );
+        r.require(
+            gateway.as_ref(),
+            "envoy_gateway.gateway",
+            "the Gateway whose proxies get the rate-limit cluster (its EnvoyProxy)",
+        );
+    }
+    let proxy_namespace = r
+        .string(eg, "envoy_gateway", "proxy_namespace")
+        .unwrap_or_else(|| "envoy-gateway-system".into());
+    let envoy = r.object(top.and_then(|t| t.get("envoy")), "envoy", ENVOY_KEYS);
+    let envoy_listen_port = r.port(envoy, "envoy", "listen_port", 8000);
+    let envoy_admin_port = r.port(envoy, "envoy", "admin_port", 9901);
+    let envoy_app_port = r.port(envoy, "envoy", "app_port", 8080);
+    let envoy_image = r
+        .string(envoy, "envoy", "image")
+        .unwrap_or_else(|| ENVOY_IMAGE.into());
+    let envoy_wasm_path = r
+        .string(envoy, "envoy", "wasm_path")
+        .unwrap_or_else(|| "/etc/envoy-wasm/plugin.wasm".into());
+    let envoy_service_address = r
+        .string(envoy, "envoy", "service_address")
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let plugin = match top.and_then(|t| t.get("plugin")) {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(other) => {
+            r.push(
+                "plugin",
+                format!(
+                    "must be a mapping of plugin settings, got {}",
+                    describe(other)
+                ),
+            );
+            Map::new()
+        }
+    };
+    for (key, why) in [
+        ("domain", "it is the description's domain"),
+        ("limits", "it is the team file"),
+    ] {
+        if plugin.contains_key(key) {
+            r.push(&join("plugin", key), format!("set by render: {why}"));
+        }
+    }
+    if plugin
+        .get("rate_limit_service")
+        .and_then(Value::as_object)
+        .is_some_and(|s| s.contains_key("cluster"))
+    {
+        r.push(
+            "plugin.rate_limit_service.cluster",
+            "set by render: the rate-limit cluster of the target (from service, namespace and cluster_domain)",
+        );
+    }
+    match (r.errors.is_empty(), domain) {
+        (true, Some(domain)) => Ok(Deployment {
+            domain,
+            namespace,
+            image,
+            sha256,
+            fail_strategy,
+            service_name,
+            service_port,
+            service_image,
+            cluster_domain,
+            redis: Redis { url, auth },
+            redis_image,
+            workload_name,
+            workload_labels,
+            workload_image,
+            istio_phase,
+            route,
+            gateway,
+            proxy_namespace,
+            envoy_listen_port,
+            envoy_admin_port,
+            envoy_app_port,
+            envoy_image,
+            envoy_wasm_path,
+            envoy_service_address,
+            plugin,
+        }),
+        _ => Err(r.errors),
+    }
+}

@@ -1,0 +1,271 @@
+//! The Kubernetes objects every target shares: envoyproxy/ratelimit as a
+//! Service, its Redis (unless `redis.url` names one of your own), the
+//! NetworkPolicies that let only the proxies reach the service and only the
+//! service reach Redis, and the kustomization that puts them together.
+
+use serde_json::{json, Value};
+
+use super::deployment::Deployment;
+use super::object;
+
+/// The label every object of the rate-limit service carries, and its
+/// pods are selected by.
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+
+pub fn redis_name(dep: &Deployment) -> String {
+    format!("{}-redis", dep.service_name)
+}
+
+/// The rules' ConfigMap (kustomize's configMapGenerator writes it from
+/// ratelimit.yaml, with a hash in its name so a change rolls the pods).
+pub fn rules_configmap_name(dep: &Deployment) -> String {
+    format!("{}-config", dep.service_name)
+}
+
+fn metadata(name: &str, dep: &Deployment, labels: Value) -> Value {
+    let mut m = json!({"name": name});
+    if let (Some(ns), Value::Object(o)) = (&dep.namespace, &mut m) {
+        o.insert("namespace".into(), json!(ns));
+    }
+    if let (Value::Object(o), false) = (&mut m, labels.is_null()) {
+        o.insert("labels".into(), labels);
+    }
+    m
+}
+
+/// `{"app.kubernetes.io/name": name}`.
+pub fn name_labels(name: &str) -> Value {
+    object([(NAME_LABEL, json!(name))])
+}
+
+/// The env of the service's container: Redis (with its password from the
+/// Secret when there is one), no statsd, the rules from the mounted
+/// ConfigMap. `grpc_host`: where it listens for the proxies.
+pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Value> {
+    let redis_url = dep
+        .redis
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("{}:6379", redis_name(dep)));
+    let mut env = vec![
+        json!({"name": "HOST", "value": "0.0.0.0"}),
+        json!({"name": "PORT", "value": http_port.to_string()}),
+        json!({"name": "GRPC_HOST", "value": grpc_host}),
+        json!({"name": "GRPC_PORT", "value": dep.service_port.to_string()}),
+        json!({"name": "DEBUG_HOST", "value": "127.0.0.1"}),
+        json!({"name": "DEBUG_PORT", "value": "6070"}),
+        json!({"name": "REDIS_SOCKET_TYPE", "value": "tcp"}),
+        json!({"name": "REDIS_URL", "value": redis_url}),
+    ];
+    if let Some((secret, key)) = &dep.redis.auth {
+        env.push(json!({"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}));
+    }
+    env.extend([
+        json!({"name": "REDIS_TIMEOUT", "value": "1s"}),
+        json!({"name": "USE_STATSD", "value": "false"}),
+        json!({"name": "RUNTIME_ROOT", "value": "/data"}),
+        json!({"name": "RUNTIME_SUBDIRECTORY", "value": "ratelimit"}),
+        json!({"name": "RUNTIME_WATCH_ROOT", "value": "false"}),
+        json!({"name": "LOG_LEVEL", "value": "info"}),
+    ]);
+    env
+}
+
+/// envoyproxy/ratelimit as a shared Deployment and Service, for the
+/// proxies of a mesh or a gateway. Its HTTP port (8080: `/healthcheck`,
+/// and `/json`, which spends quota like a gRPC call) is for the kubelet's
+/// probe only: the NetworkPolicy lets nothing else reach it.
+pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
+    let name = &dep.service_name;
+    let labels = name_labels(name);
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(name, dep, labels.clone()),
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [{
+                        "name": "ratelimit",
+                        "image": dep.service_image,
+                        "command": ["/bin/ratelimit"],
+                        "env": service_env(dep, "0.0.0.0", 8080),
+                        "ports": [
+                            {"name": "http", "containerPort": 8080},
+                            {"name": "grpc", "containerPort": dep.service_port}
+                        ],
+                        "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "http"}, "periodSeconds": 5},
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                        "volumeMounts": [{"name": "config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
+                    }],
+                    "volumes": [{"name": "config", "configMap": {"name": rules_configmap_name(dep)}}]
+                }
+            }
+        }
+    });
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, dep, labels.clone()),
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}]
+        }
+    });
+    vec![deployment, service]
+}
+
+/// The Redis the service counts in: one replica with persistence (an
+/// append-only file, fsync every second, on a volume), so a restart loses
+/// at most about a second of increments instead of starting every window
+/// again; with a password from the Secret when one is given.
+pub fn redis(dep: &Deployment) -> Vec<Value> {
+    let name = redis_name(dep);
+    let labels = name_labels(&name);
+    let mut args = vec![
+        json!("redis-server"),
+        json!("--appendonly"),
+        json!("yes"),
+        json!("--appendfsync"),
+        json!("everysec"),
+        json!("--save"),
+        json!(""),
+    ];
+    let mut container = json!({
+        "name": "redis",
+        "image": dep.redis_image,
+    });
+    let probe = if let Some((secret, key)) = &dep.redis.auth {
+        args.extend([json!("--requirepass"), json!("$(REDIS_PASSWORD)")]);
+        if let Value::Object(c) = &mut container {
+            c.insert(
+                "env".into(),
+                json!([{"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}]),
+            );
+        }
+        json!([
+            "sh",
+            "-c",
+            "REDISCLI_AUTH=\"$REDIS_PASSWORD\" redis-cli ping | grep -q PONG"
+        ])
+    } else {
+        json!(["redis-cli", "ping"])
+    };
+    if let Value::Object(c) = &mut container {
+        c.insert("args".into(), Value::Array(args));
+        c.insert(
+            "ports".into(),
+            json!([{"name": "redis", "containerPort": 6379}]),
+        );
+        c.insert(
+            "readinessProbe".into(),
+            json!({"exec": {"command": probe}, "periodSeconds": 5}),
+        );
+        c.insert(
+            "resources".into(),
+            json!({"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}),
+        );
+        c.insert(
+            "volumeMounts".into(),
+            json!([{"name": "data", "mountPath": "/data"}]),
+        );
+    }
+    let statefulset = json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": metadata(&name, dep, labels.clone()),
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container]}
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+            }]
+        }
+    });
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(&name, dep, labels.clone()),
+        "spec": {
+            "selector": labels,
+            "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}]
+        }
+    });
+    vec![statefulset, service]
+}
+
+/// A NetworkPolicy: the pods of `selected` take connections on `ports`
+/// only from `from` (and, as every NetworkPolicy allows, from their node:
+/// the kubelet's probes).
+pub fn ingress_policy(
+    dep: &Deployment,
+    name: &str,
+    selected: Value,
+    from: Vec<Value>,
+    ports: &[u32],
+) -> Value {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|p| json!({"protocol": "TCP", "port": p}))
+        .collect();
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(name, dep, Value::Null),
+        "spec": {
+            "podSelector": {"matchLabels": selected},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": from, "ports": ports}]
+        }
+    })
+}
+
+/// Only the service's pods (`service_pods`) reach Redis, and only on its
+/// port; none when Redis is not rendered (`redis.url`).
+pub fn redis_policy(dep: &Deployment, service_pods: Value) -> Option<Value> {
+    if dep.redis.url.is_some() {
+        return None;
+    }
+    let name = redis_name(dep);
+    Some(ingress_policy(
+        dep,
+        &format!("{name}-from-{}", dep.service_name),
+        name_labels(&name),
+        vec![json!({"podSelector": {"matchLabels": service_pods}})],
+        &[6379],
+    ))
+}
+
+/// The kustomization of a target's directory: its resources, and the
+/// ConfigMaps generated from its files (`(name, [file…])`).
+pub fn kustomization(
+    dep: &Deployment,
+    resources: &[&str],
+    generated: &[(String, Vec<&str>)],
+) -> Value {
+    let mut k = json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+    });
+    if let (Some(ns), Value::Object(m)) = (&dep.namespace, &mut k) {
+        m.insert("namespace".into(), json!(ns));
+        m.insert("resources".into(), json!(resources));
+        if !generated.is_empty() {
+            let gens: Vec<Value> = generated
+                .iter()
+                .map(|(name, files)| json!({"name": name, "files": files}))
+                .collect();
+            m.insert("configMapGenerator".into(), Value::Array(gens));
+        }
+    }
+    k
+}

@@ -1,0 +1,278 @@
+//! `render`: every deployment artifact from the team file, for one target
+//! (Istio, Envoy Gateway, plain Envoy), with the rate-limit service, its
+//! Redis and the NetworkPolicies around them. What is written is a
+//! function of the team file, the deployment description and the flags:
+//! running it twice gives the same bytes, and `deploy/` in the repository
+//! is its output for the example (a test fails when it is stale).
+//!
+//! - [`deployment`]: the description, checked;
+//! - [`envoy`]: what an Envoy needs (the filter, the rate-limit cluster, the
+//!   per-group labels), shared by every target;
+//! - [`kube`]: the rate-limit service, Redis, NetworkPolicies, kustomization;
+//! - [`targets`]: the files of each target.
+
+pub mod deployment;
+pub mod envoy;
+pub mod kube;
+pub mod targets;
+
+use serde_json::{Map, Value};
+
+use crate::check::{check, parse_service_config, Problem};
+use crate::error::ConfigError;
+use crate::model::TeamLimits;
+use crate::plugin::{
+    parse_plugin_config, plugin_config_json, PluginConfig, PluginOptions, DEFAULT_DESCRIPTOR_KEY,
+    DEFAULT_TIMEOUT_MS,
+};
+use crate::service_yaml::service_yaml;
+
+pub use deployment::{Deployment, FailStrategy, Target};
+
+/// The plugin's name everywhere: Envoy's filter `name` and `root_id`,
+/// Istio's `pluginName`, Envoy Gateway's `rootID`.
+pub const ROOT_ID: &str = "tenant_ratelimit";
+/// The name of the resources `render` writes for the filter.
+pub const RESOURCE_NAME: &str = "tenant-ratelimit";
+/// The static cluster of the rate-limit service (Envoy Gateway, plain Envoy).
+pub const STATIC_CLUSTER: &str = "tenant_ratelimit";
+
+/// One file `render` writes: its name in the output directory and its text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct File {
+    pub name: String,
+    pub text: String,
+}
+
+/// What the team file gives every target: where it came from, the
+/// document and its model.
+pub struct Team<'a> {
+    /// The team file's name (only its name: the output must not depend on
+    /// where it ran).
+    pub source: &'a str,
+    pub json: &'a Value,
+    pub limits: &'a TeamLimits,
+}
+
+/// Why `render` wrote nothing.
+#[derive(Debug)]
+pub enum RenderError {
+    /// The plugin configuration the settings make is one the filter
+    /// refuses; each error with the place that set it.
+    Refused(Vec<(String, ConfigError)>),
+    /// What render wrote does not agree with itself: a bug.
+    Disagree(Vec<Problem>),
+}
+
+impl std::fmt::Display for RenderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RenderError::Refused(errors) => {
+                for (i, (place, e)) in errors.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("\n")?;
+                    }
+                    write!(f, "{place}: plugin configuration: {e}")?;
+                }
+                Ok(())
+            }
+            RenderError::Disagree(problems) => {
+                for (i, p) in problems.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("\n")?;
+                    }
+                    write!(f, "rendered files disagree (a bug): {p}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+/// The plugin configuration as the target deploys it, checked by the
+/// filter's own parser: `generate`'s defaults, the description's `plugin`
+/// settings over them, the domain and the target's cluster.
+pub struct Plugin {
+    /// In the order operators read it (what is written).
+    pub json: Value,
+    pub config: PluginConfig,
+    /// Its warnings of its own (the team file's are the team file's).
+    pub warnings: Vec<ConfigError>,
+}
+
+/// Merges `over` into `base`: objects key by key, anything else replaced.
+pub fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+/// The plugin configuration for `dep` with `cluster`; `place` says where a
+/// plugin setting came from (for errors).
+pub fn plugin(
+    team: &Team<'_>,
+    dep: &Deployment,
+    cluster: &str,
+    place: &dyn Fn(&str) -> String,
+) -> Result<Plugin, RenderError> {
+    let generated = plugin_config_json(
+        team.json,
+        &PluginOptions {
+            domain: &dep.domain,
+            cluster,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            descriptor_key: DEFAULT_DESCRIPTOR_KEY,
+        },
+    );
+    let mut json = serde_json::to_value(&generated).unwrap_or(Value::Null);
+    merge(&mut json, &Value::Object(dep.plugin.clone()));
+    let text = json.to_string();
+    match parse_plugin_config(text.as_bytes()) {
+        Ok((config, warnings)) => Ok(Plugin {
+            json,
+            config,
+            warnings: warnings
+                .into_iter()
+                .filter(|w| !w.path.starts_with("limits"))
+                .collect(),
+        }),
+        Err(errors) => Err(RenderError::Refused(
+            errors
+                .into_iter()
+                .map(|e| (place(&format!("plugin.{}", e.path)), e))
+                .collect(),
+        )),
+    }
+}
+
+/// The service's rules for the plugin configuration, checked against it
+/// as `check` would (so a rendered pair always agrees).
+pub fn service_rules(team: &Team<'_>, config: &PluginConfig) -> Result<String, RenderError> {
+    let yaml = service_yaml(
+        team.limits,
+        &config.domain,
+        &config.descriptor_key,
+        team.source,
+    );
+    let service = parse_service_config("ratelimit.yaml", &yaml).map_err(RenderError::Disagree)?;
+    let report = check(config, &[service]);
+    if report.problems.is_empty() {
+        Ok(yaml)
+    } else {
+        Err(RenderError::Disagree(report.problems))
+    }
+}
+
+/// Every file of `target`, with the plugin configuration's own warnings.
+pub fn render(
+    team: &Team<'_>,
+    dep: &Deployment,
+    target: Target,
+    place: &dyn Fn(&str) -> String,
+) -> Result<(Vec<File>, Vec<ConfigError>), RenderError> {
+    let cluster = match target {
+        Target::Istio => istio_cluster(dep),
+        Target::EnvoyGateway | Target::Envoy => STATIC_CLUSTER.to_string(),
+    };
+    let p = plugin(team, dep, &cluster, place)?;
+    let rules = service_rules(team, &p.config)?;
+    let files = match target {
+        Target::Istio => targets::istio(team, dep, &p, &rules),
+        Target::EnvoyGateway => targets::envoy_gateway(team, dep, &p, &rules),
+        Target::Envoy => targets::envoy(team, dep, &p, &rules),
+    };
+    Ok((files, p.warnings))
+}
+
+/// Istio's outbound cluster of the rate-limit Service:
+/// `outbound|<port>||<service>.<namespace>.svc.<cluster domain>`.
+pub fn istio_cluster(dep: &Deployment) -> String {
+    format!("outbound|{}||{}", dep.service_port, service_host(dep))
+}
+
+/// The rate-limit Service's DNS name.
+pub fn service_host(dep: &Deployment) -> String {
+    format!(
+        "{}.{}.svc.{}",
+        dep.service_name,
+        dep.namespace.as_deref().unwrap_or("default"),
+        dep.cluster_domain
+    )
+}
+
+/// The header comment of every file: what wrote it, from what.
+pub fn header(team: &Team<'_>, target: Target, lines: &[&str]) -> Vec<String> {
+    let mut out = vec![
+        format!(
+            "generated by `ratelimit-config render --target {}` from {}; do not edit: render again",
+            target.name(),
+            crate::service_yaml::comment_text(team.source)
+        ),
+        String::new(),
+    ];
+    out.extend(lines.iter().map(|l| l.to_string()));
+    out
+}
+
+/// `lines` as a YAML stream's comment, then `docs`.
+pub fn yaml_file(name: &str, comment: &[String], docs: &[Value]) -> File {
+    let lines: Vec<&str> = comment.iter().map(String::as_str).collect();
+    File {
+        name: name.to_string(),
+        text: crate::yaml_out::stream(&lines, docs),
+    }
+}
+
+/// An object from pairs, in order.
+pub fn object<'a>(pairs: impl IntoIterator<Item = (&'a str, Value)>) -> Value {
+    Value::Object(
+        pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect::<Map<String, Value>>(),
+    )
+}
+
+/// What every rendered file starts with (`header`): how a file an
+/// earlier render wrote is told from the user's own.
+const GENERATED_MARK: &str = "generated by `ratelimit-config render";
+
+/// Writes `files` into `out` (created when missing), and removes the files
+/// an earlier render wrote there that these do not replace (a `redis.yaml`
+/// once `redis.url` is set). Returns the paths written.
+pub fn write_rendered(
+    out: &std::path::Path,
+    files: &[File],
+) -> Result<Vec<std::path::PathBuf>, (std::path::PathBuf, std::io::Error)> {
+    std::fs::create_dir_all(out).map_err(|e| (out.to_path_buf(), e))?;
+    let entries = std::fs::read_dir(out).map_err(|e| (out.to_path_buf(), e))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = std::fs::read_to_string(&path)
+            .map(|t| t.lines().take(3).any(|l| l.contains(GENERATED_MARK)))
+            .unwrap_or(false);
+        if ours && !files.iter().any(|f| f.name == name) {
+            std::fs::remove_file(&path).map_err(|e| (path.clone(), e))?;
+        }
+    }
+    let mut written = Vec::new();
+    for f in files {
+        let path = out.join(&f.name);
+        std::fs::write(&path, &f.text).map_err(|e| (path.clone(), e))?;
+        written.push(path);
+    }
+    Ok(written)
+}

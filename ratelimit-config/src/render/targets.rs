@@ -1,0 +1,589 @@
+//! The files of each target. Every Kubernetes target also gets the
+//! rate-limit service (`ratelimit-service.yaml`, its rules in
+//! `ratelimit.yaml`), its Redis (`redis.yaml`, unless `redis.url`),
+//! NetworkPolicies (`networkpolicy.yaml`) and a `kustomization.yaml`
+//! (`kubectl apply -k DIR`).
+
+use serde_json::{json, Value};
+
+use super::deployment::{Deployment, FailStrategy, Target};
+use super::envoy::{bootstrap, bootstrap_fragment, stats_config, wasm_filter, Ports};
+use super::kube::{
+    ingress_policy, kustomization, name_labels, ratelimit_service, redis, redis_policy,
+    rules_configmap_name, service_env,
+};
+use super::{
+    header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
+};
+
+/// The ConfigMap of Istio's bootstrap override, and its one key (the file
+/// name istio-agent reads: `/etc/istio/custom-bootstrap/custom_bootstrap.json`).
+pub const ISTIO_BOOTSTRAP_CONFIGMAP: &str = "tenant-ratelimit-bootstrap";
+pub const ISTIO_BOOTSTRAP_KEY: &str = "custom_bootstrap.json";
+pub const ISTIO_BOOTSTRAP_ANNOTATION: &str = "sidecar.istio.io/bootstrapOverride";
+
+fn labels(pairs: &[(String, String)]) -> Value {
+    Value::Object(pairs.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
+}
+
+fn namespace(dep: &Deployment) -> &str {
+    dep.namespace.as_deref().unwrap_or("default")
+}
+
+/// The service's rules, as `generate` writes them (its own header).
+fn rules_file(rules: &str) -> File {
+    File {
+        name: "ratelimit.yaml".into(),
+        text: rules.to_string(),
+    }
+}
+
+/// The service, its Redis, their policies and the kustomization, for a
+/// target whose proxies are `proxies` (NetworkPolicy peers).
+fn shared(
+    team: &Team<'_>,
+    dep: &Deployment,
+    target: Target,
+    proxies: Vec<Value>,
+    own: &[&str],
+    rules: &str,
+) -> Vec<File> {
+    let svc = &dep.service_name;
+    let mut files = vec![
+        rules_file(rules),
+        yaml_file(
+            "ratelimit-service.yaml",
+            &header(
+                team,
+                target,
+                &[
+                    "envoyproxy/ratelimit as a Service shared by the proxies, with its rules",
+                    "(ratelimit.yaml, in the ConfigMap the kustomization generates). Its HTTP",
+                    "port (/healthcheck, and /json, which spends quota as a gRPC call does)",
+                    "serves the kubelet's probe only: see networkpolicy.yaml.",
+                ],
+            ),
+            &ratelimit_service(dep),
+        ),
+    ];
+    let mut resources: Vec<&str> = own.to_vec();
+    resources.push("ratelimit-service.yaml");
+    if dep.redis.url.is_none() {
+        files.push(yaml_file(
+            "redis.yaml",
+            &header(
+                team,
+                target,
+                &[
+                    "The Redis the rate-limit service counts in: persistence on (an append-only",
+                    "file, fsync every second), so a restart does not start every window again.",
+                ],
+            ),
+            &redis(dep),
+        ));
+        resources.push("redis.yaml");
+    }
+    let mut policies = vec![ingress_policy(
+        dep,
+        &format!("{svc}-from-proxies"),
+        name_labels(svc),
+        proxies,
+        &[dep.service_port],
+    )];
+    policies.extend(redis_policy(dep, name_labels(svc)));
+    files.push(yaml_file(
+        "networkpolicy.yaml",
+        &header(
+            team,
+            target,
+            &[
+                "Only the proxies reach the rate-limit service, and only on its gRPC port;",
+                "only the service reaches Redis. Whoever reaches either can spend or reset",
+                "any tenant's quota. NetworkPolicies need a network plugin that enforces them.",
+            ],
+        ),
+        &policies,
+    ));
+    resources.push("networkpolicy.yaml");
+    let k = kustomization(
+        dep,
+        &resources,
+        &[(rules_configmap_name(dep), vec!["ratelimit.yaml"])],
+    );
+    files.push(yaml_file(
+        "kustomization.yaml",
+        &header(
+            team,
+            target,
+            &[
+                "kubectl apply -k <this directory>. The namespace is part of what is rendered",
+                "(the rate-limit cluster's name, the Service's DNS name): change it with",
+                "`render --namespace`, not here.",
+            ],
+        ),
+        &[k],
+    ));
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    files
+}
+
+fn fail_comment(target: Target) -> [&'static str; 6] {
+    match target {
+        Target::Istio => [
+            "failStrategy: what requests get when the filter cannot run (the image",
+            "cannot be fetched or fails its sha256, or the filter refuses its configuration):",
+            "  FAIL_CLOSE  Istio puts a deny-all filter in its place: every request 403;",
+            "  FAIL_OPEN   the filter is left out: every request passes, unlimited, and",
+            "              nothing in the response says so.",
+            "When the rate-limit service fails, the filter's on_failure decides.",
+        ],
+        _ => [
+            "failOpen: what requests get when the filter cannot run:",
+            "  false  image missing or digest mismatch: every request 500 (the route is",
+            "         replaced by a direct response); configuration refused: every request 503;",
+            "  true   the route serves without the filter: every request passes, unlimited,",
+            "         and nothing in the response says so.",
+            "When the rate-limit service fails, the filter's on_failure decides.",
+        ],
+    }
+}
+
+/// Istio: the WasmPlugin on the workload's pods, pulling the OCI image;
+/// the rate-limit cluster is Istio's outbound cluster of the Service; the
+/// per-group labels come from a bootstrap override (a ConfigMap the pods
+/// name in an annotation: workload-patch.yaml).
+pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+    let ns = namespace(dep);
+    let mut spec = json!({
+        "selector": {"matchLabels": labels(&dep.workload_labels)},
+        "url": format!("oci://{}", dep.image.as_deref().unwrap_or_default()),
+    });
+    if let (Some(hex), Value::Object(m)) = (&dep.sha256, &mut spec) {
+        m.insert("sha256".into(), json!(hex));
+    }
+    if let Value::Object(m) = &mut spec {
+        m.insert("imagePullPolicy".into(), json!("IfNotPresent"));
+        m.insert("phase".into(), json!(dep.istio_phase));
+        m.insert("pluginName".into(), json!(ROOT_ID));
+        m.insert(
+            "failStrategy".into(),
+            json!(match dep.fail_strategy {
+                Some(FailStrategy::Closed) => "FAIL_CLOSE",
+                _ => "FAIL_OPEN",
+            }),
+        );
+        m.insert("pluginConfig".into(), p.json.clone());
+    }
+    let plugin = json!({
+        "apiVersion": "extensions.istio.io/v1alpha1",
+        "kind": "WasmPlugin",
+        "metadata": {"name": RESOURCE_NAME, "namespace": ns},
+        "spec": spec,
+    });
+    let mut comment: Vec<&str> = vec![
+        "The filter as a WasmPlugin on the pods of the workload (selector), pulled by",
+        "istio-agent from the OCI image (url), checked against sha256: the image",
+        "manifest's digest, 64 hex characters (make oci prints it).",
+        "",
+        "rate_limit_service.cluster is Istio's outbound cluster of the rate-limit Service:",
+        "outbound|<port>||<service>.<namespace>.svc.<cluster domain>. A Sidecar resource",
+        "that limits the workload's egress must let it reach that Service, or the",
+        "cluster is missing and every request passes unlimited (counted in",
+        "tenant_ratelimit_rls_dispatch_failed, and logged once a minute).",
+        "",
+    ];
+    comment.extend(fail_comment(Target::Istio));
+    let override_json = serde_json::to_string_pretty(&json!({"stats_config": stats_config()}))
+        .unwrap_or_default()
+        + "\n";
+    let configmap = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": ISTIO_BOOTSTRAP_CONFIGMAP, "namespace": ns},
+        "data": {ISTIO_BOOTSTRAP_KEY: override_json},
+    });
+    let workload = dep.workload_name.as_deref().unwrap_or_default();
+    let patch = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": workload, "namespace": ns},
+        "spec": {"template": {"metadata": {"annotations": {
+            ISTIO_BOOTSTRAP_ANNOTATION: ISTIO_BOOTSTRAP_CONFIGMAP
+        }}}}
+    });
+    let proxies = vec![json!({"podSelector": {"matchLabels": labels(&dep.workload_labels)}})];
+    let mut files = vec![
+        yaml_file("wasmplugin.yaml", &header(team, Target::Istio, &comment), &[plugin]),
+        yaml_file(
+            "stats-bootstrap.yaml",
+            &header(
+                team,
+                Target::Istio,
+                &[
+                    "The per-group counters' labels (group, source) for the workload's sidecars:",
+                    "stats_tags merged into the bootstrap istio-agent writes (Istio's bootstrap",
+                    "override: the pods name this ConfigMap in the annotation",
+                    "sidecar.istio.io/bootstrapOverride, workload-patch.yaml). Without it the",
+                    "counters are still there, with the group in their names.",
+                ],
+            ),
+            &[configmap],
+        ),
+        yaml_file(
+            "workload-patch.yaml",
+            &header(
+                team,
+                Target::Istio,
+                &[
+                    "The annotation that gives the workload's sidecars stats-bootstrap.yaml.",
+                    "Not a resource of the kustomization (the workload is yours): apply it with",
+                    &format!("  kubectl -n {ns} patch deployment {workload} --patch-file workload-patch.yaml"),
+                    "or add it to your workload's own kustomization as a patch. The pods restart.",
+                ],
+            ),
+            &[patch],
+        ),
+    ];
+    files.extend(shared(
+        team,
+        dep,
+        Target::Istio,
+        proxies,
+        &["wasmplugin.yaml", "stats-bootstrap.yaml"],
+        rules,
+    ));
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    files
+}
+
+/// Envoy Gateway: the EnvoyExtensionPolicy on the HTTPRoute (Envoy
+/// Gateway pulls the image and hands the module to its proxies), and the
+/// EnvoyProxy whose bootstrap Merge adds the rate-limit cluster and the
+/// labels; the Gateway names that EnvoyProxy (gateway-patch.yaml).
+pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+    let ns = namespace(dep);
+    let route = dep.route.as_deref().unwrap_or_default();
+    let gateway = dep.gateway.as_deref().unwrap_or_default();
+    let mut image = json!({"url": dep.image.as_deref().unwrap_or_default()});
+    if let (Some(hex), Value::Object(m)) = (&dep.sha256, &mut image) {
+        m.insert("sha256".into(), json!(hex));
+    }
+    let policy = json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyExtensionPolicy",
+        "metadata": {"name": RESOURCE_NAME, "namespace": ns},
+        "spec": {
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": route}],
+            "wasm": [{
+                "name": RESOURCE_NAME,
+                "rootID": ROOT_ID,
+                "failOpen": dep.fail_strategy == Some(FailStrategy::Open),
+                "code": {"type": "Image", "image": image},
+                "config": p.json.clone(),
+            }]
+        }
+    });
+    let mut comment: Vec<&str> = vec![
+        "The filter on the HTTPRoute. Envoy Gateway pulls the OCI image itself (url,",
+        "checked against sha256: the image manifest's digest, 64 hex characters, as",
+        "make oci prints it) and hands the module to its proxies over its own server.",
+        "rate_limit_service.cluster names the static cluster of envoyproxy.yaml.",
+        "",
+    ];
+    comment.extend(fail_comment(Target::EnvoyGateway));
+    let fragment = bootstrap_fragment(STATIC_CLUSTER, &service_host(dep), dep.service_port);
+    let proxy = json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyProxy",
+        "metadata": {"name": RESOURCE_NAME, "namespace": ns},
+        "spec": {"bootstrap": {"type": "Merge", "value": crate::yaml_out::document(&fragment)}}
+    });
+    let patch = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": gateway, "namespace": ns},
+        "spec": {"infrastructure": {"parametersRef": {
+            "group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": RESOURCE_NAME
+        }}}
+    });
+    let proxies = vec![json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": dep.proxy_namespace}},
+        "podSelector": {"matchLabels": {
+            "app.kubernetes.io/component": "proxy",
+            "app.kubernetes.io/managed-by": "envoy-gateway",
+            "gateway.envoyproxy.io/owning-gateway-name": gateway,
+            "gateway.envoyproxy.io/owning-gateway-namespace": ns
+        }}
+    })];
+    let mut files = vec![
+        yaml_file(
+            "envoyextensionpolicy.yaml",
+            &header(team, Target::EnvoyGateway, &comment),
+            &[policy],
+        ),
+        yaml_file(
+            "envoyproxy.yaml",
+            &header(
+                team,
+                Target::EnvoyGateway,
+                &[
+                    "What the Gateway's proxies need, merged into the bootstrap Envoy Gateway",
+                    "writes (spec.bootstrap type Merge: lists are appended, nothing of Envoy",
+                    "Gateway's own is replaced):",
+                    "- the static cluster the filter calls the rate-limit service through",
+                    "  (HTTP/2): Envoy Gateway creates no cluster for a Wasm filter's own calls;",
+                    "  a static one has a name no xDS update removes or renames;",
+                    "- the per-group counters' labels (group, source).",
+                    "A Gateway takes one EnvoyProxy (gateway-patch.yaml names this one); if yours",
+                    "has one with a bootstrap already, merge these lines into it.",
+                ],
+            ),
+            &[proxy],
+        ),
+        yaml_file(
+            "gateway-patch.yaml",
+            &header(
+                team,
+                Target::EnvoyGateway,
+                &[
+                    "The Gateway's proxies get envoyproxy.yaml. Not a resource of the",
+                    "kustomization (the Gateway is yours): apply it with",
+                    &format!("  kubectl -n {ns} patch gateway {gateway} --type merge --patch-file gateway-patch.yaml"),
+                    "(or set spec.parametersRef of its GatewayClass). Envoy Gateway redeploys",
+                    "the proxies.",
+                ],
+            ),
+            &[patch],
+        ),
+    ];
+    files.extend(shared(
+        team,
+        dep,
+        Target::EnvoyGateway,
+        proxies,
+        &["envoyextensionpolicy.yaml", "envoyproxy.yaml"],
+        rules,
+    ));
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    files
+}
+
+/// Plain Envoy: the filter (http-filter.yaml), what to merge into a
+/// bootstrap (bootstrap-fragment.yaml: the rate-limit cluster and the
+/// labels), a complete bootstrap that uses both (envoy.yaml), the service's
+/// rules; with a namespace, also the sidecar pattern for Kubernetes.
+pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+    let filter = wasm_filter(&p.json, &dep.envoy_wasm_path, dep.fail_strategy);
+    let fragment = bootstrap_fragment(STATIC_CLUSTER, &dep.envoy_service_address, dep.service_port);
+    let ports = Ports {
+        listen: dep.envoy_listen_port,
+        admin: dep.envoy_admin_port,
+        app: dep.envoy_app_port,
+    };
+    let t = Target::Envoy;
+    let mut files = vec![
+        yaml_file(
+            "http-filter.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "The filter, as one entry of your HTTP connection manager's http_filters,",
+                    "before the router. Its configuration is the plugin configuration (JSON);",
+                    "wasm_path is where the .wasm is (make build; or the OCI image's plugin.wasm).",
+                ],
+            ),
+            std::slice::from_ref(&filter),
+        ),
+        yaml_file(
+            "bootstrap-fragment.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "Merge into your bootstrap: envoy -c yours.yaml --config-yaml \"$(cat bootstrap-fragment.yaml)\"",
+                    "(or paste): the rate-limit service's cluster (HTTP/2), which the filter's",
+                    "rate_limit_service.cluster names, and the per-group counters' labels.",
+                ],
+            ),
+            std::slice::from_ref(&fragment),
+        ),
+        yaml_file(
+            "envoy.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "A complete bootstrap: a listener on every address in front of the app on",
+                    "127.0.0.1, admin on 127.0.0.1 only (it can stop Envoy), the filter",
+                    "(http-filter.yaml), the rate-limit cluster and labels (bootstrap-fragment.yaml),",
+                    "and an access log of the refused requests.",
+                ],
+            ),
+            &[bootstrap(&filter, &fragment, &ports)],
+        ),
+        rules_file(rules),
+    ];
+    if dep.namespace.is_some() {
+        files.extend(sidecar(team, dep));
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    files
+}
+
+/// The sidecar pattern: the application's pod runs Envoy with the filter
+/// in front of the app, and the rate-limit service beside it on 127.0.0.1;
+/// every replica counts in one shared Redis. The filter comes from the OCI
+/// image as an image volume (Kubernetes 1.35+).
+fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
+    let t = Target::Envoy;
+    let name = dep.workload_name.as_deref().unwrap_or_default();
+    let pod_labels = labels(&dep.workload_labels);
+    let admin = dep.envoy_admin_port;
+    let wasm_dir = dep
+        .envoy_wasm_path
+        .rsplit_once('/')
+        .map_or("/", |(d, _)| if d.is_empty() { "/" } else { d })
+        .to_string();
+    let reference = match &dep.sha256 {
+        Some(hex) => format!("{}@sha256:{hex}", dep.image.as_deref().unwrap_or_default()),
+        None => dep.image.clone().unwrap_or_default(),
+    };
+    let ready = format!("exec 3<>/dev/tcp/127.0.0.1/{admin} && printf 'GET /ready HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n' >&3 && grep -q LIVE <&3");
+    let drain = format!("exec 3<>/dev/tcp/127.0.0.1/{admin} && printf 'POST /drain_listeners?graceful HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n' >&3 && grep -q OK <&3 && sleep 10");
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace(dep), "labels": pod_labels},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": pod_labels},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": dep.workload_image,
+                            "ports": [{"name": "app", "containerPort": dep.envoy_app_port}],
+                            "lifecycle": {"preStop": {"sleep": {"seconds": 12}}}
+                        },
+                        {
+                            "name": "envoy",
+                            "image": dep.envoy_image,
+                            "args": ["envoy", "-c", "/etc/envoy/envoy.yaml", "--drain-time-s", "10",
+                                     "--drain-strategy", "immediate", "--disable-hot-restart"],
+                            "ports": [{"name": "http", "containerPort": dep.envoy_listen_port}],
+                            "readinessProbe": {"exec": {"command": ["bash", "-c", ready]}, "periodSeconds": 5},
+                            "lifecycle": {"preStop": {"exec": {"command": ["bash", "-c", drain]}}},
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                            "volumeMounts": [
+                                {"name": "envoy-config", "mountPath": "/etc/envoy", "readOnly": true},
+                                {"name": "filter", "mountPath": wasm_dir, "readOnly": true}
+                            ]
+                        },
+                        {
+                            "name": "ratelimit",
+                            "image": dep.service_image,
+                            "command": ["/bin/ratelimit"],
+                            "env": service_env(dep, "127.0.0.1", 8090),
+                            "ports": [{"name": "rl-health", "containerPort": 8090}],
+                            "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "rl-health"}, "periodSeconds": 5},
+                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                            "volumeMounts": [{"name": "ratelimit-config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "envoy-config", "configMap": {"name": "envoy-config"}},
+                        {"name": "filter", "image": {"reference": reference, "pullPolicy": "IfNotPresent"}},
+                        {"name": "ratelimit-config", "configMap": {"name": rules_configmap_name(dep)}}
+                    ]
+                }
+            }
+        }
+    });
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace(dep), "labels": pod_labels},
+        "spec": {"selector": pod_labels, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}
+    });
+    let mut policies = vec![ingress_policy(
+        dep,
+        &format!("{name}-envoy-only"),
+        pod_labels.clone(),
+        Vec::new(),
+        &[dep.envoy_listen_port],
+    )];
+    policies.extend(redis_policy(dep, pod_labels.clone()));
+    let mut files = vec![
+        yaml_file(
+            "sidecar.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "The sidecar pattern: the application's pod runs Envoy with the filter in",
+                    "front of the app (which listens on 127.0.0.1) and the rate-limit service",
+                    "beside it on 127.0.0.1; every replica counts in the one shared Redis. The",
+                    "filter is the OCI image's plugin.wasm, mounted as an image volume",
+                    "(Kubernetes 1.35 and later). Envoy drains on preStop within the grace period.",
+                ],
+            ),
+            &[deployment, service],
+        ),
+        yaml_file(
+            "networkpolicy.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "The pods take connections on Envoy's listener only (the rate-limit service's",
+                    "HTTP port, whose /json spends quota, serves the kubelet's probe only); only",
+                    "they reach Redis. Whoever reaches the service or Redis can spend or reset any",
+                    "tenant's quota. NetworkPolicies need a network plugin that enforces them.",
+                ],
+            ),
+            &policies,
+        ),
+    ];
+    let mut resources = vec!["sidecar.yaml"];
+    if dep.redis.url.is_none() {
+        files.push(yaml_file(
+            "redis.yaml",
+            &header(
+                team,
+                t,
+                &[
+                    "The Redis the rate-limit service counts in: persistence on (an append-only",
+                    "file, fsync every second), so a restart does not start every window again.",
+                ],
+            ),
+            &redis(dep),
+        ));
+        resources.push("redis.yaml");
+    }
+    resources.push("networkpolicy.yaml");
+    let k = kustomization(
+        dep,
+        &resources,
+        &[
+            ("envoy-config".to_string(), vec!["envoy.yaml"]),
+            (rules_configmap_name(dep), vec!["ratelimit.yaml"]),
+        ],
+    );
+    files.push(yaml_file(
+        "kustomization.yaml",
+        &header(
+            team,
+            t,
+            &[
+                "kubectl apply -k <this directory>: the sidecar Deployment, its ConfigMaps",
+                "(envoy.yaml, ratelimit.yaml), Redis and the NetworkPolicies.",
+            ],
+        ),
+        &[k],
+    ));
+    files
+}
