@@ -15,6 +15,13 @@ the whole benchmark:
                 generates (local layer on, its defaults: mode "exact")
   filter_lease  the same with local.mode "lease"
   filter_sync   the same with local.mode "sync"
+  filter_local  the same with on_failure "local" (fallback.envoys 1): only
+                the outage scenario runs it
+
+The outage scenario freezes the service (SIGSTOP) for each of its runs:
+Envoy's native filters wait for their timeout on every request; this
+filter's breaker opens after a few failed calls and answers at once, with
+on_failure "allow" (filter) or each tenant's share (filter_local).
 
 All use the same team file (bench/limits.json, plus the bench's own tenants:
 see quota_limits), the same service and domain, the same rate-limit call
@@ -65,7 +72,10 @@ import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
-CONFIGS = ("baseline", "native", "filter", "filter_lease", "filter_sync")
+CONFIGS = ("baseline", "native", "filter", "filter_lease", "filter_sync", "filter_local")
+# The outage scenario runs these only, and no other scenario runs
+# filter_local (the same as filter while the service answers).
+OUTAGE_CONFIGS = ("native", "filter", "filter_local")
 # This filter's configurations that differ from `filter` only in local.mode.
 MODE_CONFIGS = {"filter_lease": "lease", "filter_sync": "sync"}
 # The pinned scenario: Envoys per configuration, and the quota of its group
@@ -114,6 +124,8 @@ class Scenario:
     quota_units: tuple[str, ...] = ()
     # Runs against the first Envoy of a fleet of PINNED_FLEET per configuration.
     pinned: bool = False
+    # The service frozen (SIGSTOP) during each run.
+    outage: bool = False
 
     def args_for(self, cfg: str) -> tuple[str, ...]:
         return tuple(a.format(cfg=cfg) for a in self.wrk_args)
@@ -137,6 +149,8 @@ SCENARIOS = (
     Scenario("pinned", f"Pinned tenant: one tenant (quota per minute) on 1 of {PINNED_FLEET} "
              "Envoys, another on the other two",
              ("single", "pinned-{cfg}"), ("pinned-{cfg}",), ("minute",), pinned=True),
+    Scenario("outage", "Outage: 1,000 tenants while the rate-limit service is frozen",
+             ("uniform", "o-{cfg}-", "1000"), outage=True),
 )
 # The pinned scenario's other tenant: on every Envoy of the fleet but the first.
 SPREAD_TENANT = "spread-{cfg}"
@@ -453,9 +467,15 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         background = [wrk_start(e.url, ("single", spread), header, 1,
                                 PINNED_BACKGROUND_CONNECTIONS, duration, [spread])
                       for e in fleet[1:]]
+    if scenario.outage:
+        rls.freeze()
     t0 = time.time()
-    result = wrk(envoy.url, scenario, header, args.threads, args.connections, duration,
-                 cfg=cfg, track=track)
+    try:
+        result = wrk(envoy.url, scenario, header, args.threads, args.connections, duration,
+                     cfg=cfg, track=track)
+    finally:
+        if scenario.outage:
+            rls.thaw()
     t1 = time.time()
     spread_results = [wrk_finish(b, duration) for b in background]
     calls = settled_calls(envoy, cluster) - calls0
@@ -620,6 +640,9 @@ def main() -> int:
             elif cfg == "filter_alt":
                 text = h.render_envoy_config(plugin_cfg, node_id=cfg,
                                              wasm_path=args.alt_wasm.resolve(), **ports)
+            elif cfg == "filter_local":
+                local = dict(plugin_cfg, on_failure="local", fallback={"envoys": 1})
+                text = h.render_envoy_config(local, node_id=cfg, **ports)
             elif cfg in MODE_CONFIGS:
                 moded = dict(plugin_cfg, local=dict(plugin_cfg["local"], mode=MODE_CONFIGS[cfg]))
                 text = h.render_envoy_config(moded, node_id=cfg, **ports)
@@ -629,7 +652,7 @@ def main() -> int:
 
         for cfg in configs:
             parts[cfg] = envoy_for(cfg, cfg)
-            if pinned_chosen and cfg != "baseline":
+            if pinned_chosen and cfg not in ("baseline", "filter_local"):
                 # The pinned scenario's fleet: this Envoy and copies of it.
                 parts["fleets"][cfg] = [parts[cfg], *(
                     envoy_for(cfg, f"{cfg}-{i}") for i in range(2, PINNED_FLEET + 1))]
@@ -637,7 +660,8 @@ def main() -> int:
         for scenario in chosen:
             print(f"{scenario.title}", flush=True)
             # The pinned scenario is about a quota: no baseline fleet.
-            cfgs = [c for c in configs if not (scenario.pinned and c == "baseline")]
+            cfgs = [c for c in configs if not (scenario.pinned and c == "baseline")
+                    and (c in OUTAGE_CONFIGS if scenario.outage else c != "filter_local")]
             win = windows.setdefault(scenario.name, {})
             spans = intervals.setdefault(scenario.name, {})
             if args.warmup:

@@ -11,7 +11,8 @@ means here: every request got an HTTP answer (no connection error, no
 client timeout), every answer is a 200 or a 429, and the filter's counters
 account for each request exactly once, with each fail-open 200 (no
 `x-ratelimit-limit`: the service never answered) counted in
-`failure_mode_allowed` and `rls_error`.
+`failure_mode_allowed` and in `rls_error` (a failed call) or
+`breaker_skipped` (no call: the breaker was open).
 """
 
 from __future__ import annotations
@@ -27,7 +28,12 @@ from harness import HarnessError, Result
 
 # One of these per request with a tenant: the filter's decision counters.
 DECISIONS = ("allowed", "over_limit", "cached_over_limit", "local_over_limit",
-             "failure_mode_allowed", "failure_mode_denied")
+             "failure_mode_allowed", "failure_mode_denied", "fallback_allowed",
+             "fallback_over_limit")
+# The service could not decide these: each either made a failed call
+# (`rls_error`) or none, the breaker being open (`breaker_skipped`).
+UNDECIDED = ("failure_mode_allowed", "failure_mode_denied", "fallback_allowed",
+             "fallback_over_limit")
 
 
 def fresh_tenants(prefix: str) -> Callable[[int], str]:
@@ -130,8 +136,8 @@ def check_accounting(results: list[Result], counted: Counter, others: int = 0) -
     # Probes can fail open too: every fail-open of `results` is counted, and
     # nothing else fails open beyond the probes.
     assert opened <= counted["failure_mode_allowed"] <= opened + others, (opened, dict(counted))
-    assert counted["rls_error"] == counted["failure_mode_allowed"] + counted["failure_mode_denied"], (
-        dict(counted))
+    undecided = sum(counted.get(k, 0) for k in UNDECIDED)
+    assert counted["rls_error"] + counted["breaker_skipped"] == undecided, dict(counted)
     assert counted["local_error"] == 0, dict(counted)
     return {"requests": len(results), "statuses": dict(statuses), "failed_open": opened,
             "counters": {k: v for k, v in counted.items() if v}}

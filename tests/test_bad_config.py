@@ -43,6 +43,18 @@ def _max_tenant_length_too_big(cfg):
     cfg["max_tenant_length"] = 5000
 
 
+def _deny_with_a_success_status(cfg):
+    cfg["on_failure"] = "deny"
+    cfg["status_on_error"] = 200
+
+
+def _local_without_envoys(cfg):
+    cfg["on_failure"] = "local"
+
+
+def _breaker_probe_too_fast(cfg):
+    cfg["breaker"] = {"probe_interval_ms": 1}
+
 
 def _bad_response_cost_header(cfg):
     cfg["response_cost_header"] = "X Cost"
@@ -65,6 +77,12 @@ BAD_CONFIGS = {
     "max-tenant-length-too-big": (_max_tenant_length_too_big,
                                   ["invalid configuration",
                                    "max_tenant_length: must be at most 4096 (bytes), got 5000"]),
+    "deny-with-a-success-status": (_deny_with_a_success_status,
+                                   ["invalid configuration", "status_on_error: 200"]),
+    "local-without-envoys": (_local_without_envoys,
+                             ["invalid configuration", "fallback.envoys"]),
+    "breaker-probe-too-fast": (_breaker_probe_too_fast,
+                               ["invalid configuration", "breaker.probe_interval_ms"]),
     "bad-response-cost-header": (_bad_response_cost_header,
                                  ["invalid configuration", "response_cost_header"]),
     "bad-route": (_bad_route, ["invalid configuration",

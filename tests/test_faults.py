@@ -132,7 +132,8 @@ def test_slow_redis_within_the_timeout_costs_latency_not_accuracy(stack):
         rls = stack.ratelimit(redis, gen,
                               extra_env={"REDIS_URL": f"{harness.LOOPBACK}:{proxy.port}"})
         upstream = stack.upstream()
-        cfg = gen.plugin_config()
+        # The breaker off: every late call waits for its timeout.
+        cfg = gen.plugin_config(breaker={"enabled": False})
         envoys = [stack.envoy(cfg, rls, upstream, name=f"envoy-{i + 1}") for i in range(2)]
         fleet = harness.Fleet(gen, redis, rls, upstream, envoys)
         ensure_window_room(3600, 180)

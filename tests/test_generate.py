@@ -200,16 +200,22 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     for key in keys:
         assert fleet.redis.get_int(key) == 1, (key, fleet.redis.keys(f"{fleet.domain}_*"))
     # The same through the team file and --domain, but for the group's mode
-    # and how calls go, which only the plugin configuration holds.
+    # and how calls go and what a request gets when the service cannot decide,
+    # which only the plugin configuration holds.
     team = run_cli("explain", fleet.generated.out_dir / "limits.json", "--domain", fleet.domain,
                    "--tenant", "tenant-c", "--at", at)
-    mode = "mode:    exact (local.mode): one call to the service per request\n"
-    calls = ("calls:   batched per worker (rate_limit_service.batch): while 2 calls are under "
-             "way, requests queue and go together in the next one, at most 100 descriptors "
-             "per call\n")
-    assert mode in proc.stdout and mode not in team.stdout
-    assert calls in proc.stdout and calls not in team.stdout
-    assert team.stdout == proc.stdout.replace(mode, "").replace(calls, "")
+    plugin_only = ("mode:    exact (local.mode): one call to the service per request\n",
+                   "calls:   batched per worker (rate_limit_service.batch): while 2 calls are under "
+                   "way, requests queue and go together in the next one, at most 100 descriptors "
+                   "per call\n",
+                   "failure: allow: let through, unlimited (fail open)\n",
+                   "breaker: after 5 failed calls in a row, no calls: one probe every 1000 ms "
+                   "until the service answers\n")
+    stripped = proc.stdout
+    for line in plugin_only:
+        assert line in proc.stdout and line not in team.stdout, line
+        stripped = stripped.replace(line, "")
+    assert team.stdout == stripped
 
 
 def test_validate_reports_every_problem_with_its_place(tmp_path):

@@ -25,12 +25,13 @@ GROUP_METRICS = {
     "tenant_ratelimit_group_near_limit": {"group"},
     "tenant_ratelimit_group_failed_open": {"group"},
     "tenant_ratelimit_group_no_rule": {"group"},
+    "tenant_ratelimit_group_fallback_admitted": {"group"},
 }
-SOURCES = ("service", "cache", "bucket", "sync")
-# Every per-group counter (filter/src/counters.rs GroupCounter): the six
-# families above (refused and shadow_refused by 4 sources: 12 series), the
+SOURCES = ("service", "cache", "bucket", "sync", "fallback")
+# Every per-group counter (filter/src/counters.rs GroupCounter): the seven
+# families above (refused and shadow_refused by 5 sources: 15 series), the
 # 12 of lease and sync mode, and the 3 of response costs.
-PER_GROUP = 27
+PER_GROUP = 30
 
 
 def scrape(envoy: harness.Envoy) -> dict[tuple[str, tuple], float]:
@@ -97,9 +98,10 @@ def test_the_scrape_shows_each_groups_counters_with_group_and_source_labels(stac
     assert refused == 5
 
     # Exactly these series: 3 groups x (admitted, near_limit, failed_open,
-    # no_rule, and refused and shadow_refused by 4 sources), whatever the tenants.
+    # no_rule, fallback_admitted, and refused and shadow_refused by 5
+    # sources), whatever the tenants.
     group_series = [(n, dict(l)) for (n, l) in m if n in GROUP_METRICS]
-    assert len(group_series) == 3 * 12, group_series
+    assert len(group_series) == 3 * 15, group_series
     every = [(n, dict(l)) for (n, l) in m if n.startswith("tenant_ratelimit_group_")]
     assert len(every) == 3 * PER_GROUP, sorted(n for n, _ in every)
     assert all(set(l) <= {"group", "source"} for _, l in every), every

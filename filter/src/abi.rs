@@ -31,6 +31,7 @@ pub const GRPC_RECEIVE_BUFFER: u32 = 5;
 pub const PLUGIN_CONFIGURATION: u32 = 7;
 /// Metric kinds.
 pub const COUNTER: u32 = 0;
+pub const GAUGE: u32 = 1;
 pub const HISTOGRAM: u32 = 2;
 /// `proxy_continue_stream`'s request stream.
 const HTTP_REQUEST: u32 = 0;

@@ -1,8 +1,9 @@
 //! What Envoy's access log learns about a refused or shadow-refused
-//! request: four stream properties, which Envoy keeps as filter state
-//! `wasm.<name>` and prints with `%FILTER_STATE(wasm.<name>:PLAIN)%`.
-//! Only refusals set them (an admitted request costs no host call here);
-//! the README's access-log format prints them.
+//! request, and about one the fallback admitted: four stream properties,
+//! which Envoy keeps as filter state `wasm.<name>` and prints with
+//! `%FILTER_STATE(wasm.<name>:PLAIN)%`. Only those set them (a request the
+//! service admits costs no host call here); the README's access-log format
+//! prints them.
 
 use crate::counters::{Counter, GroupCounter};
 use crate::host::Host;
@@ -13,10 +14,10 @@ use crate::host::Host;
 pub const TENANT: &str = "tenant_ratelimit_tenant";
 /// The tenant's group (`default` or a named one).
 pub const GROUP: &str = "tenant_ratelimit_group";
-/// `refused` or `shadow_refused`.
+/// `refused` or `shadow_refused`; `admitted` for the fallback's admissions.
 pub const VERDICT: &str = "tenant_ratelimit_verdict";
-/// What refused it: `service`, `cache`, `bucket`, `sync`, `missing_tenant`,
-/// `tenant_too_long`, `tenant_repeated` or `limiter_error`.
+/// What decided: `service`, `cache`, `bucket`, `sync`, `fallback`,
+/// `missing_tenant`, `tenant_too_long`, `tenant_repeated` or `limiter_error`.
 pub const SOURCE: &str = "tenant_ratelimit_source";
 
 /// What refused a request.
@@ -30,6 +31,9 @@ pub enum Source {
     Bucket,
     /// Sync mode: the Envoy's view of the fleet's count is at the limit.
     Sync,
+    /// `on_failure: local`: the Envoy's share of a limit is used up while
+    /// the service cannot decide.
+    Fallback,
     /// No tenant header, and `missing_tenant: deny`.
     MissingTenant,
     /// The tenant header value is longer than `max_tenant_length` (431).
@@ -47,6 +51,7 @@ impl Source {
             Source::Cache => "cache",
             Source::Bucket => "bucket",
             Source::Sync => "sync",
+            Source::Fallback => "fallback",
             Source::MissingTenant => "missing_tenant",
             Source::TenantTooLong => "tenant_too_long",
             Source::TenantRepeated => "tenant_repeated",
@@ -63,6 +68,7 @@ impl Source {
             Source::Cache => Some(Counter::CachedOverLimit),
             Source::Bucket => Some(Counter::LocalOverLimit),
             Source::Sync => Some(Counter::SyncOverLimit),
+            Source::Fallback => Some(Counter::FallbackOverLimit),
             Source::MissingTenant
             | Source::TenantTooLong
             | Source::TenantRepeated
@@ -80,6 +86,8 @@ impl Source {
             (Source::Bucket, false) => Some(GroupCounter::RefusedBucket),
             (Source::Sync, false) => Some(GroupCounter::SyncRefused),
             (Source::Sync, true) => Some(GroupCounter::ShadowRefusedSync),
+            (Source::Fallback, false) => Some(GroupCounter::FallbackRefused),
+            (Source::Fallback, true) => Some(GroupCounter::ShadowRefusedFallback),
             (Source::Service, true) => Some(GroupCounter::ShadowRefusedService),
             (Source::Cache, true) => Some(GroupCounter::ShadowRefusedCache),
             (Source::Bucket, true) => Some(GroupCounter::ShadowRefusedBucket),
@@ -107,10 +115,31 @@ pub fn record<H: Host + ?Sized>(
     shadow: bool,
     source: Source,
 ) {
+    set(host, tenant, group, verdict_name(shadow), source);
+}
+
+/// Sets the access-log properties of a request `source` admitted while the
+/// service could not decide (the fallback), verdict `admitted`.
+pub fn record_admitted<H: Host + ?Sized>(
+    host: &H,
+    tenant: Option<&str>,
+    group: Option<&str>,
+    source: Source,
+) {
+    set(host, tenant, group, "admitted", source);
+}
+
+fn set<H: Host + ?Sized>(
+    host: &H,
+    tenant: Option<&str>,
+    group: Option<&str>,
+    verdict: &str,
+    source: Source,
+) {
     let fields = [
         (TENANT, tenant),
         (GROUP, group),
-        (VERDICT, Some(verdict_name(shadow))),
+        (VERDICT, Some(verdict)),
         (SOURCE, Some(source.name())),
     ];
     for (name, value) in fields {

@@ -26,6 +26,8 @@ pub enum RlsError {
     Expired,
     /// The worker's queue of calls is full.
     QueueFull,
+    /// No call was made: the breaker is open (`breaker`).
+    BreakerOpen,
 }
 
 impl fmt::Display for RlsError {
@@ -37,6 +39,7 @@ impl fmt::Display for RlsError {
             RlsError::Host(e) => e.fmt(f),
             RlsError::Expired => f.write_str("no answer within timeout_ms"),
             RlsError::QueueFull => f.write_str("the worker's queue of calls is full"),
+            RlsError::BreakerOpen => f.write_str("the breaker is open"),
         }
     }
 }

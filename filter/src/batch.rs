@@ -25,6 +25,12 @@
 //!   came is taken as failed a second past its deadline (`sweep`). A queued
 //!   part always has a call under way that ends before its own deadline,
 //!   so it goes before its time is up.
+//! - **The breaker** (`breaker`): every call is gated where it goes
+//!   (`send`): while the breaker is open a call that is not its probe is
+//!   not made, and each of its parts fails with `RlsError::BreakerOpen`
+//!   (settled as a failed call; a request gets `on_failure`). A call is one
+//!   outcome for the breaker, however many parts it carries: its answer
+//!   (`answered`), a dispatch that failed, or a lost call (`sweep`).
 //! - **A stream that ends** (`forget_stream`): its queued part is dropped,
 //!   nothing is sent for it; a part of a call under way is still settled
 //!   (its lease or sync answer stored), its answer delivered to nobody.
@@ -45,6 +51,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 use crate::answer::{decode, Answer, RlsError};
+use crate::breaker::{self, Gate};
 use crate::counters::Counter;
 use crate::decision::{descriptor_count, tenant_message, Compiled};
 use crate::health::{self, LogThrottle};
@@ -264,6 +271,8 @@ pub struct Batcher {
     unsplittable: Cell<bool>,
     /// The "cannot call the service" warnings (`health::dispatch_failed`).
     pub warnings: LogThrottle,
+    /// What this worker last read of the breaker (`breaker::Cache`).
+    pub breaker: breaker::Cache,
 }
 
 impl Batcher {
@@ -317,7 +326,7 @@ impl Batcher {
     /// it is.
     pub fn ask<H: Host + ?Sized>(&self, c: &Compiled, host: &H, part: Part) -> Vec<Done> {
         let now = host.now_ms();
-        let mut done = self.sweep(now);
+        let mut done = self.sweep(c, host, now);
         if !self.batching(c) {
             self.send(c, host, vec![part], now, &mut done);
             return done;
@@ -351,7 +360,7 @@ impl Batcher {
     /// queue, and the whole queue goes.
     pub fn tick<H: Host + ?Sized>(&self, c: &Compiled, host: &H, parts: Vec<Part>) -> Vec<Done> {
         let now = host.now_ms();
-        let mut done = self.sweep(now);
+        let mut done = self.sweep(c, host, now);
         if !self.batching(c) {
             for part in parts {
                 self.send(c, host, vec![part], now, &mut done);
@@ -400,12 +409,14 @@ impl Batcher {
                 None
             };
             let heard = decode(grpc_status, body.as_deref());
+            // One call, one outcome for the breaker, however many parts.
+            breaker::record(c, host, &self.breaker, heard.as_ref().err(), now);
             let again = self.split(host, flight.parts, heard, &mut done);
             for part in again {
                 self.send(c, host, vec![part], now, &mut done);
             }
         }
-        done.extend(self.sweep(now));
+        done.extend(self.sweep(c, host, now));
         self.flush(c, host, Flush::All, now, &mut done);
         done
     }
@@ -454,8 +465,9 @@ impl Batcher {
         c.config.batch.enabled && !self.unsplittable.get()
     }
 
-    /// Expired queued parts, and the parts of calls whose answer never came.
-    fn sweep(&self, now: u64) -> Vec<Done> {
+    /// Expired queued parts, and the parts of calls whose answer never came
+    /// (each such call a failed one for the breaker).
+    fn sweep<H: Host + ?Sized>(&self, c: &Compiled, host: &H, now: u64) -> Vec<Done> {
         let mut done = Vec::new();
         if let Ok(mut q) = self.queue.try_borrow_mut() {
             if q.iter().any(|p| p.deadline_ms <= now) {
@@ -474,7 +486,9 @@ impl Batcher {
                     .map(|(t, _)| *t)
                     .collect();
                 for fl in tokens.iter().filter_map(|t| f.remove(t)) {
-                    done.extend(fl.parts.into_iter().map(|p| failed(p, RlsError::Expired)));
+                    let why = RlsError::Expired;
+                    breaker::record(c, host, &self.breaker, Some(&why), now);
+                    done.extend(fl.parts.into_iter().map(|p| failed(p, why.clone())));
                 }
             }
         }
@@ -517,7 +531,9 @@ impl Batcher {
     }
 
     /// Sends `parts` as one call, given the time its most urgent part has
-    /// left; a call that cannot be sent fails every part.
+    /// left; a call that cannot be sent fails every part, and so does one
+    /// the open breaker keeps in (`RlsError::BreakerOpen`: no call failed).
+    /// A probe of the open breaker may be a call of many parts.
     fn send<H: Host + ?Sized>(
         &self,
         c: &Compiled,
@@ -537,6 +553,10 @@ impl Batcher {
             done.extend(parts.into_iter().map(|p| failed(p, RlsError::Undecodable)));
             return;
         };
+        if breaker::may_call(c, host, &self.breaker, now) == Gate::Fallback {
+            done.extend(parts.into_iter().map(|p| failed(p, RlsError::BreakerOpen)));
+            return;
+        }
         let timeout = u32::try_from(deadline - now).unwrap_or(u32::MAX);
         match host.dispatch_grpc(&c.upstream, SERVICE, METHOD, &message, timeout) {
             Ok(token) => {
@@ -562,6 +582,7 @@ impl Batcher {
             Err(e) => {
                 health::dispatch_failed(c, host, &self.warnings, &e);
                 let why = RlsError::Host(e);
+                breaker::record(c, host, &self.breaker, Some(&why), now);
                 done.extend(parts.into_iter().map(|p| failed(p, why.clone())));
             }
         }

@@ -93,6 +93,24 @@ counters! {
     /// per descriptor (it cannot answer batches): the worker sends one
     /// request per call from then on. Counted once per worker.
     BatchUnsplittable => "tenant_ratelimit.batch_unsplittable",
+    /// The breaker opened: `breaker.failures` calls failed in a row.
+    BreakerOpened => "tenant_ratelimit.breaker_opened",
+    /// The breaker closed: a call was answered while it was open.
+    BreakerClosed => "tenant_ratelimit.breaker_closed",
+    /// Calls sent while the breaker was open to probe the service.
+    BreakerProbes => "tenant_ratelimit.breaker_probes",
+    /// Milliseconds the breaker was open, added when it closes.
+    BreakerOpenMs => "tenant_ratelimit.breaker_open_ms",
+    /// Calls not made because the breaker was open: each such request was
+    /// answered by `on_failure` at once (a lease refill or sync push was
+    /// settled as failed).
+    BreakerSkipped => "tenant_ratelimit.breaker_skipped",
+    /// `on_failure: local`: admitted by the fallback, within this Envoy's
+    /// share of the limits.
+    FallbackAllowed => "tenant_ratelimit.fallback_allowed",
+    /// `on_failure: local`: refused by the fallback (429, source
+    /// `fallback`).
+    FallbackOverLimit => "tenant_ratelimit.fallback_over_limit",
     /// A `response_cost_header` value (header or trailer) that is not an
     /// integer from 1 to `max_cost`: nothing more charged, the response
     /// untouched.
@@ -133,6 +151,32 @@ impl Histogram {
 
 /// How many histograms there are.
 pub const HISTOGRAMS: usize = Histogram::ALL.len();
+
+/// A gauge (an Envoy gauge, shared by every VM of the plugin: the last
+/// value set wins).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gauge {
+    /// 1 while the breaker is open, else 0 (set by the worker that opens
+    /// or closes it).
+    BreakerOpen,
+}
+
+impl Gauge {
+    pub const ALL: &'static [Gauge] = &[Gauge::BreakerOpen];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Gauge::BreakerOpen => "tenant_ratelimit.breaker_open",
+        }
+    }
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// How many gauges there are.
+pub const GAUGES: usize = Gauge::ALL.len();
 
 use ratelimit_config::plugin::OTHER_GROUP;
 
@@ -230,6 +274,14 @@ group_counters! {
     SyncFailed => "sync.failed",
     /// Sync mode: would have been refused locally (shadow).
     ShadowRefusedSync => "shadow_refused.sync",
+    /// `on_failure: local`: admitted by the fallback while the service
+    /// could not decide (also in `admitted`).
+    FallbackAdmitted => "fallback.admitted",
+    /// `on_failure: local`: refused by the fallback (source `fallback`).
+    FallbackRefused => "refused.fallback",
+    /// `on_failure: local`: would have been refused by the fallback
+    /// (shadow).
+    ShadowRefusedFallback => "shadow_refused.fallback",
     /// Response costs charged after the response (`response_cost_header`):
     /// charges the service answered.
     ResponseCostCharges => "response_cost.charges",
@@ -249,6 +301,7 @@ pub const GROUP_COUNTERS: usize = GroupCounter::ALL.len();
 pub enum MetricKind {
     Counter,
     Histogram,
+    Gauge,
 }
 
 /// The ids the host gave every metric when they were defined (None: that
@@ -264,6 +317,7 @@ pub struct MetricIds {
     /// By group index (`limits.all_groups()` order): its series.
     series_of: Vec<u32>,
     histograms: [Option<u32>; HISTOGRAMS],
+    gauges: [Option<u32>; GAUGES],
 }
 
 impl MetricIds {
@@ -305,11 +359,16 @@ impl MetricIds {
         for (id, h) in histograms.iter_mut().zip(Histogram::ALL) {
             *id = define(MetricKind::Histogram, h.name());
         }
+        let mut gauges = [None; GAUGES];
+        for (id, g) in gauges.iter_mut().zip(Gauge::ALL) {
+            *id = define(MetricKind::Gauge, g.name());
+        }
         MetricIds {
             counters,
             series,
             series_of,
             histograms,
+            gauges,
         }
     }
 
@@ -326,6 +385,10 @@ impl MetricIds {
 
     pub fn histogram(&self, h: Histogram) -> Option<u32> {
         self.histograms.get(h.index()).copied().flatten()
+    }
+
+    pub fn gauge(&self, g: Gauge) -> Option<u32> {
+        self.gauges.get(g.index()).copied().flatten()
     }
 }
 
@@ -357,7 +420,8 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 23);
+        assert_eq!(COUNTERS, 30);
+        assert_eq!(Gauge::BreakerOpen.name(), "tenant_ratelimit.breaker_open");
         assert_eq!(
             Counter::TenantRepeated.name(),
             "tenant_ratelimit.tenant_repeated"
@@ -387,7 +451,10 @@ mod tests {
                 (name != "tenant_ratelimit.group.gold.admitted").then_some(defined.len() as u32)
             },
         );
-        assert_eq!(defined.len(), COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS);
+        assert_eq!(
+            defined.len(),
+            COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS + GAUGES
+        );
         let id_of = |name: &str| {
             defined
                 .iter()
@@ -408,7 +475,11 @@ mod tests {
             ids.histogram(Histogram::RlsLatencyMs),
             id_of("tenant_ratelimit.rls_latency_ms")
         );
-        assert_eq!(defined.last().map(|(k, _)| *k), Some(MetricKind::Histogram));
+        assert_eq!(defined.last().map(|(k, _)| *k), Some(MetricKind::Gauge));
+        assert_eq!(
+            ids.gauge(Gauge::BreakerOpen),
+            id_of("tenant_ratelimit.breaker_open")
+        );
     }
 
     #[test]
@@ -425,7 +496,10 @@ mod tests {
             Some(defined.len() as u32)
         });
         // gold's counters, then other's once (default, silver and bronze).
-        assert_eq!(defined.len(), COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS);
+        assert_eq!(
+            defined.len(),
+            COUNTERS + 2 * GROUP_COUNTERS + HISTOGRAMS + GAUGES
+        );
         let id_of = |name: &str| defined.iter().position(|n| n == name).map(|i| i as u32 + 1);
         let other = id_of("tenant_ratelimit.group.other.admitted");
         assert!(other.is_some());

@@ -16,9 +16,10 @@
 //! 2. `on_answer`: the service's answer for this request (its share of the
 //!    call's, split back by the root that received it). OK admits the
 //!    request (its X-RateLimit-* headers are kept for the response);
-//!    OVER_LIMIT is a 429, remembered in the over-limit cache; an error or
-//!    timeout fails open, or answers `status_on_error` with
-//!    `failure_mode_deny`.
+//!    OVER_LIMIT is a 429, remembered in the over-limit cache; an error, a
+//!    timeout or an open breaker (`breaker`: no call was made) gets
+//!    `on_failure`: let through, `status_on_error`, or the local fallback
+//!    (`fallback`).
 //! 3. `on_response_headers`: adds the kept headers to the upstream's
 //!    response.
 //!
@@ -26,10 +27,10 @@
 //! which the glue implements with proxy-wasm hostcalls and
 //! `testing::MemHost` in memory, and what it keeps per VM is `vm::Vm`; so
 //! this file is pure code, tested path by path below. A host call that
-//! fails is a limiter failure (fail open, unless `failure_mode_deny`) or,
+//! fails is a limiter failure (`on_failure`) or,
 //! in the local layer, skips that layer; it never panics.
 
-use crate::access_log::{record, Source};
+use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
 use crate::batch::{Owner, Part, Settle};
 use crate::cost::{charge_response, request_cost, CostError};
@@ -37,6 +38,7 @@ use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
     self, decide, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict, RETRY_AFTER,
 };
+use crate::fallback::{self, Decided};
 use crate::headers::group_policy;
 use crate::health;
 use crate::host::{Host, HostError};
@@ -45,7 +47,7 @@ use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError}
 use crate::modes::{finish, local_error, local_step, remember, route_step, ModeStep};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
-use ratelimit_config::UnitLimits;
+use ratelimit_config::{OnFailure, UnitLimits};
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,6 +79,10 @@ pub struct Stream {
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
+    /// The request's cost (`cost_header`; 1 without), and the hits its
+    /// call carried (a lease's batch, hits a mode change carried).
+    cost: u32,
+    hits: u32,
     /// The tenant's slot on its route, when the request is on a route with
     /// limits of its own and the local layer is on.
     route_slot: Option<SlotRef>,
@@ -113,7 +119,7 @@ impl Stream {
     ) -> Next {
         let tenant = match tenant::read(&c.tenant, host) {
             Ok(t) => t,
-            Err(e) => return limiter_error(c, host, None, &RlsError::Host(e)),
+            Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let mut limited = match first_step(c, &tenant) {
             Step::AllowMissingTenant => {
@@ -152,9 +158,10 @@ impl Stream {
                 host.count(Counter::CostInvalid);
                 return local_reply(host, 400, &[], &why);
             }
-            Err(CostError::Host(e)) => return limiter_error(c, host, None, &RlsError::Host(e)),
+            Err(CostError::Host(e)) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let group = limited.group_index;
+        self.cost = cost;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
         self.own_statuses = limited.group.limits.len();
@@ -231,6 +238,7 @@ impl Stream {
             _ => Settle::Exact,
         };
         let hits = lease_batch.unwrap_or(cost).saturating_add(carried);
+        self.hits = hits;
         let owner = Owner::Stream {
             id: self.id,
             settle,
@@ -275,6 +283,9 @@ impl Stream {
         vm: &Vm,
         heard: Result<Answer, RlsError>,
     ) -> Next {
+        if let (Ok(answer), Some(at), Some(group)) = (&heard, self.slot, self.group) {
+            fallback::on_answer(c, host, group, at, self.hits, answer);
+        }
         let Decision {
             verdict,
             to_client,
@@ -331,7 +342,8 @@ impl Stream {
                 self.charge_armed = self.shadow;
                 self.refuse(c, host, None, Source::Service, headers, to_client)
             }
-            Verdict::Error(why) => limiter_error(c, host, self.group, &why),
+            Verdict::Error(RlsError::BreakerOpen) => self.on_failure(c, host, None),
+            Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
         }
     }
 
@@ -355,9 +367,7 @@ impl Stream {
         if let (Some(g), Some(counter)) = (group, source.group_counter(self.shadow)) {
             host.count_group(g, counter);
         }
-        let group_name = group
-            .and_then(|g| c.config.limits.all_groups().nth(g))
-            .map(|g| g.name.as_str());
+        let group_name = self.group_name(c);
         match tenant {
             Some(t) => record(host, Some(t), group_name, self.shadow, source),
             None => {
@@ -372,6 +382,66 @@ impl Stream {
             return Next::Continue;
         }
         over_limit_reply_with(host, &headers, &service)
+    }
+
+    /// The service cannot decide: the call failed (`why`, counted in
+    /// `rls_error`), or the breaker is open (None). `on_failure` decides:
+    /// let it through, refuse it with `status_on_error`, or ask the local
+    /// fallback for the tenant's share (a request whose tenant is not known
+    /// yet, or whose fallback entry another tenant holds, is let through).
+    fn on_failure<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        why: Option<&RlsError>,
+    ) -> Next {
+        if let Some(why) = why {
+            host.count(Counter::RlsError);
+            log::debug!("limiter error: {why}");
+        }
+        let decided = match (c.config.on_failure, self.group, self.slot) {
+            (OnFailure::Deny, ..) => {
+                host.count(Counter::FailureModeDenied);
+                record(host, None, None, false, Source::LimiterError);
+                let status = u32::from(c.config.status_on_error);
+                return local_reply(host, status, &[], "rate limiter unavailable\n");
+            }
+            (OnFailure::Local, Some(group), Some(at)) => {
+                fallback::on_request(c, host, group, at, self.cost.max(1))
+            }
+            _ => Decided::Contended,
+        };
+        let group = self.group;
+        match decided {
+            Decided::Admit => {
+                host.count(Counter::FallbackAllowed);
+                if let Some(g) = group {
+                    host.count_group(g, GroupCounter::Admitted);
+                    host.count_group(g, GroupCounter::FallbackAdmitted);
+                }
+                let tenant = tenant_again(c, host);
+                let name = self.group_name(c);
+                record_admitted(host, tenant.as_deref(), name, Source::Fallback);
+                Next::Continue
+            }
+            Decided::Refuse { retry_after_s } => {
+                let headers = vec![(RETRY_AFTER, retry_after_s.to_string())];
+                self.refuse(c, host, None, Source::Fallback, headers, Vec::new())
+            }
+            Decided::Contended => {
+                host.count(Counter::FailureModeAllowed);
+                if let Some(g) = group {
+                    host.count_group(g, GroupCounter::FailedOpen);
+                }
+                Next::Continue
+            }
+        }
+    }
+
+    fn group_name<'c>(&self, c: &'c Compiled) -> Option<&'c str> {
+        self.group
+            .and_then(|g| c.config.limits.all_groups().nth(g))
+            .map(|g| g.name.as_str())
     }
 
     /// What the local layer's verdict on a slot (the tenant's, or its
@@ -537,34 +607,6 @@ fn local_reply<H: Host + ?Sized>(
             log::error!("cannot send a local reply: {e}");
             Next::Continue
         }
-    }
-}
-
-/// The limiter failed: count it (in the tenant's group too, once known),
-/// then fail open or deny.
-fn limiter_error<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    group: Option<usize>,
-    why: &RlsError,
-) -> Next {
-    host.count(Counter::RlsError);
-    log::debug!("limiter error: {why}");
-    if c.config.failure_mode_deny {
-        host.count(Counter::FailureModeDenied);
-        record(host, None, None, false, Source::LimiterError);
-        local_reply(
-            host,
-            u32::from(c.config.status_on_error),
-            &[],
-            "rate limiter unavailable\n",
-        )
-    } else {
-        host.count(Counter::FailureModeAllowed);
-        if let Some(group) = group {
-            host.count_group(group, GroupCounter::FailedOpen);
-        }
-        Next::Continue
     }
 }
 

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use ratelimit_config::parse_plugin_config;
 
 use crate::abi::{self, Level};
-use crate::counters::{Counter, GroupCounter, Histogram, MetricIds, MetricKind};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
@@ -85,6 +85,15 @@ fn add_metric(id: Option<u32>, n: u64) {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         if let Err(e) = abi::increment_metric(id, n) {
             log::debug!("cannot update metric {id}: status {e}");
+        }
+    }
+}
+
+/// Records a histogram's value, or sets a gauge.
+fn record_metric(id: Option<u32>, value: u64) {
+    if let Some(id) = id {
+        if let Err(e) = abi::record_metric(id, value) {
+            log::debug!("cannot record metric {id}: status {e}");
         }
     }
 }
@@ -198,11 +207,11 @@ impl Host for Envoy<'_> {
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
-        if let Some(id) = self.0.histogram(histogram) {
-            if let Err(e) = abi::record_metric(id, value) {
-                log::debug!("cannot record metric {id}: status {e}");
-            }
-        }
+        record_metric(self.0.histogram(histogram), value);
+    }
+
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        record_metric(self.0.gauge(gauge), value);
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
@@ -368,6 +377,7 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
         let kind = match kind {
             MetricKind::Counter => abi::COUNTER,
             MetricKind::Histogram => abi::HISTOGRAM,
+            MetricKind::Gauge => abi::GAUGE,
         };
         abi::define_metric(kind, name)
             .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
@@ -380,6 +390,7 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
         SlotSecret::from_bytes([0; SlotSecret::BYTES])
     };
     let compiled = Compiled::new(config);
+    root::prepare_failure(&host, &compiled);
     if let Some(Err(e)) = root::tick_ms(&compiled)
         .map(|t| abi::set_tick_period_ms(u32::try_from(t).unwrap_or(u32::MAX)))
     {

@@ -15,13 +15,14 @@ use std::cell::Cell;
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
 use crate::host::{Host, HostError};
+use ratelimit_config::OnFailure;
 
 /// The least time between two warnings of the same kind from one VM.
 pub const WARN_INTERVAL_MS: u64 = 60_000;
 
 /// Lets a repeated warning through once, then at most once per interval,
 /// counting what it held back in between. Pure: time is passed in. One per
-/// VM (`vm::Vm::dispatch_warnings`).
+/// VM (`batch::Batcher::warnings`).
 #[derive(Debug, Default)]
 pub struct LogThrottle {
     /// When the last warning went out; None before the first.
@@ -71,10 +72,10 @@ pub fn dispatch_failed<H: Host + ?Sized>(
 ) {
     host.count(Counter::RlsDispatchFailed);
     if let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
-        let meanwhile = if c.config.failure_mode_deny {
-            "requests are refused meanwhile (failure_mode_deny)"
-        } else {
-            "requests pass unlimited meanwhile"
+        let meanwhile = match c.config.on_failure {
+            OnFailure::Allow => "requests pass unlimited meanwhile",
+            OnFailure::Deny => "requests are refused meanwhile",
+            OnFailure::Local => "requests get this Envoy's share meanwhile",
         };
         log::warn!(
             "cannot call the rate-limit service: dispatch to cluster \"{}\" failed ({}); \

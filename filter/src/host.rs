@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::counters::{Counter, GroupCounter, Histogram};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram};
 
 /// A call of the ports, to say which one failed (and, in the tests, to
 /// make one fail).
@@ -141,9 +141,8 @@ pub trait Host: SharedData {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
 
-    /// Sends the gRPC call; returns its token. Its answer comes back to the
-    /// context that sent it, under that token (`Stream::on_rls_answer` for
-    /// a stream, `Root::on_answer` for the root).
+    /// Sends the gRPC call; returns its token. Envoy answers it on the
+    /// worker's root context, under that token (`Root::on_answer`).
     fn dispatch_grpc(
         &self,
         upstream: &str,
@@ -194,6 +193,9 @@ pub trait Host: SharedData {
     /// Records a value in a histogram (a failure to record is the host's to
     /// log).
     fn record(&self, histogram: Histogram, value: u64);
+
+    /// Sets a gauge (a failure to set it is the host's to log).
+    fn set_gauge(&self, gauge: Gauge, value: u64);
 
     /// Sets a property of this stream that Envoy's access log can print:
     /// proxy-wasm `set_property`, which Envoy keeps as the filter state

@@ -25,6 +25,10 @@
 //! - `decision`: the compiled configuration, the first step, the call's
 //!   message, the verdict from the service's answer.
 //! - `answer`: the service's answer, decoded once.
+//! - `breaker`: when the service keeps failing, no calls, one probe per
+//!   interval (one state per Envoy, in shared data).
+//! - `fallback`: `on_failure: local`, each Envoy's share of every limit
+//!   while the service cannot decide.
 //! - `headers`: the rate-limit headers written, and the service's headers
 //!   forwarded.
 //! - `cost`: a request's cost (`cost_header`).
@@ -60,9 +64,11 @@
 pub mod access_log;
 pub mod answer;
 pub mod batch;
+pub mod breaker;
 pub mod cost;
 pub mod counters;
 pub mod decision;
+pub mod fallback;
 pub mod flow;
 pub mod headers;
 pub mod health;

@@ -19,6 +19,7 @@ use crate::answer::{Answer, RlsError};
 use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{own_statuses, Compiled, Limited};
+use crate::fallback;
 use crate::headers::limit_headers;
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
@@ -746,6 +747,10 @@ fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answ
 /// view, a push's hits.
 pub fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, heard: Option<&Answer>) {
     let (group, asked) = (part.group, part.asked_at_ms);
+    // A root call's answer teaches the fallback (a request's, its stream).
+    if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
+        fallback::on_answer(c, host, group, *at, part.hits, answer);
+    }
     match part.owner {
         Owner::Tenant {
             kind: CallKind::Refill,

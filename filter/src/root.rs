@@ -4,7 +4,8 @@
 //!
 //! - At configure (`prepare_local`): every slot and the rule-name table are
 //!   created in shared data (`create_shared`), and the slot secret agreed
-//!   (`local::secret`).
+//!   (`local::secret`); `prepare_failure`: the breaker's state and the
+//!   fallback's entries.
 //! - The tick (`tick_ms`): as often as the fastest need, lease refills
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
@@ -14,14 +15,17 @@
 //!   join the worker's queue of calls (`batch`), which goes at once:
 //!   everything due in one call (or a few, of `max_descriptors` each). A
 //!   tenant with nothing left pending is forgotten until its next request.
-//!   A call that cannot be sent is handled as its failed answer: a refill
-//!   counts `lease.failed`, a push `sync.failed` and puts its hits back, a
-//!   charge `response_cost.failed`.
+//!   A call that cannot be sent, or that the open breaker keeps in
+//!   (`breaker`, gated where each call goes: `batch`), is handled as its
+//!   failed answer: a refill counts `lease.failed`, a push `sync.failed`
+//!   and puts its hits back, a charge `response_cost.failed`.
 //! - On an answer (`Root::on_answer`): Envoy answers every call of the
 //!   worker, whichever context sent it, on the root context; the call's
 //!   token finds its parts (`batch`), the answer is decoded once and split
-//!   back per part, each part's share is stored in its tenant's slot by the
-//!   mode (`modes::finish`), and each request's share is handed to its
+//!   back per part (the call's outcome, one, recorded by the breaker), each
+//!   part's share is stored in its tenant's slot by the mode
+//!   (`modes::finish`, and the fallback's entry, `fallback`), and each
+//!   request's share is handed to its
 //!   stream (the glue delivers it, acting for that stream).
 //!
 //! A call is never cancelled with the stream that happened to send it:
@@ -29,14 +33,16 @@
 //! mailbox's (`vm::MAX_QUEUED_CALLS`, `vm::MAX_TRACKED`) or the queue's
 //! (`batch::MAX_QUEUED_PARTS`).
 
-use ratelimit_config::LEASE_TICK_MS;
+use ratelimit_config::{OnFailure, LEASE_TICK_MS};
 
 use crate::batch::Part;
+use crate::breaker;
 use crate::decision::Compiled;
+use crate::fallback;
 use crate::host::{Host, SharedData};
 use crate::lease::LeaseParams;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{agree, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
+use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
 use crate::modes::{finish, next_push, release};
 use crate::sync::SyncParams;
 use crate::vm::Vm;
@@ -55,11 +61,7 @@ pub struct Created {
 /// exists is left alone, and one that cannot be read is not written
 /// (counted as failed).
 pub fn create_shared<S: SharedData + ?Sized>(shared: &S, slots: u32) -> Created {
-    let create = |key: &str, value: &[u8]| match shared.get_shared(key) {
-        Ok((Some(_), _)) => true,
-        Ok((None, _)) => shared.set_shared(key, value, None).is_ok(),
-        Err(_) => false,
-    };
+    let create = |key: &str, value: &[u8]| create(shared, key, value);
     let zeroed = [0u8; SLOT_BYTES];
     let mut created = Created::default();
     for index in 0..slots {
@@ -105,6 +107,19 @@ pub fn prepare_local<S: SharedData + ?Sized>(
         );
     }
     secret
+}
+
+/// The breaker's and the fallback's shared state at configure: the
+/// breaker's value (its gauge set from it), and with `on_failure: local`
+/// one fallback entry per slot (`fallback::create`).
+pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
+    if c.config.breaker.enabled {
+        breaker::create(host);
+    }
+    let local = c.config.on_failure == OnFailure::Local;
+    if local && fallback::create(host, c.config.local.slots) > 0 {
+        log::warn!("fallback: some entries could not be created at configure");
+    }
 }
 
 /// Sync mode's push period (None: no group syncs).

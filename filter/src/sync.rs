@@ -12,8 +12,7 @@ use crate::decision::Compiled;
 use crate::headers::RETRY_AFTER;
 use crate::window;
 
-/// The most units a group limits (second, minute, hour, day).
-pub const UNITS: usize = 4;
+pub use crate::window::UNITS;
 
 /// One tenant's sync state, in its slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -77,12 +76,7 @@ impl SyncParams {
         if c.config.local.mode_for(group) != Mode::Sync {
             return None;
         }
-        let mut windows = [(1_000, 0); UNITS];
-        let mut units = 0;
-        for ((unit, limit), w) in group.limits.iter().zip(windows.iter_mut()) {
-            *w = (unit.seconds().saturating_mul(1_000), limit);
-            units += 1;
-        }
+        let (windows, units) = window::of_group(group);
         Some(SyncParams {
             max_unsynced: c.config.local.max_unsynced_for(group),
             windows,

@@ -16,7 +16,7 @@ use std::ops::Deref;
 
 #[cfg(test)]
 use crate::batch::Delivery;
-use crate::counters::{Counter, GroupCounter, Histogram, COUNTERS, HISTOGRAMS};
+use crate::counters::{Counter, Gauge, GroupCounter, Histogram, COUNTERS, GAUGES, HISTOGRAMS};
 use crate::decision::Compiled;
 use crate::flow::Stream;
 pub use crate::host::HostCall;
@@ -197,6 +197,7 @@ pub struct MemHost {
     /// host).
     recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
     recorded_count: Cell<u64>,
+    gauges: [Cell<u64>; GAUGES],
 }
 
 impl Default for MemHost {
@@ -235,6 +236,7 @@ impl MemHost {
             group_counters: RefCell::new(Vec::new()),
             recorded: Default::default(),
             recorded_count: Cell::new(0),
+            gauges: Default::default(),
         }
     }
 
@@ -494,6 +496,18 @@ impl MemHost {
             .map_or_else(Vec::new, |r| r.borrow().clone())
     }
 
+    /// A gauge's value (0 until set).
+    pub fn gauge(&self, g: Gauge) -> u64 {
+        self.gauges.get(g.index()).map_or(0, Cell::get)
+    }
+
+    /// Every shared-data key (sorted), to see what a change created.
+    pub fn shared_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.shared.borrow().keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
     /// How many values were recorded, in every histogram.
     pub fn recorded_count(&self) -> u64 {
         self.recorded_count.get()
@@ -700,6 +714,12 @@ impl Host for MemHost {
             if let Some(r) = self.recorded.get(histogram.index()) {
                 r.borrow_mut().push(value);
             }
+        }
+    }
+
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        if let Some(g) = self.gauges.get(gauge.index()) {
+            g.set(value);
         }
     }
 
@@ -946,6 +966,10 @@ impl Host for Worker {
 
     fn record(&self, histogram: Histogram, value: u64) {
         self.host.record(histogram, value);
+    }
+
+    fn set_gauge(&self, gauge: Gauge, value: u64) {
+        self.host.set_gauge(gauge, value);
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {

@@ -1,8 +1,9 @@
 //! What one VM (one Envoy worker, or the main thread) keeps between
 //! callbacks, apart from its configuration: the slot secret it agreed at
 //! configure, its calls to the service (`batch::Batcher`: the queue, the
-//! calls under way, the answers for its streams), and the mailbox through
-//! which its streams hand work to its root context.
+//! calls under way, the answers for its streams, what it last read of the
+//! breaker), and the mailbox through which its streams hand work to its
+//! root context.
 //! Plain state: the flow and the root are given it (`&Vm`); the glue keeps
 //! one per VM. Envoy's own state (shared data, metrics, ...) is behind the
 //! ports (`host`).

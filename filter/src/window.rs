@@ -2,6 +2,29 @@
 //! window of `W` ms ends at a multiple of `W`), and so does everything the
 //! filter keeps per window: a lease's tokens, a sync view, a cached refusal.
 
+use ratelimit_config::Group;
+
+/// The most units a group limits (second, minute, hour, day).
+pub const UNITS: usize = 4;
+
+/// The window (ms) and the limit of each unit `group` limits, shortest
+/// first, and how many there are.
+pub fn of_group(group: &Group) -> ([(u64, u32); UNITS], usize) {
+    let mut windows = [(1_000, 0); UNITS];
+    let mut units = 0;
+    for ((unit, limit), w) in group.limits.iter().zip(windows.iter_mut()) {
+        *w = (unit.seconds().saturating_mul(1_000), limit);
+        units += 1;
+    }
+    (windows, units)
+}
+
+/// Whether `a_ms` and `b_ms` fall in the same window of `window_ms`.
+pub fn same(window_ms: u64, a_ms: u64, b_ms: u64) -> bool {
+    let w = window_ms.max(1);
+    a_ms / w == b_ms / w
+}
+
 /// The end of the window of `window_ms` holding `now_ms` (a window of 0
 /// counts as 1 ms).
 pub fn end(window_ms: u64, now_ms: u64) -> u64 {

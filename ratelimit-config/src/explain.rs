@@ -10,7 +10,7 @@
 use std::fmt::Write;
 
 use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
-use crate::plugin::{BatchConfig, LocalConfig, Mode, TenantSource};
+use crate::plugin::{BatchConfig, LocalConfig, Mode, OnFailure, PluginConfig, Share, TenantSource};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -105,6 +105,38 @@ fn calls_line(batch: &BatchConfig) -> String {
     }
 }
 
+/// What a request of `group` gets when the service cannot decide, and
+/// when the filter stops asking, for `explain`.
+fn failure_lines(c: &PluginConfig) -> String {
+    let policy = match c.on_failure {
+        OnFailure::Allow => "allow: let through, unlimited (fail open)".to_string(),
+        OnFailure::Deny => format!("deny: answered {} (status_on_error)", c.status_on_error),
+        OnFailure::Local => {
+            let learned = match c.fallback.share {
+                Share::Configured => "",
+                Share::Learned => ", or the share of this tenant's traffic it was seen to send (fallback.share \"learned\")",
+            };
+            format!(
+                "local: each Envoy enforces 1/{} of each limit alone (fallback.envoys){learned}",
+                c.fallback.envoys
+            )
+        }
+    };
+    let b = &c.breaker;
+    let breaker = if b.enabled {
+        format!(
+            "after {} failed calls in a row, no calls: one probe every {} ms until the service answers",
+            b.failures, b.probe_interval_ms
+        )
+    } else {
+        format!(
+            "off: every request calls, and waits up to {} ms",
+            c.timeout_ms
+        )
+    };
+    format!("failure: {policy}\nbreaker: {breaker}\n")
+}
+
 pub struct ExplainOptions<'a> {
     pub domain: &'a str,
     pub descriptor_key: &'a str,
@@ -118,6 +150,9 @@ pub struct ExplainOptions<'a> {
     /// The plugin configuration's `rate_limit_service.batch`, when
     /// explaining one: shows how its calls go.
     pub batch: Option<&'a BatchConfig>,
+    /// The plugin configuration, when explaining one: shows what a
+    /// request gets when the service cannot decide.
+    pub plugin: Option<&'a PluginConfig>,
     /// The Envoy route (its name) to explain the tenant's limits on.
     pub route: Option<&'a str>,
     /// Where the filter reads the tenant (`tenant_source`).
@@ -225,6 +260,9 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
     if let Some(batch) = opts.batch {
         let _ = writeln!(out, "calls:   {}", calls_line(batch));
     }
+    if let Some(c) = opts.plugin {
+        out.push_str(&failure_lines(c));
+    }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
     let tenant_rule = if listed {
@@ -240,6 +278,14 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
             format!("{tenant_rule} (the default rule; the counter is still this tenant's own)")
         };
         descriptor_section(&mut out, opts, (unit, limit), &entries, &rule_tail, now);
+        if let Some(c) = opts.plugin.filter(|c| c.on_failure == OnFailure::Local) {
+            let _ = writeln!(
+                out,
+                "  fallback:   {} per {} on each Envoy while the service cannot decide",
+                limit / c.fallback.envoys.max(1),
+                unit.service_unit()
+            );
+        }
     }
     let route = opts.route.map(|name| (name, group.route(name.as_bytes())));
     match route {
@@ -354,6 +400,7 @@ mod tests {
         shadow: false,
         local: None,
         batch: None,
+        plugin: None,
         route: None,
         tenant_source: &TenantSource::Header,
     };
@@ -461,6 +508,37 @@ mod tests {
             "{a}"
         );
         assert!(!explain(&seed(), &OPTS, "tenant-a", 0).contains("calls:"));
+    }
+
+    #[test]
+    fn what_a_request_gets_when_the_service_cannot_decide() {
+        let text = |extra: &str| {
+            let t = format!(
+                r#"{{"domain": "d", "rate_limit_service": {{"cluster": "c"}}, "limits": {{"x-t": {{"default": {{"perminute": 20}}}}}}{extra}}}"#
+            );
+            let c = crate::parse_plugin_config(t.as_bytes()).unwrap().0;
+            let opts = ExplainOptions {
+                plugin: Some(&c),
+                ..OPTS
+            };
+            explain(&c.limits, &opts, "a", 0)
+        };
+        let allow = text("");
+        assert!(allow.contains("\nfailure: allow: let through, unlimited (fail open)\nbreaker: after 5 failed calls in a row, no calls: one probe every 1000 ms until the service answers\n"), "{allow}");
+        assert!(!allow.contains("fallback:"), "{allow}");
+        let deny = text(
+            r#", "failure_mode_deny": true, "status_on_error": 503, "breaker": {"enabled": false}"#,
+        );
+        assert!(deny.contains("\nfailure: deny: answered 503 (status_on_error)\nbreaker: off: every request calls, and waits up to 20 ms\n"), "{deny}");
+        let local =
+            text(r#", "on_failure": "local", "fallback": {"envoys": 3, "share": "learned"}"#);
+        assert!(local.contains("\nfailure: local: each Envoy enforces 1/3 of each limit alone (fallback.envoys), or the share of this tenant's traffic it was seen to send (fallback.share \"learned\")\n"), "{local}");
+        assert!(
+            local.contains(
+                "\n  fallback:   6 per minute on each Envoy while the service cannot decide\n"
+            ),
+            "{local}"
+        );
     }
 
     #[test]

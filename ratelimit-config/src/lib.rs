@@ -41,8 +41,9 @@ pub mod yaml_out;
 
 pub use model::{descriptors, tenant_value, Group, TeamLimits, Unit, UnitLimits};
 pub use plugin::{
-    parse_plugin_config, BatchConfig, BucketParams, GroupLocal, HeaderMode, LocalConfig,
-    MissingTenant, Mode, PluginConfig, TenantSource, LEASE_TICK_MS,
+    parse_plugin_config, BatchConfig, BreakerConfig, BucketParams, FallbackConfig, GroupLocal,
+    HeaderMode, LocalConfig, MissingTenant, Mode, OnFailure, PluginConfig, Share, TenantSource,
+    LEASE_TICK_MS,
 };
 pub use validate::{
     diagnose_team_limits, parse_team_limits, Anchor, ConfigError, Diagnostic, Warning,

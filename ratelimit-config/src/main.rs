@@ -566,12 +566,12 @@ struct ExplainArgs {
 }
 
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
-    let (limits, domain, descriptor_key, shadow, local, batch, source) = match (
-        &a.file,
-        &a.plugin_config,
-    ) {
-        (_, Some(p)) => {
-            let c = load_plugin(p)?;
+    let plugin = match &a.plugin_config {
+        Some(p) => Some(load_plugin(p)?),
+        None => None,
+    };
+    let (limits, domain, descriptor_key, shadow, source) = match (&a.file, &plugin) {
+        (_, Some(c)) => {
             // The filter refuses a tenant longer than max_tenant_length
             // before any limit applies.
             let max = usize::try_from(c.max_tenant_length).unwrap_or(usize::MAX);
@@ -584,13 +584,11 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 return Ok(ExitCode::SUCCESS);
             }
             (
-                c.limits,
-                c.domain,
-                c.descriptor_key,
+                c.limits.clone(),
+                c.domain.clone(),
+                c.descriptor_key.clone(),
                 c.shadow,
-                Some(c.local),
-                Some(c.batch),
-                c.tenant_source,
+                c.tenant_source.clone(),
             )
         }
         (Some(f), None) => {
@@ -599,15 +597,7 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
             let source = TenantSource::Header;
-            (
-                limits,
-                a.domain.unwrap_or_default(),
-                key,
-                false,
-                None,
-                None,
-                source,
-            )
+            (limits, a.domain.unwrap_or_default(), key, false, source)
         }
         // clap requires one of them.
         (None, None) => return Ok(ExitCode::FAILURE),
@@ -622,8 +612,9 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
         descriptor_key: &descriptor_key,
         key_prefix: &a.key_prefix,
         shadow,
-        local: local.as_ref(),
-        batch: batch.as_ref(),
+        local: plugin.as_ref().map(|c| &c.local),
+        batch: plugin.as_ref().map(|c| &c.batch),
+        plugin: plugin.as_ref(),
         route: a.route.as_deref(),
         tenant_source: &source,
     };

@@ -613,8 +613,9 @@ fn a_long_tenant_is_refused_even_where_no_group_would_limit_it() {
 #[test]
 fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
     // One shared-data store, as every VM of one Envoy has. Bucket: the
-    // default group's 5 per second.
-    let c = config("");
+    // default group's 5 per second. The calls fail: no breaker, which would
+    // open and write its own shared value.
+    let c = config(r#", "breaker": {"enabled": false}"#);
     let h = host(&c);
     for _ in 0..5 {
         answered(&c, &h, "tenant-a");
@@ -1132,7 +1133,9 @@ fn the_latency_of_answered_calls_is_recorded_and_failed_calls_are_not() {
 
 #[test]
 fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
-    let c = config("");
+    // No breaker: it would open after five failures and keep the last
+    // call in.
+    let c = config(r#", "breaker": {"enabled": false}"#);
     let h = host(&c);
     h.fail(HostCall::Dispatch);
     for _ in 0..5 {

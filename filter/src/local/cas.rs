@@ -6,7 +6,7 @@ use std::fmt;
 
 use crate::host::{HostCall, HostError, SharedData, SharedDataError};
 use crate::local::placement::SlotKey;
-use crate::local::slot::Slot;
+use crate::local::slot::{Slot, SLOT_BYTES};
 
 /// How many times a read-modify-write of a slot is tried before the local
 /// layer gives up on that request (and lets it through to the service).
@@ -61,18 +61,58 @@ fn update_slot<S: SharedData + ?Sized>(
     step: &mut dyn FnMut(Option<&[u8]>) -> Option<Slot>,
 ) -> Result<(), UpdateError> {
     let key = SlotKey::new(index);
+    let mut scratch = [0u8; SLOT_BYTES];
+    update_key(
+        store,
+        key.as_str(),
+        attempts,
+        &mut scratch,
+        &mut |stored, out| {
+            out.copy_from_slice(&step(stored)?.encode_fixed());
+            Some(SLOT_BYTES)
+        },
+    )
+}
+
+/// A step of `update_key`: the stored bytes in, the new value written into
+/// the buffer and its length out (None: nothing to write).
+pub type Step<'a> = dyn FnMut(Option<&[u8]>, &mut [u8]) -> Option<usize> + 'a;
+
+/// Creates `key` with `value` unless it exists (a value that cannot be read
+/// is not written); false when it could not be.
+pub fn create<S: SharedData + ?Sized>(shared: &S, key: &str, value: &[u8]) -> bool {
+    match shared.get_shared(key) {
+        Ok((Some(_), _)) => true,
+        Ok((None, _)) => shared.set_shared(key, value, None).is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// The read-modify-write of any shared-data value under CAS (a slot, the
+/// breaker, a fallback entry): `step` gets the stored bytes and writes the
+/// new value into `scratch`, returning its length (None: nothing to write,
+/// no CAS needed). Generic over the store only, so one copy serves every
+/// caller.
+pub fn update_key<S: SharedData + ?Sized>(
+    store: &S,
+    key: &str,
+    attempts: u32,
+    scratch: &mut [u8],
+    step: &mut Step<'_>,
+) -> Result<(), UpdateError> {
     for _ in 0..attempts {
-        let (stored, cas) = store.get_shared(key.as_str()).map_err(|e| match e {
+        let (stored, cas) = store.get_shared(key).map_err(|e| match e {
             SharedDataError::Host(e) => UpdateError::Host(e),
             // Not a thing a read answers: a host failure.
             SharedDataError::CasMismatch => {
                 UpdateError::Host(HostError::new(HostCall::GetShared, HostError::CAS_MISMATCH))
             }
         })?;
-        let Some(slot) = step(stored.as_deref()) else {
+        let Some(len) = step(stored.as_deref(), scratch) else {
             return Ok(());
         };
-        match store.set_shared(key.as_str(), &slot.encode_fixed(), cas) {
+        let value = scratch.get(..len).unwrap_or_default();
+        match store.set_shared(key, value, cas) {
             Ok(()) => return Ok(()),
             Err(SharedDataError::CasMismatch) => continue,
             Err(SharedDataError::Host(e)) => return Err(UpdateError::Host(e)),
@@ -85,7 +125,6 @@ fn update_slot<S: SharedData + ?Sized>(
 mod tests {
     use super::*;
     use crate::local::placement::SlotRef;
-    use crate::local::slot::SLOT_BYTES;
     use crate::local::{admit, LocalVerdict};
     use crate::testing::MemHost;
     use proptest::prelude::*;

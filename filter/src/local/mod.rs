@@ -38,7 +38,7 @@ pub mod slot;
 use ratelimit_config::{BucketParams, HeaderMode};
 
 pub use bucket::TokenBucket;
-pub use cas::{update, UpdateError, CAS_ATTEMPTS};
+pub use cas::{create, update, update_key, UpdateError, CAS_ATTEMPTS};
 pub use over_limit::{cached_headers, cached_headers_named, OverLimit, StatusSnapshot};
 pub use placement::{route_slot_for, slot_for, Scope, ScopeBuilder, SlotKey, SlotRef, SlotSecret};
 pub use secret::{agree, Agreed, SECRET_KEY};

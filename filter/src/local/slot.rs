@@ -187,17 +187,19 @@ const MODE_BYTES: usize = if LEASE_BYTES > SYNC_BYTES {
 /// slots are created: 180 bytes (the mode block is 64 of them).
 pub const SLOT_BYTES: usize = MODE_AT + MODE_BYTES;
 
-fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+/// Writes `bytes` at `at` (nothing if they do not fit): the fixed-size
+/// encodings of shared-data values (a slot, the breaker, a fallback entry).
+pub(crate) fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
     if let Some(dst) = buf.get_mut(at..at + bytes.len()) {
         dst.copy_from_slice(bytes);
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+pub(crate) fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     b.get(at..at + 8)?.try_into().ok().map(u64::from_le_bytes)
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> Option<u32> {
     b.get(at..at + 4)?.try_into().ok().map(u32::from_le_bytes)
 }
 

@@ -2,11 +2,24 @@
 //! parser takes a default for a key left out, `generate` writes them out,
 //! and the CLI's flags default to them.
 
-use super::names::{HeaderMode, MissingTenant, Mode};
+use super::names::{HeaderMode, MissingTenant, Mode, OnFailure};
 
 pub const DEFAULT_TIMEOUT_MS: u32 = 20;
 pub const DEFAULT_FAILURE_MODE_DENY: bool = false;
 pub const DEFAULT_STATUS_ON_ERROR: u16 = 500;
+/// `on_failure` when neither it nor `failure_mode_deny` is set: fail open.
+pub const DEFAULT_ON_FAILURE: OnFailure = OnFailure::Allow;
+/// The breaker opens after this many failed calls in a row
+/// (`breaker.failures`), and may be set from 1 to the maximum.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+pub const MAX_BREAKER_FAILURES: u32 = 1_000;
+/// While the breaker is open, one call per `breaker.probe_interval_ms`
+/// probes the service.
+pub const DEFAULT_PROBE_INTERVAL_MS: u32 = 1_000;
+pub const MIN_PROBE_INTERVAL_MS: u32 = 10;
+pub const MAX_PROBE_INTERVAL_MS: u32 = 600_000;
+/// The most Envoys `fallback.envoys` may count.
+pub const MAX_FALLBACK_ENVOYS: u32 = 10_000;
 pub const DEFAULT_MISSING_TENANT: MissingTenant = MissingTenant::Allow;
 pub const DEFAULT_DESCRIPTOR_KEY: &str = "tenant";
 pub const DEFAULT_HEADERS: HeaderMode = HeaderMode::DraftVersion03;
@@ -105,7 +118,7 @@ pub const MAX_PROPERTY_SEGMENTS: usize = 16;
 pub const OTHER_GROUP: &str = "other";
 /// The series each group's counters take on every Envoy (the filter's
 /// `GroupCounter`s: a test there keeps the two equal).
-pub const SERIES_PER_GROUP: usize = 27;
+pub const SERIES_PER_GROUP: usize = 30;
 /// Above this many groups exported one by one, the configuration gets a
 /// warning: each costs `SERIES_PER_GROUP` series on every Envoy.
 pub const METRICS_GROUPS_WARN: usize = 100;

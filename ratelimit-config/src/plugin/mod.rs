@@ -15,11 +15,11 @@ mod types;
 mod write;
 
 pub use defaults::*;
-pub use names::{HeaderMode, MissingTenant, Mode};
+pub use names::{HeaderMode, MissingTenant, Mode, OnFailure, Share};
 pub use parse::{default_max_tenant_length, parse_plugin_config};
 pub use types::{
-    BatchConfig, BucketParams, CostConfig, GroupLocal, LocalConfig, MetricsConfig, PluginConfig,
-    TenantSource,
+    BatchConfig, BreakerConfig, BucketParams, CostConfig, FallbackConfig, GroupLocal, LocalConfig,
+    MetricsConfig, PluginConfig, TenantSource,
 };
 #[cfg(feature = "cli")]
 pub use write::{

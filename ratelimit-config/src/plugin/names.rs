@@ -99,6 +99,68 @@ impl Mode {
     }
 }
 
+/// What a request gets when the rate-limit service cannot decide: its call
+/// failed, or the breaker is open (`on_failure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "cli",
+    derive(serde::Serialize),
+    serde(into = "&'static str")
+)]
+pub enum OnFailure {
+    /// Let it through, unlimited (fail open).
+    Allow,
+    /// Refuse it with `status_on_error` (`failure_mode_deny`).
+    Deny,
+    /// Each Envoy enforces the group's limits at its share of the fleet,
+    /// alone (`fallback`).
+    Local,
+}
+
+impl Named for OnFailure {
+    const ALL: &'static [Self] = &[OnFailure::Allow, OnFailure::Deny, OnFailure::Local];
+    fn name(self) -> &'static str {
+        match self {
+            OnFailure::Allow => "allow",
+            OnFailure::Deny => "deny",
+            OnFailure::Local => "local",
+        }
+    }
+}
+
+/// Which share of a limit an Envoy enforces alone (`fallback.share`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Share {
+    /// `1 / fallback.envoys` for every tenant.
+    Configured,
+    /// Each busy tenant's share of the fleet's count that this Envoy sent,
+    /// learned from the service's answers; the configured share until then.
+    Learned,
+}
+
+impl Named for Share {
+    const ALL: &'static [Self] = &[Share::Configured, Share::Learned];
+    fn name(self) -> &'static str {
+        match self {
+            Share::Configured => "configured",
+            Share::Learned => "learned",
+        }
+    }
+}
+
+impl OnFailure {
+    /// The name in the configuration.
+    pub fn as_str(self) -> &'static str {
+        self.name()
+    }
+}
+
+impl From<OnFailure> for &'static str {
+    fn from(o: OnFailure) -> &'static str {
+        o.name()
+    }
+}
+
 impl From<Mode> for &'static str {
     fn from(m: Mode) -> &'static str {
         m.name()
@@ -134,6 +196,8 @@ mod tests {
         assert!(distinct::<MissingTenant>());
         assert!(distinct::<HeaderMode>());
         assert!(distinct::<Mode>());
+        assert!(distinct::<OnFailure>());
+        assert!(distinct::<Share>());
         assert_eq!(Mode::Sync.as_str(), "sync");
         assert_eq!(<&str>::from(HeaderMode::IetfDraft10), "ietf_draft_10");
     }

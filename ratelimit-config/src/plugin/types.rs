@@ -7,7 +7,7 @@ use super::defaults::{
     DEFAULT_BATCH_MAX_IN_FLIGHT, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED,
     DEFAULT_LOCAL_SLOTS, DEFAULT_MODE, DEFAULT_SYNC_INTERVAL_MS, DEFAULT_SYNC_MAX_UNSYNCED,
 };
-use super::names::{HeaderMode, MissingTenant, Mode};
+use super::names::{HeaderMode, MissingTenant, Mode, OnFailure, Share};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginConfig {
@@ -17,8 +17,15 @@ pub struct PluginConfig {
     pub timeout_ms: u32,
     /// `rate_limit_service.batch`: how a worker's requests share calls.
     pub batch: BatchConfig,
-    pub failure_mode_deny: bool,
+    /// What a request gets when the service cannot decide (`on_failure`,
+    /// or `failure_mode_deny: true` for `Deny`).
+    pub on_failure: OnFailure,
+    /// The status of a refusal by `OnFailure::Deny`.
     pub status_on_error: u16,
+    /// When to stop calling a service that keeps failing (`breaker`).
+    pub breaker: BreakerConfig,
+    /// How `OnFailure::Local` shares each limit (`fallback`).
+    pub fallback: FallbackConfig,
     pub missing_tenant: MissingTenant,
     /// A tenant header value longer than this many bytes is refused (431).
     pub max_tenant_length: u32,
@@ -90,6 +97,25 @@ impl Default for BatchConfig {
             max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
         }
     }
+}
+
+/// The breaker (`breaker`): after `failures` failed calls in a row the
+/// filter stops calling the service, answers from `on_failure`, and lets
+/// one call probe every `probe_interval_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerConfig {
+    pub enabled: bool,
+    pub failures: u32,
+    pub probe_interval_ms: u32,
+}
+
+/// The local fallback (`fallback`): each Envoy enforces a share of every
+/// limit, `1 / envoys` or learned (`share`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FallbackConfig {
+    /// The Envoys sharing each limit (1 when `on_failure` is not `local`).
+    pub envoys: u32,
+    pub share: Share,
 }
 
 /// Request cost: a request carrying `header` costs that many hits (an

@@ -6,10 +6,10 @@ use serde_json::Value;
 
 use super::defaults::{
     max_tenant_length_fitting, DEFAULT_BATCH_MAX_DESCRIPTORS, DEFAULT_BATCH_MAX_IN_FLIGHT,
-    DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS,
-    DEFAULT_MISSING_TENANT, DEFAULT_STATUS_ON_ERROR,
+    DEFAULT_BREAKER_FAILURES, DEFAULT_HEADERS, DEFAULT_LOCAL_ENABLED, DEFAULT_LOCAL_SLOTS,
+    DEFAULT_MISSING_TENANT, DEFAULT_ON_FAILURE, DEFAULT_PROBE_INTERVAL_MS, DEFAULT_STATUS_ON_ERROR,
 };
-use super::names::{HeaderMode, MissingTenant};
+use super::names::{HeaderMode, MissingTenant, OnFailure};
 
 /// Options for the generated plugin configuration.
 pub struct PluginOptions<'a> {
@@ -26,8 +26,9 @@ pub struct PluginConfigJson<'a> {
     /// The team file, verbatim.
     pub limits: &'a Value,
     pub rate_limit_service: RateLimitServiceJson<'a>,
-    pub failure_mode_deny: bool,
+    pub on_failure: OnFailure,
     pub status_on_error: u16,
+    pub breaker: BreakerJson,
     pub missing_tenant: MissingTenant,
     pub max_tenant_length: u32,
     pub descriptor_key: &'a str,
@@ -46,6 +47,13 @@ pub struct RateLimitServiceJson<'a> {
 pub struct BatchJson {
     pub max_descriptors: u32,
     pub max_in_flight: u32,
+}
+
+#[derive(serde::Serialize)]
+pub struct BreakerJson {
+    pub enabled: bool,
+    pub failures: u32,
+    pub probe_interval_ms: u32,
 }
 
 #[derive(serde::Serialize)]
@@ -89,8 +97,13 @@ pub fn plugin_config_json<'a>(
                 max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
             },
         },
-        failure_mode_deny: DEFAULT_FAILURE_MODE_DENY,
+        on_failure: DEFAULT_ON_FAILURE,
         status_on_error: DEFAULT_STATUS_ON_ERROR,
+        breaker: BreakerJson {
+            enabled: true,
+            failures: DEFAULT_BREAKER_FAILURES,
+            probe_interval_ms: DEFAULT_PROBE_INTERVAL_MS,
+        },
         missing_tenant: DEFAULT_MISSING_TENANT,
         max_tenant_length: max_tenant_length_for(team_json),
         descriptor_key: opts.descriptor_key,

@@ -14,7 +14,7 @@ pub fn stats_config() -> Value {
     json!({
         "stats_tags": [
             {"tag_name": "group", "regex": r"^wasmcustom\.tenant_ratelimit\.group\.(([^.]+)\.)"},
-            {"tag_name": "source", "regex": r"^wasmcustom\.tenant_ratelimit\.group\.[^.]+\.(?:shadow_)?refused(\.(service|cache|bucket|sync))$"}
+            {"tag_name": "source", "regex": r"^wasmcustom\.tenant_ratelimit\.group\.[^.]+\.(?:shadow_)?refused(\.(service|cache|bucket|sync|fallback))$"}
         ]
     })
 }

@@ -135,7 +135,7 @@ fn fail_comment(target: Target) -> [&'static str; 6] {
             "  FAIL_CLOSE  Istio puts a deny-all filter in its place: every request 403;",
             "  FAIL_OPEN   the filter is left out: every request passes, unlimited, and",
             "              nothing in the response says so.",
-            "When the rate-limit service fails, the filter's failure_mode_deny decides.",
+            "When the rate-limit service fails, the filter's on_failure decides.",
         ],
         _ => [
             "failOpen: what requests get when the filter cannot run:",
@@ -143,7 +143,7 @@ fn fail_comment(target: Target) -> [&'static str; 6] {
             "         replaced by a direct response); configuration refused: every request 503;",
             "  true   the route serves without the filter: every request passes, unlimited,",
             "         and nothing in the response says so.",
-            "When the rate-limit service fails, the filter's failure_mode_deny decides.",
+            "When the rate-limit service fails, the filter's on_failure decides.",
         ],
     }
 }

@@ -3,6 +3,7 @@
 //! there is none. Unknown keys are errors, never silent defaults. The
 //! `local` section is read by [`local`].
 
+mod failure;
 mod local;
 mod metrics;
 #[cfg(test)]
@@ -20,11 +21,10 @@ use crate::model::TeamLimits;
 use crate::validate::parse_team_limits;
 
 use super::defaults::{
-    max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_FAILURE_MODE_DENY, DEFAULT_HEADERS,
-    DEFAULT_MAX_COST, DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM,
-    DEFAULT_SHADOW, DEFAULT_STATUS_ON_ERROR, DEFAULT_TIMEOUT_MS, MAX_BATCH_MAX_DESCRIPTORS,
-    MAX_BATCH_MAX_IN_FLIGHT, MAX_MAX_COST, MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS,
-    MAX_TIMEOUT_MS, PPM,
+    max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_HEADERS, DEFAULT_MAX_COST,
+    DEFAULT_MAX_TENANT_LENGTH, DEFAULT_MISSING_TENANT, DEFAULT_NEAR_LIMIT_PPM, DEFAULT_SHADOW,
+    DEFAULT_TIMEOUT_MS, MAX_BATCH_MAX_DESCRIPTORS, MAX_BATCH_MAX_IN_FLIGHT, MAX_MAX_COST,
+    MAX_MAX_TENANT_LENGTH, MAX_PROPERTY_SEGMENTS, MAX_TIMEOUT_MS, PPM,
 };
 use super::names::Named;
 use super::types::{BatchConfig, CostConfig, PluginConfig, TenantSource};
@@ -33,8 +33,11 @@ const KEYS: &[&str] = &[
     "domain",
     "limits",
     "rate_limit_service",
+    "on_failure",
     "failure_mode_deny",
     "status_on_error",
+    "breaker",
+    "fallback",
     "missing_tenant",
     "max_tenant_length",
     "descriptor_key",
@@ -165,25 +168,6 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         }
     };
     let (cluster, timeout_ms, batch) = rate_limit_service(get("rate_limit_service"), &mut errors);
-    let failure_mode_deny = or_default(get("failure_mode_deny"), DEFAULT_FAILURE_MODE_DENY, |v| {
-        errors.record("failure_mode_deny", boolean(v))
-    });
-    let status_on_error = or_default(get("status_on_error"), DEFAULT_STATUS_ON_ERROR, |v| {
-        let status = v
-            .as_u64()
-            .and_then(|n| u16::try_from(n).ok())
-            .filter(|n| (200..=599).contains(n));
-        if status.is_none() {
-            errors.push(
-                "status_on_error",
-                format!(
-                    "must be an HTTP status from 200 to 599, got {}",
-                    describe(v)
-                ),
-            );
-        }
-        status
-    });
     let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
         one_of(v, "missing_tenant", &mut errors)
     });
@@ -224,6 +208,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         one_of(v, "headers", &mut errors)
     });
     let local = local::local_config(get("local"), limits.as_ref(), &mut errors);
+    let failure = failure::failure_policy(obj, local.enabled, &mut errors);
     let shadow = or_default(get("shadow"), DEFAULT_SHADOW, |v| {
         errors.record("shadow", boolean(v))
     });
@@ -257,8 +242,10 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 cluster: cluster.unwrap_or_default(),
                 timeout_ms,
                 batch,
-                failure_mode_deny,
-                status_on_error,
+                on_failure: failure.on_failure,
+                status_on_error: failure.status_on_error,
+                breaker: failure.breaker,
+                fallback: failure.fallback,
                 missing_tenant,
                 max_tenant_length,
                 descriptor_key,

@@ -19,8 +19,23 @@ fn minimal_config_takes_defaults() {
     );
     let (c, _) = parse_plugin_config(text.as_bytes()).unwrap();
     assert_eq!(c.timeout_ms, 20);
-    assert!(!c.failure_mode_deny);
+    assert_eq!(c.on_failure, OnFailure::Allow);
     assert_eq!(c.status_on_error, 500);
+    assert_eq!(
+        c.breaker,
+        BreakerConfig {
+            enabled: true,
+            failures: 5,
+            probe_interval_ms: 1_000
+        }
+    );
+    assert_eq!(
+        c.fallback,
+        FallbackConfig {
+            envoys: 1,
+            share: Share::Configured
+        }
+    );
     assert_eq!(c.missing_tenant, MissingTenant::Allow);
     assert_eq!(c.max_tenant_length, 128);
     assert_eq!(c.descriptor_key, "tenant");
@@ -536,7 +551,7 @@ fn bad_configs_name_their_field() {
         errs(&format!(
             r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}, "bogus": 1}}"#
         )),
-        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, failure_mode_deny, status_on_error, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source, metrics"]
+        vec!["bogus: unknown key \"bogus\", expected one of domain, limits, rate_limit_service, on_failure, failure_mode_deny, status_on_error, breaker, fallback, missing_tenant, max_tenant_length, descriptor_key, headers, local, shadow, near_limit_ratio, cost_header, max_cost, response_cost_header, tenant_source, metrics"]
     );
     assert_eq!(
         errs(r#"{"domain": "d", "rate_limit_service": {"cluster": "rl"}}"#),
@@ -550,8 +565,8 @@ fn bad_configs_name_their_field() {
             "limits.x-t.default.perhour: must be a positive integer, got -5",
             "rate_limit_service.x: unknown key \"x\", expected one of cluster, timeout_ms, batch",
             "rate_limit_service.timeout_ms: must be a positive integer, got 0",
-            "status_on_error: must be an HTTP status from 200 to 599, got 42",
             "missing_tenant: must be one of \"allow\", \"deny\", got string \"block\"",
+            "status_on_error: must be an HTTP status from 200 to 599, got 42",
         ]
     );
     assert_eq!(errs("[1]"), vec!["must be a JSON object, got an array"]);
@@ -577,6 +592,51 @@ fn bad_configs_name_their_field() {
 }
 
 #[test]
+fn failure_mode_deny_maps_onto_on_failure_and_contradictions_are_refused() {
+    let policy = |extra: &str| with_top(extra).map(|c| (c.on_failure, c.status_on_error));
+    assert_eq!(
+        policy(r#", "failure_mode_deny": true, "status_on_error": 503"#),
+        Ok((OnFailure::Deny, 503))
+    );
+    assert_eq!(
+        policy(r#", "failure_mode_deny": false"#),
+        Ok((OnFailure::Allow, 500))
+    );
+    assert_eq!(
+        policy(r#", "on_failure": "deny", "failure_mode_deny": true"#),
+        Ok((OnFailure::Deny, 500))
+    );
+    // A generated configuration says failure_mode_deny false: "local" and
+    // "allow" agree with it.
+    assert_eq!(
+        policy(r#", "on_failure": "local", "failure_mode_deny": false, "fallback": {"envoys": 3}"#),
+        Ok((OnFailure::Local, 500))
+    );
+    // Not a failure policy: 200 with deny, allow with failure_mode_deny.
+    assert_eq!(
+        policy(r#", "failure_mode_deny": true, "status_on_error": 200"#).unwrap_err(),
+        vec!["status_on_error: 200 would refuse with a success, the upstream never reached: on_failure \"deny\" needs 400 to 599"]
+    );
+    // Unused with "allow": any status is taken, as before.
+    assert_eq!(
+        policy(r#", "status_on_error": 200"#),
+        Ok((OnFailure::Allow, 200))
+    );
+    assert_eq!(
+        policy(r#", "failure_mode_deny": true, "on_failure": "allow""#).unwrap_err(),
+        vec!["failure_mode_deny: true contradicts on_failure \"allow\""]
+    );
+    assert_eq!(
+        policy(r#", "failure_mode_deny": false, "on_failure": "deny""#).unwrap_err(),
+        vec!["failure_mode_deny: false contradicts on_failure \"deny\""]
+    );
+    assert_eq!(
+        policy(r#", "on_failure": "block""#).unwrap_err(),
+        vec!["on_failure: must be one of \"allow\", \"deny\", \"local\", got string \"block\""]
+    );
+}
+
+#[test]
 fn metrics_groups_lists_the_groups_with_series_of_their_own() {
     let all = with_top("").unwrap();
     assert_eq!(all.metrics, MetricsConfig::default());
@@ -599,6 +659,63 @@ fn metrics_groups_lists_the_groups_with_series_of_their_own() {
     assert_eq!(
         with_top(r#", "metrics": {"groups": "gold"}"#).unwrap_err(),
         vec!["metrics.groups: must be an array of group names (the groups whose counters are series of their own)"]
+    );
+}
+
+#[test]
+fn the_breaker_and_the_fallback_are_checked() {
+    let c = with_top(
+        r#", "on_failure": "local", "fallback": {"envoys": 3, "share": "learned"}, "breaker": {"failures": 3, "probe_interval_ms": 250}"#,
+    )
+    .unwrap();
+    assert_eq!(c.on_failure, OnFailure::Local);
+    assert_eq!(
+        c.fallback,
+        FallbackConfig {
+            envoys: 3,
+            share: Share::Learned
+        }
+    );
+    assert_eq!((c.breaker.failures, c.breaker.probe_interval_ms), (3, 250));
+    assert!(
+        !with_top(r#", "breaker": {"enabled": false}"#)
+            .unwrap()
+            .breaker
+            .enabled
+    );
+    assert_eq!(
+        with_top(r#", "breaker": {"failures": 0, "probe_interval_ms": 5, "x": 1, "enabled": 1}"#)
+            .unwrap_err(),
+        vec![
+            "breaker.x: unknown key \"x\", expected one of enabled, failures, probe_interval_ms",
+            "breaker.enabled: must be true or false, got 1",
+            "breaker.failures: must be a positive integer, got 0",
+            "breaker.probe_interval_ms: must be from 10 to 600000, got 5",
+        ]
+    );
+    assert_eq!(
+        with_top(r#", "on_failure": "local""#).unwrap_err(),
+        vec!["fallback.envoys: missing: on_failure \"local\" needs the Envoys sharing each limit"]
+    );
+    assert_eq!(
+        with_top(r#", "on_failure": "local", "fallback": {"envoys": 0, "share": "guessed"}"#)
+            .unwrap_err(),
+        vec![
+            "fallback.envoys: must be a positive integer, got 0",
+            "fallback.share: must be one of \"configured\", \"learned\", got string \"guessed\"",
+        ]
+    );
+    // A fallback that would never be used is a mistake to report.
+    assert_eq!(
+        with_top(r#", "fallback": {"envoys": 3}"#).unwrap_err(),
+        vec!["fallback: only with on_failure \"local\", not \"allow\""]
+    );
+    assert_eq!(
+        with_top(
+            r#", "on_failure": "local", "fallback": {"envoys": 3}, "local": {"enabled": false}"#
+        )
+        .unwrap_err(),
+        vec!["on_failure: \"local\" needs local.enabled"]
     );
 }
 
