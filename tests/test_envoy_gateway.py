@@ -194,7 +194,7 @@ def test_envoy_gateway_pulls_the_image_and_its_proxy_admits_exactly_the_quota(de
     refused = {labels: v for (name, labels), v in counters.items()
                if name == "tenant_ratelimit_group_refused" and ("group", "gold") in labels}
     assert sum(refused.values()) == REQUESTS - 5, refused
-    assert {dict(labels)["source"] for labels in refused} == {"service", "cache", "bucket", "sync"}
+    assert {dict(labels)["source"] for labels in refused} == {"service", "cache", "bucket", "sync", "fallback"}
 
 
 def test_image_missing_and_fail_closed_the_route_answers_500(deploy, image):

@@ -553,7 +553,7 @@ impl Batcher {
             done.extend(parts.into_iter().map(|p| failed(p, RlsError::Undecodable)));
             return;
         };
-        if breaker::may_call(c, host, &self.breaker, now) == Gate::Fallback {
+        if breaker::may_call(c, host, &self.breaker, now, parts.len()) == Gate::Fallback {
             done.extend(parts.into_iter().map(|p| failed(p, RlsError::BreakerOpen)));
             return;
         }

@@ -224,10 +224,18 @@ where
     }
 }
 
-/// The hook before a call goes out at `now_ms`: whether it may. A request
-/// told `Fallback` makes no call and gets `on_failure`; one told `Probe`
-/// calls as usual (its outcome goes to `record`).
-pub fn may_call<H: Host + ?Sized>(c: &Compiled, host: &H, cache: &Cache, now_ms: u64) -> Gate {
+/// The hook before a call of `parts` parts (requests, refills, pushes,
+/// charges) goes out at `now_ms`: whether it may. A call told `Fallback` is
+/// not made, and each of its parts counts in `breaker_skipped` (a request
+/// gets `on_failure`); one told `Probe` calls as usual (its outcome goes to
+/// `record`).
+pub fn may_call<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    cache: &Cache,
+    now_ms: u64,
+    parts: usize,
+) -> Gate {
     let Some(p) = Params::of(c) else {
         return Gate::Call;
     };
@@ -245,7 +253,7 @@ pub fn may_call<H: Host + ?Sized>(c: &Compiled, host: &H, cache: &Cache, now_ms:
     cache.learn(&s, now_ms);
     match g {
         Gate::Probe => host.count(Counter::BreakerProbes),
-        Gate::Fallback => host.count(Counter::BreakerSkipped),
+        Gate::Fallback => host.add(Counter::BreakerSkipped, parts as u64),
         Gate::Call => {}
     }
     g

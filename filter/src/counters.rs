@@ -101,9 +101,10 @@ counters! {
     BreakerProbes => "tenant_ratelimit.breaker_probes",
     /// Milliseconds the breaker was open, added when it closes.
     BreakerOpenMs => "tenant_ratelimit.breaker_open_ms",
-    /// Calls not made because the breaker was open: each such request was
-    /// answered by `on_failure` at once (a lease refill or sync push was
-    /// settled as failed).
+    /// What the open breaker kept from the service, one per part of each
+    /// call not made (a batched call counts each of its requests, refills,
+    /// pushes and charges): each such request was answered by `on_failure`
+    /// at once (a lease refill or sync push was settled as failed).
     BreakerSkipped => "tenant_ratelimit.breaker_skipped",
     /// `on_failure: local`: admitted by the fallback, within this Envoy's
     /// share of the limits.

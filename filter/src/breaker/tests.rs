@@ -176,26 +176,29 @@ fn a_worker_that_read_it_closed_trusts_that_for_a_moment() {
     let w = worker(&c);
     let other = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
     // `other` reads it closed, with no failure, at NOW.
-    assert_eq!(may_call(&c, &w.host, &other.batch.breaker, NOW), Gate::Call);
+    assert_eq!(
+        may_call(&c, &w.host, &other.batch.breaker, NOW, 1),
+        Gate::Call
+    );
     for _ in 0..3 {
         failing_request(&c, &w, &w.vm);
     }
     // Within TRUST_CLOSED_MS it still calls; then it reads it open.
     let last = NOW + TRUST_CLOSED_MS - 1;
     assert_eq!(
-        may_call(&c, &w.host, &other.batch.breaker, last),
+        may_call(&c, &w.host, &other.batch.breaker, last, 1),
         Gate::Call
     );
     let later = NOW + TRUST_CLOSED_MS;
     assert_eq!(
-        may_call(&c, &w.host, &other.batch.breaker, later),
+        may_call(&c, &w.host, &other.batch.breaker, later, 1),
         Gate::Fallback
     );
     // Its own failure is seen at once, and no answer is taken as closed
     // until it reads it again.
     let fresh = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
     assert_eq!(
-        may_call(&c, &w.host, &fresh.batch.breaker, later),
+        may_call(&c, &w.host, &fresh.batch.breaker, later, 1),
         Gate::Fallback
     );
 }
@@ -249,7 +252,10 @@ fn a_shared_data_failure_never_keeps_a_request_from_calling() {
     }
     w.fail(HostCall::GetShared);
     let fresh = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
-    assert_eq!(may_call(&c, &w.host, &fresh.batch.breaker, NOW), Gate::Call);
+    assert_eq!(
+        may_call(&c, &w.host, &fresh.batch.breaker, NOW, 1),
+        Gate::Call
+    );
 }
 
 /// A request of `tenant-a` on worker `w`, up to its first answer.
