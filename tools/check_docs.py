@@ -8,7 +8,7 @@
    that is not a letter, a digit, `-`, `_` or a space dropped, spaces to
    `-`; a repeated anchor gets `-1`, `-2`, ... in order.
 2. The module map: every module of filter/src (a `.rs` file or a directory
-   with `mod.rs`; the test-only `tests.rs` and `*_tests.rs` files aside) is
+   with `mod.rs`; the test-only `tests.rs`, `tests/` and `*_tests.rs` files aside) is
    named, as a code span (`` `bucket` `` or `` `local::bucket` ``), in
    filter/src/lib.rs's crate documentation and in docs/architecture.md.
 3. User pages (README.md and docs/*.md, not CHANGELOG.md) do not speak of
@@ -202,7 +202,7 @@ def filter_modules(src: Path) -> list[str]:
     mods = set()
     for f in src.rglob("*.rs"):
         parts = list(f.relative_to(src).with_suffix("").parts)
-        if parts == ["lib"] or parts[-1] == "tests" or parts[-1].endswith("_tests"):
+        if parts == ["lib"] or "tests" in parts or parts[-1].endswith("_tests"):
             continue
         if parts[-1] == "mod":
             parts = parts[:-1]

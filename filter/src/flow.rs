@@ -612,6 +612,3 @@ fn local_reply<H: Host + ?Sized>(
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod expensive_tests;

@@ -1311,3 +1311,6 @@ fn a_refusal_by_one_limit_still_tells_of_another_without_a_rule() {
     assert_eq!(h.reply_count(), 1);
     assert_eq!(h.group_counter(DEFAULT, GroupCounter::NoRule), 1);
 }
+
+/// Routes and the cost the upstream reports.
+mod expensive;

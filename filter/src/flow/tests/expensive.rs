@@ -4,9 +4,9 @@
 
 use prost::Message;
 
-use super::{Next, Stream};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::Compiled;
+use crate::flow::{Next, Stream};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::{tick_ms, Root};
 use crate::testing::{answer, compiled, status, HostCall, Worker};
