@@ -42,14 +42,15 @@ WASM_EXPORTS := _initialize,proxy_abi_version_0_2_1,proxy_on_memory_allocate,pro
 proxy_on_configure,proxy_on_context_create,proxy_on_request_headers,proxy_on_response_headers,proxy_on_response_trailers,\
 proxy_on_grpc_receive,proxy_on_grpc_close,proxy_on_delete,proxy_on_tick
 CLI         := target/release/ratelimit-config
-# After trim-exports, binaryen's wasm-opt shrinks the .wasm by about a tenth;
+# After trim-exports, binaryen's wasm-opt shrinks the .wasm by about a tenth
+# (--converge: its passes run again while they still shrink it);
 # every test runs against the module it gives. Debian's binaryen, pinned;
 # its wasm-opt at Debian's path, so no other one on PATH is used.
 # rustc's module carries no target_features section, so the features it uses
 # are named (without them wasm-opt assumes MVP wasm and refuses memory.copy).
 BINARYEN_VERSION := 108-1
 WASM_OPT         := /usr/bin/wasm-opt
-WASM_OPT_FLAGS   := -Oz --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
+WASM_OPT_FLAGS   := -Oz --converge --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
                     --enable-nontrapping-float-to-int
 # The size budget of the .wasm, in bytes: `make build` fails past it.
 WASM_MAX_BYTES   := 250000

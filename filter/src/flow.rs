@@ -43,7 +43,7 @@ use crate::headers::group_policy;
 use crate::health;
 use crate::host::{Host, HostError};
 use crate::local::names::lookup;
-use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError};
+use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError, SLOT_PROBES};
 use crate::modes::{finish, local_error, local_step, remember, route_step, ModeStep};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
@@ -177,8 +177,8 @@ impl Stream {
         } else {
             (None, None)
         };
-        if c.config.response_cost.is_some() {
-            self.charge = Some(charge_for(&limited, at, route_at, cost));
+        if c.config.response_cost.is_some() && at.is_none() {
+            self.charge = Some(charge_for(&limited, None, route_at, cost));
         }
         // Hits of a sync block a mode change dropped: this call carries
         // them (`modes`).
@@ -195,7 +195,21 @@ impl Stream {
                     return next;
                 }
             }
-            let verdict = match local_step(c, host, vm, &limited, at, now, &names, cost) {
+            // A slot another tenant holds: the next few are tried before
+            // the tenant goes without local state (`slot_contended`).
+            let mut at = at;
+            let mut stepped = local_step(c, host, vm, &limited, at, now, &names, cost);
+            for _ in 1..SLOT_PROBES {
+                if !matches!(&stepped, Ok(s) if s.verdict == LocalVerdict::Contended) {
+                    break;
+                }
+                at = at.next(local.slots);
+                stepped = local_step(c, host, vm, &limited, at, now, &names, cost);
+            }
+            if c.config.response_cost.is_some() {
+                self.charge = Some(charge_for(&limited, Some(at), route_at, cost));
+            }
+            let verdict = match stepped {
                 Ok(step) => {
                     carried = step.carried;
                     match step.mode {

@@ -153,6 +153,31 @@ pub fn spend(lease: Option<Lease>, p: &LeaseParams, now_ms: u64) -> (Lease, Spen
     (l, step, stranded)
 }
 
+/// At the root's pass after a window ended: the batch to reserve for a
+/// tenant this Envoy served a request of in this second or the one before,
+/// sent with every other tenant's in one call, so that the window's first
+/// requests find tokens instead of each asking on its own. Returns the
+/// lease to store (the refill marked under way, the old window's tokens
+/// dropped), the batch (None: the lease of this window is there, a refill
+/// is under way, or the tenant is idle), the tokens that expired unspent,
+/// and whether the tenant is idle (the root forgets it until its next
+/// request).
+pub fn window_refill(
+    lease: Lease,
+    p: &LeaseParams,
+    now_ms: u64,
+) -> (Lease, Option<u32>, u32, bool) {
+    let mut l = lease;
+    let idle = l.rate_second.saturating_add(1) < now_ms / 1_000;
+    if idle || now_ms < l.until_ms || l.refill_pending(p, now_ms) {
+        return (l, None, 0, idle);
+    }
+    let stranded = l.expire(now_ms);
+    let batch = l.batch(p, now_ms);
+    l.refill_at_ms = now_ms.max(1);
+    (l, Some(batch), stranded, false)
+}
+
 /// How a call for a batch ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

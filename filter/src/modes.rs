@@ -284,6 +284,7 @@ pub fn admit(
 /// cached refusal. Queues what the root must send (a lease refill) and the
 /// sync tenants it must push in `vm`'s mailbox.
 #[allow(clippy::too_many_arguments)]
+#[inline(never)]
 pub fn local_step<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
@@ -333,18 +334,20 @@ pub fn local_step<H: Host + ?Sized>(
                     log::debug!("lease refill dropped: the root's mailbox is full");
                 }
             }
+            track(vm, limited, at);
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::LeaseSpent);
             ModeStep::Admitted(left_headers(c, limited, a.left, now))
         }
-        Some(Decided::Lease(Spend::Ask { batch })) => ModeStep::Ask {
-            lease_batch: Some(batch),
-            sync: false,
-        },
-        Some(Decided::Sync(SyncStep::Admit)) => {
-            if !vm.mailbox.track(group, &limited.tenant, at) {
-                log::debug!("sync tenant not tracked: the root tracks the most it may");
+        Some(Decided::Lease(Spend::Ask { batch })) => {
+            track(vm, limited, at);
+            ModeStep::Ask {
+                lease_batch: Some(batch),
+                sync: false,
             }
+        }
+        Some(Decided::Sync(SyncStep::Admit)) => {
+            track(vm, limited, at);
             host.count_group(group, GroupCounter::Admitted);
             host.count_group(group, GroupCounter::SyncLocal);
             ModeStep::Admitted(left_headers(c, limited, a.left, now))
@@ -629,48 +632,76 @@ pub fn store_heard<H: Host + ?Sized>(
     }
 }
 
-/// Takes the unsynced hits of a tracked tenant out of its slot at `now_ms`
-/// and returns the push to send (None: nothing to push, or another worker
-/// has it under way). The second value says whether the tenant has nothing
-/// pending any more (the root forgets it until its next request).
-pub fn next_push<H: Host + ?Sized>(
+/// The root pushes the tenant's sync hits, or refills its lease after each
+/// window, from now on.
+#[inline(never)]
+fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef) {
+    if !vm.mailbox.track(limited.group_index, &limited.tenant, at) {
+        log::debug!("tenant not tracked: the root tracks the most it may");
+    }
+}
+
+/// The call a tracked tenant's root pass owes it at `now_ms`, taken out
+/// of its slot: when `sync_due` and its group syncs, a push of its unsynced
+/// hits (`sync::take_delta`); when `lease_due` and its group leases, the
+/// refill of its lease after a window ended (`lease::window_refill`),
+/// marked under way. None when nothing is owed, or another worker has it
+/// under way. The second value says whether the tenant has nothing left
+/// pending (the root forgets it until its next request).
+pub fn next_tracked<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     t: &Tracked,
     now_ms: u64,
+    sync_due: bool,
+    lease_due: bool,
 ) -> (Option<TenantCall>, bool) {
-    let Some(p) = sync_params(c, t.group) else {
-        return (None, true);
-    };
+    let sync = sync_params(c, t.group).filter(|_| sync_due);
+    let lease = lease_params(c, t.group).filter(|_| lease_due);
+    if sync.is_none() && lease.is_none() {
+        // Not due, or the group left both modes (then it is idle).
+        let gone = sync_params(c, t.group).is_none() && lease_params(c, t.group).is_none();
+        return (None, gone);
+    }
     let at = t.at;
     let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let none = ((CallKind::Push, 0, 0, true), None);
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return ((0, true), None);
+            return none;
         };
-        let ModeState::Sync(held) = slot.mode else {
-            return ((0, true), None);
-        };
-        let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
-        let idle = state.pending() == 0;
-        slot.mode = ModeState::Sync(state);
-        ((delta, idle), (delta > 0).then_some(slot))
-    });
-    let (delta, idle) = match taken {
-        Ok(t) => t,
-        Err(e) => {
-            log::debug!("sync push not taken: {e}");
-            return (None, false);
+        match (slot.mode, sync, lease) {
+            (ModeState::Sync(held), Some(p), _) => {
+                let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
+                slot.mode = ModeState::Sync(state);
+                let owed = (CallKind::Push, delta, 0, state.pending() == 0);
+                (owed, (delta > 0).then_some(slot))
+            }
+            (ModeState::Lease(held), _, Some(p)) => {
+                let (l, batch, stranded, idle) = lease::window_refill(held, &p, now_ms);
+                slot.mode = ModeState::Lease(l);
+                let owed = (CallKind::Refill, batch.unwrap_or(0), stranded, idle);
+                (owed, batch.map(|_| slot))
+            }
+            _ => none,
         }
+    });
+    // Not taken (the slot could not be read or written): the tenant's
+    // requests ask for themselves, as without the root.
+    let Ok((kind, hits, stranded, idle)) = taken else {
+        return (None, false);
     };
-    let push = (delta > 0).then(|| TenantCall {
-        kind: CallKind::Push,
+    if stranded > 0 {
+        host.add_group(t.group, GroupCounter::LeaseStranded, u64::from(stranded));
+    }
+    let call = (hits > 0).then(|| TenantCall {
+        kind,
         group: t.group,
         tenant: t.tenant.clone(),
         at,
-        hits: delta,
+        hits,
         route: None,
     });
-    (push, idle)
+    (call, idle)
 }
 
 /// The headers of an admission without a call, from its estimate.

@@ -12,7 +12,10 @@
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
 //!   its mailbox (`vm::Mailbox`: lease refills, response costs to charge)
 //!   and, once per sync interval, the unsynced hits of every tracked tenant
-//!   join the worker's queue of calls (`batch`), which goes at once:
+//!   join the worker's queue of calls (`batch`), and so, after each end of
+//!   the shortest lease window, do the refills of the leases of the tenants
+//!   it tracks that were served in the last second (`lease::window_refill`);
+//!   the queue goes at once:
 //!   everything due in one call (or a few, of `max_descriptors` each). A
 //!   tenant with nothing left pending is forgotten until its next request.
 //!   A call that cannot be sent, or that the open breaker keeps in
@@ -43,9 +46,10 @@ use crate::host::{Host, SharedData};
 use crate::lease::LeaseParams;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{finish, next_push, release};
+use crate::modes::{finish, next_tracked, release};
 use crate::sync::SyncParams;
 use crate::vm::Vm;
+use crate::window;
 
 /// How many slots and rule-name entries could not be created.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -144,12 +148,26 @@ pub fn tick_ms(c: &Compiled) -> Option<u64> {
     }
 }
 
+/// The shortest window of the groups in lease mode (None: none leases):
+/// after each of its ends, the root refills the leases of the tenants it
+/// tracks, in one call.
+pub fn lease_window_ms(c: &Compiled) -> Option<u64> {
+    c.config
+        .limits
+        .all_groups()
+        .filter_map(|g| LeaseParams::for_group(c, g))
+        .map(|p| p.window_ms)
+        .min()
+}
+
 /// One worker's root: its sync schedule. Its calls under way are the
 /// worker's (`vm::Vm::batch`), shared with its streams.
 #[derive(Debug, Default)]
 pub struct Root {
     /// When sync mode pushes next.
     next_sync_ms: u64,
+    /// When the shortest lease window ends next (the next refill pass).
+    next_lease_ms: u64,
 }
 
 impl Root {
@@ -163,16 +181,27 @@ impl Root {
             .into_iter()
             .map(|call| Part::tenant(c, call, now))
             .collect();
-        if let Some(interval) = sync_interval_ms(c) {
-            if now >= self.next_sync_ms {
+        let sync_due = match sync_interval_ms(c) {
+            Some(interval) if now >= self.next_sync_ms => {
                 self.next_sync_ms = now.saturating_add(interval);
-                for tracked in vm.mailbox.tracked() {
-                    let (push, idle) = next_push(c, host, &tracked, now);
-                    if idle {
-                        vm.mailbox.forget(tracked.at);
-                    }
-                    parts.extend(push.map(|p| Part::tenant(c, p, now)));
+                true
+            }
+            _ => false,
+        };
+        let lease_due = match lease_window_ms(c) {
+            Some(window) if now >= self.next_lease_ms => {
+                self.next_lease_ms = window::end(window, now);
+                true
+            }
+            _ => false,
+        };
+        if sync_due || lease_due {
+            for tracked in vm.mailbox.tracked() {
+                let (call, idle) = next_tracked(c, host, &tracked, now, sync_due, lease_due);
+                if idle {
+                    vm.mailbox.forget(tracked.at);
                 }
+                parts.extend(call.map(|p| Part::tenant(c, p, now)));
             }
         }
         let done = vm.batch.tick(c, host, parts);

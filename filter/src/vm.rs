@@ -21,12 +21,14 @@ use crate::local::{SlotRef, SlotSecret};
 /// `refill_lost_ms`).
 pub const MAX_QUEUED_CALLS: usize = 4_096;
 
-/// The most tenants one worker tracks for sync; a tenant beyond it is
-/// pushed by another worker that tracks it, or its requests ask the service
-/// once `max_unsynced` of its hits are pending.
+/// The most tenants one worker tracks for sync and lease; a tenant beyond
+/// it is pushed by another worker that tracks it, or its requests ask the
+/// service once `max_unsynced` of its hits are pending (in lease mode,
+/// once its lease runs out, as without the root's window refills).
 pub const MAX_TRACKED: usize = 16_384;
 
-/// A tenant whose sync hits this worker's root pushes.
+/// A tenant whose sync hits this worker's root pushes, or whose lease it
+/// refills when a window ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tracked {
     pub group: usize,
@@ -68,7 +70,8 @@ impl Mailbox {
     }
 
     /// Sync mode: the root pushes this tenant's hits from now on, until it
-    /// has nothing left to push. False when it is not tracked (the mailbox
+    /// has nothing left to push (lease mode: refills its lease after each
+    /// window, until it is idle). False when it is not tracked (the mailbox
     /// holds `MAX_TRACKED` others); a tenant tracked already stays as it is
     /// (no allocation).
     pub fn track(&self, group: usize, tenant: &str, at: SlotRef) -> bool {

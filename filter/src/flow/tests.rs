@@ -8,7 +8,7 @@ use crate::access_log;
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::decision::Compiled;
 use crate::health::WARN_INTERVAL_MS;
-use crate::local::{Slot, SlotKey};
+use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
 use crate::testing::{slot_of, status, HostCall, MemHost, Worker};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -362,6 +362,47 @@ fn a_tenant_whose_slot_another_uses_is_asked_about_and_counted() {
     assert_eq!(next, Next::Pause);
     assert_eq!(h.call_count(), 2);
     assert_eq!(counted(&h), vec![n(Counter::SlotContended, 1)]);
+}
+
+#[test]
+fn a_tenant_whose_slot_another_holds_takes_the_next_free_one() {
+    // Two slots, three tenants, each with a bucket of 2: the first two
+    // hash to the same slot, yet each holds one, so both are shed locally;
+    // the third finds both held and is asked about every time.
+    let c = config(
+        r#", "local": {"slots": 2, "groups": {"default": {"tokens_per_second": 1, "burst": 2}}}"#,
+    );
+    let h = host(&c);
+    // A second tenant whose own slot is tenant-a's (the default group).
+    let group = c
+        .config
+        .limits
+        .all_groups()
+        .position(|g| g.name == "default");
+    let home = |t: &str| slot_for(&h.vm.slot_secret, c.scope(group.unwrap_or(0)), t, 2).index;
+    let second = (0..100)
+        .map(|i| format!("tenant-{i}"))
+        .find(|t| home(t) == home("tenant-a"))
+        .unwrap_or_default();
+    for tenant in ["tenant-a", second.as_str()] {
+        for _ in 0..2 {
+            let (mut s, next) = request(&c, &h, Some(tenant));
+            assert_eq!(next, Next::Pause);
+            respond(&c, &h, &mut s, Code::Ok, ok_answer());
+        }
+        let (_, next) = request(&c, &h, Some(tenant));
+        assert_eq!(next, Next::Pause);
+    }
+    assert_eq!(h.call_count(), 4);
+    assert_eq!(h.replies().len(), 2);
+    assert_eq!(h.counter(Counter::SlotContended), 0);
+    for _ in 0..3 {
+        let (mut s, next) = request(&c, &h, Some("tenant-d"));
+        assert_eq!(next, Next::Pause);
+        respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    }
+    assert_eq!((h.call_count(), h.replies().len()), (7, 2));
+    assert_eq!(h.counter(Counter::SlotContended), 3);
 }
 
 #[test]

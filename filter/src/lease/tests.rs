@@ -113,3 +113,37 @@ fn the_batch_follows_the_rate_within_one_and_max_batch_and_never_above_remaining
     assert_eq!(l.batch(&P, NOW + 2), 1);
     assert_eq!(Lease::default().batch(&P, NOW), 1);
 }
+
+#[test]
+fn a_window_refill_goes_for_a_tenant_served_last_second_whose_lease_ended() {
+    // Served 7 requests in the second before the window ended, 3 tokens
+    // left of the window that ended.
+    let served = Lease {
+        tokens: 3,
+        until_ms: MINUTE_END,
+        rate_second: MINUTE_END / 1_000 - 1,
+        rate_count: 7,
+        ..Lease::default()
+    };
+    // Within its window: nothing to do, not idle.
+    let (l, batch, stranded, idle) = window_refill(served, &P, MINUTE_END - 10);
+    assert_eq!((l, batch, stranded, idle), (served, None, 0, false));
+    // The window ended: a batch of its rate, the old tokens stranded, the
+    // refill marked under way.
+    let (l, batch, stranded, idle) = window_refill(served, &P, MINUTE_END + 5);
+    assert_eq!((batch, stranded, idle), (Some(7), 3, false));
+    assert_eq!((l.tokens, l.refill_at_ms), (0, MINUTE_END + 5));
+    // While that refill is under way, no second one.
+    let (_, batch, _, idle) = window_refill(l, &P, MINUTE_END + 20);
+    assert_eq!((batch, idle), (None, false));
+    // No request in this second or the one before: idle, nothing asked.
+    let (_, batch, stranded, idle) = window_refill(served, &P, MINUTE_END + 1_005);
+    assert_eq!((batch, stranded, idle), (None, 0, true));
+    // Never more than the batch cap.
+    let busy = Lease {
+        rate_count: 500,
+        ..served
+    };
+    let (_, batch, _, _) = window_refill(busy, &P, MINUTE_END + 5);
+    assert_eq!(batch, Some(P.max_batch));
+}

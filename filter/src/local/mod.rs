@@ -40,7 +40,9 @@ use ratelimit_config::{BucketParams, HeaderMode};
 pub use bucket::TokenBucket;
 pub use cas::{create, update, update_key, UpdateError, CAS_ATTEMPTS};
 pub use over_limit::{cached_headers, cached_headers_named, OverLimit, StatusSnapshot};
-pub use placement::{route_slot_for, slot_for, Scope, ScopeBuilder, SlotKey, SlotRef, SlotSecret};
+pub use placement::{
+    route_slot_for, slot_for, Scope, ScopeBuilder, SlotKey, SlotRef, SlotSecret, SLOT_PROBES,
+};
 pub use secret::{agree, Agreed, SECRET_KEY};
 pub use slot::{Claim, ModeState, Slot, Stranded, SLOT_BYTES, SLOT_HOLD_MS};
 

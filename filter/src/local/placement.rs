@@ -220,6 +220,21 @@ pub fn route_slot_for(
     place(fingerprint(key, scope, tenant, Some(route)), slots)
 }
 
+/// How many slots a tenant tries, its own and the next ones, before it
+/// goes without local state because other tenants hold them all.
+pub const SLOT_PROBES: u32 = 4;
+
+impl SlotRef {
+    /// The slot after this one (the first after the last), for the same
+    /// tenant: where it goes when another tenant holds this one.
+    pub fn next(self, slots: u32) -> SlotRef {
+        SlotRef {
+            index: self.index.wrapping_add(1) % slots.max(1),
+            fingerprint: self.fingerprint,
+        }
+    }
+}
+
 fn place(fp: u64, slots: u32) -> SlotRef {
     let index = u32::try_from((fp >> 32) % u64::from(slots.max(1))).unwrap_or(0);
     SlotRef {

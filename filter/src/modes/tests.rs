@@ -284,13 +284,13 @@ mod sync_mode {
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
-        let (push, idle) = next_push(&c, &h, &tracked[0], NOW);
+        let (push, idle) = next_tracked(&c, &h, &tracked[0], NOW, true, false);
         let push = push.unwrap();
         assert!(!idle);
         let asked = RateLimitRequest::decode(&push.message(&c).unwrap()[..]).unwrap();
         assert_eq!(asked.hits_addend, 6);
         // Another worker's root finds nothing to push.
-        assert_eq!(next_push(&c, &h, &tracked[0], NOW).0, None);
+        assert_eq!(next_tracked(&c, &h, &tracked[0], NOW, true, false).0, None);
         // The service counted 1 + 6: 5 remain, and the Envoy admits 5 more.
         let body = answer(
             Code::Ok,

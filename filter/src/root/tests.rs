@@ -356,6 +356,101 @@ fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
 }
 
 #[test]
+fn after_a_window_ends_the_root_refills_its_tenants_leases_in_one_call() {
+    // Every tenant leases, 1,000 a minute (batches of at most 50).
+    let c = compiled(
+        r#"{"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+            "limits": {"x-tenant-id": {"default": {"perminute": 1000}}},
+            "local": {"mode": "lease"}}"#,
+    );
+    let window_end = window::end(60_000, NOW);
+    let h = worker(&c);
+    h.set_now_ms(window_end - 500);
+    let mut root = Root::default();
+    let lease_of = |tenant: &str| match slot(&c, &h, "default", tenant).mode {
+        ModeState::Lease(l) => l,
+        other => panic!("not a lease: {other:?}"),
+    };
+    for (tenant, n) in [("acme", 1), ("other", 2)] {
+        for i in 0..n {
+            let (mut s, next) = request(&c, &h, tenant);
+            if next == Next::Pause {
+                let body = answer(
+                    Code::Ok,
+                    vec![status(Code::Ok, 1000, RateLimitUnit::Minute, 900, 40)],
+                );
+                let size = body.len();
+                h.set_grpc_response(Some(body));
+                h.answer(&c, &mut s, 0, size);
+            } else {
+                assert!(i > 0, "{tenant}: a first request without a lease");
+            }
+        }
+    }
+    assert_eq!(h.vm.mailbox.tracked().len(), 2);
+    // Within the window, the leases hold: the pass sends nothing.
+    let calls = h.call_count();
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.call_count(), calls);
+    // The first tick of the next window: both tenants' leases in one call,
+    // each as large as its rate.
+    h.set_now_ms(window_end + 5);
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.call_count(), calls + 1);
+    let call = h.calls().last().cloned().unwrap();
+    let mut asked = descriptor_hits(&call);
+    asked.sort();
+    assert_eq!(asked, [("acme".into(), 1), ("other".into(), 2)]);
+    let stranded = h.group_counter(0, GroupCounter::LeaseStranded);
+    // A request while the refill is under way asks for its own hit only.
+    let (mut s, next) = request(&c, &h, "acme");
+    assert_eq!(next, Next::Pause);
+    assert_eq!(hits(h.calls().last().unwrap()), 0);
+    respond(&c, &h, &mut s, 1000, 897);
+    let statuses = descriptor_hits(&call)
+        .iter()
+        .map(|_| status(Code::Ok, 1000, RateLimitUnit::Minute, 895, 60))
+        .collect();
+    answer_root(&c, &h, &mut root, call.token, answer(Code::Ok, statuses));
+    assert_eq!((lease_of("acme").tokens, lease_of("other").tokens), (1, 2));
+    // The next requests spend the tokens, with no call.
+    let calls = h.call_count();
+    assert_eq!(request(&c, &h, "other").1, Next::Continue);
+    assert_eq!(request(&c, &h, "acme").1, Next::Continue);
+    assert_eq!(h.call_count(), calls);
+    assert_eq!(h.group_counter(0, GroupCounter::LeaseStranded), stranded);
+    // The next tick sends what the spending requests queued (their leases
+    // ran low), but no other pass is due before the window ends.
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.call_count(), calls + 1);
+    let queued = descriptor_hits(h.calls().last().unwrap()).len();
+    assert!(queued >= 1, "{queued}");
+    let calls = h.call_count();
+    // A window later, with no request since: no refill, both forgotten.
+    h.set_now_ms(window_end + 60_000 + 5);
+    root.on_tick(&c, &h, &h.vm);
+    assert_eq!(h.call_count(), calls);
+    assert!(h.vm.mailbox.tracked().is_empty());
+}
+
+/// A stream's call answered: one minute status of `limit`.
+fn respond(c: &Compiled, h: &Worker, s: &mut Stream, limit: u32, remaining: u32) {
+    let body = answer(
+        Code::Ok,
+        vec![status(
+            Code::Ok,
+            limit,
+            RateLimitUnit::Minute,
+            remaining,
+            40,
+        )],
+    );
+    let size = body.len();
+    h.set_grpc_response(Some(body));
+    h.answer(c, s, 0, size);
+}
+
+#[test]
 fn the_shared_data_is_created_once_and_the_secret_agreed() {
     let h = MemHost::new();
     let created = create_shared(&h, 8);
