@@ -484,6 +484,13 @@ def redis_commands(redis: h.Redis) -> dict[str, int]:
     return out
 
 
+def service_hits(metrics: dict[str, float]) -> float:
+    """The service's total_hits summed over its rules: every descriptor
+    that matched a rule, counted by its hits_addend."""
+    return sum(v for k, v in metrics.items()
+               if k.startswith("ratelimit_service_rate_limit_total_hits{"))
+
+
 def descriptors_sent(stats: dict[str, int]) -> int:
     """This filter's descriptors sent to the service (its counter
     tenant_ratelimit.rls_descriptors) in a run's Envoy stat deltas."""
@@ -525,7 +532,8 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     envoy = fleet[0]
     duration = duration_s or args.duration
     header = stack_parts["header"]
-    service0 = rls.settled_metrics().get(RLS_CALLS, 0)
+    metrics0 = rls.settled_metrics()
+    service0, hits0 = metrics0.get(RLS_CALLS, 0), service_hits(metrics0)
     calls0 = rls_calls(envoy, cluster)
     stats0 = [envoy_stats(e) for e in fleet]
     redis: h.Redis = stack_parts["redis"]
@@ -555,7 +563,9 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     spread_results = [wrk_finish(b, duration) for b in background]
     cpu1 = cpu_snapshot(fleet, stack_parts)
     calls = settled_calls(envoy, cluster) - calls0
-    service_calls = rls.settled_metrics().get(RLS_CALLS, 0) - service0
+    metrics1 = rls.settled_metrics()
+    service_calls = metrics1.get(RLS_CALLS, 0) - service0
+    hits = service_hits(metrics1) - hits0
     commands = delta(redis_commands(redis), commands0)
     if windows is not None:
         add_windows(windows, result.get("windows", {}))
@@ -590,6 +600,9 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         # The service's own ShouldRateLimit counter over the run (every Envoy;
         # in the pinned scenario the background load's calls too).
         "service_calls": int(service_calls),
+        # The hits the service counted on its rules (total_hits: each
+        # descriptor's hits_addend, 1 for Envoy's native filter).
+        "service_hits": int(hits),
         # This filter's descriptors sent (this Envoy), per call it made.
         "rls_descriptors": descriptors,
         "descriptors_per_call": descriptors / calls if calls else 0.0,

@@ -45,7 +45,8 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s = out.setdefault(run["scenario"], {}).setdefault(run["config"], {
             "rps": [], "p50": [], "p99": [], "statuses": {}, "requests": 0, "rls_calls": 0,
             "socket_errors": 0, "failed_open": 0, "rls_errors": 0,
-            "served": 0, "service_calls": 0, "rls_descriptors": 0, "redis": {}, "cpu_s": {},
+            "served": 0, "service_calls": 0, "service_hits": 0, "rls_descriptors": 0,
+            "redis": {}, "cpu_s": {},
         })
         s["rps"].append(run["rps"])
         s.setdefault("cpr", []).append(run["rls_calls_per_request"])
@@ -61,6 +62,7 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s["rls_errors"] += run.get("rls_errors", 0)
         s["served"] += run.get("requests_served", run["requests"])
         s["service_calls"] += run.get("service_calls", 0)
+        s["service_hits"] += run.get("service_hits", 0)
         s["rls_descriptors"] += run.get("rls_descriptors", 0)
         for k, v in run.get("redis_commands", {}).items():
             s["redis"][k] = s["redis"].get(k, 0) + v
@@ -225,7 +227,8 @@ def markdown(results: dict) -> str:
         lines += ["", "⚠: rate-limit calls failed (open) or errored, or requests got a 5xx "
                   "or a socket error, in this row's runs: its figures are not those of a "
                   "healthy limiter."]
-    lines += ["", *cost_markdown(results, summary)]
+    if summary:
+        lines += ["", *cost_markdown(results, summary)]
     if "pinned" in summary:
         lines += ["", *pinned_markdown(results, summary["pinned"])]
     if "service_side" in results:
@@ -236,13 +239,14 @@ def markdown(results: dict) -> str:
 def descriptors_per_call(cfg: str, s: dict) -> tuple[float, str] | None:
     """(descriptors per call, how it was counted): this filter's own counter
     (tenant_ratelimit.rls_descriptors over its rate-limit cluster's calls);
-    for Envoy's native filter, which has no such counter, Redis's INCRBY
-    over the service's calls (the descriptors the service counted in Redis:
-    not those without a limit, nor those its over-limit cache answered)."""
+    for Envoy's native filter, which has no such counter, the service's
+    total_hits over its calls (the native filter sends every descriptor
+    with a hits_addend of 1, so its hits are its descriptors that matched a
+    rule)."""
     if s["rls_descriptors"] and s["rls_calls"]:
         return s["rls_descriptors"] / s["rls_calls"], ""
-    if cfg == "native" and s["service_calls"] and "incrby" in s["redis"]:
-        return s["redis"]["incrby"] / s["service_calls"], "†"
+    if cfg == "native" and s["service_calls"] and s["service_hits"]:
+        return s["service_hits"] / s["service_calls"], "†"
     return None
 
 
@@ -259,8 +263,11 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
     """Ratios (paired per repetition: the runs of a repetition ran one after
     the other) and the cost of a request, per scenario and configuration."""
     configs = results.get("configs", list(CONFIG_LABELS))
+    has_noop = any("wasm_noop" in per for per in summary.values())
     has_reply = any("wasm_reply" in per for per in summary.values())
-    head = ["Scenario", "Configuration", "req/s", "vs native (worst)", "vs wasm_noop"]
+    head = ["Scenario", "Configuration", "req/s", "vs native (worst)"]
+    if has_noop:
+        head.append("vs wasm_noop")
     if has_reply:
         head.append("vs wasm_reply")
     head += ["p99 vs native (worst)", "calls / request", "descriptors / call",
@@ -284,8 +291,9 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
                 continue
             served = s["served"]
             row = [name, CONFIG_LABELS[cfg], f"{s['rps_median']:,.0f}",
-                   ratio_cell(results, name, cfg, "native", worst=True),
-                   ratio_cell(results, name, cfg, "wasm_noop")]
+                   ratio_cell(results, name, cfg, "native", worst=True)]
+            if has_noop:
+                row.append(ratio_cell(results, name, cfg, "wasm_noop"))
             if has_reply:
                 row.append(ratio_cell(results, name, cfg, "wasm_reply"))
             r = paired_ratios(results, name, a=cfg)
@@ -303,9 +311,9 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
                     for c in CPU_COMPONENTS]
             lines.append("| " + " | ".join(row) + " |")
     if dagger:
-        lines += ["", "†: Envoy's native filter counts no descriptors: Redis INCRBY per "
-                  "service call (the descriptors the service counted in Redis, not those "
-                  "its over-limit cache answered)."]
+        lines += ["", "†: Envoy's native filter counts no descriptors: the service's "
+                  "total_hits per call (the native filter sends each descriptor with a "
+                  "hits_addend of 1)."]
     return lines
 
 
