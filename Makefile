@@ -114,7 +114,7 @@ DEMO_ARGS   ?=
 WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
-        deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core compose-config \
+        deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core bench-wasm-reply compose-config \
         clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
@@ -355,8 +355,17 @@ cluster-test: deps
 # The load benchmark (bench/bench.py: results, table and chart under
 # bench-results/<time>/, bench-results/latest), then the pure core's
 # micro-benchmark. BENCH_ARGS passes options, e.g. BENCH_ARGS="--reps 3".
-bench: deps build bench-core
+bench: deps build bench-wasm-reply bench-core
 	$(PY) bench/bench.py $(BENCH_ARGS)
+
+# The bench's wasm_reply configuration (bench/wasm-reply, a workspace of its
+# own): a proxy-wasm module answering every request 429 at once, the floor
+# of a wasm refusal. Not shipped; cargo does nothing when it is up to date.
+WASM_REPLY := target/wasm-reply/$(WASM_TARGET)/release/wasm_reply.wasm
+bench-wasm-reply: deps-rust
+	cargo build --release --target $(WASM_TARGET) --manifest-path bench/wasm-reply/Cargo.toml \
+	  --target-dir target/wasm-reply
+	@ls -l $(WASM_REPLY)
 
 bench-core: deps-rust
 	cargo bench -p tenant-ratelimit --bench decision

@@ -8,6 +8,10 @@ five Envoys under test, all started here on loopback and all running for
 the whole benchmark:
 
   baseline      no rate-limit filter at all
+  wasm_noop     this filter loaded, configured for a header no request
+                carries: the cost of Envoy's wasm machinery alone, the
+                ceiling of any wasm filter (not in the pinned and outage
+                scenarios by default: it limits nothing and calls nothing)
   native        envoy.filters.http.local_ratelimit (a token bucket per tenant
                 at its group's per-second limit) + envoy.filters.http.ratelimit
                 with the rate_limits block ratelimit-config generates
@@ -17,6 +21,10 @@ the whole benchmark:
   filter_sync   the same with local.mode "sync"
   filter_local  the same with on_failure "local" (fallback.envoys 1): only
                 the outage scenario runs it
+  wasm_reply    bench/wasm-reply: a minimal proxy-wasm module answering every
+                request 429 from on_request_headers, the floor of any wasm
+                refusal; the local_shed scenario only, unless --configs
+                names it
 
 The outage scenario freezes the service (SIGSTOP) for each of its runs:
 Envoy's native filters wait for their timeout on every request; this
@@ -30,7 +38,11 @@ run in turn, A B C A B C ..., each run a fixed number of connections for a
 fixed time, driven by wrk (bench/tenants.lua picks the tenant of every
 request).
 
-Per run: the rate-limit calls each Envoy made (its own rate-limit cluster's
+Per run: the CPU seconds (utime + stime, /proc/<pid>/stat) of the Envoy
+under test (the pinned scenario: its fleet), the service, Redis, the
+counting upstream and wrk (its processes, waited for: this process's
+RUSAGE_CHILDREN over the run); Redis's INFO commandstats over the run; the
+rate-limit calls each Envoy made (its own rate-limit cluster's
 upstream_rq_total: the native filter and this filter both call through
 it), fail-opens (the native filter's ratelimit.failure_mode_allowed, this
 filter's failure_mode_allowed), and, in the quota scenarios, every tracked
@@ -55,6 +67,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,7 +85,20 @@ import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
-CONFIGS = ("baseline", "native", "filter", "filter_lease", "filter_sync", "filter_local")
+CONFIGS = ("baseline", "wasm_noop", "native", "filter", "filter_lease", "filter_sync",
+           "filter_local", "wasm_reply")
+# The configurations that limit nothing: no quota figures for them.
+NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
+# Without --configs, these run in these scenarios only: wasm_noop limits and
+# calls nothing (the pinned scenario is about a quota across a fleet, the
+# outage one about the service), wasm_reply refuses everything (the floor of
+# the local shed). Named in --configs, they run wherever the others do.
+DEFAULT_SCENARIOS = {"wasm_noop": ("allowed", "hot", "local_shed", "mixed"),
+                     "wasm_reply": ("local_shed",)}
+# bench/wasm-reply, built by `make bench` (and here when missing).
+WASM_REPLY_CRATE = REPO / "bench" / "wasm-reply"
+WASM_REPLY_TARGET_DIR = REPO / "target" / "wasm-reply"
+WASM_REPLY = WASM_REPLY_TARGET_DIR / "wasm32-wasip1" / "release" / "wasm_reply.wasm"
 # The outage scenario runs these only, and no other scenario runs
 # filter_local (the same as filter while the service answers).
 OUTAGE_CONFIGS = ("native", "filter", "filter_local")
@@ -89,10 +115,6 @@ FLOOD_TENANTS = 1_000_000
 FLOOD_SLOTS = 65_536
 # For profiling, on request (--configs): where this filter's cost comes from.
 EXTRA_CONFIGS = {
-    # The wasm filter loaded but looking for a header no request carries: the
-    # cost of Envoy's wasm machinery alone (a VM call per stream callback,
-    # one header lookup, one counter).
-    "wasm_noop": "the wasm filter, configured for a header no request carries",
     # This filter without its local layer: every request goes to the service.
     "filter_no_local": "this filter with local.enabled false",
     # Another build of this filter (--alt-wasm), e.g. before a change.
@@ -131,7 +153,7 @@ class Scenario:
         return tuple(a.format(cfg=cfg) for a in self.wrk_args)
 
     def tracked_for(self, cfg: str) -> list[str]:
-        if cfg == "baseline":  # nothing limits it
+        if cfg in NON_LIMITING:  # nothing limits it
             return []
         return [t.format(cfg=cfg) for t in self.tracked]
 
@@ -418,6 +440,63 @@ def settled_calls(e: h.Envoy, cluster: str, deadline_s: float = 3.0) -> int:
     return previous
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The components whose CPU time each run records (cpu_s), in the table's order.
+CPU_COMPONENTS = ("envoy", "service", "redis", "upstream", "wrk")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads) and of its children it
+    waited for (cutime + cstime), in seconds; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK
+
+
+def children_cpu_seconds() -> float:
+    """CPU time of this process's children that ended and were waited for:
+    during a run, only its wrk processes."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_snapshot(fleet: list[h.Envoy], parts: dict) -> dict[str, float]:
+    return {
+        "envoy": sum(cpu_seconds(e.process.pid) for e in fleet),
+        "service": cpu_seconds(parts["rls"].process.pid),
+        "redis": cpu_seconds(parts["redis"].process.pid),
+        "upstream": cpu_seconds(parts["upstream"].process.pid),
+        "wrk": children_cpu_seconds(),
+    }
+
+
+def redis_commands(redis: h.Redis) -> dict[str, int]:
+    """{command: calls} from INFO commandstats, without the INFO calls
+    this script makes to read it."""
+    out: dict[str, int] = {}
+    for line in str(redis.command("INFO", "commandstats")).splitlines():
+        k, sep, v = line.partition(":")
+        m = re.match(r"calls=(\d+)", v)
+        if sep and k.startswith("cmdstat_") and m and k != "cmdstat_info":
+            out[k[len("cmdstat_"):]] = int(m.group(1))
+    return out
+
+
+def service_hits(metrics: dict[str, float]) -> float:
+    """The service's total_hits summed over its rules: every descriptor
+    that matched a rule, counted by its hits_addend."""
+    return sum(v for k, v in metrics.items()
+               if k.startswith("ratelimit_service_rate_limit_total_hits{"))
+
+
+def descriptors_sent(stats: dict[str, int]) -> int:
+    """This filter's descriptors sent to the service (its counter
+    tenant_ratelimit.rls_descriptors) in a run's Envoy stat deltas."""
+    return sum(v for k, v in stats.items() if k.endswith("tenant_ratelimit.rls_descriptors"))
+
+
 def failures(stats: dict[str, int]) -> tuple[int, int]:
     """(fail-opens, rate-limit call errors) in a run's Envoy stat deltas: the
     native filter's cluster.<route cluster>.ratelimit.failure_mode_allowed and
@@ -453,9 +532,12 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     envoy = fleet[0]
     duration = duration_s or args.duration
     header = stack_parts["header"]
-    service0 = rls.settled_metrics().get(RLS_CALLS, 0)
+    metrics0 = rls.settled_metrics()
+    service0, hits0 = metrics0.get(RLS_CALLS, 0), service_hits(metrics0)
     calls0 = rls_calls(envoy, cluster)
     stats0 = [envoy_stats(e) for e in fleet]
+    redis: h.Redis = stack_parts["redis"]
+    commands0 = redis_commands(redis)
     track = scenario.tracked_for(cfg)
     if args.smoke and scenario.pinned:
         # The smoke test asserts the pinned tenant's whole minute window: keep
@@ -469,6 +551,7 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
                       for e in fleet[1:]]
     if scenario.outage:
         rls.freeze()
+    cpu0 = cpu_snapshot(fleet, stack_parts)
     t0 = time.time()
     try:
         result = wrk(envoy.url, scenario, header, args.threads, args.connections, duration,
@@ -478,8 +561,12 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
             rls.thaw()
     t1 = time.time()
     spread_results = [wrk_finish(b, duration) for b in background]
+    cpu1 = cpu_snapshot(fleet, stack_parts)
     calls = settled_calls(envoy, cluster) - calls0
-    service_calls = rls.settled_metrics().get(RLS_CALLS, 0) - service0
+    metrics1 = rls.settled_metrics()
+    service_calls = metrics1.get(RLS_CALLS, 0) - service0
+    hits = service_hits(metrics1) - hits0
+    commands = delta(redis_commands(redis), commands0)
     if windows is not None:
         add_windows(windows, result.get("windows", {}))
         for r in spread_results:
@@ -493,6 +580,10 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     # Fail-opens and errors over the whole fleet (the pinned scenario's too).
     failed_open = sum(failures(st)[0] for st in fleet_stats)
     rls_errors = sum(failures(st)[1] for st in fleet_stats)
+    descriptors = descriptors_sent(stats)
+    # Every request the measured processes served: the pinned scenario's
+    # background load too.
+    served = n + sum(r["requests"] for r in spread_results)
     run = {
         "scenario": scenario.name,
         "config": cfg,
@@ -509,10 +600,27 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         # The service's own ShouldRateLimit counter over the run (every Envoy;
         # in the pinned scenario the background load's calls too).
         "service_calls": int(service_calls),
+        # The hits the service counted on its rules (total_hits: each
+        # descriptor's hits_addend, 1 for Envoy's native filter).
+        "service_hits": int(hits),
+        # This filter's descriptors sent (this Envoy), per call it made.
+        "rls_descriptors": descriptors,
+        "descriptors_per_call": descriptors / calls if calls else 0.0,
+        # Redis's commands over the run (INFO commandstats; every Envoy's calls).
+        "redis_commands": commands,
+        # CPU seconds over the run: the Envoy under test (pinned: its fleet),
+        # the service, Redis, the counting upstream, wrk (every wrk of the run).
+        "cpu_s": {k: round(cpu1[k] - cpu0[k], 4) for k in CPU_COMPONENTS},
+        # The requests those processes served (pinned: the background's too).
+        "requests_served": served,
         "failed_open": failed_open,
         "rls_errors": rls_errors,
         "envoy_stats": stats,
     }
+    if cfg == "wasm_reply" and (n == 0 or set(run["statuses"]) != {"429"}):
+        # The floor of a refusal refuses everything, or it measures nothing.
+        raise h.HarnessError(f"wasm_reply answered {run['statuses']} in {scenario.name}: "
+                             "every request should get a 429")
     if spread_results:
         run["background"] = {
             "tenant": SPREAD_TENANT.format(cfg=cfg),
@@ -525,8 +633,19 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         print(f"  {scenario.name:<10} {cfg:<12} rep {rep}: {run['rps']:>9.0f} req/s  "
               f"p50 {run['latency_ms']['p50']:.2f} ms  p99 {run['latency_ms']['p99']:.2f} ms  "
               f"statuses {run['statuses']}  calls/req {run['rls_calls_per_request']:.4f}  "
-              f"fail-open {failed_open}", flush=True)
+              f"fail-open {failed_open}  CPU µs/req "
+              + " ".join(f"{k} {1e6 * v / served:.0f}" if served else f"{k} -"
+                         for k, v in run["cpu_s"].items()), flush=True)
     return run
+
+
+def build_wasm_reply() -> None:
+    """bench/wasm-reply for wasm32-wasip1 (`make bench` builds it first;
+    cargo does nothing when it is up to date)."""
+    subprocess.run(["cargo", "build", "--quiet", "--release", "--target", "wasm32-wasip1",
+                    "--manifest-path", str(WASM_REPLY_CRATE / "Cargo.toml"),
+                    "--target-dir", str(WASM_REPLY_TARGET_DIR)],
+                   check=True, stdin=subprocess.DEVNULL, timeout=600)
 
 
 def main() -> int:
@@ -540,9 +659,12 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2, help="wrk threads (2)")
     ap.add_argument("--envoy-concurrency", type=int, default=2,
                     help="worker threads of each Envoy under test (2)")
-    ap.add_argument("--configs", default=",".join(CONFIGS),
+    ap.add_argument("--configs",
                     help="comma-separated, in the order they take turns: "
-                         + ", ".join((*CONFIGS, *EXTRA_CONFIGS)))
+                         + ", ".join((*CONFIGS, *EXTRA_CONFIGS))
+                         + " (default: all but " + ", ".join(EXTRA_CONFIGS) + "; "
+                         + "; ".join(f"{c} in {', '.join(s)} only"
+                                     for c, s in DEFAULT_SCENARIOS.items()) + ")")
     ap.add_argument("--alt-wasm", type=Path,
                     help="the .wasm of the filter_alt configuration")
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
@@ -575,7 +697,8 @@ def main() -> int:
         args.flood = 0
         args.pinned_quota = 50
     chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
-    configs = [c for c in args.configs.split(",") if c]
+    explicit = args.configs is not None
+    configs = [c for c in (args.configs or ",".join(CONFIGS)).split(",") if c]
     unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
     if unknown or not configs:
         ap.error(f"unknown configuration(s) {unknown}")
@@ -585,6 +708,17 @@ def main() -> int:
         ap.error(f"no scenario among {args.scenarios!r}")
     if args.service_side == "only":
         chosen, configs = [], []
+
+    def runs_in(scenario: Scenario, cfg: str) -> bool:
+        if not explicit and cfg in DEFAULT_SCENARIOS:
+            return scenario.name in DEFAULT_SCENARIOS[cfg]
+        if scenario.outage:
+            return cfg in OUTAGE_CONFIGS
+        # The pinned scenario is about a quota: no baseline fleet.
+        return cfg != "filter_local" and not (scenario.pinned and cfg == "baseline")
+
+    # A configuration no chosen scenario runs is not started.
+    configs = [c for c in configs if any(runs_in(s, c) for s in chosen)]
     if shutil.which("wrk") is None:
         print("wrk not found: `make deps` installs it (Debian package wrk)", file=sys.stderr)
         return 1
@@ -592,6 +726,8 @@ def main() -> int:
     if missing:
         print("missing: " + ", ".join(missing) + " (run `make deps build`)", file=sys.stderr)
         return 1
+    if "wasm_reply" in configs:
+        build_wasm_reply()
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = args.out / stamp
@@ -609,7 +745,7 @@ def main() -> int:
         redis = stack.redis()
         rls = stack.ratelimit(redis, gen, log_level="warn",
                               extra_env={"LOCAL_CACHE_SIZE_IN_BYTES": str(RLS_CACHE_BYTES)})
-        tracked = [t for sc in chosen for c in configs if c != "baseline"
+        tracked = [t for sc in chosen for c in configs if runs_in(sc, c)
                    for t in (*sc.tracked_for(c), *([SPREAD_TENANT.format(cfg=c)]
                                                    if sc.pinned else []))]
         upstream_log = out / "stack" / "upstream-admitted.log"
@@ -619,9 +755,9 @@ def main() -> int:
         def start(name: str, text: str, listen: int, admin: int) -> h.Envoy:
             return h.Envoy(stack, name, text, listen, admin, concurrency=conc)
 
-        parts: dict = {"rls": rls, "header": header, "fleets": {},
+        parts: dict = {"rls": rls, "redis": redis, "upstream": upstream,
+                       "header": header, "fleets": {},
                        "rls_cluster": plugin_cfg["rate_limit_service"]["cluster"]}
-        pinned_chosen = any(s.pinned for s in chosen)
 
         def envoy_for(cfg: str, name: str) -> h.Envoy:
             listen, admin = h.free_port(), h.free_port()
@@ -634,6 +770,10 @@ def main() -> int:
             elif cfg == "wasm_noop":
                 noop = dict(plugin_cfg, limits={"x-trl-bench-absent": limits[header]})
                 text = h.render_envoy_config(noop, node_id=cfg, **ports)
+            elif cfg == "wasm_reply":
+                # The same template and plugin configuration (which it ignores).
+                text = h.render_envoy_config(plugin_cfg, node_id=cfg, wasm_path=WASM_REPLY,
+                                             **ports)
             elif cfg == "filter_no_local":
                 no_local = dict(plugin_cfg, local=dict(plugin_cfg["local"], enabled=False))
                 text = h.render_envoy_config(no_local, node_id=cfg, **ports)
@@ -652,16 +792,14 @@ def main() -> int:
 
         for cfg in configs:
             parts[cfg] = envoy_for(cfg, cfg)
-            if pinned_chosen and cfg not in ("baseline", "filter_local"):
+            if any(s.pinned and runs_in(s, cfg) for s in chosen):
                 # The pinned scenario's fleet: this Envoy and copies of it.
                 parts["fleets"][cfg] = [parts[cfg], *(
                     envoy_for(cfg, f"{cfg}-{i}") for i in range(2, PINNED_FLEET + 1))]
 
         for scenario in chosen:
             print(f"{scenario.title}", flush=True)
-            # The pinned scenario is about a quota: no baseline fleet.
-            cfgs = [c for c in configs if not (scenario.pinned and c == "baseline")
-                    and (c in OUTAGE_CONFIGS if scenario.outage else c != "filter_local")]
+            cfgs = [c for c in configs if runs_in(scenario, c)]
             win = windows.setdefault(scenario.name, {})
             spans = intervals.setdefault(scenario.name, {})
             if args.warmup:
@@ -712,6 +850,8 @@ def main() -> int:
         "limits": limits,
         "scenarios": {s.name: s.title for s in chosen},
         "configs": configs,
+        # The configurations each scenario ran, in turn.
+        "scenario_configs": {s.name: [c for c in configs if runs_in(s, c)] for s in chosen},
         "runs": runs,
         # Per scenario, configuration and tracked tenant: requests sent (wrk)
         # and admitted (the upstream's access log) per second, warm-ups

@@ -9,6 +9,13 @@ summed over repetitions, the rate-limit calls per request (each Envoy's own
 rate-limit cluster's upstream_rq_total over the requests it answered), the
 calls that failed open, and in the quota scenarios the admitted requests per
 window of the tracked tenants against their limit (see quota_windows).
+
+Then, per scenario and configuration, what a request costs: throughput
+against Envoy native, `wasm_noop` (the ceiling of any wasm filter) and, in
+the local-shed scenario, `wasm_reply` (the floor of a wasm refusal), paired
+per repetition; p99 against native; rate-limit calls per request;
+descriptors per call; Redis INCRBY and all Redis commands per request; and
+the CPU time per request of each process (see cost_rows).
 """
 from __future__ import annotations
 
@@ -21,8 +28,15 @@ from pathlib import Path
 CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
                  "filter_lease": "this filter, lease", "filter_sync": "this filter, sync",
                  "filter_local": "this filter, on_failure local",
-                 "wasm_noop": "wasm, no-op", "filter_no_local": "this filter, no local layer",
+                 "wasm_noop": "wasm, no-op", "wasm_reply": "wasm, 429 at once",
+                 "filter_no_local": "this filter, no local layer",
                  "filter_alt": "this filter, --alt-wasm build"}
+# The configurations that limit nothing: no admitted-per-window figures.
+NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
+# The components of a run's cpu_s, in the table's order.
+CPU_COMPONENTS = ("envoy", "service", "redis", "upstream", "wrk")
+CPU_LABELS = {"envoy": "Envoy", "service": "service", "redis": "Redis",
+              "upstream": "upstream", "wrk": "wrk"}
 
 
 def summarise(results: dict) -> dict[str, dict[str, dict]]:
@@ -31,6 +45,8 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s = out.setdefault(run["scenario"], {}).setdefault(run["config"], {
             "rps": [], "p50": [], "p99": [], "statuses": {}, "requests": 0, "rls_calls": 0,
             "socket_errors": 0, "failed_open": 0, "rls_errors": 0,
+            "served": 0, "service_calls": 0, "service_hits": 0, "rls_descriptors": 0,
+            "redis": {}, "cpu_s": {},
         })
         s["rps"].append(run["rps"])
         s.setdefault("cpr", []).append(run["rls_calls_per_request"])
@@ -44,6 +60,14 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s["socket_errors"] += e["connect"] + e["read"] + e["write"] + e["timeout"]
         s["failed_open"] += run.get("failed_open", 0)
         s["rls_errors"] += run.get("rls_errors", 0)
+        s["served"] += run.get("requests_served", run["requests"])
+        s["service_calls"] += run.get("service_calls", 0)
+        s["service_hits"] += run.get("service_hits", 0)
+        s["rls_descriptors"] += run.get("rls_descriptors", 0)
+        for k, v in run.get("redis_commands", {}).items():
+            s["redis"][k] = s["redis"].get(k, 0) + v
+        for k, v in run.get("cpu_s", {}).items():
+            s["cpu_s"][k] = s["cpu_s"].get(k, 0.0) + v
     for per_cfg in out.values():
         for s in per_cfg.values():
             s["rps_median"] = statistics.median(s["rps"])
@@ -203,23 +227,94 @@ def markdown(results: dict) -> str:
         lines += ["", "⚠: rate-limit calls failed (open) or errored, or requests got a 5xx "
                   "or a socket error, in this row's runs: its figures are not those of a "
                   "healthy limiter."]
-    lines += ["", "Each configuration of this filter / Envoy native, per repetition (the runs "
-              "of a repetition ran one after the other), median (worst):", ""]
-    ours = [c for c in ("filter", "filter_lease", "filter_sync", *CONFIG_LABELS)
-            if c in results.get("configs", ()) and c not in ("baseline", "native")]
-    ours = list(dict.fromkeys(ours))
-    lines += ["| Scenario | Configuration | throughput | p99 latency |", "|---|---|---:|---:|"]
-    for name in summary:
-        for cfg in ours:
-            r = paired_ratios(results, name, a=cfg)
-            if r is not None:
-                lines.append(f"| {name} | {CONFIG_LABELS[cfg]} | {r[0]:.2f}x ({r[1]:.2f}x) "
-                             f"| {r[2]:.2f}x ({r[3]:.2f}x) |")
+    if summary:
+        lines += ["", *cost_markdown(results, summary)]
     if "pinned" in summary:
         lines += ["", *pinned_markdown(results, summary["pinned"])]
     if "service_side" in results:
         lines += ["", *service_side_markdown(results["service_side"])]
     return "\n".join(lines) + "\n"
+
+
+def descriptors_per_call(cfg: str, s: dict) -> tuple[float, str] | None:
+    """(descriptors per call, how it was counted): this filter's own counter
+    (tenant_ratelimit.rls_descriptors over its rate-limit cluster's calls);
+    for Envoy's native filter, which has no such counter, the service's
+    total_hits over its calls (the native filter sends every descriptor
+    with a hits_addend of 1, so its hits are its descriptors that matched a
+    rule)."""
+    if s["rls_descriptors"] and s["rls_calls"]:
+        return s["rls_descriptors"] / s["rls_calls"], ""
+    if cfg == "native" and s["service_calls"] and s["service_hits"]:
+        return s["service_hits"] / s["service_calls"], "†"
+    return None
+
+
+def ratio_cell(results: dict, scenario: str, cfg: str, ref: str, worst: bool = False) -> str:
+    if cfg == ref:
+        return "1.00x"
+    r = paired_ratios(results, scenario, a=cfg, b=ref)
+    if r is None:
+        return ""
+    return f"{r[0]:.2f}x" + (f" ({r[1]:.2f}x)" if worst and r[1] != r[0] else "")
+
+
+def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[str]:
+    """Ratios (paired per repetition: the runs of a repetition ran one after
+    the other) and the cost of a request, per scenario and configuration."""
+    configs = results.get("configs", list(CONFIG_LABELS))
+    has_noop = any("wasm_noop" in per for per in summary.values())
+    has_reply = any("wasm_reply" in per for per in summary.values())
+    head = ["Scenario", "Configuration", "req/s", "vs native (worst)"]
+    if has_noop:
+        head.append("vs wasm_noop")
+    if has_reply:
+        head.append("vs wasm_reply")
+    head += ["p99 vs native (worst)", "calls / request", "descriptors / call",
+             "Redis INCRBY / request", "Redis commands / request"]
+    head += [f"CPU µs / request: {CPU_LABELS[c]}" if c == CPU_COMPONENTS[0]
+             else CPU_LABELS[c] for c in CPU_COMPONENTS]
+    lines = [
+        "Ratios are medians over repetitions of each repetition's ratio (in brackets the "
+        "worst); CPU is each process's user + system time over the runs (the pinned "
+        "scenario: its whole fleet of Envoys) over the requests they served; Redis "
+        "commands are INFO commandstats over the runs, every Envoy's calls.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---|---|" + "---:|" * (len(head) - 2),
+    ]
+    dagger = False
+    for name, per_cfg in summary.items():
+        for cfg in configs:
+            s = per_cfg.get(cfg)
+            if s is None:
+                continue
+            served = s["served"]
+            row = [name, CONFIG_LABELS[cfg], f"{s['rps_median']:,.0f}",
+                   ratio_cell(results, name, cfg, "native", worst=True)]
+            if has_noop:
+                row.append(ratio_cell(results, name, cfg, "wasm_noop"))
+            if has_reply:
+                row.append(ratio_cell(results, name, cfg, "wasm_reply"))
+            r = paired_ratios(results, name, a=cfg)
+            row.append("1.00x" if cfg == "native" else "" if r is None else
+                       f"{r[2]:.2f}x" + (f" ({r[3]:.2f}x)" if r[3] != r[2] else ""))
+            row.append(f"{s['calls_per_request']:.4f}")
+            d = descriptors_per_call(cfg, s)
+            dagger = dagger or bool(d and d[1])
+            row.append(f"{d[0]:.2f}{d[1]}" if d else "")
+            redis = s["redis"]
+            row.append(f"{redis.get('incrby', 0) / served:.3f}" if served else "")
+            row.append(f"{sum(redis.values()) / served:.3f}" if served else "")
+            cpu = s["cpu_s"]
+            row += [f"{1e6 * cpu[c] / served:,.1f}" if served and c in cpu else ""
+                    for c in CPU_COMPONENTS]
+            lines.append("| " + " | ".join(row) + " |")
+    if dagger:
+        lines += ["", "†: Envoy's native filter counts no descriptors: the service's "
+                  "total_hits per call (the native filter sends each descriptor with a "
+                  "hits_addend of 1)."]
+    return lines
 
 
 def pinned_markdown(results: dict, per_cfg: dict[str, dict]) -> list[str]:
@@ -320,13 +415,14 @@ def chart(results: dict, path: Path) -> None:
                if any(c in summary[s] for s in scenarios)]
     colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",
               "filter_lease": "#8c564b", "filter_sync": "#e377c2",
-              "wasm_noop": "#2ca02c", "filter_no_local": "#d62728",
+              "wasm_noop": "#2ca02c", "wasm_reply": "#bcbd22", "filter_no_local": "#d62728",
               "filter_alt": "#9467bd", "filter_local": "#17becf"}
-    width = 0.8 / max(len(configs), 1)
     # Admitted per window over the limit, the scenario's first quota unit (hot:
     # per minute): the bar is the mean, the whiskers the lowest and the highest.
     for sc in scenarios:
         for cfg, s in summary[sc].items():
+            if cfg in NON_LIMITING:  # admits everything or nothing: not a quota
+                continue
             ratios = [a / d["limit"]
                       for d in list(quota_windows(results, sc, cfg).values())[:1]
                       for a in d["admitted"]]
@@ -343,13 +439,17 @@ def chart(results: dict, path: Path) -> None:
         (axes[3], "quota_ratio_mean", "quota_ratio",
          "admitted per saturated window / limit (hot: per minute; whiskers: min-max)"),
     ):
-        for i, cfg in enumerate(configs):
+        # A panel's bars: the configurations with a figure in it (the quota
+        # panel: not those that limit nothing).
+        shown = [c for c in configs if any(key in summary[sc].get(c, {}) for sc in scenarios)]
+        width = 0.8 / max(len(shown), 1)
+        for i, cfg in enumerate(shown):
             xs, ys, lo, hi = [], [], [], []
             for j, sc in enumerate(scenarios):
                 s = summary[sc].get(cfg)
                 if s is None or key not in s:
                     continue
-                xs.append(j + (i - (len(configs) - 1) / 2) * width)
+                xs.append(j + (i - (len(shown) - 1) / 2) * width)
                 ys.append(s[key])
                 lo.append(s[key] - min(s[runs_key]))
                 hi.append(max(s[runs_key]) - s[key])

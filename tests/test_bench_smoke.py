@@ -20,6 +20,11 @@ LIMITING = CONFIGS - {"baseline"}
 # "exact"; what is asserted of them below holds in every mode.
 EXACT = {"native", "filter"}
 OUTAGE_CONFIGS = {"native", "filter", "filter_local"}
+# The wasm machinery alone (limits nothing, calls nothing): not in the
+# pinned and outage scenarios. The floor of a wasm refusal: local shed only.
+NOOP_SCENARIOS = SCENARIOS - {"pinned"}
+REPLY_SCENARIOS = {"local_shed"}
+CPU_COMPONENTS = {"envoy", "service", "redis", "upstream", "wrk"}
 
 
 def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
@@ -33,13 +38,31 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
     # The pinned scenario is about a quota: no baseline fleet. The outage
     # scenario compares Envoy's filters with this filter's two fallbacks.
     assert set(runs) == ({(s, c) for s in SCENARIOS for c in CONFIGS} - {("pinned", "baseline")}
-                         | {("outage", c) for c in OUTAGE_CONFIGS})
+                         | {("outage", c) for c in OUTAGE_CONFIGS}
+                         | {(s, "wasm_noop") for s in NOOP_SCENARIOS}
+                         | {(s, "wasm_reply") for s in REPLY_SCENARIOS})
     for key, run in runs.items():
         # With the service frozen, every call waits its whole 1 s timeout
         # (this filter's too, until its breaker opens): a 1-second run may
         # end before an answer.
         assert run["requests"] > 0 or key[0] == "outage", key
         assert sum(run["statuses"].values()) == run["requests"], key
+        # Every run has its CPU profile and Redis's commands.
+        assert set(run["cpu_s"]) == CPU_COMPONENTS, key
+        assert all(v >= 0 for v in run["cpu_s"].values()), (key, run["cpu_s"])
+        assert isinstance(run["redis_commands"], dict), key
+    for scenario in SCENARIOS - {"outage"}:
+        # Envoy worked and wrk sent: their CPU time is counted.
+        cpu = runs[(scenario, "filter")]["cpu_s"]
+        assert cpu["envoy"] > 0 and cpu["wrk"] > 0, (scenario, cpu)
+    for scenario in NOOP_SCENARIOS:
+        noop = runs[(scenario, "wasm_noop")]
+        assert set(noop["statuses"]) == {"200"}, scenario
+        assert noop["rls_calls"] == 0, scenario
+    for scenario in REPLY_SCENARIOS:
+        reply = runs[(scenario, "wasm_reply")]
+        assert set(reply["statuses"]) == {"429"}, scenario
+        assert reply["rls_calls"] == 0, scenario
 
     for scenario in SCENARIOS - {"pinned"}:
         # No rate-limit filter: every request reaches the upstream, no call is made.
@@ -54,6 +77,10 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
         assert set(allowed["statuses"]) == {"200"}, config
         assert allowed["rls_calls"] >= allowed["requests"], config
         assert allowed["rls_calls"] == allowed["service_calls"], config
+        # Each call carried a descriptor at least, and the service counted them in Redis.
+        assert allowed["redis_commands"].get("incrby", 0) > 0, config
+    allowed = runs[("allowed", "filter")]
+    assert allowed["rls_descriptors"] >= allowed["rls_calls"] > 0, allowed
     for config in LIMITING:
         # Both filters' calls get the 1 s timeout: none fails open.
         assert runs[("allowed", config)]["failed_open"] == 0, config
@@ -90,5 +117,8 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
     # The quota scenarios' rows carry admitted-per-window figures against the limit.
     assert " of 50/min (n=" in table
     assert "| Configuration | pinned tenant: max / mean / min of quota |" in table
+    assert ("| Scenario | Configuration | req/s | vs native (worst) | vs wasm_noop "
+            "| vs wasm_reply |") in table
+    assert "| local_shed | wasm, 429 at once |" in table
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Envoy native" in proc.stdout
