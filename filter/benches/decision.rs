@@ -121,12 +121,27 @@ mod native {
     fn tenants() -> (Vec<String>, Vec<String>) {
         // A tenant's slot depends on its group's scope, not on the tenants
         // the group lists: any list gives the bench configurations' scopes.
-        let scopes = compiled(&["placeholder".to_string()], "");
-        let mut used = HashSet::new();
+        // The scope also holds the group's local bucket: a tenant must
+        // have a slot of its own with and without `ONE_TOKEN`'s buckets.
+        let placeholder = ["placeholder".to_string()];
+        let scopes = [
+            compiled(&placeholder, ""),
+            compiled(&placeholder, ONE_TOKEN),
+        ];
+        let mut used = [HashSet::new(), HashSet::new()];
         let mut pick = |group: usize, prefix: &str, n: usize| -> Vec<String> {
             (0..)
                 .map(|i| format!("{prefix}-{i:05}"))
-                .filter(|t| used.insert(slot_for(&KEY, scopes.scope(group), t, SLOTS).index))
+                .filter(|t| {
+                    let at = |c: &Compiled| slot_for(&KEY, c.scope(group), t, SLOTS).index;
+                    let (a, b) = (at(&scopes[0]), at(&scopes[1]));
+                    if used[0].contains(&a) || used[1].contains(&b) {
+                        return false;
+                    }
+                    used[0].insert(a);
+                    used[1].insert(b);
+                    true
+                })
                 .take(n)
                 .collect()
         };
@@ -141,6 +156,12 @@ mod native {
         (all, gold)
     }
 
+    /// Local buckets of 1 token, 1 a second, for both groups.
+    const ONE_TOKEN: &str = r#", "groups": {"default": {"tokens_per_second": 1, "burst": 1},
+                                          "gold": {"tokens_per_second": 1, "burst": 1}}"#;
+
+    /// One call per request (`"batch": false`): the bench never answers
+    /// its calls, so batched requests would queue behind the first two.
     fn compiled(gold: &[String], local_groups: &str) -> Compiled {
         let listed = gold
             .iter()
@@ -149,7 +170,7 @@ mod native {
             .join(", ");
         let text = format!(
             r#"{{"domain": "internal-api",
-                "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 20}},
+                "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 20, "batch": false}},
                 "limits": {{"x-tenant-id": {{
                     "default": {{"persecond": 1000, "perhour": 3600000}},
                     "gold": {{"persecond": 5000, "perminute": 300000, "header_value": [{listed}]}}}}}},
@@ -271,9 +292,7 @@ mod native {
         // Refused by an empty bucket (1 token, 1 a second, taken): 429 with
         // Retry-After, nothing written.
         {
-            let one = r#", "groups": {"default": {"tokens_per_second": 1, "burst": 1},
-                                       "gold": {"tokens_per_second": 1, "burst": 1}}"#;
-            let cfg = compiled(&gold, one);
+            let cfg = compiled(&gold, ONE_TOKEN);
             let store = new_host();
             expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
             let now = EPOCH_MS + 500;
