@@ -25,7 +25,7 @@ def test_generate_flags_land_in_the_plugin_config(tmp_path):
     assert cfg["domain"] == "flags-domain"
     assert cfg["limits"] == LIMITS
     assert cfg["rate_limit_service"] == {"cluster": "rls-cluster", "timeout_ms": 250,
-                                         "batch": {"max_descriptors": 100, "max_in_flight": 2}}
+                                         "batch": {"max_descriptors": 100, "max_in_flight": 1}}
     assert re.search(r"^domain: \"?flags-domain\"?$", gen.ratelimit_yaml.read_text(), re.M)
 
 

@@ -95,10 +95,14 @@ fn mode_line(local: &LocalConfig, group: &crate::model::Group) -> String {
 /// How the tenant's calls to the service go, for `explain`.
 fn calls_line(batch: &BatchConfig) -> String {
     if batch.enabled {
+        let under_way = match batch.max_in_flight {
+            1 => "a call is".to_string(),
+            n => format!("{n} calls are"),
+        };
         format!(
-            "batched per worker (rate_limit_service.batch): while {} calls are under way, requests \
+            "batched per worker (rate_limit_service.batch): while {under_way} under way, requests \
              queue and go together in the next one, at most {} descriptors per call",
-            batch.max_in_flight, batch.max_descriptors
+            batch.max_descriptors
         )
     } else {
         "one request per call (rate_limit_service.batch false)".to_string()
@@ -491,8 +495,21 @@ mod tests {
         };
         let a = explain(&seed(), &opts, "tenant-a", 0);
         assert!(
-            a.contains("\ncalls:   batched per worker (rate_limit_service.batch): while 2 calls are under way, requests queue and go together in the next one, at most 100 descriptors per call\n"),
+            a.contains("\ncalls:   batched per worker (rate_limit_service.batch): while a call is under way, requests queue and go together in the next one, at most 100 descriptors per call\n"),
             "{a}"
+        );
+        let three = BatchConfig {
+            max_in_flight: 3,
+            ..on
+        };
+        let opts3 = ExplainOptions {
+            batch: Some(&three),
+            ..OPTS
+        };
+        let a3 = explain(&seed(), &opts3, "tenant-a", 0);
+        assert!(
+            a3.contains("while 3 calls are under way, requests queue"),
+            "{a3}"
         );
         let off = BatchConfig {
             enabled: false,

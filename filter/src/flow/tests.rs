@@ -28,9 +28,11 @@ fn config(extra: &str) -> Compiled {
     )
 }
 
+/// Each request's call goes at once (`max_in_flight` 64): how requests
+/// share calls is `batch`'s tests'.
 fn config_with_limits(limits: &str, extra: &str) -> Compiled {
     let text = format!(
-        r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
+        r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25, "batch": {{"max_in_flight": 64}}}},
             "limits": {limits}{extra}}}"#
     );
     match parse_plugin_config(text.as_bytes()) {

@@ -359,7 +359,8 @@ fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
 fn after_a_window_ends_the_root_refills_its_tenants_leases_in_one_call() {
     // Every tenant leases, 1,000 a minute (batches of at most 50).
     let c = compiled(
-        r#"{"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+        r#"{"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25,
+                                                   "batch": {"max_in_flight": 2}},
             "limits": {"x-tenant-id": {"default": {"perminute": 1000}}},
             "local": {"mode": "lease"}}"#,
     );

@@ -75,7 +75,7 @@ pub const DEFAULT_BATCH_MAX_DESCRIPTORS: u32 = 100;
 pub const MAX_BATCH_MAX_DESCRIPTORS: u32 = 1_000;
 /// Calls one worker has under way before its requests queue for the next
 /// one (`batch.max_in_flight`).
-pub const DEFAULT_BATCH_MAX_IN_FLIGHT: u32 = 2;
+pub const DEFAULT_BATCH_MAX_IN_FLIGHT: u32 = 1;
 pub const MAX_BATCH_MAX_IN_FLIGHT: u32 = 64;
 
 /// A lease batch is at most this fraction (1/n) of its group's tightest
