@@ -204,8 +204,8 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     # which only the plugin configuration holds.
     team = run_cli("explain", fleet.generated.out_dir / "limits.json", "--domain", fleet.domain,
                    "--tenant", "tenant-c", "--at", at)
-    plugin_only = ("mode:    exact (local.mode): one call to the service per request\n",
-                   "calls:   batched per worker (rate_limit_service.batch): while 2 calls are under "
+    plugin_only = ("mode:    exact (local.mode): the service decides every request\n",
+                   "calls:   batched per worker (rate_limit_service.batch): while a call is under "
                    "way, requests queue and go together in the next one, at most 100 descriptors "
                    "per call\n",
                    "failure: allow: let through, unlimited (fail open)\n",

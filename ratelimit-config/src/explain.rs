@@ -72,7 +72,7 @@ fn mode_line(local: &LocalConfig, group: &crate::model::Group) -> String {
         "local.mode".to_string()
     };
     match local.mode_for(group) {
-        Mode::Exact => format!("exact ({whence}): one call to the service per request"),
+        Mode::Exact => format!("exact ({whence}): the service decides every request"),
         Mode::Lease => {
             let n = local.lease_max_batch_for(group);
             let s = if n == 1 { "" } else { "s" };
