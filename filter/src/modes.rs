@@ -284,7 +284,6 @@ pub fn admit(
 /// cached refusal. Queues what the root must send (a lease refill) and the
 /// sync tenants it must push in `vm`'s mailbox.
 #[allow(clippy::too_many_arguments)]
-#[inline(never)]
 pub fn local_step<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
@@ -656,12 +655,15 @@ pub fn next_tracked<H: Host + ?Sized>(
     sync_due: bool,
     lease_due: bool,
 ) -> (Option<TenantCall>, bool) {
-    let sync = sync_params(c, t.group).filter(|_| sync_due);
-    let lease = lease_params(c, t.group).filter(|_| lease_due);
+    let (sync, lease) = (sync_params(c, t.group), lease_params(c, t.group));
     if sync.is_none() && lease.is_none() {
-        // Not due, or the group left both modes (then it is idle).
-        let gone = sync_params(c, t.group).is_none() && lease_params(c, t.group).is_none();
-        return (None, gone);
+        // The group left both modes: nothing will be owed again.
+        return (None, true);
+    }
+    let sync = sync.filter(|_| sync_due);
+    let lease = lease.filter(|_| lease_due);
+    if sync.is_none() && lease.is_none() {
+        return (None, false);
     }
     let at = t.at;
     let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {

@@ -1,6 +1,7 @@
 //! Expensive operations through the flow and the root: a route's own limits
 //! (`routes`), and a cost the upstream reports after the response
 //! (`response_cost_header`), charged by the root.
+#![cfg(test)]
 
 use prost::Message;
 
