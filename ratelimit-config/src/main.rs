@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use clap::{ArgGroup, Parser, Subcommand};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
 use ratelimit_config::deployed::{self, Placement};
 use ratelimit_config::envoy_rate_limits::{envoy_rate_limits_yaml, envoy_route_rate_limits_yaml};
@@ -20,7 +20,7 @@ use ratelimit_config::plugin::{
 use ratelimit_config::render::deployment::{
     deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
 };
-use ratelimit_config::render::{render, write_rendered, RenderError, Target, Team};
+use ratelimit_config::render::{render, write_rendered, FailStrategy, RenderError, Target, Team};
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
@@ -60,71 +60,17 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Check team limits files; report every problem with file:line:col, exit 1 on any.
-    Validate {
-        /// Team limits JSON files.
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
-    },
+    Validate(ValidateArgs),
     /// Write ratelimit.yaml (the service's rules), envoy-rate-limits.yaml (the
     /// rate_limits of Envoy's own filter), plugin-config.json (the wasm filter's),
     /// and, when a group limits routes, envoy-route-rate-limits.yaml (those
     /// routes' rate_limits for Envoy's own filter).
-    Generate {
-        /// The team limits JSON file.
-        file: PathBuf,
-        /// The rate-limit service domain.
-        #[arg(long)]
-        domain: String,
-        /// Output directory (created when missing).
-        #[arg(long)]
-        out: PathBuf,
-        /// Envoy cluster of the rate-limit service, named in the filter config.
-        #[arg(long, default_value = "ratelimit")]
-        cluster: String,
-        /// gRPC timeout of the filter's call to the service, in milliseconds.
-        #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
-        timeout_ms: u32,
-        /// Descriptor key that carries the tenant value.
-        #[arg(long, default_value = DEFAULT_DESCRIPTOR_KEY)]
-        descriptor_key: String,
-    },
+    Generate(GenerateArgs),
     /// Show a tenant's group, limits, descriptors and the Redis keys it is counted under.
-    #[command(group(ArgGroup::new("source").required(true).args(["file", "plugin_config"])))]
-    Explain {
-        /// The team limits JSON file (needs --domain).
-        file: Option<PathBuf>,
-        /// Or a plugin-config.json: domain and descriptor key come from it.
-        #[arg(long, conflicts_with_all = ["domain", "descriptor_key"])]
-        plugin_config: Option<PathBuf>,
-        /// The tenant value (the header's value).
-        #[arg(long)]
-        tenant: String,
-        /// The rate-limit service domain; it is part of every Redis key, so there is no default.
-        #[arg(long, required_unless_present = "plugin_config")]
-        domain: Option<String>,
-        /// Descriptor key that carries the tenant value.
-        #[arg(long)]
-        descriptor_key: Option<String>,
-        /// The service's CACHE_KEY_PREFIX, if it sets one.
-        #[arg(long, default_value = "")]
-        key_prefix: String,
-        /// The moment, in Unix seconds (default: now).
-        #[arg(long)]
-        at: Option<u64>,
-        /// An Envoy route's name: also show the tenant's limits on that route.
-        #[arg(long)]
-        route: Option<String>,
-    },
+    Explain(ExplainArgs),
     /// Prove that every descriptor the filter can send matches a service rule
     /// with the same limit and unit; name each one that does not.
-    Check {
-        /// The filter's plugin-config.json.
-        #[arg(long)]
-        plugin_config: PathBuf,
-        /// The service's config YAML (repeat for every file the service loads).
-        #[arg(long, required = true)]
-        service_config: Vec<PathBuf>,
-    },
+    Check(CheckArgs),
     /// Print a JSON Schema (draft 2020-12) of the team limits file, for editors.
     Schema,
     /// Write every deployment artifact of one target from the team file:
@@ -138,42 +84,135 @@ enum Command {
     /// --plugin 'metrics.groups=[gold, silver]'); any other key:
     /// --set PATH=VALUE (e.g. --set service.port=9000).
     #[command(verbatim_doc_comment)]
-    Render {
-        /// The team limits JSON file (`-`: standard input).
-        file: PathBuf,
-        /// What to write for.
-        #[arg(long, value_parser = ["istio", "envoy-gateway", "envoy"])]
-        target: String,
-        /// Output directory (created when missing; files an earlier render wrote there and this one does not are removed).
-        #[arg(long)]
-        out: PathBuf,
-        /// A deployment description (YAML or JSON): domain, namespace, image, sha256,
-        /// fail_strategy, service, cluster_domain, redis, workload, istio, envoy_gateway,
-        /// envoy, plugin. See docs/deploying.md.
-        #[arg(long, value_name = "FILE")]
-        deployment: Option<PathBuf>,
-        /// The rate-limit service domain.
-        #[arg(long)]
-        domain: Option<String>,
-        /// The Kubernetes namespace of everything rendered.
-        #[arg(long)]
-        namespace: Option<String>,
-        /// The filter's OCI image (the compat variant `make oci-push` pushes).
-        #[arg(long)]
-        image: Option<String>,
-        /// The image's manifest digest (`make oci` prints it), hex or sha256:hex.
-        #[arg(long)]
-        sha256: Option<String>,
-        /// When the filter cannot run: open (requests pass, unlimited) or closed (refused).
-        #[arg(long, value_parser = ["open", "closed"])]
-        fail_strategy: Option<String>,
-        /// A description setting, PATH=VALUE (VALUE read as YAML).
-        #[arg(long = "set", value_name = "PATH=VALUE")]
-        set: Vec<String>,
-        /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML).
-        #[arg(long = "plugin", value_name = "PATH=VALUE")]
-        plugin: Vec<String>,
-    },
+    Render(RenderArgs),
+}
+
+#[derive(Args)]
+struct ValidateArgs {
+    /// Team limits JSON files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// The team limits JSON file.
+    file: PathBuf,
+    /// The rate-limit service domain.
+    #[arg(long)]
+    domain: String,
+    /// Output directory (created when missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// Envoy cluster of the rate-limit service, named in the filter config.
+    #[arg(long, default_value = "ratelimit")]
+    cluster: String,
+    /// gRPC timeout of the filter's call to the service, in milliseconds.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
+    timeout_ms: u32,
+    /// Descriptor key that carries the tenant value.
+    #[arg(long, default_value = DEFAULT_DESCRIPTOR_KEY)]
+    descriptor_key: String,
+}
+
+#[derive(Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["file", "plugin_config"])))]
+struct ExplainArgs {
+    /// The team limits JSON file (needs --domain).
+    file: Option<PathBuf>,
+    /// Or a plugin-config.json: domain and descriptor key come from it.
+    #[arg(long, conflicts_with_all = ["domain", "descriptor_key"])]
+    plugin_config: Option<PathBuf>,
+    /// The tenant value (the header's value).
+    #[arg(long)]
+    tenant: String,
+    /// The rate-limit service domain; it is part of every Redis key, so there is no default.
+    #[arg(long, required_unless_present = "plugin_config")]
+    domain: Option<String>,
+    /// Descriptor key that carries the tenant value.
+    #[arg(long)]
+    descriptor_key: Option<String>,
+    /// The service's CACHE_KEY_PREFIX, if it sets one.
+    #[arg(long, default_value = "")]
+    key_prefix: String,
+    /// The moment, in Unix seconds (default: now).
+    #[arg(long)]
+    at: Option<u64>,
+    /// An Envoy route's name: also show the tenant's limits on that route.
+    #[arg(long)]
+    route: Option<String>,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// The filter's plugin-config.json.
+    #[arg(long)]
+    plugin_config: PathBuf,
+    /// The service's config YAML (repeat for every file the service loads).
+    #[arg(long, required = true)]
+    service_config: Vec<PathBuf>,
+}
+
+#[derive(Args)]
+struct RenderArgs {
+    /// The team limits JSON file (`-`: standard input).
+    file: PathBuf,
+    /// What to write for.
+    #[arg(long)]
+    target: Target,
+    /// Output directory (created when missing; files an earlier render wrote there and this one does not are removed).
+    #[arg(long)]
+    out: PathBuf,
+    /// A deployment description (YAML or JSON): domain, namespace, image, sha256,
+    /// fail_strategy, service, cluster_domain, redis, workload, istio, envoy_gateway,
+    /// envoy, plugin. See docs/deploying.md.
+    #[arg(long, value_name = "FILE")]
+    deployment: Option<PathBuf>,
+    #[command(flatten)]
+    named: NamedSettings,
+    /// A description setting, PATH=VALUE (VALUE read as YAML).
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    set: Vec<String>,
+    /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML).
+    #[arg(long = "plugin", value_name = "PATH=VALUE")]
+    plugin: Vec<String>,
+}
+
+/// The description's settings that have a flag of their own; each flag is
+/// named after its key (`--fail-strategy` sets `fail_strategy`).
+#[derive(Args)]
+struct NamedSettings {
+    /// The rate-limit service domain.
+    #[arg(long)]
+    domain: Option<String>,
+    /// The Kubernetes namespace of everything rendered.
+    #[arg(long)]
+    namespace: Option<String>,
+    /// The filter's OCI image (the compat variant `make oci-push` pushes).
+    #[arg(long)]
+    image: Option<String>,
+    /// The image's manifest digest (`make oci` prints it), hex or sha256:hex.
+    #[arg(long)]
+    sha256: Option<String>,
+    /// When the filter cannot run: open (requests pass, unlimited) or closed (refused).
+    #[arg(long)]
+    fail_strategy: Option<FailStrategy>,
+}
+
+impl NamedSettings {
+    /// (description key, value) of each flag given.
+    fn given(&self) -> Vec<(&'static str, String)> {
+        [
+            ("domain", self.domain.clone()),
+            ("namespace", self.namespace.clone()),
+            ("image", self.image.clone()),
+            ("sha256", self.sha256.clone()),
+            ("fail_strategy", self.fail_strategy.map(FailStrategy::name)),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+    }
 }
 
 /// Why a command failed. Its `Display` is what stderr shows: one line per
@@ -261,6 +300,20 @@ impl fmt::Display for CliError {
         }
     }
 }
+
+impl CliError {
+    /// The exit status the docs promise: 2 for a command line that cannot
+    /// be read (as clap's own usage errors), 1 for a problem found.
+    fn exit_code(&self) -> ExitCode {
+        match self {
+            CliError::Usage(_) => ExitCode::from(USAGE_EXIT),
+            _ => ExitCode::FAILURE,
+        }
+    }
+}
+
+/// The exit status of bad usage, clap's own.
+const USAGE_EXIT: u8 = 2;
 
 impl std::error::Error for CliError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
@@ -494,15 +547,6 @@ fn validate(files: &[PathBuf]) -> ExitCode {
     exit(ok)
 }
 
-struct GenerateArgs {
-    file: PathBuf,
-    domain: String,
-    out: PathBuf,
-    cluster: String,
-    timeout_ms: u32,
-    descriptor_key: String,
-}
-
 fn generate(a: &GenerateArgs) -> Result<(), CliError> {
     let (doc, limits) = load_team(&a.file)?;
     let source = source_name(&a.file);
@@ -554,17 +598,6 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-struct ExplainArgs {
-    file: Option<PathBuf>,
-    plugin_config: Option<PathBuf>,
-    tenant: String,
-    domain: Option<String>,
-    descriptor_key: Option<String>,
-    key_prefix: String,
-    at: Option<u64>,
-    route: Option<String>,
-}
-
 fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
     let plugin = match &a.plugin_config {
         Some(p) => Some(load_plugin(p)?),
@@ -600,7 +633,11 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
             (limits, a.domain.unwrap_or_default(), key, false, source)
         }
         // clap requires one of them.
-        (None, None) => return Ok(ExitCode::FAILURE),
+        (None, None) => {
+            return Err(CliError::Usage(
+                "give a team file or --plugin-config".into(),
+            ))
+        }
     };
     let now = a.at.unwrap_or_else(|| {
         SystemTime::now()
@@ -686,20 +723,8 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
     }
 }
 
-struct RenderArgs {
-    file: PathBuf,
-    target: String,
-    out: PathBuf,
-    deployment: Option<PathBuf>,
-    /// (description key, value) of the named flags.
-    flags: Vec<(&'static str, String)>,
-    set: Vec<String>,
-    plugin: Vec<String>,
-}
-
 fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
-    let target = Target::from_name(&a.target)
-        .ok_or_else(|| CliError::Usage(format!("unknown target {:?}", a.target)))?;
+    let target = a.target;
     let (json, limits) = load_team(&a.file)?;
     let (mut description, mut sources) = match &a.deployment {
         Some(path) => read_description(&shown(path), &read(path)?)
@@ -709,11 +734,11 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
     if !description.is_object() {
         description = Value::Object(Default::default());
     }
-    for (key, value) in &a.flags {
-        set_path(&mut description, key, Value::String(value.clone()));
+    for (key, value) in a.named.given() {
+        set_path(&mut description, key, Value::String(value));
         sources
             .flags
-            .insert((*key).to_string(), format!("--{}", key.replace('_', "-")));
+            .insert(key.to_string(), format!("--{}", key.replace('_', "-")));
     }
     for (flag, args, prefix) in [("--set", &a.set, ""), ("--plugin", &a.plugin, "plugin.")] {
         for arg in args {
@@ -752,77 +777,11 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Validate { files } => Ok(validate(&files)),
-        Command::Generate {
-            file,
-            domain,
-            out,
-            cluster,
-            timeout_ms,
-            descriptor_key,
-        } => generate(&GenerateArgs {
-            file,
-            domain,
-            out,
-            cluster,
-            timeout_ms,
-            descriptor_key,
-        })
-        .map(|()| ExitCode::SUCCESS),
-        Command::Explain {
-            file,
-            plugin_config,
-            tenant,
-            domain,
-            descriptor_key,
-            key_prefix,
-            at,
-            route,
-        } => explain_cmd(ExplainArgs {
-            file,
-            plugin_config,
-            tenant,
-            domain,
-            descriptor_key,
-            key_prefix,
-            at,
-            route,
-        }),
-        Command::Check {
-            plugin_config,
-            service_config,
-        } => Ok(check_cmd(&plugin_config, &service_config)),
-        Command::Render {
-            file,
-            target,
-            out,
-            deployment,
-            domain,
-            namespace,
-            image,
-            sha256,
-            fail_strategy,
-            set,
-            plugin,
-        } => render_cmd(&RenderArgs {
-            file,
-            target,
-            out,
-            deployment,
-            flags: [
-                ("domain", domain),
-                ("namespace", namespace),
-                ("image", image),
-                ("sha256", sha256),
-                ("fail_strategy", fail_strategy),
-            ]
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|v| (k, v)))
-            .collect(),
-            set,
-            plugin,
-        })
-        .map(|()| ExitCode::SUCCESS),
+        Command::Validate(a) => Ok(validate(&a.files)),
+        Command::Generate(a) => generate(&a).map(|()| ExitCode::SUCCESS),
+        Command::Explain(a) => explain_cmd(a),
+        Command::Check(a) => Ok(check_cmd(&a.plugin_config, &a.service_config)),
+        Command::Render(a) => render_cmd(&a).map(|()| ExitCode::SUCCESS),
         Command::Schema => serde_json::to_string_pretty(&team_limits_schema())
             .map(|s| {
                 println!("{s}");
@@ -835,6 +794,6 @@ fn main() -> ExitCode {
     };
     result.unwrap_or_else(|e| {
         eprintln!("{e}");
-        ExitCode::FAILURE
+        e.exit_code()
     })
 }

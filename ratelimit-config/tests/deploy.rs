@@ -41,7 +41,7 @@ fn rendered(target: Target) -> Vec<File> {
 #[test]
 fn deploy_is_what_render_writes_for_the_example() {
     let mut stale = Vec::new();
-    for target in Target::ALL {
+    for &target in Target::all() {
         let dir = repo().join("deploy").join(target.name());
         let files = rendered(target);
         for f in &files {
@@ -69,7 +69,7 @@ fn deploy_is_what_render_writes_for_the_example() {
 
 #[test]
 fn rendering_twice_gives_the_same_bytes() {
-    for target in Target::ALL {
+    for &target in Target::all() {
         assert_eq!(rendered(target), rendered(target), "{}", target.name());
     }
 }

@@ -13,8 +13,9 @@ use crate::field::{describe, unknown_keys};
 use crate::span::{Position, SourceMap};
 use crate::yaml_in;
 
-/// What `render` writes for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What `render` writes for. The command line's `--target` takes these by
+/// the names [`Target::name`] gives (clap's kebab-case of each variant).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
     Istio,
     EnvoyGateway,
@@ -22,31 +23,44 @@ pub enum Target {
 }
 
 impl Target {
-    pub const ALL: [Target; 3] = [Target::Istio, Target::EnvoyGateway, Target::Envoy];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Istio => "istio",
-            Target::EnvoyGateway => "envoy-gateway",
-            Target::Envoy => "envoy",
-        }
+    /// Every target, in the order `--help` lists them.
+    pub fn all() -> &'static [Target] {
+        <Target as clap::ValueEnum>::value_variants()
     }
 
-    pub fn from_name(s: &str) -> Option<Target> {
-        Target::ALL.into_iter().find(|t| t.name() == s)
+    /// Its name on the command line and in what it writes (`envoy-gateway`).
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
     }
 }
 
 /// What happens to requests when the filter cannot run (its module cannot
 /// be fetched, or it refuses its configuration): Istio's `failStrategy`,
-/// Envoy Gateway's `failOpen`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Envoy Gateway's `failOpen`. `--fail-strategy` and the description's
+/// `fail_strategy` take the same names (`open`, `closed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailStrategy {
     /// The filter is left out: requests pass, nothing is limited.
     Open,
     /// Requests are refused (Istio: 403; Envoy Gateway: 500, or 503 for a
     /// refused configuration).
     Closed,
+}
+
+impl FailStrategy {
+    /// Its name in a description and on the command line.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self)
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The strategy a description names, if it names one.
+    pub fn from_name(s: &str) -> Option<FailStrategy> {
+        <FailStrategy as clap::ValueEnum>::from_str(s, false).ok()
+    }
 }
 
 /// The Redis the service counts in.
@@ -394,15 +408,16 @@ pub fn deployment(
     });
     let fail_strategy = match top.and_then(|t| t.get("fail_strategy")) {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s == "open" => Some(FailStrategy::Open),
-        Some(Value::String(s)) if s == "closed" => Some(FailStrategy::Closed),
-        Some(other) => {
-            r.push(
-                "fail_strategy",
-                format!("must be \"open\" or \"closed\", got {}", describe(other)),
-            );
-            None
-        }
+        Some(v) => match v.as_str().and_then(FailStrategy::from_name) {
+            Some(f) => Some(f),
+            None => {
+                r.push(
+                    "fail_strategy",
+                    format!("must be \"open\" or \"closed\", got {}", describe(v)),
+                );
+                None
+            }
+        },
     };
     let fail_strategy = if target == Target::Envoy {
         fail_strategy
