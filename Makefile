@@ -11,6 +11,7 @@
 #   wrk                     Debian's wrk, the load generator of `make bench`
 #   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
 #   .deps/gobin/envoy-gateway  Envoy Gateway, pinned (make deps-envoy-gateway; for `make integration`)
+#   .deps/prometheus        Debian's prometheus and promtool, pinned (make deps-prometheus; for `make integration`)
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
@@ -98,10 +99,16 @@ export TRL_ISTIO_VALIDATE := $(GOBIN_DIR)/istio-validate
 # File resource provider, Host infrastructure provider, this project's Envoy).
 EG_CMD                  := github.com/envoyproxy/gateway/cmd/envoy-gateway
 export TRL_ENVOY_GATEWAY := $(GOBIN_DIR)/envoy-gateway
-# promtool (Prometheus 3.x's Go module tags are v0.3xx.y): tests/test_alerts.py
-# checks and unit-tests deploy/prometheus/alerts.yml with it.
-PROMTOOL_VERSION := v0.316.0
-export TRL_PROMTOOL     := $(GOBIN_DIR)/promtool
+# Prometheus and promtool: Debian's `prometheus` package, pinned, unpacked
+# into .deps/prometheus (apt-get download + dpkg-deb -x: its maintainer
+# scripts, which would add a user and start a system Prometheus, never run).
+# tests/test_alerts.py checks and unit-tests deploy/prometheus/alerts.yml
+# with promtool; tests/test_prometheus.py runs the server against a real
+# Envoy and the service.
+PROMETHEUS_VERSION := 2.42.0+ds-5+deb12u1
+PROMETHEUS_DIR     := $(DEPS)/prometheus
+export TRL_PROMETHEUS   := $(PROMETHEUS_DIR)/usr/bin/prometheus
+export TRL_PROMTOOL     := $(PROMETHEUS_DIR)/usr/bin/promtool
 export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
 export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
 export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
@@ -216,11 +223,19 @@ $(GOBIN_DIR)/crane:
 $(GOBIN_DIR)/kustomize:
 	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
-.PHONY: deps-promtool
-deps-promtool: $(GOBIN_DIR)/promtool
+.PHONY: deps-promtool deps-prometheus
+deps-promtool: deps-prometheus
 
-$(GOBIN_DIR)/promtool:
-	GOBIN=$(GOBIN_DIR) go install github.com/prometheus/prometheus/cmd/promtool@$(PROMTOOL_VERSION)
+deps-prometheus:
+	@if ! [ -f $(PROMETHEUS_DIR)/.version ] || [ "$$(cat $(PROMETHEUS_DIR)/.version)" != '$(PROMETHEUS_VERSION)' ]; then \
+	  tmp=$$(mktemp -d); \
+	  ( cd $$tmp && apt-get download -qq prometheus=$(PROMETHEUS_VERSION) 2>/dev/null ) || { \
+	    SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; $$SUDO apt-get update -qq; \
+	    ( cd $$tmp && apt-get download -qq prometheus=$(PROMETHEUS_VERSION) ); }; \
+	  rm -rf $(PROMETHEUS_DIR); dpkg-deb -x $$tmp/prometheus_*.deb $(PROMETHEUS_DIR); rm -rf $$tmp; \
+	  echo '$(PROMETHEUS_VERSION)' > $(PROMETHEUS_DIR)/.version; \
+	fi
+	@$(TRL_PROMETHEUS) --version 2>&1 | head -1
 
 $(GOBIN_DIR)/oci-wasm: tools/oci-wasm/main.go tools/oci-wasm/go.mod tools/oci-wasm/go.sum
 	cd tools/oci-wasm && go build -trimpath -o $@ .
@@ -339,7 +354,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship deps-promtool deps-envoy-gateway
+integration: deps deps-ship deps-prometheus deps-envoy-gateway
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration

@@ -599,7 +599,11 @@ def render_target(limits: dict, target: str, out_dir: Path, *args: str | Path) -
     limits_path = out_dir.parent / f"{out_dir.name}-limits.json"
     limits_path.write_text(json.dumps(limits, indent=2))
     run_cli("render", limits_path, "--target", target, "--out", out_dir, *args)
-    return {p.name: p.read_text() for p in sorted(out_dir.iterdir())}
+    return {p.name: p.read_text() for p in sorted(out_dir.iterdir()) if p.name != OUT_MANIFEST}
+
+
+# What generate and render record of the files they wrote in an output folder.
+OUT_MANIFEST = ".ratelimit-config-written"
 
 
 # ------------------------------------------------------------------ envoy

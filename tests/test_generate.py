@@ -76,7 +76,9 @@ def test_generate_is_deterministic(tmp_path):
     for name in names[:2]:
         first = (tmp_path / "one" / name).read_text().splitlines()[0]
         assert first == "# generated from limits.json by ratelimit-config; do not edit"
-    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(names)
+    # The generated files and the manifest of what was written, nothing else.
+    assert sorted(p.name for p in (tmp_path / "one").iterdir()) == sorted(
+        names + [".ratelimit-config-written"])
 
 
 def _validate(path: Path) -> subprocess.CompletedProcess:

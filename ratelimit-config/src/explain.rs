@@ -225,6 +225,20 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         "tenant:  {tenant:?} ({})",
         tenant_from(limits, opts.tenant_source)
     );
+    // Envoy strips a header value's leading and trailing whitespace: such
+    // a value never reaches the filter; the stripped one does.
+    let stripped = tenant.trim_matches([' ', '\t']);
+    if stripped != tenant && matches!(opts.tenant_source, TenantSource::Header) {
+        let _ = writeln!(
+            out,
+            "note:    Envoy strips leading and trailing whitespace from header values, so the filter never sees {tenant:?}: a request sending it is counted as {stripped:?}, explained below"
+        );
+    }
+    let tenant = if matches!(opts.tenant_source, TenantSource::Header) {
+        stripped
+    } else {
+        tenant
+    };
     let sent = tenant_value(tenant.as_bytes());
     if sent != tenant {
         let _ = writeln!(
@@ -308,11 +322,39 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         }
         Some((name, None)) => {
             let _ = writeln!(out);
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "on route {name:?}: {} sets no limits on it: only the limits above apply",
                 group.name
             );
+            let mut known: Vec<&str> = limits
+                .groups
+                .iter()
+                .chain(limits.default.as_ref())
+                .flat_map(|g| g.routes.iter().map(|r| r.name.as_str()))
+                .collect();
+            known.sort_unstable();
+            known.dedup();
+            let limited_by: Vec<&str> = limits
+                .groups
+                .iter()
+                .chain(limits.default.as_ref())
+                .filter(|g| g.route(name.as_bytes()).is_some())
+                .map(|g| g.name.as_str())
+                .collect();
+            if !limited_by.is_empty() {
+                let _ = write!(out, " ({} limits it)", limited_by.join(", "));
+            } else if known.is_empty() {
+                let _ = write!(out, "; the team file limits no route");
+            } else {
+                let names: Vec<String> = known.iter().map(|n| format!("{n:?}")).collect();
+                let _ = write!(
+                    out,
+                    "; no group limits a route of that name: the team file's routes are {} (a route name must be Envoy's exactly)",
+                    names.join(", ")
+                );
+            }
+            let _ = writeln!(out);
         }
         None if !group.routes.is_empty() => {
             let names: Vec<String> = group
@@ -666,7 +708,7 @@ perminute: 50 per minute
             "{text}"
         );
         assert!(on("b", Some("search")).ends_with(
-            "\non route \"search\": default sets no limits on it: only the limits above apply\n"
+            "\non route \"search\": default sets no limits on it: only the limits above apply; no group limits a route of that name: the team file's routes are \"reports\" (a route name must be Envoy's exactly)\n"
         ));
         assert!(on("b", None).ends_with(
             "\nroutes:  default has limits of its own on \"reports\" (see one with --route)\n"

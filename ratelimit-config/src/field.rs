@@ -51,7 +51,7 @@ pub enum FieldError {
     },
     /// A positive integer that does not fit in 32 bits.
     AboveU32 {
-        got: u64,
+        got: String,
     },
     /// A positive integer above the field's maximum; `unit` names what it
     /// counts when the number alone does not say.
@@ -142,7 +142,17 @@ impl std::error::Error for FieldError {}
 /// A positive integer that fits in u32.
 pub fn positive_u32(v: &Value) -> Result<u32, FieldError> {
     match v.as_u64() {
-        Some(n) if n > 0 => u32::try_from(n).map_err(|_| FieldError::AboveU32 { got: n }),
+        Some(n) if n > 0 => {
+            u32::try_from(n).map_err(|_| FieldError::AboveU32 { got: n.to_string() })
+        }
+        // A whole number past 64 bits reads as a float: too large, not "not
+        // an integer".
+        None if v
+            .as_f64()
+            .is_some_and(|f| f.fract() == 0.0 && f > f64::from(u32::MAX)) =>
+        {
+            Err(FieldError::AboveU32 { got: describe(v) })
+        }
         _ => Err(FieldError::NotPositiveInteger { got: describe(v) }),
     }
 }
@@ -278,6 +288,12 @@ mod tests {
         assert_eq!(
             shown(positive_u32(&json!(4_294_967_296u64))),
             Err("must be a positive integer at most 4294967295, got 4294967296".into())
+        );
+        // Past 64 bits serde_json holds a float: still "too large" (the CLI
+        // shows the number as written).
+        assert_eq!(
+            shown(positive_u32(&json!(1e20))),
+            Err("must be a positive integer at most 4294967295, got 1e+20".into())
         );
         assert_eq!(
             shown(positive_u32_at_most(&json!(11), 10)),

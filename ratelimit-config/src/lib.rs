@@ -25,6 +25,8 @@ pub mod envoy_rate_limits;
 #[cfg(feature = "cli")]
 pub mod explain;
 #[cfg(feature = "cli")]
+pub mod owned;
+#[cfg(feature = "cli")]
 pub mod render;
 #[cfg(feature = "cli")]
 pub mod schema;

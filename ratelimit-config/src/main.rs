@@ -14,17 +14,20 @@ use ratelimit_config::deployed::{self, Placement};
 use ratelimit_config::envoy_rate_limits::{envoy_rate_limits_yaml, envoy_route_rate_limits_yaml};
 use ratelimit_config::explain::{explain, ExplainOptions};
 use ratelimit_config::field::{starts_with_bom, BOM_MESSAGE};
+use ratelimit_config::owned::{write_owned, Output, OwnedError};
 use ratelimit_config::plugin::{
     plugin_config_json, PluginOptions, DEFAULT_DESCRIPTOR_KEY, DEFAULT_TIMEOUT_MS,
 };
 use ratelimit_config::render::deployment::{
     deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
 };
-use ratelimit_config::render::{render, write_rendered, FailStrategy, RenderError, Target, Team};
+use ratelimit_config::render::{merge, render, FailStrategy, RenderError, Target, Team};
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
-use ratelimit_config::team_file::{check_team_file, syntax_error, Finding, Severity};
+use ratelimit_config::team_file::{
+    check_team_file, syntax_error, team_file_by_mistake, Finding, Severity, EMPTY_PLUGIN_CONFIG,
+};
 use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits, TenantSource};
 use serde_json::Value;
 
@@ -107,12 +110,49 @@ struct GenerateArgs {
     /// Envoy cluster of the rate-limit service, named in the filter config.
     #[arg(long, default_value = "ratelimit")]
     cluster: String,
-    /// gRPC timeout of the filter's call to the service, in milliseconds.
-    #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS)]
+    /// gRPC timeout of the filter's call to the service, in milliseconds (at least 1).
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_MS, value_parser = clap::value_parser!(u32).range(1..))]
     timeout_ms: u32,
     /// Descriptor key that carries the tenant value.
     #[arg(long, default_value = DEFAULT_DESCRIPTOR_KEY)]
     descriptor_key: String,
+    #[command(flatten)]
+    plugin: PluginSettings,
+}
+
+/// `--plugin PATH=VALUE`, the same for `generate` and `render`.
+#[derive(Args)]
+struct PluginSettings {
+    /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML; only
+    /// true and false are booleans), e.g. --plugin local.mode=lease
+    /// --plugin response_cost_header=x-cost. Repeat for each setting.
+    #[arg(long = "plugin", value_name = "PATH=VALUE")]
+    plugin: Vec<String>,
+}
+
+impl PluginSettings {
+    /// The settings as one tree, and the flag that set each path (paths
+    /// under `plugin.`, as a deployment description has them). `owned`
+    /// names the paths another flag sets, with that flag.
+    fn read(&self, owned: &[(&str, &str)]) -> Result<(Value, BTreeMap<String, String>), CliError> {
+        let mut tree = Value::Object(Default::default());
+        let mut flags = BTreeMap::new();
+        for arg in &self.plugin {
+            let (path, value) =
+                parse_assignment(arg).map_err(|m| CliError::Usage(format!("--plugin {m}")))?;
+            if let Some((_, flag)) = owned
+                .iter()
+                .find(|(p, _)| path == *p || path.starts_with(&format!("{p}.")))
+            {
+                return Err(CliError::Usage(format!(
+                    "--plugin {path}: set by {flag}; give {flag} instead"
+                )));
+            }
+            set_path(&mut tree, &path, value);
+            flags.insert(format!("plugin.{path}"), format!("--plugin {path}"));
+        }
+        Ok((tree, flags))
+    }
 }
 
 #[derive(Args)]
@@ -170,12 +210,11 @@ struct RenderArgs {
     deployment: Option<PathBuf>,
     #[command(flatten)]
     named: NamedSettings,
-    /// A description setting, PATH=VALUE (VALUE read as YAML).
+    /// A description setting, PATH=VALUE (VALUE read as YAML; only true and false are booleans).
     #[arg(long = "set", value_name = "PATH=VALUE")]
     set: Vec<String>,
-    /// A plugin configuration setting, PATH=VALUE (VALUE read as YAML).
-    #[arg(long = "plugin", value_name = "PATH=VALUE")]
-    plugin: Vec<String>,
+    #[command(flatten)]
+    plugin: PluginSettings,
 }
 
 /// The description's settings that have a flag of their own; each flag is
@@ -223,14 +262,6 @@ enum CliError {
         path: PathBuf,
         source: io::Error,
     },
-    Create {
-        path: PathBuf,
-        source: io::Error,
-    },
-    Write {
-        path: PathBuf,
-        source: io::Error,
-    },
     /// serde_json could not write a document (`what` names it).
     Serialise {
         what: &'static str,
@@ -241,8 +272,11 @@ enum CliError {
     Findings(Vec<Finding>),
     /// The problems of a service config.
     Service(Vec<Problem>),
-    /// `generate`'s options make a plugin configuration the filter refuses.
-    Refused(Vec<ConfigError>),
+    /// `generate`'s options make a plugin configuration the filter refuses;
+    /// each error with the flag that set it.
+    Refused(Vec<(String, ConfigError)>),
+    /// An output folder holds a file this tool did not write, or cannot be written.
+    Owned(OwnedError),
     /// The generated ratelimit.yaml does not read back: a bug.
     GeneratedYaml(Vec<Problem>),
     /// The generated files disagree with each other: a bug.
@@ -272,22 +306,21 @@ impl fmt::Display for CliError {
             CliError::Read { path, source } => {
                 write!(f, "{}: cannot read: {source}", path.display())
             }
-            CliError::Create { path, source } => {
-                write!(f, "{}: cannot create: {source}", path.display())
-            }
-            CliError::Write { path, source } => {
-                write!(f, "{}: cannot write: {source}", path.display())
-            }
             CliError::Serialise { what, source } => {
                 write!(f, "cannot serialise the {what}: {source}")
             }
             CliError::Findings(findings) => lines(f, "", findings),
             CliError::Service(problems) => lines(f, "", problems),
-            CliError::Refused(errors) => lines(
-                f,
-                "the options give a plugin configuration the filter refuses: ",
-                errors,
-            ),
+            CliError::Refused(errors) => {
+                for (i, (place, e)) in errors.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("\n")?;
+                    }
+                    write!(f, "{place}: plugin configuration: {e}")?;
+                }
+                Ok(())
+            }
+            CliError::Owned(e) => e.fmt(f),
             CliError::GeneratedYaml(problems) => {
                 lines(f, "generated ratelimit.yaml is wrong (a bug): ", problems)
             }
@@ -318,9 +351,7 @@ const USAGE_EXIT: u8 = 2;
 impl std::error::Error for CliError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            CliError::Read { source, .. }
-            | CliError::Create { source, .. }
-            | CliError::Write { source, .. } => Some(source),
+            CliError::Read { source, .. } => Some(source),
             CliError::Serialise { source, .. } => Some(source),
             _ => None,
         }
@@ -396,14 +427,27 @@ fn load_plugin(path: &Path) -> Result<PluginConfig, CliError> {
         };
         return Err(CliError::Findings(vec![found(Position::START, error)]));
     }
-    if let Err(e) = serde_json::from_str::<Value>(&text) {
-        let (at, error) = syntax_error(&text, &e);
-        // Not JSON: a deployed object in YAML (a WasmPlugin, an
-        // EnvoyExtensionPolicy, an Envoy bootstrap) holding it.
-        if !text.trim_start().starts_with(['{', '[']) {
-            return load_deployed_plugin(&file, &text, (at, error));
+    if text.trim().is_empty() {
+        let error = ConfigError {
+            path: String::new(),
+            message: EMPTY_PLUGIN_CONFIG.into(),
+        };
+        return Err(CliError::Findings(vec![found(Position::START, error)]));
+    }
+    let doc = match serde_json::from_str::<Value>(&text) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let (at, error) = syntax_error(&text, &e);
+            // Not JSON: a deployed object in YAML (a WasmPlugin, an
+            // EnvoyExtensionPolicy, an Envoy bootstrap) holding it.
+            if !text.trim_start().starts_with(['{', '[']) {
+                return load_deployed_plugin(&file, &text, (at, error));
+            }
+            return Err(CliError::Findings(vec![found(at, error)]));
         }
-        return Err(CliError::Findings(vec![found(at, error)]));
+    };
+    if let Some(error) = team_file_by_mistake(&doc) {
+        return Err(CliError::Findings(vec![found(Position::START, error)]));
     }
     match parse_plugin_config(text.as_bytes()) {
         Ok((config, _)) => Ok(config),
@@ -563,6 +607,35 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
             descriptor_key: &a.descriptor_key,
         },
     );
+    // The paths generate's own flags set; --plugin sets any other.
+    let owned = [
+        ("domain", "--domain"),
+        ("limits", "the team file"),
+        ("rate_limit_service.cluster", "--cluster"),
+        ("rate_limit_service.timeout_ms", "--timeout-ms"),
+        ("descriptor_key", "--descriptor-key"),
+    ];
+    let (settings, flags) = a.plugin.read(&owned)?;
+    let sources = Sources {
+        flags,
+        ..Sources::default()
+    };
+    // A problem is the flag's that set its path (or a parent), else the
+    // --plugin settings'.
+    let place = |path: &str| {
+        owned
+            .iter()
+            .find(|(p, _)| path == *p || path.starts_with(&format!("{p}.")))
+            .map_or_else(
+                || sources.place(&format!("plugin.{path}")),
+                |(_, flag)| flag.to_string(),
+            )
+    };
+    let mut plugin = serde_json::to_value(&plugin).map_err(|source| CliError::Serialise {
+        what: "plugin configuration",
+        source,
+    })?;
+    merge(&mut plugin, &settings);
     let plugin_text = serde_json::to_string_pretty(&plugin)
         .map(|t| t + "\n")
         .map_err(|source| CliError::Serialise {
@@ -571,29 +644,34 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         })?;
     // What is written must be what the filter accepts, and agree with the
     // service YAML: run both checks before writing anything.
-    let (parsed, _) = parse_plugin_config(plugin_text.as_bytes()).map_err(CliError::Refused)?;
+    let (parsed, warnings) = parse_plugin_config(plugin_text.as_bytes()).map_err(|errors| {
+        CliError::Refused(errors.into_iter().map(|e| (place(&e.path), e)).collect())
+    })?;
+    for w in warnings.iter().filter(|w| !w.path.starts_with("limits")) {
+        eprintln!("{}: warning: plugin configuration: {w}", place(&w.path));
+    }
     let service = parse_service_config("ratelimit.yaml", &yaml).map_err(CliError::GeneratedYaml)?;
     let report = check(&parsed, &[service]);
     if !report.problems.is_empty() {
         return Err(CliError::Disagree(report.problems));
     }
-    std::fs::create_dir_all(&a.out).map_err(|source| CliError::Create {
-        path: a.out.clone(),
-        source,
-    })?;
-    let outputs = [
+    let outputs: Vec<Output<'_>> = [
         ("ratelimit.yaml", Some(&yaml)),
         ("envoy-rate-limits.yaml", Some(&native)),
         ("envoy-route-rate-limits.yaml", native_routes.as_ref()),
         ("plugin-config.json", Some(&plugin_text)),
-    ];
-    for (name, contents) in outputs {
-        let Some(contents) = contents else { continue };
-        let path = a.out.join(name);
-        if let Err(source) = std::fs::write(&path, contents) {
-            return Err(CliError::Write { path, source });
-        }
-        println!("wrote {}", path.display());
+    ]
+    .into_iter()
+    .filter_map(|(name, text)| text.map(|text| Output { name, text }))
+    .collect();
+    write_out(&a.out, &outputs, "generate")
+}
+
+/// Writes an output folder as its owner ([`write_owned`]), printing what
+/// was done to each file.
+fn write_out(out: &Path, files: &[Output<'_>], by: &str) -> Result<(), CliError> {
+    for change in write_owned(out, files, by).map_err(CliError::Owned)? {
+        println!("{change}");
     }
     Ok(())
 }
@@ -740,18 +818,26 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
             .flags
             .insert(key.to_string(), format!("--{}", key.replace('_', "-")));
     }
-    for (flag, args, prefix) in [("--set", &a.set, ""), ("--plugin", &a.plugin, "plugin.")] {
-        for arg in args {
-            let (path, value) =
-                parse_assignment(arg).map_err(|m| CliError::Usage(format!("{flag} {m}")))?;
-            let path = format!("{prefix}{path}");
-            set_path(&mut description, &path, value);
-            sources.flags.insert(
-                path,
-                format!("{flag} {}", arg.split('=').next().unwrap_or(arg)),
-            );
+    for arg in &a.set {
+        let (path, value) =
+            parse_assignment(arg).map_err(|m| CliError::Usage(format!("--set {m}")))?;
+        set_path(&mut description, &path, value);
+        sources.flags.insert(path.clone(), format!("--set {path}"));
+    }
+    // The plugin's domain, limits and cluster are render's: the
+    // description says why when --plugin sets them.
+    let (settings, flags) = a.plugin.read(&[])?;
+    if let Value::Object(settings) = &settings {
+        if !settings.is_empty() {
+            let mut plugin = description
+                .get("plugin")
+                .cloned()
+                .unwrap_or(Value::Object(Default::default()));
+            merge(&mut plugin, &Value::Object(settings.clone()));
+            set_path(&mut description, "plugin", plugin);
         }
     }
+    sources.flags.extend(flags);
     let dep = deployment(&description, &sources, target).map_err(CliError::Description)?;
     let source = source_name(&a.file);
     let team = Team {
@@ -767,12 +853,18 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
             place(&format!("plugin.{}", w.path))
         );
     }
-    for path in
-        write_rendered(&a.out, &files).map_err(|(path, source)| CliError::Write { path, source })?
-    {
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    let outputs: Vec<Output<'_>> = files
+        .iter()
+        .map(|f| Output {
+            name: &f.name,
+            text: &f.text,
+        })
+        .collect();
+    write_out(
+        &a.out,
+        &outputs,
+        &format!("render --target {}", target.name()),
+    )
 }
 
 fn main() -> ExitCode {

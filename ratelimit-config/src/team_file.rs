@@ -103,6 +103,29 @@ fn syntax_cause(text: &str, at: Position) -> &'static str {
     }
 }
 
+/// What an empty (or blank) team file gets.
+pub const EMPTY_TEAM_FILE: &str = "the file is empty: a team file is one JSON object naming the tenant header and its groups, e.g. {\"x-tenant-id\": {\"default\": {\"perminute\": 60}}} (`ratelimit-config schema` prints the format)";
+
+/// What an empty (or blank) plugin configuration gets.
+pub const EMPTY_PLUGIN_CONFIG: &str = "the file is empty: a plugin configuration is one JSON object (domain, limits, rate_limit_service); `ratelimit-config generate` writes one as plugin-config.json";
+
+/// When `doc`, given as a plugin configuration, is a team file instead
+/// (it reads as one), says so.
+pub fn team_file_by_mistake(doc: &Value) -> Option<ConfigError> {
+    let obj = doc.as_object()?;
+    let (header, _) = obj.iter().next()?;
+    if obj.len() != 1 || diagnose_team_limits(doc, "").is_err() {
+        return None;
+    }
+    Some(ConfigError {
+        path: String::new(),
+        message: format!(
+            "this is a team file (header {}), not a plugin configuration: it is the value of \"limits\" in one; `ratelimit-config generate` writes plugin-config.json from it, and `check` takes that",
+            crate::error::excerpt(header)
+        ),
+    })
+}
+
 /// When `doc` is not a team file but a plugin configuration (what
 /// `generate` writes as plugin-config.json), says so.
 fn plugin_config_by_mistake(doc: &Value) -> Option<ConfigError> {
@@ -154,6 +177,16 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
         let error = ConfigError {
             path: String::new(),
             message: BOM_MESSAGE.into(),
+        };
+        return TeamFile {
+            findings: vec![finding(Position::START, Severity::Error, error)],
+            parsed: None,
+        };
+    }
+    if text.trim().is_empty() {
+        let error = ConfigError {
+            path: String::new(),
+            message: EMPTY_TEAM_FILE.into(),
         };
         return TeamFile {
             findings: vec![finding(Position::START, Severity::Error, error)],

@@ -201,3 +201,492 @@ fn help_and_version_exit_0() {
         assert!(!stdout(&o).is_empty(), "{args:?}");
     }
 }
+
+const ROUTED: &str =
+    r#"{"x-tenant-id": {"default": {"perminute": 10, "routes": {"export": {"perminute": 2}}}}}"#;
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("e2e")
+        .join("limits.json")
+}
+
+fn deployment_yaml() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("deploy")
+        .join("deployment.yaml")
+}
+
+#[test]
+fn a_number_past_64_bits_is_too_large_not_a_non_integer() {
+    let dir = scratch("big");
+    write(
+        &dir,
+        "big.json",
+        r#"{"x-tenant-id": {"default": {"perday": 99999999999999999999}}}"#,
+    );
+    let o = run_in(&dir, &["validate", "big.json"]);
+    assert_eq!(status(&o), 1);
+    assert_eq!(
+        stderr(&o),
+        "big.json:1:40: x-tenant-id.default.perday: must be a positive integer at most 4294967295, got 99999999999999999999\n"
+    );
+}
+
+#[test]
+fn an_empty_file_says_it_is_empty_and_what_goes_in_it() {
+    let dir = scratch("empty");
+    write(&dir, "empty.json", "\n");
+    let o = run_in(&dir, &["validate", "empty.json"]);
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).starts_with("empty.json:1:1: the file is empty: a team file is one JSON object"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains(r#"{"x-tenant-id": {"default": {"perminute": 60}}}"#));
+    write(&dir, "rl.yaml", "domain: d\n");
+    let o = run_in(
+        &dir,
+        &[
+            "check",
+            "--plugin-config",
+            "empty.json",
+            "--service-config",
+            "rl.yaml",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains(
+            "empty.json:1:1: the file is empty: a plugin configuration is one JSON object"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn check_given_a_team_file_as_plugin_config_says_so() {
+    let dir = scratch("mixup");
+    write(&dir, "limits.json", LIMITS);
+    let g = run_in(
+        &dir,
+        &["generate", "limits.json", "--domain", "d", "--out", "gen"],
+    );
+    assert_eq!(status(&g), 0, "{}", stderr(&g));
+    let o = run_in(
+        &dir,
+        &[
+            "check",
+            "--plugin-config",
+            "limits.json",
+            "--service-config",
+            "gen/ratelimit.yaml",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert_eq!(
+        stderr(&o),
+        "limits.json:1:1: this is a team file (header \"x-tenant-id\"), not a plugin configuration: it is the value of \"limits\" in one; `ratelimit-config generate` writes plugin-config.json from it, and `check` takes that\n"
+    );
+}
+
+#[test]
+fn a_plugin_flag_is_blamed_for_what_it_causes_not_the_file() {
+    let dir = scratch("blame");
+    let (ex, dep) = (example(), deployment_yaml());
+    let (ex, dep) = (ex.to_str().unwrap(), dep.to_str().unwrap());
+    let base = [
+        "render",
+        ex,
+        "--deployment",
+        dep,
+        "--target",
+        "istio",
+        "--out",
+        "r",
+    ];
+    let o = run_in(
+        &dir,
+        &[&base[..], &["--plugin", "on_failure=local"]].concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o)
+            .starts_with("--plugin on_failure: plugin configuration: fallback.envoys: missing"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(
+        &dir,
+        &[&base[..], &["--plugin", "limits.x-tenant-id=1"]].concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).starts_with(
+            "--plugin limits.x-tenant-id: plugin.limits: set by render: it is the team file"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(&dir, &[&base[..], &["--plugin", "domain=other"]].concat());
+    assert!(
+        stderr(&o).starts_with("--plugin domain: plugin.domain: set by render"),
+        "{}",
+        stderr(&o)
+    );
+    // generate: the same flag, named the same way.
+    write(&dir, "limits.json", LIMITS);
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--plugin",
+            "on_failure=local",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o)
+            .starts_with("--plugin on_failure: plugin configuration: fallback.envoys: missing"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("g").exists() && !dir.join("r").exists());
+}
+
+#[test]
+fn generate_timeout_names_the_flag_and_the_range() {
+    let dir = scratch("timeout");
+    write(&dir, "limits.json", LIMITS);
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--timeout-ms",
+            "0",
+        ],
+    );
+    assert_eq!(status(&o), 2);
+    assert!(
+        stderr(&o).contains("'--timeout-ms <TIMEOUT_MS>': 0 is not in 1..=4294967295"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--descriptor-key",
+            "",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert_eq!(
+        stderr(&o),
+        "--descriptor-key: plugin configuration: descriptor_key: must not be empty\n"
+    );
+}
+
+#[test]
+fn explain_a_route_no_group_limits_lists_the_known_ones() {
+    let dir = scratch("route");
+    write(&dir, "limits.json", ROUTED);
+    let o = run_in(
+        &dir,
+        &[
+            "explain",
+            "limits.json",
+            "--domain",
+            "d",
+            "--tenant",
+            "a",
+            "--route",
+            "exprot",
+            "--at",
+            "0",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).ends_with(
+            "on route \"exprot\": default sets no limits on it: only the limits above apply; no group limits a route of that name: the team file's routes are \"export\" (a route name must be Envoy's exactly)\n"
+        ),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn explain_a_tenant_with_outer_whitespace_says_envoy_strips_it() {
+    let dir = scratch("space");
+    write(
+        &dir,
+        "limits.json",
+        r#"{"x-tenant-id": {"default": {"perminute": 10}, "gold": {"perminute": 99, "header_value": ["acme"]}}}"#,
+    );
+    let o = run_in(
+        &dir,
+        &[
+            "explain",
+            "limits.json",
+            "--domain",
+            "d",
+            "--tenant",
+            " acme",
+            "--at",
+            "0",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("note:    Envoy strips leading and trailing whitespace from header values, so the filter never sees \" acme\": a request sending it is counted as \"acme\""),
+        "{out}"
+    );
+    assert!(
+        out.contains("group:   gold (listed in its header_value)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn render_names_the_flag_of_a_missing_workload() {
+    let dir = scratch("workload");
+    let ex = example();
+    let o = run_in(
+        &dir,
+        &[
+            "render",
+            ex.to_str().unwrap(),
+            "--target",
+            "istio",
+            "--out",
+            "r",
+            "--domain",
+            "d",
+            "--namespace",
+            "n",
+            "--image",
+            "i",
+            "--fail-strategy",
+            "open",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("workload.name: missing: the workload the filter runs in front of (its pods get the WasmPlugin and the stats annotation) (workload: name: or --set workload.name=NAME)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_flag_value_is_a_boolean_only_when_it_says_true_or_false() {
+    let dir = scratch("yes");
+    write(&dir, "limits.json", LIMITS);
+    for value in ["yes", "on", "Off", "n"] {
+        let arg = format!("shadow={value}");
+        let o = run_in(
+            &dir,
+            &[
+                "generate",
+                "limits.json",
+                "--domain",
+                "d",
+                "--out",
+                "g",
+                "--plugin",
+                &arg,
+            ],
+        );
+        assert_eq!(status(&o), 2, "{value}");
+        assert!(
+            stderr(&o).contains("write true or false"),
+            "{value}: {}",
+            stderr(&o)
+        );
+    }
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--plugin",
+            "shadow=\"yes\"",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(stderr(&o).contains("--plugin shadow: plugin configuration: shadow: must be true or false, got string \"yes\""), "{}", stderr(&o));
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--plugin",
+            "shadow=true",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let written = std::fs::read_to_string(dir.join("g").join("plugin-config.json")).unwrap();
+    assert!(written.contains("\"shadow\": true"), "{written}");
+}
+
+#[test]
+fn generate_takes_plugin_settings_and_refuses_those_its_flags_own() {
+    let dir = scratch("genplugin");
+    write(&dir, "limits.json", LIMITS);
+    let o = run_in(
+        &dir,
+        &[
+            "generate",
+            "limits.json",
+            "--domain",
+            "d",
+            "--out",
+            "g",
+            "--plugin",
+            "response_cost_header=x-cost",
+            "--plugin",
+            "local.mode=lease",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let written: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("g").join("plugin-config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(written["response_cost_header"], "x-cost");
+    assert_eq!(written["local"]["mode"], "lease");
+    // Every default is still written out.
+    assert_eq!(written["rate_limit_service"]["timeout_ms"], 20);
+    for (path, flag) in [
+        ("domain=x", "--domain"),
+        ("rate_limit_service.timeout_ms=5", "--timeout-ms"),
+        ("limits={}", "the team file"),
+    ] {
+        let o = run_in(
+            &dir,
+            &[
+                "generate",
+                "limits.json",
+                "--domain",
+                "d",
+                "--out",
+                "g",
+                "--plugin",
+                path,
+            ],
+        );
+        assert_eq!(status(&o), 2, "{path}");
+        assert!(
+            stderr(&o).contains(&format!("set by {flag}")),
+            "{path}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+#[test]
+fn an_output_folder_is_owned_file_by_file() {
+    let dir = scratch("owned");
+    write(&dir, "routed.json", ROUTED);
+    write(&dir, "plain.json", LIMITS);
+    let gen = |file: &str| run_in(&dir, &["generate", file, "--domain", "d", "--out", "g"]);
+    let o = gen("routed.json");
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(dir.join("g/envoy-route-rate-limits.yaml").exists());
+    write(&dir, "g/notes.txt", "mine");
+    let o = gen("plain.json");
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("removed g/envoy-route-rate-limits.yaml: an earlier run wrote it and this one does not\n"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!dir.join("g/envoy-route-rate-limits.yaml").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("g/notes.txt")).unwrap(),
+        "mine"
+    );
+
+    // render: another target into the same folder removes the first one's
+    // files, naming each; a file of a name it writes that it did not write
+    // stops it before anything is written.
+    let (ex, dep) = (example(), deployment_yaml());
+    let (ex, dep) = (ex.to_str().unwrap(), dep.to_str().unwrap());
+    let render = |target: &str, extra: &[&str]| {
+        run_in(
+            &dir,
+            &[
+                &[
+                    "render",
+                    ex,
+                    "--deployment",
+                    dep,
+                    "--target",
+                    target,
+                    "--out",
+                    "r",
+                ][..],
+                extra,
+            ]
+            .concat(),
+        )
+    };
+    let o = render("istio", &[]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(dir.join("r/wasmplugin.yaml").exists());
+    let o = render("envoy", &["--set", "namespace=null"]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .contains("removed r/wasmplugin.yaml: an earlier run wrote it and this one does not\n"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!dir.join("r/wasmplugin.yaml").exists());
+    write(&dir, "r/wasmplugin.yaml", "# my own\n");
+    let before = std::fs::read_to_string(dir.join("r/envoy.yaml")).unwrap();
+    let o = render("istio", &[]);
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("r/wasmplugin.yaml: not written by ratelimit-config"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("r/wasmplugin.yaml")).unwrap(),
+        "# my own\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("r/envoy.yaml")).unwrap(),
+        before
+    );
+}

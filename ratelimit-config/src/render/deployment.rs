@@ -171,8 +171,10 @@ impl std::fmt::Display for DescriptionError {
 impl std::error::Error for DescriptionError {}
 
 impl Sources {
-    /// Where a problem at `path` is: the flag that set it (or a parent),
-    /// else its line in the file.
+    /// Where a problem at `path` is: the flag that set it (or a parent, or
+    /// a key under it), else its line in the file. A path the file does
+    /// not have (a key missing because of what a flag set) is blamed on the
+    /// flags that set keys of the same section, not on the section's line.
     pub fn place(&self, path: &str) -> String {
         let mut p = path;
         loop {
@@ -182,6 +184,31 @@ impl Sources {
             match p.rfind(['.', '[']) {
                 Some(i) => p = &p[..i],
                 None => break,
+            }
+        }
+        let under: Vec<&str> = self
+            .flags
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix(path)
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
+            .map(|(_, flag)| flag.as_str())
+            .collect();
+        if !under.is_empty() {
+            return under.join(", ");
+        }
+        let in_file = self.file.is_some() && self.spans.get(path).is_some();
+        let section = path.split_once('.').map(|(s, _)| s);
+        if !in_file {
+            let same_section: Vec<&str> = self
+                .flags
+                .iter()
+                .filter(|(k, _)| section.is_some_and(|s| k.split('.').next() == Some(s)))
+                .map(|(_, flag)| flag.as_str())
+                .collect();
+            if !same_section.is_empty() {
+                return same_section.join(", ");
             }
         }
         match &self.file {
@@ -230,6 +257,14 @@ pub fn parse_assignment(arg: &str) -> Result<(String, Value), String> {
         .ok_or_else(|| format!("{arg:?}: expected PATH=VALUE, e.g. local.mode=lease"))?;
     if path.is_empty() || path.split('.').any(str::is_empty) {
         return Err(format!("{arg:?}: the path must be keys joined by dots"));
+    }
+    // A description file is read as Kubernetes reads YAML (1.1: `yes` is
+    // true); on the command line only `true` and `false` are booleans, so
+    // that a typed word never turns into one unseen.
+    if matches!(yaml_in::resolve(text), Value::Bool(_)) && !matches!(text, "true" | "false") {
+        return Err(format!(
+            "{arg:?}: write true or false (YAML 1.1 would read {text:?} as a boolean); quote it ('{path}=\"{text}\"') for the string"
+        ));
     }
     let value = match yaml_in::documents(text) {
         Ok(docs) => match docs.first() {
@@ -508,19 +543,19 @@ pub fn deployment(
             r.require(
                 workload_name.as_ref(),
                 "workload.name",
-                "the workload the filter runs in front of (its pods get the WasmPlugin and the stats annotation)",
+                "the workload the filter runs in front of (its pods get the WasmPlugin and the stats annotation) (workload: name: or --set workload.name=NAME)",
             );
         }
         Target::Envoy if kube => {
             r.require(
                 workload_name.as_ref(),
                 "workload.name",
-                "the Deployment of the application Envoy runs in front of",
+                "the Deployment of the application Envoy runs in front of (workload: name: or --set workload.name=NAME)",
             );
             r.require(
                 workload_image.as_ref(),
                 "workload.image",
-                "the application's container image (the sidecar Deployment runs it beside Envoy)",
+                "the application's container image (the sidecar Deployment runs it beside Envoy) (workload: image: or --set workload.image=IMAGE)",
             );
         }
         _ => {}
