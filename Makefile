@@ -113,6 +113,10 @@ export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
 export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
 export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
 
+# The one version of the crates, the CLI, the .wasm's images and the
+# CHANGELOG's newest section (ratelimit-config/tests/cli.rs keeps them in step).
+VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
+
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 # e.g. DEMO_ARGS=--hold: keep the demo's stack up for your own requests.
@@ -481,6 +485,13 @@ deploy-render: deps-rust $(GOBIN_DIR)/kustomize
 # The aarch64 Envoy of the same wheel under qemu-user (not part of make test).
 arm-attempt: deps build
 	$(PY) e2e/arm_attempt.py
+
+# The CHANGELOG's section of $(VERSION), as the release's notes.
+.PHONY: release-notes
+release-notes:
+	@awk -v v='$(VERSION)' '/^## / { on = ($$2 == v) } on' CHANGELOG.md | grep . >/dev/null || \
+	  { echo "CHANGELOG.md has no section ## $(VERSION)" >&2; exit 1; }
+	@awk -v v='$(VERSION)' '/^## / { on = ($$2 == v) } on' CHANGELOG.md
 
 # ---------------------------------------------------------------- clean
 clean:

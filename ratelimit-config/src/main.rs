@@ -21,7 +21,9 @@ use ratelimit_config::plugin::{
 use ratelimit_config::render::deployment::{
     deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
 };
-use ratelimit_config::render::{merge, render, FailStrategy, RenderError, Target, Team};
+use ratelimit_config::render::{
+    merge, render, route_notes, team_routes, FailStrategy, RenderError, Target, Team,
+};
 use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
@@ -191,6 +193,11 @@ struct CheckArgs {
     /// The service's config YAML (repeat for every file the service loads).
     #[arg(long, required = true)]
     service_config: Vec<PathBuf>,
+    /// An Envoy configuration with the routes (a bootstrap, or what the admin
+    /// /config_dump prints; repeatable): warn about each team-file route that
+    /// no route is named. A bootstrap given as --plugin-config is read too.
+    #[arg(long, value_name = "FILE")]
+    envoy_config: Vec<PathBuf>,
 }
 
 #[derive(Args)]
@@ -737,9 +744,40 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
+/// The route names of the Envoy configurations given (and of the plugin
+/// configuration's file when it is one), with the files that had routes;
+/// None when no file carries a route.
+fn deployed_routes(a: &CheckArgs) -> Result<Option<(Vec<String>, Vec<String>)>, CliError> {
+    let mut names = Vec::new();
+    let mut files = Vec::new();
+    let plugin_file = std::iter::once(&a.plugin_config).filter(|p| *p != Path::new("-"));
+    for path in plugin_file.chain(&a.envoy_config) {
+        let text = read(path)?;
+        match deployed::route_names(&text) {
+            Some(routes) if !routes.is_empty() => {
+                names.extend(routes.into_iter().flatten());
+                files.push(shown(path));
+            }
+            _ if a.envoy_config.contains(path) => {
+                return Err(CliError::Usage(format!(
+                "--envoy-config {}: no Envoy route in it (expected a bootstrap or a /config_dump)",
+                shown(path)
+            )))
+            }
+            _ => {}
+        }
+    }
+    Ok((!files.is_empty()).then_some((names, files)))
+}
+
+fn check_cmd(a: &CheckArgs) -> ExitCode {
+    let (plugin_config, service_configs) = (&a.plugin_config, &a.service_config);
     // Every input is read, so that every one's problems are shown.
     let mut errors = Vec::new();
+    let routes = deployed_routes(a)
+        .map_err(|e| errors.push(e))
+        .ok()
+        .flatten();
     let plugin = load_plugin(plugin_config).map_err(|e| errors.push(e)).ok();
     let mut places = BTreeMap::new();
     let services: Vec<ServiceConfig> = service_configs
@@ -767,6 +805,21 @@ fn check_cmd(plugin_config: &Path, service_configs: &[PathBuf]) -> ExitCode {
         match w.split_once(": ") {
             Some((at, rest)) => eprintln!("{at}: warning: {rest}"),
             None => eprintln!("warning: {w}"),
+        }
+    }
+    if let Some((names, files)) = &routes {
+        for (route, groups) in team_routes(&plugin.limits) {
+            if !names.contains(&route) {
+                let paths: Vec<String> = groups
+                    .iter()
+                    .map(|g| format!("limits.{}.{g}.routes.{route}", plugin.limits.header))
+                    .collect();
+                eprintln!(
+                    "{}: warning: {}: no Envoy route there is named {route:?}: that limit never applies; name the route so in Envoy's configuration (docs/deploying.md#route-names)",
+                    files.join(", "),
+                    paths.join(", "),
+                );
+            }
         }
     }
     for p in &report.problems {
@@ -853,6 +906,9 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
             place(&format!("plugin.{}", w.path))
         );
     }
+    for note in route_notes(&limits, &dep, target) {
+        eprintln!("{note}");
+    }
     let outputs: Vec<Output<'_>> = files
         .iter()
         .map(|f| Output {
@@ -872,7 +928,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => Ok(validate(&a.files)),
         Command::Generate(a) => generate(&a).map(|()| ExitCode::SUCCESS),
         Command::Explain(a) => explain_cmd(a),
-        Command::Check(a) => Ok(check_cmd(&a.plugin_config, &a.service_config)),
+        Command::Check(a) => Ok(check_cmd(&a)),
         Command::Render(a) => render_cmd(&a).map(|()| ExitCode::SUCCESS),
         Command::Schema => serde_json::to_string_pretty(&team_limits_schema())
             .map(|s| {

@@ -690,3 +690,109 @@ fn an_output_folder_is_owned_file_by_file() {
         before
     );
 }
+
+#[test]
+fn render_names_its_routes_and_check_warns_of_a_route_no_envoy_route_carries() {
+    let dir = scratch("routes");
+    write(&dir, "limits.json", ROUTED);
+    let base = [
+        "render",
+        "limits.json",
+        "--target",
+        "envoy",
+        "--domain",
+        "d",
+        "--out",
+        "r",
+    ];
+    let o = run_in(&dir, &base);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning: envoy.routes: the team file limits route \"export\" (default) but no route of envoy.yaml is named so"),
+        "{}",
+        stderr(&o)
+    );
+    let envoy = std::fs::read_to_string(dir.join("r/envoy.yaml")).unwrap();
+    assert!(envoy.contains("- name: app\n"), "{envoy}");
+    let check = [
+        "check",
+        "--plugin-config",
+        "r/envoy.yaml",
+        "--service-config",
+        "r/ratelimit.yaml",
+    ];
+    let o = run_in(&dir, &check);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("r/envoy.yaml: warning: limits.x-tenant-id.default.routes.export: no Envoy route there is named \"export\""),
+        "{}",
+        stderr(&o)
+    );
+    // With the route named, both say nothing.
+    let o = run_in(
+        &dir,
+        &[&base[..], &["--set", "envoy.routes.export=/export"]].concat(),
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let envoy = std::fs::read_to_string(dir.join("r/envoy.yaml")).unwrap();
+    assert!(
+        envoy.contains(
+            "- name: export\n                match:\n                  prefix: /export\n"
+        ),
+        "{envoy}"
+    );
+    let o = run_in(&dir, &check);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    // The same check from a separate Envoy configuration.
+    let o = run_in(
+        &dir,
+        &[
+            "check",
+            "--plugin-config",
+            "r/http-filter.yaml",
+            "--service-config",
+            "r/ratelimit.yaml",
+            "--envoy-config",
+            "r/envoy.yaml",
+        ],
+    );
+    assert_eq!(stderr(&o), "");
+}
+
+#[test]
+fn one_version_for_the_crates_the_cli_the_images_and_the_changelog() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |p: &str| std::fs::read_to_string(repo.join(p)).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    // The workspace's version, which every crate takes.
+    let cargo = read("Cargo.toml");
+    let ws = cargo.split("[workspace.package]").nth(1).unwrap();
+    assert!(ws.contains(&format!("\nversion = \"{version}\"\n")), "{ws}");
+    for krate in [
+        "filter/Cargo.toml",
+        "ratelimit-config/Cargo.toml",
+        "tools/trim-exports/Cargo.toml",
+    ] {
+        assert!(read(krate).contains("version.workspace = true"), "{krate}");
+    }
+    let o = run_in(&repo, &["--version"]);
+    assert_eq!(stdout(&o), format!("ratelimit-config {version}\n"));
+    // The CHANGELOG's newest section is this version's.
+    let changelog = read("CHANGELOG.md");
+    let newest = changelog.lines().find(|l| l.starts_with("## ")).unwrap();
+    assert!(
+        newest.starts_with(&format!("## {version} ")) || newest == format!("## {version}"),
+        "{newest}"
+    );
+    // The image the example deploys is this version's.
+    assert!(
+        read("deploy/deployment.yaml").contains(&format!(
+            "image: registry.example.com/tenant-ratelimit:{version} "
+        )),
+        "deploy/deployment.yaml's image is not tagged {version}"
+    );
+    assert!(read("LICENSE").contains("Apache License"));
+    assert!(cargo.contains("license = \"Apache-2.0\""));
+}

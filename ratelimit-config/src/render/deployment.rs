@@ -103,6 +103,10 @@ pub struct Deployment {
     pub envoy_image: String,
     pub envoy_wasm_path: String,
     pub envoy_service_address: String,
+    /// `envoy.routes`: (route name, path prefix) of the named routes the
+    /// complete bootstrap carries before its catch-all route `app`, so
+    /// that a team file's per-route limits apply.
+    pub envoy_routes: Vec<(String, String)>,
     /// Plugin settings over the defaults `generate` writes.
     pub plugin: Map<String, Value>,
 }
@@ -136,6 +140,7 @@ const ENVOY_KEYS: &[&str] = &[
     "image",
     "wasm_path",
     "service_address",
+    "routes",
 ];
 const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
 
@@ -563,7 +568,10 @@ pub fn deployment(
     let istio = r.object(top.and_then(|t| t.get("istio")), "istio", ISTIO_KEYS);
     let istio_phase = r
         .string(istio, "istio", "phase")
-        .unwrap_or_else(|| "AUTHZ".into());
+        // After Istio's authorization: the client's own tenant header never
+        // reaches the filter on a request an AuthorizationPolicy refuses
+        // (docs/security.md).
+        .unwrap_or_else(|| "STATS".into());
     if !PHASES.contains(&istio_phase.as_str()) {
         r.push(
             "istio.phase",
@@ -609,6 +617,37 @@ pub fn deployment(
     let envoy_service_address = r
         .string(envoy, "envoy", "service_address")
         .unwrap_or_else(|| "127.0.0.1".into());
+    let envoy_routes = match envoy.and_then(|e| e.get("routes")) {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Object(m)) => {
+            let mut routes = Vec::new();
+            for (name, prefix) in m {
+                match prefix.as_str() {
+                    Some(p) if p.starts_with('/') && !name.is_empty() => {
+                        routes.push((name.clone(), p.to_string()));
+                    }
+                    _ => r.push(
+                        &join("envoy.routes", name),
+                        format!(
+                            "must be the route's path prefix, starting with '/', got {}",
+                            describe(prefix)
+                        ),
+                    ),
+                }
+            }
+            routes
+        }
+        Some(other) => {
+            r.push(
+                "envoy.routes",
+                format!(
+                    "must be a mapping of route name to path prefix (e.g. {{export: /export}}), got {}",
+                    describe(other)
+                ),
+            );
+            Vec::new()
+        }
+    };
     let plugin = match top.and_then(|t| t.get("plugin")) {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
@@ -667,6 +706,7 @@ pub fn deployment(
             envoy_image,
             envoy_wasm_path,
             envoy_service_address,
+            envoy_routes,
             plugin,
         }),
         _ => Err(r.errors),

@@ -131,16 +131,34 @@ pub fn access_log() -> Value {
 }
 
 /// Where a complete bootstrap listens and what it fronts.
-pub struct Ports {
+pub struct Ports<'a> {
     pub listen: u32,
     pub admin: u32,
     pub app: u32,
+    /// (name, path prefix) of the named routes before the catch-all one.
+    pub routes: &'a [(String, String)],
 }
+
+/// The name of the complete bootstrap's catch-all route: every request no
+/// named route matches (a team file's route limits name other routes).
+pub const CATCH_ALL_ROUTE: &str = "app";
 
 /// A complete bootstrap: a listener on every address in front of the app
 /// on 127.0.0.1, admin on loopback only (it can stop Envoy), the filter,
 /// the rate-limit cluster and the labels (`fragment` merged in).
-pub fn bootstrap(filter: &Value, fragment: &Value, ports: &Ports) -> Value {
+pub fn bootstrap(filter: &Value, fragment: &Value, ports: &Ports<'_>) -> Value {
+    // Every route has a name: it is what a team file's `routes` and the
+    // filter's `route_name` see.
+    let mut routes: Vec<Value> = ports
+        .routes
+        .iter()
+        .map(|(name, prefix)| {
+            json!({"name": name, "match": {"prefix": prefix}, "route": {"cluster": "app"}})
+        })
+        .collect();
+    routes.push(
+        json!({"name": CATCH_ALL_ROUTE, "match": {"prefix": "/"}, "route": {"cluster": "app"}}),
+    );
     let mut clusters = vec![cluster("app", "127.0.0.1", ports.app, false)];
     if let Some(c) = fragment
         .pointer("/static_resources/clusters")
@@ -167,7 +185,7 @@ pub fn bootstrap(filter: &Value, fragment: &Value, ports: &Ports) -> Value {
                             "virtual_hosts": [{
                                 "name": "all",
                                 "domains": ["*"],
-                                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "app"}}]
+                                "routes": routes
                             }]
                         },
                         "http_filters": [

@@ -244,3 +244,57 @@ pub fn object<'a>(pairs: impl IntoIterator<Item = (&'a str, Value)>) -> Value {
             .collect::<Map<String, Value>>(),
     )
 }
+
+/// The team file's route names, each with the groups that limit it, sorted.
+pub fn team_routes(limits: &TeamLimits) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for g in limits.default.iter().chain(limits.groups.iter()) {
+        for r in &g.routes {
+            match out.iter_mut().find(|(n, _)| *n == r.name) {
+                Some((_, groups)) => groups.push(g.name.clone()),
+                None => out.push((r.name.clone(), vec![g.name.clone()])),
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// What `render` tells about the team file's per-route limits: for plain
+/// Envoy, a warning for each route that no route it writes carries (the
+/// limit would never apply); for Istio and Envoy Gateway, where the route
+/// names come from the platform, where to find them.
+pub fn route_notes(limits: &TeamLimits, dep: &Deployment, target: Target) -> Vec<String> {
+    let routes = team_routes(limits);
+    if routes.is_empty() {
+        return Vec::new();
+    }
+    let quoted = |names: &[&str]| {
+        names
+            .iter()
+            .map(|n| format!("{n:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let names: Vec<&str> = routes.iter().map(|(n, _)| n.as_str()).collect();
+    match target {
+        Target::Envoy => routes
+            .iter()
+            .filter(|(name, _)| !dep.envoy_routes.iter().any(|(n, _)| n == name))
+            .map(|(name, groups)| {
+                format!(
+                    "warning: envoy.routes: the team file limits route {name:?} ({}) but no route of envoy.yaml is named so: the limit never applies there; name the route in your own bootstrap, or give its prefix (envoy: routes: {{{name}: /{name}}} or --set envoy.routes.{name}=/{name})",
+                    groups.join(", ")
+                )
+            })
+            .collect(),
+        Target::Istio => vec![format!(
+            "note: the team file limits route {}: under Istio, Envoy's route name is the VirtualService's http[].name; give each HTTP route that name (docs/deploying.md#route-names)",
+            quoted(&names)
+        )],
+        Target::EnvoyGateway => vec![format!(
+            "note: the team file limits route {}: Envoy Gateway names each Envoy route after its HTTPRoute rule, httproute/<namespace>/<name>/rule/<rule>/match/<match>/<hostname, dots as _>; use those names in the team file (docs/deploying.md#route-names)",
+            quoted(&names)
+        )],
+    }
+}

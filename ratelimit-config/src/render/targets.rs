@@ -185,6 +185,13 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
         "istio-agent from the OCI image (url), checked against sha256: the image",
         "manifest's digest, 64 hex characters (make oci prints it).",
         "",
+        "phase: STATS by default (istio.phase), after Istio's authentication and",
+        "authorization: a request an AuthorizationPolicy refuses never reaches the filter,",
+        "so with RequestAuthentication's outputClaimToHeaders the tenant header it reads",
+        "is the verified claim's, not the client's own. In AUTHZ or AUTHN the filter runs",
+        "before the AuthorizationPolicy: see docs/security.md, \"The tenant must come",
+        "from something the client cannot forge\".",
+        "",
         "rate_limit_service.cluster is Istio's outbound cluster of the rate-limit Service:",
         "outbound|<port>||<service>.<namespace>.svc.<cluster domain>. A Sidecar resource",
         "that limits the workload's egress must let it reach that Service, or the",
@@ -379,6 +386,7 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
         listen: dep.envoy_listen_port,
         admin: dep.envoy_admin_port,
         app: dep.envoy_app_port,
+        routes: &dep.envoy_routes,
     };
     let t = Target::Envoy;
     let mut files = vec![

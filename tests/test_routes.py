@@ -1,0 +1,48 @@
+"""Per-route limits on the bootstrap `render --target envoy` writes: its
+routes carry names, so a team file's `routes` limit applies where named and
+nowhere else, through a real Envoy, the real service and Redis."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import yaml
+
+import harness
+from harness import ensure_window_room, run_sequential, tally, unique
+
+
+def test_a_route_limit_applies_on_the_route_render_names(stack, tmp_path):
+    limits = {"x-tenant-id": {"default": {"perhour": 100, "routes": {"export": {"perhour": 2}}}}}
+    domain = unique("internal-api")
+    gen = stack.generate(limits, domain)
+    rls = stack.ratelimit(stack.redis(), gen)
+    upstream = stack.upstream()
+    admin = harness.free_port()
+    files = harness.render_target(
+        limits, "envoy", tmp_path / "envoy", "--domain", domain,
+        "--set", f"service.port={rls.grpc_port}", "--set", f"envoy.wasm_path={harness.WASM}",
+        "--set", f"envoy.app_port={upstream.listen_port}", "--set", f"envoy.admin_port={admin}",
+        "--set", "envoy.routes.export=/export",
+        "--plugin", f"rate_limit_service.timeout_ms={harness.COUNTING_TIMEOUT_MS}")
+    boot = yaml.safe_load(files["envoy.yaml"])
+    routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]["route_config"]["virtual_hosts"][0]["routes"]
+    assert [r["name"] for r in routes] == ["export", "app"]
+    # On loopback only, on a free port.
+    listen = harness.free_port()
+    boot["static_resources"]["listeners"][0]["address"]["socket_address"] = {
+        "address": harness.LOOPBACK, "port_value": listen}
+    config = tmp_path / "envoy-local.yaml"
+    config.write_text(yaml.safe_dump(boot))
+    proc = stack.spawn("envoy-routes", harness.envoy_argv(config, 2))
+    harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{admin}/ready"),
+                       "envoy /ready", process=proc)
+    ensure_window_room(3600, 60)
+    tenant = unique("tenant")
+    base = f"http://127.0.0.1:{listen}"
+    on_route = run_sequential([f"{base}/export/report"], 4, tenant=tenant)
+    assert tally(on_route) == Counter({200: 2, 429: 2}), harness.summary(on_route)
+    # Elsewhere only the group's own limit applies.
+    elsewhere = run_sequential([f"{base}/orders"], 4, tenant=tenant)
+    assert tally(elsewhere) == Counter({200: 4}), harness.summary(elsewhere)
