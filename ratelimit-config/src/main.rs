@@ -51,6 +51,8 @@ use serde_json::Value;
 ///   up to 4294967295; a unit left out is not limited; a group needs one.
 /// - "routes" (optional, in any group): limits per Envoy route name, on top
 ///   of the group's, e.g. "routes": {"reports": {"perminute": 5}}.
+/// - "shadow": true (optional, in any group): the group's refusals are
+///   counted and logged but not enforced, to roll a limit out safely.
 ///
 /// Problems are reported all at once, as <file>:<line>:<col>: <path>: <message>,
 /// e.g. limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5
@@ -94,7 +96,8 @@ enum Command {
 
 #[derive(Args)]
 struct ValidateArgs {
-    /// Team limits JSON files.
+    /// Team limits JSON files (`-`: standard input), in the format of
+    /// `ratelimit-config --help` (`ratelimit-config schema` prints it as a JSON Schema).
     #[arg(required = true)]
     files: Vec<PathBuf>,
 }
@@ -187,10 +190,12 @@ struct ExplainArgs {
 
 #[derive(Args)]
 struct CheckArgs {
-    /// The filter's plugin-config.json.
+    /// The filter's configuration: a plugin-config.json, or where it is
+    /// deployed: a WasmPlugin (spec.pluginConfig), an EnvoyExtensionPolicy
+    /// (spec.wasm[].config), an Envoy bootstrap or http_filters entry.
     #[arg(long)]
     plugin_config: PathBuf,
-    /// The service's config YAML (repeat for every file the service loads).
+    /// The service's config YAML, or a ConfigMap of them (repeat for every file the service loads).
     #[arg(long, required = true)]
     service_config: Vec<PathBuf>,
     /// An Envoy configuration with the routes (a bootstrap, or what the admin

@@ -2,6 +2,8 @@
 //! docs/cli.md promises (0 fine, warnings allowed; 1 a problem found; 2 bad
 //! usage) and the messages that tell how to fix a mistake.
 
+// Runs the native binary: native only.
+#![cfg(not(target_arch = "wasm32"))]
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use std::path::{Path, PathBuf};
@@ -795,4 +797,122 @@ fn one_version_for_the_crates_the_cli_the_images_and_the_changelog() {
     );
     assert!(read("LICENSE").contains("Apache License"));
     assert!(cargo.contains("license = \"Apache-2.0\""));
+}
+
+/// The `ratelimit-config ...` command lines of the user docs' code blocks
+/// (continuation lines joined), with the page they are on.
+fn documented_commands() -> Vec<(String, String)> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut pages = vec![repo.join("README.md")];
+    for e in std::fs::read_dir(repo.join("docs")).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            pages.push(e.path());
+        }
+    }
+    pages.sort();
+    let mut out = Vec::new();
+    for page in pages {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let name = page.file_name().unwrap().to_string_lossy().into_owned();
+        let mut in_block = false;
+        let mut pending: Option<String> = None;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                in_block = !in_block;
+                continue;
+            }
+            if !in_block {
+                continue;
+            }
+            let line = line.trim();
+            let joined = match pending.take() {
+                Some(p) => format!("{p} {line}"),
+                None => {
+                    let l = line.strip_prefix("$ ").unwrap_or(line);
+                    let Some(at) = l.find("ratelimit-config ") else {
+                        continue;
+                    };
+                    // The command itself, or a path to the binary ending in it.
+                    if !(at == 0 || l[..at].ends_with('/')) || l[..at].contains(' ') {
+                        continue;
+                    }
+                    l[at..].to_string()
+                }
+            };
+            match joined.strip_suffix('\\') {
+                Some(head) => pending = Some(head.trim_end().to_string()),
+                None => out.push((name.clone(), joined)),
+            }
+        }
+    }
+    out
+}
+
+/// The long flags a `--help` text lists.
+fn help_flags(help: &str) -> Vec<String> {
+    help.split(|c: char| c.is_whitespace() || c == ',' || c == '[' || c == ']')
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                .to_string()
+        })
+        .map(|w| w.split(['=', '<']).next().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn every_command_the_docs_show_is_one_the_cli_takes() {
+    let dir = scratch("docs");
+    let commands = documented_commands();
+    assert!(commands.len() >= 15, "{commands:?}");
+    let mut wrong = Vec::new();
+    for (page, command) in &commands {
+        let words: Vec<&str> = command.split_whitespace().collect();
+        let sub = words.get(1).copied().unwrap_or_default();
+        let help = run_in(&dir, &[sub, "--help"]);
+        if status(&help) != 0 {
+            wrong.push(format!("{page}: {command}: no subcommand {sub:?}"));
+            continue;
+        }
+        let known = help_flags(&stdout(&help));
+        for w in &words[2..] {
+            let flag = w.trim_start_matches('[');
+            if !flag.starts_with("--") {
+                continue;
+            }
+            let flag = flag.split(['=', ']']).next().unwrap_or_default();
+            if !known.iter().any(|k| k == flag) {
+                wrong.push(format!("{page}: {command}: {sub} takes no {flag}"));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn cli_md_names_every_flag_of_every_subcommand() {
+    let dir = scratch("flags");
+    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md"))
+        .unwrap();
+    let top = stdout(&run_in(&dir, &["--help"]));
+    let mut missing = Vec::new();
+    for sub in [
+        "validate", "generate", "explain", "check", "render", "schema",
+    ] {
+        assert!(top.contains(&format!("  {sub}")), "--help lists no {sub}");
+        assert!(
+            doc.contains(&format!("ratelimit-config {sub}")),
+            "cli.md shows no {sub}"
+        );
+        for flag in help_flags(&stdout(&run_in(&dir, &[sub, "--help"]))) {
+            if flag != "--help" && !doc.contains(&flag) {
+                missing.push(format!("{sub} {flag}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/cli.md does not name: {}",
+        missing.join(", ")
+    );
 }
