@@ -71,10 +71,29 @@ def hold(fleet: harness.Fleet) -> None:
         print("\nstopping everything")
 
 
+# Where a refusal came from, by the filter's counter.
+REFUSAL_SOURCES = (("service", "over_limit"), ("cache", "cached_over_limit"),
+                   ("bucket", "local_over_limit"))
+
+
+def print_summary(fleet) -> None:
+    """What each Envoy did: admitted, refused by source, failed open."""
+    print(f"\n  {'envoy':<10} {'admitted':>8} {'refused':>8}   "
+          + "  ".join(f"{name:>7}" for name, _ in REFUSAL_SOURCES) + f"  {'failed open':>11}")
+    for e in fleet.envoys:
+        c = e.filter_counters()
+        by_source = [int(c.get(counter, 0)) for _, counter in REFUSAL_SOURCES]
+        print(f"  {e.name:<10} {int(c.get('allowed', 0)):>8} {sum(by_source):>8}   "
+              + "  ".join(f"{n:>7}" for n in by_source)
+              + f"  {int(c.get('failure_mode_allowed', 0)):>11}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="Exactly 100, not 101: two Envoys, one quota.")
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--tenant", default="tenant-a")
+    ap.add_argument("--counters", action="store_true",
+                    help="also print every filter counter of both Envoys")
     ap.add_argument("--hold", action="store_true",
                     help="after the runs, keep the stack up for your own requests until Ctrl-C")
     ap.add_argument("--workdir", type=Path,
@@ -119,10 +138,12 @@ def main() -> int:
         counters = fleet.counters()
         within = fleet.ratelimit.rule_counter("within_limit", DOMAIN, "hour")
         key = harness.redis_key(DOMAIN, "hour", args.tenant)
-        print("\nfilter counters (both Envoys): "
-              + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
-        print(f"ratelimit service: within_limit={within} for {DOMAIN}.generic_key_per_hour")
-        print(f"redis: {key} = {fleet.redis.get_int(key)} (the calls the service got, "
+        print_summary(fleet)
+        if args.counters:
+            print("\nfilter counters (both Envoys): "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(counters.items())))
+        print(f"\nratelimit service: within_limit={within} for {DOMAIN}.generic_key_per_hour")
+        print(f"redis key {key} = {fleet.redis.get_int(key)} (the calls the service got, "
               f"refused ones included; cached refusals never reach it)")
 
         expected1 = Counter({200: min(quota, args.requests), 429: max(0, args.requests - quota)})

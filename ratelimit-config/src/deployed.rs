@@ -229,6 +229,36 @@ pub fn config_map_entries(file_text: &str) -> Option<Vec<(String, String, Placem
     Some(out)
 }
 
+/// The Envoy routes an Envoy configuration carries (a bootstrap, an
+/// `http_filters`-holding listener, or what `/config_dump` prints), each
+/// with its name (None: a route without one). None when the text is not
+/// YAML or JSON. A route is an object with `match` and one of `route`,
+/// `redirect`, `direct_response`, wherever it sits.
+pub fn route_names(file_text: &str) -> Option<Vec<Option<String>>> {
+    fn walk(v: &Value, out: &mut Vec<Option<String>>) {
+        match v {
+            Value::Object(m) => {
+                let is_route = m.contains_key("match")
+                    && ["route", "redirect", "direct_response"]
+                        .iter()
+                        .any(|k| m.contains_key(*k));
+                if is_route {
+                    out.push(m.get("name").and_then(Value::as_str).map(str::to_string));
+                }
+                m.values().for_each(|v| walk(v, out));
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let docs = crate::yaml_in::documents(file_text).ok()?;
+    let mut out = Vec::new();
+    for d in &docs {
+        walk(&crate::yaml_in::convert(d).value, &mut out);
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,34 +320,4 @@ mod tests {
             Position { line: 6, column: 7 }
         );
     }
-}
-
-/// The Envoy routes an Envoy configuration carries (a bootstrap, an
-/// `http_filters`-holding listener, or what `/config_dump` prints), each
-/// with its name (None: a route without one). None when the text is not
-/// YAML or JSON. A route is an object with `match` and one of `route`,
-/// `redirect`, `direct_response`, wherever it sits.
-pub fn route_names(file_text: &str) -> Option<Vec<Option<String>>> {
-    fn walk(v: &Value, out: &mut Vec<Option<String>>) {
-        match v {
-            Value::Object(m) => {
-                let is_route = m.contains_key("match")
-                    && ["route", "redirect", "direct_response"]
-                        .iter()
-                        .any(|k| m.contains_key(*k));
-                if is_route {
-                    out.push(m.get("name").and_then(Value::as_str).map(str::to_string));
-                }
-                m.values().for_each(|v| walk(v, out));
-            }
-            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
-            _ => {}
-        }
-    }
-    let docs = crate::yaml_in::documents(file_text).ok()?;
-    let mut out = Vec::new();
-    for d in &docs {
-        walk(&crate::yaml_in::convert(d).value, &mut out);
-    }
-    Some(out)
 }

@@ -749,10 +749,16 @@ fn explain_cmd(a: ExplainArgs) -> Result<ExitCode, CliError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The route names of the Envoy configurations `check` was given.
+struct DeployedRoutes {
+    names: Vec<String>,
+    /// The files that had routes, as messages name them.
+    files: Vec<String>,
+}
+
 /// The route names of the Envoy configurations given (and of the plugin
-/// configuration's file when it is one), with the files that had routes;
-/// None when no file carries a route.
-fn deployed_routes(a: &CheckArgs) -> Result<Option<(Vec<String>, Vec<String>)>, CliError> {
+/// configuration's file when it is one); None when no file carries a route.
+fn deployed_routes(a: &CheckArgs) -> Result<Option<DeployedRoutes>, CliError> {
     let mut names = Vec::new();
     let mut files = Vec::new();
     let plugin_file = std::iter::once(&a.plugin_config).filter(|p| *p != Path::new("-"));
@@ -772,7 +778,7 @@ fn deployed_routes(a: &CheckArgs) -> Result<Option<(Vec<String>, Vec<String>)>, 
             _ => {}
         }
     }
-    Ok((!files.is_empty()).then_some((names, files)))
+    Ok((!files.is_empty()).then_some(DeployedRoutes { names, files }))
 }
 
 fn check_cmd(a: &CheckArgs) -> ExitCode {
@@ -812,7 +818,7 @@ fn check_cmd(a: &CheckArgs) -> ExitCode {
             None => eprintln!("warning: {w}"),
         }
     }
-    if let Some((names, files)) = &routes {
+    if let Some(DeployedRoutes { names, files }) = &routes {
         for (route, groups) in team_routes(&plugin.limits) {
             if !names.contains(&route) {
                 let paths: Vec<String> = groups
