@@ -163,6 +163,8 @@ unsafe fn returned(data: *mut u8, size: usize) -> Vec<u8> {
 /// the ABI's "cannot allocate".
 #[no_mangle]
 pub extern "C" fn proxy_on_memory_allocate(size: usize) -> *mut u8 {
+    #[cfg(feature = "hostcall-count")]
+    hostcall_count::allocated();
     let mut buf: Vec<u8> = Vec::new();
     if buf.try_reserve_exact(size).is_err() {
         return null_mut();
@@ -191,11 +193,13 @@ pub extern "C" fn _initialize() {
 }
 
 pub fn log(level: Level, message: &str) -> Result<(), Status> {
+    tally(Kind::Log);
     // SAFETY: the host reads `message.len()` bytes of `message`.
     status(unsafe { proxy_log(level as u32, message.as_ptr(), message.len()) })
 }
 
 pub fn log_level() -> Result<Level, Status> {
+    tally(Kind::GetLogLevel);
     let mut level = 0;
     // SAFETY: the host writes one u32.
     status(unsafe { proxy_get_log_level(&mut level) })?;
@@ -211,6 +215,7 @@ pub fn log_level() -> Result<Level, Status> {
 
 /// Nanoseconds since the Unix epoch.
 pub fn now_ns() -> Result<u64, Status> {
+    tally(Kind::CurrentTime);
     let mut t = 0;
     // SAFETY: the host writes one u64.
     status(unsafe { proxy_get_current_time_nanoseconds(&mut t) })?;
@@ -219,12 +224,14 @@ pub fn now_ns() -> Result<u64, Status> {
 
 /// The root context's `proxy_on_tick` period (from a root callback).
 pub fn set_tick_period_ms(period: u32) -> Result<(), Status> {
+    tally(Kind::SetTickPeriod);
     // SAFETY: no memory is passed.
     status(unsafe { proxy_set_tick_period_milliseconds(period) })
 }
 
 /// Up to `max` bytes of buffer `kind` from `start`; None when there is none.
 pub fn buffer(kind: u32, start: usize, max: usize) -> Result<Option<Vec<u8>>, Status> {
+    tally(Kind::GetBuffer);
     let (mut data, mut size) = (null_mut(), 0);
     // SAFETY: the host writes a pointer it allocated and its size.
     match unsafe { proxy_get_buffer_bytes(kind, start, max, &mut data, &mut size) } {
@@ -238,6 +245,7 @@ pub fn buffer(kind: u32, start: usize, max: usize) -> Result<Option<Vec<u8>>, St
 
 /// The value of header `name` of map `map`, as raw bytes; None when absent.
 pub fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, Status> {
+    tally(Kind::get_header(map));
     let (mut data, mut size) = (null_mut(), 0);
     // SAFETY: the host reads `name` and writes a pointer it allocated.
     match unsafe {
@@ -251,6 +259,7 @@ pub fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, Status> {
 }
 
 pub fn add_header(map: u32, name: &str, value: &str) -> Result<(), Status> {
+    tally(Kind::add_header(map));
     // SAFETY: the host reads both strings for their lengths.
     status(unsafe {
         proxy_add_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len())
@@ -259,6 +268,7 @@ pub fn add_header(map: u32, name: &str, value: &str) -> Result<(), Status> {
 
 /// The value under `key` and its CAS token (`(None, None)`: no such key).
 pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+    tally(Kind::GetSharedData);
     let (mut data, mut size, mut cas) = (null_mut(), 0, 0);
     // SAFETY: the host reads `key` and writes a pointer it allocated, its
     // size and the CAS token.
@@ -279,6 +289,7 @@ pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> 
 /// Writes `key` if its CAS token is still `cas` (`None`: always); a stale
 /// token is the status 8 (CAS mismatch).
 pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+    tally(Kind::SetSharedData);
     // SAFETY: the host reads `key` and `value` for their lengths.
     status(unsafe {
         proxy_set_shared_data(
@@ -294,12 +305,14 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), 
 /// Lets the request of the effective context go on (Envoy does it after
 /// the callback returns).
 pub fn resume_request() -> Result<(), Status> {
+    tally(Kind::ContinueStream);
     // SAFETY: no memory is passed.
     status(unsafe { proxy_continue_stream(HTTP_REQUEST) })
 }
 
 /// Answers the request of the effective context locally.
 pub fn send_local_response(code: u32, headers: &[(&str, &str)], body: &str) -> Result<(), Status> {
+    tally(Kind::SendLocalResponse);
     let map = serialize_map(headers);
     // SAFETY: the host reads `body` and `map` for their lengths.
     status(unsafe {
@@ -325,6 +338,7 @@ pub fn grpc_call(
     message: &[u8],
     timeout_ms: u32,
 ) -> Result<u32, Status> {
+    tally(Kind::GrpcCall);
     let metadata = serialize_map(&[]);
     let mut token = 0;
     // SAFETY: the host reads every buffer for its length and writes one u32.
@@ -350,11 +364,13 @@ pub fn grpc_call(
 /// Makes `context_id` (any context of this VM) the one the following host
 /// calls of this callback act for; status 2 (bad argument) when it is gone.
 pub fn set_effective_context(context_id: u32) -> Result<(), Status> {
+    tally(Kind::SetEffectiveContext);
     // SAFETY: no memory is passed.
     status(unsafe { proxy_set_effective_context(context_id) })
 }
 
 pub fn define_metric(kind: u32, name: &str) -> Result<u32, Status> {
+    tally(Kind::DefineMetric);
     let mut id = 0;
     // SAFETY: the host reads `name` and writes one u32.
     status(unsafe { proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
@@ -362,11 +378,13 @@ pub fn define_metric(kind: u32, name: &str) -> Result<u32, Status> {
 }
 
 pub fn increment_metric(id: u32, n: i64) -> Result<(), Status> {
+    tally(Kind::IncrementMetric);
     // SAFETY: no memory is passed.
     status(unsafe { proxy_increment_metric(id, n) })
 }
 
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
+    tally(Kind::RecordMetric);
     // SAFETY: no memory is passed.
     status(unsafe { proxy_record_metric(id, value) })
 }
@@ -374,6 +392,7 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 /// A property of the effective context (`path`'s segments, e.g.
 /// `["xds", "route_name"]`); None when it has none.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    tally(Kind::GetProperty);
     // Each segment followed by a NUL, as the ABI's SDKs serialise a path.
     let path: String = path.iter().flat_map(|p| [*p, "\0"]).collect();
     let (mut data, mut size) = (null_mut(), 0);
@@ -391,6 +410,7 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 /// joined by NUL), as raw bytes: `Some` of nothing for an empty value,
 /// None when it has none.
 pub fn property_at(path: &str) -> Result<Option<Vec<u8>>, Status> {
+    tally(Kind::GetProperty);
     let (mut data, mut size) = (null_mut(), 0);
     // SAFETY: the host reads `path` and writes a pointer it allocated.
     match unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) } {
@@ -404,12 +424,14 @@ pub fn property_at(path: &str) -> Result<Option<Vec<u8>>, Status> {
 /// Sets a property of the effective context (one path segment): Envoy
 /// keeps it as the filter state `wasm.<name>`.
 pub fn set_property(name: &str, value: &str) -> Result<(), Status> {
+    tally(Kind::SetProperty);
     // SAFETY: the host reads both for their lengths.
     status(unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) })
 }
 
 /// Fills `buf` with random bytes (WASI); the WASI errno on failure.
 pub fn random(buf: &mut [u8]) -> Result<(), i32> {
+    tally(Kind::RandomGet);
     // SAFETY: the host writes at most `buf.len()` bytes into `buf`.
     match unsafe { random_get(buf.as_mut_ptr(), buf.len()) } {
         0 => Ok(()),
@@ -439,4 +461,151 @@ pub fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
         out.push(0);
     }
     out
+}
+
+/// A host call's kind, as the `hostcall-count` build counts it.
+#[cfg_attr(not(feature = "hostcall-count"), allow(dead_code))]
+#[derive(Clone, Copy)]
+enum Kind {
+    Log,
+    GetLogLevel,
+    CurrentTime,
+    SetTickPeriod,
+    GetBuffer,
+    GetRequestHeader,
+    GetResponseHeader,
+    GetResponseTrailer,
+    AddRequestHeader,
+    AddResponseHeader,
+    GetSharedData,
+    SetSharedData,
+    ContinueStream,
+    SendLocalResponse,
+    GrpcCall,
+    SetEffectiveContext,
+    DefineMetric,
+    IncrementMetric,
+    RecordMetric,
+    GetProperty,
+    SetProperty,
+    RandomGet,
+    /// Not a host call: the host calling `proxy_on_memory_allocate` to
+    /// hand back what a call returns (a crossing into the VM).
+    MemoryAllocate,
+}
+
+impl Kind {
+    fn get_header(map: u32) -> Kind {
+        match map {
+            REQUEST_HEADERS => Kind::GetRequestHeader,
+            RESPONSE_HEADERS => Kind::GetResponseHeader,
+            _ => Kind::GetResponseTrailer,
+        }
+    }
+
+    fn add_header(map: u32) -> Kind {
+        match map {
+            REQUEST_HEADERS => Kind::AddRequestHeader,
+            _ => Kind::AddResponseHeader,
+        }
+    }
+}
+
+/// Counts one host call of `kind` (the `hostcall-count` build only; the
+/// shipped .wasm compiles this to nothing).
+#[inline(always)]
+fn tally(kind: Kind) {
+    #[cfg(feature = "hostcall-count")]
+    hostcall_count::count(kind);
+    #[cfg(not(feature = "hostcall-count"))]
+    let _ = kind;
+}
+
+/// The `hostcall-count` build (cargo feature, off by default, never
+/// shipped): every host call the wrappers above make is counted by kind
+/// in a proxy-wasm counter `hostcall.<kind>` (Envoy's /stats:
+/// `wasmcustom.hostcall.<kind>`), so that N requests of a scenario through
+/// a real Envoy give the calls per request of each kind (bench/hostcalls.py).
+/// Each count is flushed right after the call it counts, by raw
+/// `proxy_define_metric` / `proxy_increment_metric` calls that are not
+/// themselves counted; `proxy_on_memory_allocate` (called by the host in
+/// the middle of a host call) only adds to a pending count, flushed by the
+/// next counted call.
+#[cfg(feature = "hostcall-count")]
+mod hostcall_count {
+    use std::cell::Cell;
+
+    use super::{Kind, COUNTER, OK};
+
+    const KINDS: usize = Kind::MemoryAllocate as usize + 1;
+    const NAMES: [&str; KINDS] = [
+        "hostcall.log",
+        "hostcall.get_log_level",
+        "hostcall.get_current_time",
+        "hostcall.set_tick_period",
+        "hostcall.get_buffer",
+        "hostcall.get_request_header",
+        "hostcall.get_response_header",
+        "hostcall.get_response_trailer",
+        "hostcall.add_request_header",
+        "hostcall.add_response_header",
+        "hostcall.get_shared_data",
+        "hostcall.set_shared_data",
+        "hostcall.continue_stream",
+        "hostcall.send_local_response",
+        "hostcall.grpc_call",
+        "hostcall.set_effective_context",
+        "hostcall.define_metric",
+        "hostcall.increment_metric",
+        "hostcall.record_metric",
+        "hostcall.get_property",
+        "hostcall.set_property",
+        "hostcall.random_get",
+        "hostcall.memory_allocate",
+    ];
+
+    thread_local! {
+        /// Each kind's metric id, once defined.
+        static IDS: [Cell<Option<u32>>; KINDS] = Default::default();
+        /// Allocations not yet flushed.
+        static ALLOCATED: Cell<i64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn allocated() {
+        ALLOCATED.with(|a| a.set(a.get() + 1));
+    }
+
+    pub(super) fn count(kind: Kind) {
+        add(kind as usize, 1);
+        let pending = ALLOCATED.with(|a| a.replace(0));
+        if pending > 0 {
+            add(Kind::MemoryAllocate as usize, pending);
+        }
+    }
+
+    fn add(index: usize, n: i64) {
+        let (Some(name), Some(id)) = (
+            NAMES.get(index),
+            IDS.with(|ids| ids.get(index).map(|c| c.get())),
+        ) else {
+            return;
+        };
+        let id = match id {
+            Some(id) => id,
+            None => {
+                let mut id = 0;
+                // SAFETY: the host reads `name` and writes one u32.
+                let s = unsafe {
+                    super::proxy_define_metric(COUNTER, name.as_ptr(), name.len(), &mut id)
+                };
+                if s != OK {
+                    return;
+                }
+                IDS.with(|ids| ids.get(index).map(|c| c.set(Some(id))));
+                id
+            }
+        };
+        // SAFETY: no memory is passed.
+        let _ = unsafe { super::proxy_increment_metric(id, n) };
+    }
 }
