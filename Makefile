@@ -125,7 +125,7 @@ DEMO_ARGS   ?=
 WRK_VERSION := 4.1.0-3+b2
 
 .PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
-        deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core bench-wasm-reply compose-config \
+        deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core bench-wasm-reply bench-hostcalls bench-hostcall-wasm compose-config \
         clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
 all: test
@@ -388,6 +388,31 @@ bench-wasm-reply: deps-rust
 
 bench-core: deps-rust
 	cargo bench -p tenant-ratelimit --bench decision
+
+# Where the Envoy time goes, by host call (bench/hostcalls.py; not part of
+# `make bench` or `make test`): the filter built with its hostcall-count
+# feature (every host call counted by kind in a proxy-wasm counter; in
+# $(HOSTCALL_COUNT_DIR), trimmed and shrunk as `make build` does, never the
+# shipped .wasm) run through each scenario, and bench/hostcall-probe (one
+# kind of host call N times per request) for each kind's cost.
+# HOSTCALLS_ARGS passes options, e.g. HOSTCALLS_ARGS="count --duration 10".
+HOSTCALL_COUNT_DIR  := target/hostcall-count
+HOSTCALL_COUNT_WASM := $(HOSTCALL_COUNT_DIR)/$(WASM_TARGET)/release/tenant_ratelimit.wasm
+HOSTCALL_PROBE_WASM := target/hostcall-probe/$(WASM_TARGET)/release/hostcall_probe.wasm
+HOSTCALLS_ARGS ?=
+bench-hostcalls: deps build bench-hostcall-wasm
+	$(PY) bench/hostcalls.py $(HOSTCALLS_ARGS)
+
+bench-hostcall-wasm: deps-rust deps-binaryen
+	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit --features hostcall-count \
+	  --target-dir $(HOSTCALL_COUNT_DIR)
+	cargo build --release -p trim-exports
+	target/release/trim-exports --keep '$(WASM_EXPORTS)' $(HOSTCALL_COUNT_WASM)
+	$(WASM_OPT) $(WASM_OPT_FLAGS) $(HOSTCALL_COUNT_WASM) -o $(HOSTCALL_COUNT_WASM).opt-tmp
+	@mv $(HOSTCALL_COUNT_WASM).opt-tmp $(HOSTCALL_COUNT_WASM)
+	cargo build --release --target $(WASM_TARGET) --manifest-path bench/hostcall-probe/Cargo.toml \
+	  --target-dir target/hostcall-probe
+	@ls -l $(HOSTCALL_COUNT_WASM) $(HOSTCALL_PROBE_WASM)
 
 # ---------------------------------------------------------------- fuzz
 # cargo-fuzz targets (fuzz/, a crate outside the workspace) on a pinned
