@@ -77,6 +77,7 @@ PROBE_KINDS = {
     "get_response_header": 50,
     "add_response_header": 20,
     "get_property": 50,
+    "get_tenant_property": 50,
     "get_shared_data": 50,
     "set_shared_data": 50,
     "cas_update": 50,
@@ -86,6 +87,7 @@ PROBE_KINDS = {
     "get_log_level": 50,
     "log_disabled": 50,
     "set_property": 20,
+    "refusal_properties": 4,
     "set_effective_context": 50,
     "grpc_call": 2,
 }
@@ -205,7 +207,7 @@ def cost(args, out: Path) -> dict:
             text = h.render_envoy_config({"kind": kind, "n": n}, listen_port=listen,
                                          admin_port=admin, rls_port=rls.grpc_port,
                                          upstream_port=upstream.listen_port, wasm_path=probe,
-                                         node_id=f"probe-{name}", access_log_path="/dev/null")
+                                         node_id=f"probe-{name}")
             start(name, text, listen, admin)
         mode = ("single", "probe-tenant")
         if args.warmup:
@@ -250,7 +252,7 @@ COST_OF = {
     "get_response_trailer": "get_response_header",
     "add_response_header": "add_response_header",
     "add_request_header": "add_response_header",
-    "get_property": "get_property",
+    "get_property": "get_tenant_property",
     "get_shared_data": "get_shared_data",
     "set_shared_data": "set_shared_data",
     "increment_metric": "increment_metric",

@@ -9,11 +9,16 @@
 //! (v0.2.1, github.com/proxy-wasm/spec) with no SDK.
 //!
 //! Kinds made from `proxy_on_request_headers`: `get_request_header`,
-//! `get_request_header_absent`, `get_property`, `get_shared_data`,
+//! `get_request_header_absent`, `get_property` (the route name),
+//! `get_tenant_property` (`request.headers.x-tenant-id`, as the filter
+//! reads the tenant), `get_shared_data`,
 //! `set_shared_data`, `cas_update` (a get, then a set with its CAS token),
 //! `increment_metric`, `record_metric`, `get_current_time`,
 //! `get_log_level`, `log_disabled` (a debug line, which Envoy at its info
-//! level drops), `set_property`, `set_effective_context` (to the stream
+//! level drops), `set_property`, `refusal_properties` (the four
+//! properties the filter sets on a refusal, in turn: with N = 4 the
+//! access log of envoy/envoy.yaml.tmpl writes its line for the request),
+//! `set_effective_context` (to the stream
 //! itself), `grpc_call` (a ShouldRateLimit call to the `ratelimit`
 //! cluster, its answer taken in `proxy_on_grpc_receive`). From
 //! `proxy_on_response_headers`: `get_response_header`,
@@ -115,6 +120,13 @@ const SLOT_BYTES: usize = 180;
 const RLS_REQUEST: [u8; 17] = [
     0x0a, 5, b'p', b'r', b'o', b'b', b'e', 0x12, 8, 0x0a, 6, 0x0a, 1, b'k', 0x12, 1, b'v',
 ];
+/// What the filter sets on a refusal, for Envoy's access log.
+const REFUSAL_PROPERTIES: [(&str, &str); 4] = [
+    ("tenant_ratelimit_tenant", "probe-tenant"),
+    ("tenant_ratelimit_group", "default"),
+    ("tenant_ratelimit_verdict", "refused"),
+    ("tenant_ratelimit_source", "bucket"),
+];
 /// An empty header map (its pair count).
 const NO_METADATA: [u8; 4] = [0; 4];
 
@@ -124,6 +136,7 @@ enum Kind {
     GetRequestHeader,
     GetRequestHeaderAbsent,
     GetProperty,
+    GetTenantProperty,
     GetSharedData,
     SetSharedData,
     CasUpdate,
@@ -133,17 +146,19 @@ enum Kind {
     GetLogLevel,
     LogDisabled,
     SetProperty,
+    RefusalProperties,
     SetEffectiveContext,
     GrpcCall,
     GetResponseHeader,
     AddResponseHeader,
 }
 
-const KINDS: [(&str, Kind); 17] = [
+const KINDS: [(&str, Kind); 19] = [
     ("none", Kind::None),
     ("get_request_header", Kind::GetRequestHeader),
     ("get_request_header_absent", Kind::GetRequestHeaderAbsent),
     ("get_property", Kind::GetProperty),
+    ("get_tenant_property", Kind::GetTenantProperty),
     ("get_shared_data", Kind::GetSharedData),
     ("set_shared_data", Kind::SetSharedData),
     ("cas_update", Kind::CasUpdate),
@@ -153,6 +168,7 @@ const KINDS: [(&str, Kind); 17] = [
     ("get_log_level", Kind::GetLogLevel),
     ("log_disabled", Kind::LogDisabled),
     ("set_property", Kind::SetProperty),
+    ("refusal_properties", Kind::RefusalProperties),
     ("set_effective_context", Kind::SetEffectiveContext),
     ("grpc_call", Kind::GrpcCall),
     ("get_response_header", Kind::GetResponseHeader),
@@ -290,6 +306,15 @@ fn get_shared(key: &str) -> (usize, u32) {
     }
 }
 
+fn get_property(path: &str) -> usize {
+    let (mut data, mut size) = (null_mut(), 0);
+    // SAFETY: the host reads `path` and writes a pointer it allocated.
+    unsafe {
+        proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size);
+        free(data, size)
+    }
+}
+
 fn set_shared(key: &str, value: &[u8], cas: u32) -> u32 {
     // SAFETY: the host reads `key` and `value` for their lengths.
     unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) }
@@ -303,15 +328,8 @@ fn call(kind: Kind, id: u32, i: u32) -> u64 {
         Kind::GetRequestHeader => get_header(REQUEST_HEADERS, "x-tenant-id") as u64,
         Kind::GetRequestHeaderAbsent => get_header(REQUEST_HEADERS, "x-probe-absent") as u64,
         Kind::GetResponseHeader => get_header(RESPONSE_HEADERS, "content-type") as u64,
-        Kind::GetProperty => {
-            let path = "xds\0route_name\0";
-            let (mut data, mut size) = (null_mut(), 0);
-            // SAFETY: the host reads `path` and writes a pointer it allocated.
-            unsafe {
-                proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size);
-                free(data, size) as u64
-            }
-        }
+        Kind::GetProperty => get_property("xds\0route_name\0") as u64,
+        Kind::GetTenantProperty => get_property("request\0headers\0x-tenant-id") as u64,
         Kind::GetSharedData => get_shared(&next_key()).0 as u64,
         Kind::SetSharedData => {
             let slot = [i as u8; SLOT_BYTES];
@@ -350,6 +368,13 @@ fn call(kind: Kind, id: u32, i: u32) -> u64 {
         }
         Kind::SetProperty => {
             let (name, value) = ("probe_verdict", "refused");
+            // SAFETY: the host reads both for their lengths.
+            u64::from(unsafe {
+                proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len())
+            })
+        }
+        Kind::RefusalProperties => {
+            let (name, value) = REFUSAL_PROPERTIES[i as usize % REFUSAL_PROPERTIES.len()];
             // SAFETY: the host reads both for their lengths.
             u64::from(unsafe {
                 proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len())
@@ -438,4 +463,3 @@ pub extern "C" fn proxy_on_grpc_close(_root: u32, _token: u32, _status: u32) {}
 /// Nothing is kept per stream.
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(_id: u32) {}
-
