@@ -24,11 +24,11 @@ count   The filter built with its `hostcall-count` feature (every host call
 cost    bench/hostcall-probe: a filter that makes one kind of call N times per
         request (its plugin configuration), in one Envoy per kind at N = k and
         one at N = 0, and one Envoy with no filter. The configurations take
-        turns, A B C ... A B C ..., each run a fixed time; per run, Envoy's CPU
-        time (utime + stime of its process, /proc/<pid>/stat) over the
-        requests it answered. A kind's cost per call is (CPU per request at
-        N = k - at N = 0) / k, from the runs of one round (paired), median
-        over the rounds.
+        turns, each kind's run right after a run at N = 0, each run a fixed
+        time; per run, Envoy's CPU time (utime + stime of its process,
+        /proc/<pid>/stat) over the requests it answered. A kind's cost per
+        call is (CPU per request at N = k - at N = 0 just before) / k,
+        median over the rounds.
 
 The results go to OUT/hostcalls-<time>/results.json and table.md. The
 machine may be shared: CPU per request is less sensitive to other load than
@@ -72,23 +72,23 @@ HOT_TENANTS = ["hot-probe-cache", "hot-probe-service"]
 
 # Probe kinds and their default k (calls per request at N = k).
 PROBE_KINDS = {
-    "get_request_header": 50,
-    "get_request_header_absent": 50,
-    "get_response_header": 50,
-    "add_response_header": 20,
-    "get_property": 50,
-    "get_tenant_property": 50,
-    "get_shared_data": 50,
-    "set_shared_data": 50,
-    "cas_update": 50,
-    "increment_metric": 50,
-    "record_metric": 50,
-    "get_current_time": 50,
-    "get_log_level": 50,
-    "log_disabled": 50,
-    "set_property": 20,
+    "get_request_header": 200,
+    "get_request_header_absent": 200,
+    "get_response_header": 200,
+    "add_response_header": 50,
+    "get_property": 200,
+    "get_tenant_property": 200,
+    "get_shared_data": 200,
+    "set_shared_data": 200,
+    "cas_update": 200,
+    "increment_metric": 200,
+    "record_metric": 200,
+    "get_current_time": 200,
+    "get_log_level": 200,
+    "log_disabled": 200,
+    "set_property": 50,
     "refusal_properties": 4,
-    "set_effective_context": 50,
+    "set_effective_context": 200,
     "grpc_call": 2,
 }
 
@@ -213,27 +213,32 @@ def cost(args, out: Path) -> dict:
         if args.warmup:
             for e in envoys.values():
                 load(e, mode, header, args, args.warmup)
+        # Each kind's run right after a run at N = 0, which it is paired with.
+        order = ["no_filter", *(x for kind in kinds for x in ("none", kind))]
         for r in range(1, args.reps + 1):
             this: dict[str, dict] = {}
-            for name, e in envoys.items():
+            for i, name in enumerate(order):
+                e = envoys[name]
                 n0 = e.stats(re.escape(REQUESTS) + "$").get(REQUESTS, 0)
                 c0 = bench.cpu_seconds(e.process.pid)
                 run = load(e, mode, header, args, args.duration)
                 n1 = settled(e).get(REQUESTS, 0)
                 c1 = bench.cpu_seconds(e.process.pid)
                 n = n1 - n0
-                this[name] = {"requests": n, "cpu_s": c1 - c0, "statuses": run["statuses"],
-                              "us_per_request": 1e6 * (c1 - c0) / n if n else None}
-                print(f"  cost round {r} {name:<26} {n:>7} requests  "
-                      f"{this[name]['us_per_request'] or 0:7.1f} µs/request  "
+                one = {"requests": n, "cpu_s": c1 - c0, "statuses": run["statuses"],
+                       "us_per_request": 1e6 * (c1 - c0) / n if n else None}
+                key = f"none/{order[i + 1]}" if name == "none" else name
+                this[key] = one
+                print(f"  cost round {r} {key:<30} {n:>7} requests  "
+                      f"{one['us_per_request'] or 0:7.1f} µs/request  "
                       f"statuses {run['statuses']}", flush=True)
             rounds.append(this)
     per_kind = {}
     for kind, k in kinds.items():
-        slopes = [(rd[kind]["us_per_request"] - rd["none"]["us_per_request"]) / k
+        slopes = [(rd[kind]["us_per_request"] - rd[f"none/{kind}"]["us_per_request"]) / k
                   for rd in rounds
                   if rd[kind]["us_per_request"] is not None
-                  and rd["none"]["us_per_request"] is not None]
+                  and rd[f"none/{kind}"]["us_per_request"] is not None]
         per_kind[kind] = {"k": k, "us_per_call": statistics.median(slopes) if slopes else None,
                           "us_per_call_rounds": slopes}
 
@@ -241,8 +246,12 @@ def cost(args, out: Path) -> dict:
         v = [rd[name]["us_per_request"] for rd in rounds if rd[name]["us_per_request"]]
         return statistics.median(v) if v else None
 
+    zero = [rd[n]["us_per_request"] for rd in rounds for n in rd
+            if n.startswith("none/") and rd[n]["us_per_request"]]
+    per_request = {name: med(name) for name in rounds[0]} if rounds else {}
+    per_request["none"] = statistics.median(zero) if zero else None
     return {"probe": str(probe), "rounds": rounds, "per_kind": per_kind,
-            "us_per_request": {name: med(name) for name in rounds[0]} if rounds else {}}
+            "us_per_request": per_request}
 
 
 # The probe kind whose cost stands for each counted kind ("" when none does).
