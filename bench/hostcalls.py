@@ -329,7 +329,11 @@ def markdown(results: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="?", choices=("count", "cost", "both"), default="both")
+    ap.add_argument("what", nargs="?", choices=("count", "cost", "both", "report"), default="both",
+                    help="report: the tables of earlier runs' results.json (--results), "
+                         "e.g. a count run's and a cost run's together")
+    ap.add_argument("--results", type=Path, nargs="*", default=[],
+                    help="report: results.json files; the last one with each part wins")
     ap.add_argument("--count-wasm", type=Path, default=COUNT_WASM)
     ap.add_argument("--probe-wasm", type=Path, default=PROBE_WASM)
     ap.add_argument("--scenarios", default=",".join(COUNT_SCENARIOS),
@@ -353,6 +357,13 @@ def main() -> int:
         k for k in args.kinds if k not in PROBE_KINDS]
     if bad:
         ap.error(f"unknown scenario(s) or kind(s): {bad}")
+    if args.what == "report":
+        merged: dict = {}
+        for path in args.results:
+            r = json.loads(path.read_text())
+            merged.update({k: r[k] for k in ("count", "cost") if k in r})
+        print(markdown(merged), end="")
+        return 0
     if args.smoke:
         args.duration, args.reps, args.warmup, args.connections = 1, 1, 1, 2
     for what, path in (("count", args.count_wasm), ("cost", args.probe_wasm)):
