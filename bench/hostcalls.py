@@ -57,6 +57,10 @@ COUNT_WASM = REPO / "target" / "hostcall-count" / "wasm32-wasip1" / "release" / 
 PROBE_WASM = REPO / "target" / "hostcall-probe" / "wasm32-wasip1" / "release" / "hostcall_probe.wasm"
 HOSTCALL = re.compile(r"hostcall\.([a-z_]+)$")
 REQUESTS = "http.ingress.downstream_rq_total"
+# Envoy's own counts, next to the filter's: its local replies (429) and the
+# calls through the rate-limit cluster.
+REFUSED = "http.ingress.downstream_rq_4xx"
+RLS_CALLS = "cluster.ratelimit.upstream_rq_total"
 
 # name: (configuration, wrk mode args, what it shows)
 COUNT_SCENARIOS = {
@@ -100,7 +104,8 @@ def limits() -> dict:
 
 
 def snapshot(envoy: h.Envoy) -> dict[str, int]:
-    return envoy.stats(r"hostcall\.|tenant_ratelimit\.|downstream_rq_total$")
+    return envoy.stats(r"hostcall\.|tenant_ratelimit\.|downstream_rq_(total|4xx)$"
+                       r"|^cluster\.ratelimit\.upstream_rq_total$")
 
 
 def settled(envoy: h.Envoy, deadline_s: float = 3.0) -> dict[str, int]:
@@ -167,6 +172,7 @@ def count(args, out: Path) -> dict:
             per = {k: v / n for k, v in sorted(calls.items())} if n else {}
             results["scenarios"][scenario] = {
                 "title": title, "config": cfg_name, "requests": n,
+                "envoy_4xx": d.get(REFUSED, 0), "envoy_rls_calls": d.get(RLS_CALLS, 0),
                 "statuses": run["statuses"], "calls": calls, "per_request": per,
                 "host_calls_per_request": sum(v for k, v in per.items()
                                               if k != "memory_allocate"),
