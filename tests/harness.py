@@ -639,6 +639,24 @@ def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: in
     )
 
 
+def bootstrap_access_log(path: Path | str) -> list[dict]:
+    """The HTTP connection manager's `access_log` of the project's bootstrap
+    (envoy/envoy.yaml.tmpl), writing to `path`: for bootstraps a test builds
+    itself (tests/listeners.py), so that they log what the product logs."""
+    import yaml  # only the tests that build their own bootstrap need it
+
+    text = render_envoy_config({}, listen_port=1, admin_port=2, rls_port=3, upstream_port=4,
+                               access_log_path=path)
+    doc = yaml.safe_load(text)
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                log = f.get("typed_config", {}).get("access_log")
+                if log is not None:
+                    return log
+    raise HarnessError(f"{ENVOY_TEMPLATE}: no access_log in its connection manager")
+
+
 def render_upstream_config(*, listen_port: int, admin_port: int,
                            bind_address: str = LOOPBACK, node_id: str = "upstream") -> str:
     return render(UPSTREAM_TEMPLATE, node_id=node_id, bind_address=bind_address,
@@ -960,6 +978,37 @@ def ensure_window_room(unit_s: int, need_s: float) -> float:
 def wait_next_second(margin_s: float = 0.01) -> None:
     """Sleep into the first hundredth of the next wall-clock second."""
     time.sleep(window_left(1) + margin_s)
+
+
+def answered_at(r: "Result") -> float:
+    """time.time() when the response had come back."""
+    return r.started + r.latency_s
+
+
+def seconds_crossed(first: "Result", last: "Result") -> int:
+    """Whole-second boundaries between `first` being sent and `last` being answered.
+
+    A server reads its clock somewhere inside each request's span, not when
+    the client sent it, so whole-second readings (a reset, Retry-After, a
+    Date) of two requests sent one after the other differ by 0 up to this
+    many seconds: two requests sent in the same second can be told apart by
+    one when the second one's answer came in the next.
+    """
+    return int(answered_at(last)) - int(first.started)
+
+
+def in_one_second(burst: Callable[[], list["Result"]], attempts: int = 5,
+                  what: str = "burst") -> list["Result"]:
+    """`burst()` run from the start of a wall-clock second until one run was
+    sent and answered inside that one second (a run that straddles a second
+    boundary meets two per-second windows); its results. `burst` should use
+    a fresh tenant each time: a failed attempt has counted."""
+    for _ in range(attempts):
+        wait_next_second()
+        results = burst()
+        if results and int(min(r.started for r in results)) == int(max(map(answered_at, results))):
+            return results
+    raise HarnessError(f"no {what} fit in one wall-clock second in {attempts} tries")
 
 
 def redis_key(domain: str, unit: str, tenant: str, t: float | None = None,
