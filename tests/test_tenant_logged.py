@@ -38,6 +38,7 @@ FALLBACK = {"x-tenant-id": {"default": {"perhour": FALLBACK_QUOTA}}}
 LOG_DEADLINE_S = 40
 BUCKET_DEADLINE_S = 20
 MINUTE_ROOM_S = 30
+HOUR_ROOM_S = 120
 
 
 class Case:
@@ -105,6 +106,9 @@ def _run(stack: harness.Stack) -> dict:
     envoy = listeners.start(stack, rls, upstream, chains, access_log_path=str(access_log))
     cases = {name: Case(name, header_mode=(name == "header")) for name in chains}
 
+    # The fallback's quota is per hour, the service's refusals per minute:
+    # the run stays inside one window of each.
+    ensure_window_room(3600, HOUR_ROOM_S)
     ensure_window_room(60, MINUTE_ROOM_S)
     # The service is up: its refusal, then the over-limit cache's.
     for _ in range(PER_MINUTE + 2):
