@@ -277,13 +277,9 @@ def with_rls_endpoints(config_text: str, rls_ports: list[int]) -> str:
 def envoy_for(stack: Stack, plugin_config: dict, rls: list[RateLimitService],
               upstream: Envoy, name: str, concurrency: int = 2) -> Envoy:
     """A filter Envoy whose rate-limit cluster is every service replica."""
-    listen, admin = free_port(), free_port()
     ports = [s.grpc_port for s in rls]
-    text = harness.render_envoy_config(plugin_config, listen_port=listen, admin_port=admin,
-                                       rls_port=ports[0], upstream_port=upstream.listen_port,
-                                       node_id=name)
-    return Envoy(stack, name, with_rls_endpoints(text, ports), listen, admin,
-                 concurrency=concurrency)
+    return stack.envoy(plugin_config, ports[0], upstream, name=name, concurrency=concurrency,
+                       edit=lambda text: with_rls_endpoints(text, ports))
 
 
 @dataclass

@@ -52,6 +52,22 @@ def answered(r: Result) -> bool:
     return r.status in (200, 429) and "x-ratelimit-limit" in r.headers
 
 
+def probe(url: str) -> bool:
+    """One request for a fresh tenant: did the service's verdict come back
+    (x-ratelimit-* headers)?"""
+    return "x-ratelimit-limit" in harness.send(url, harness.unique("probe")).headers
+
+
+def answered_by_service(fleet: harness.EnvoysView) -> bool:
+    """One probe per Envoy, each answered by the service (stops at the first that is not)."""
+    return all(probe(url) for url in fleet.urls)
+
+
+def report(name: str, figures: dict) -> None:
+    """A fault test's figures, printed (`-s`): what the docs quote, never asserted as timings."""
+    print(f"\n{name}: {figures}")
+
+
 class Traffic:
     """`clients` threads sending GETs back to back until `stop()`.
 

@@ -512,28 +512,55 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
-_PROM_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{(.*)\})?\s+(\S+)")
-_PROM_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+Labels = tuple[tuple[str, str], ...]
+_TYPED_TOTAL_COUNTER = re.compile(r"^# TYPE (\S+_total) counter\s*$", re.M)
+
+
+def prometheus_series(text: str, prefix: str = "",
+                      types: Iterable[str] | None = None) -> dict[tuple[str, Labels], float]:
+    """A Prometheus text exposition, read by prometheus-client's parser (the
+    real one: a malformed exposition raises), as {(name, sorted label
+    pairs): value}, for the families whose name starts with `prefix` and
+    whose type is one of `types` (all if None).
+
+    Every sample is keyed by the name the exposition wrote: the parser
+    renames a counter's samples to the OpenMetrics `<family>_total` (and
+    drops `_total` from a family named so), and that is undone here.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counters_named_total = set(_TYPED_TOTAL_COUNTER.findall(text))
+    wanted = None if types is None else set(types)
+    out: dict[tuple[str, Labels], float] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(prefix) or (wanted is not None and family.type not in wanted):
+            continue
+        for sample in family.samples:
+            name = sample.name
+            if family.type == "counter":
+                if name != family.name + "_total":
+                    raise HarnessError(f"counter {family.name}: sample {name} {sample.labels}")
+                if name not in counters_named_total:
+                    name = family.name
+            out[(name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text format → {`name{k="v",...}` (labels sorted): value}."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_LINE.match(line)
-        if not m:
-            continue
-        labels = sorted(_PROM_LABEL.findall(m.group(3) or ""))
-        key = m.group(1)
+    for (name, labels), value in prometheus_series(text).items():
         if labels:
-            key += "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
-        try:
-            out[key] = float(m.group(4))
-        except ValueError:
-            continue
+            name += "{" + ",".join(f'{k}="{v}"' for k, v in labels) + "}"
+        out[name] = value
     return out
+
+
+def scrape_prometheus(admin_url: str, prefix: str = "",
+                      types: Iterable[str] | None = None) -> dict[tuple[str, Labels], float]:
+    """An Envoy admin's /stats/prometheus, as prometheus_series reads it."""
+    text = requests.get(f"{admin_url}/stats/prometheus", timeout=5).text
+    return prometheus_series(text, prefix, types)
 
 
 # ------------------------------------------------------------------ config generation
@@ -614,12 +641,23 @@ def render(template: Path, **values) -> str:
         {k: str(v) for k, v in values.items()})
 
 
-def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: int,
+def render_envoy_config(plugin_config: dict | str, *, listen_port: int, admin_port: int,
                         rls_port: int, upstream_port: int, wasm_path: Path | str = WASM,
                         bind_address: str = LOOPBACK, rls_address: str = LOOPBACK,
                         upstream_address: str = LOOPBACK, cluster_type: str = "STATIC",
-                        node_id: str = "envoy", access_log_path: Path | str = "/dev/stdout") -> str:
-    cluster = plugin_config.get("rate_limit_service", {}).get("cluster", "ratelimit")
+                        node_id: str = "envoy", access_log_path: Path | str = "/dev/stdout",
+                        rls_cluster: str | None = None) -> str:
+    """envoy/envoy.yaml.tmpl for this plugin configuration: a dict, or the
+    text itself (what a dict cannot hold: a key twice, a BOM). Envoy's
+    cluster for the service is `rls_cluster`, by default the one the
+    configuration names (`rate_limit_service.cluster`, else "ratelimit")."""
+    if isinstance(plugin_config, str):
+        text = plugin_config
+        named = None
+    else:
+        text = json.dumps(plugin_config, separators=(",", ":"))
+        named = plugin_config.get("rate_limit_service", {}).get("cluster")
+    cluster = rls_cluster or named or "ratelimit"
     return render(
         ENVOY_TEMPLATE,
         node_id=node_id,
@@ -628,7 +666,7 @@ def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: in
         admin_port=admin_port,
         wasm_path=wasm_path,
         # A JSON string literal is also a valid YAML double-quoted scalar.
-        plugin_config=json.dumps(json.dumps(plugin_config, separators=(",", ":"))),
+        plugin_config=json.dumps(text),
         rls_cluster=cluster,
         rls_address=rls_address,
         rls_port=rls_port,
@@ -637,6 +675,24 @@ def render_envoy_config(plugin_config: dict, *, listen_port: int, admin_port: in
         cluster_type=cluster_type,
         access_log_path=access_log_path,
     )
+
+
+def bootstrap_access_log(path: Path | str) -> list[dict]:
+    """The HTTP connection manager's `access_log` of the project's bootstrap
+    (envoy/envoy.yaml.tmpl), writing to `path`: for bootstraps a test builds
+    itself (tests/listeners.py), so that they log what the product logs."""
+    import yaml  # only the tests that build their own bootstrap need it
+
+    text = render_envoy_config({}, listen_port=1, admin_port=2, rls_port=3, upstream_port=4,
+                               access_log_path=path)
+    doc = yaml.safe_load(text)
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                log = f.get("typed_config", {}).get("access_log")
+                if log is not None:
+                    return log
+    raise HarnessError(f"{ENVOY_TEMPLATE}: no access_log in its connection manager")
 
 
 def render_upstream_config(*, listen_port: int, admin_port: int,
@@ -694,6 +750,11 @@ class Envoy:
     def stats(self, filter_regex: str | None = None) -> dict[str, int]:
         params = {"filter": filter_regex} if filter_regex else None
         return parse_stats(requests.get(f"{self.admin_url}/stats", params=params, timeout=2).text)
+
+    def prometheus(self, prefix: str = "",
+                   types: Iterable[str] | None = None) -> dict[tuple[str, Labels], float]:
+        """/stats/prometheus, as prometheus_series reads it."""
+        return scrape_prometheus(self.admin_url, prefix, types)
 
     def filter_counters(self) -> dict[str, int]:
         """The filter's counters keyed by what follows `tenant_ratelimit.`.
@@ -809,15 +870,23 @@ class Stack:
         text = render_upstream_config(listen_port=listen, admin_port=admin)
         return Envoy(self, "upstream", text, listen, admin, concurrency=1)
 
-    def envoy(self, plugin_config: dict, rls: RateLimitService | int, upstream: Envoy | int,
-              name: str = "envoy", wait: bool = True, concurrency: int = 2,
-              access_log_path: Path | str = "/dev/stdout") -> Envoy:
+    def envoy(self, plugin_config: dict | str, rls: RateLimitService | int,
+              upstream: Envoy | int, name: str = "envoy", wait: bool = True,
+              concurrency: int = 2, access_log_path: Path | str = "/dev/stdout",
+              rls_cluster: str | None = None,
+              edit: Callable[[str], str] | None = None) -> Envoy:
+        """A filter Envoy (render_envoy_config): `plugin_config` a dict or
+        its raw text; `rls_cluster` the name Envoy gives the service's
+        cluster, if not the one the configuration names; `edit` changes the
+        rendered bootstrap before Envoy reads it (more endpoints, remote code)."""
         listen, admin = free_port(), free_port()
         rls_port = rls.grpc_port if isinstance(rls, RateLimitService) else rls
         up_port = upstream.listen_port if isinstance(upstream, Envoy) else upstream
         text = render_envoy_config(plugin_config, listen_port=listen, admin_port=admin,
                                    rls_port=rls_port, upstream_port=up_port, node_id=name,
-                                   access_log_path=access_log_path)
+                                   access_log_path=access_log_path, rls_cluster=rls_cluster)
+        if edit is not None:
+            text = edit(text)
         return Envoy(self, name, text, listen, admin, concurrency=concurrency, wait=wait)
 
     def generate(self, limits: dict, domain: str | None = None, **kw) -> Generated:
@@ -960,6 +1029,37 @@ def ensure_window_room(unit_s: int, need_s: float) -> float:
 def wait_next_second(margin_s: float = 0.01) -> None:
     """Sleep into the first hundredth of the next wall-clock second."""
     time.sleep(window_left(1) + margin_s)
+
+
+def answered_at(r: "Result") -> float:
+    """time.time() when the response had come back."""
+    return r.started + r.latency_s
+
+
+def seconds_crossed(first: "Result", last: "Result") -> int:
+    """Whole-second boundaries between `first` being sent and `last` being answered.
+
+    A server reads its clock somewhere inside each request's span, not when
+    the client sent it, so whole-second readings (a reset, Retry-After, a
+    Date) of two requests sent one after the other differ by 0 up to this
+    many seconds: two requests sent in the same second can be told apart by
+    one when the second one's answer came in the next.
+    """
+    return int(answered_at(last)) - int(first.started)
+
+
+def in_one_second(burst: Callable[[], list["Result"]], attempts: int = 5,
+                  what: str = "burst") -> list["Result"]:
+    """`burst()` run from the start of a wall-clock second until one run was
+    sent and answered inside that one second (a run that straddles a second
+    boundary meets two per-second windows); its results. `burst` should use
+    a fresh tenant each time: a failed attempt has counted."""
+    for _ in range(attempts):
+        wait_next_second()
+        results = burst()
+        if results and int(min(r.started for r in results)) == int(max(map(answered_at, results))):
+            return results
+    raise HarnessError(f"no {what} fit in one wall-clock second in {attempts} tries")
 
 
 def redis_key(domain: str, unit: str, tenant: str, t: float | None = None,

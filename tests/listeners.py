@@ -53,7 +53,7 @@ ROUTER = {
 }
 
 
-def _listener(name: str, port: int, filters: list[dict]) -> dict:
+def _listener(name: str, port: int, filters: list[dict], access_log: list[dict]) -> dict:
     return {
         "name": name,
         "address": {"socket_address": {"address": harness.LOOPBACK, "port_value": port}},
@@ -70,6 +70,7 @@ def _listener(name: str, port: int, filters: list[dict]) -> dict:
                     "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}],
                 }]},
                 "http_filters": [*filters, ROUTER],
+                **({"access_log": access_log} if access_log else {}),
             },
         }]}],
     }
@@ -108,16 +109,19 @@ class MultiEnvoy:
 
 def start(stack: harness.Stack, rls: harness.RateLimitService, upstream: harness.Envoy,
           chains: dict[str, list[dict]], name: str = "envoy", concurrency: int = 2,
-          rls_cluster: str = "ratelimit") -> MultiEnvoy:
+          rls_cluster: str = "ratelimit", access_log_path: str | None = None) -> MultiEnvoy:
     """One Envoy, a listener per entry of `chains` (its HTTP filters, the
-    router added last), the rate-limit service as `rls_cluster`."""
+    router added last), the rate-limit service as `rls_cluster`;
+    `access_log_path`: every listener logs there what the project's
+    bootstrap logs (harness.bootstrap_access_log)."""
+    access_log = harness.bootstrap_access_log(access_log_path) if access_log_path else []
     ports = {listener: harness.free_port() for listener in chains}
     admin = harness.free_port()
     config = {
         "node": {"id": name, "cluster": "tenant-ratelimit"},
         "admin": {"address": {"socket_address": {"address": harness.LOOPBACK, "port_value": admin}}},
         "static_resources": {
-            "listeners": [_listener(n, ports[n], f) for n, f in chains.items()],
+            "listeners": [_listener(n, ports[n], f, access_log) for n, f in chains.items()],
             "clusters": [_cluster(rls_cluster, rls.grpc_port, http2=True),
                          _cluster("upstream", upstream.listen_port, http2=False)],
         },

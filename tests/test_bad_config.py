@@ -176,23 +176,11 @@ RAW_CONFIGS = {
 }
 
 
-def _envoy_with_config_text(stack, text: str) -> harness.Envoy:
-    placeholder = {"rate_limit_service": {"cluster": "ratelimit"}}
-    listen, admin = free_port(), free_port()
-    yaml = harness.render_envoy_config(placeholder, listen_port=listen, admin_port=admin,
-                                       rls_port=free_port(), upstream_port=free_port())
-    literal = json.dumps(json.dumps(placeholder, separators=(",", ":")))
-    assert yaml.count(literal) == 1
-    # A JSON string literal is also a valid YAML double-quoted scalar.
-    yaml = yaml.replace(literal, json.dumps(text))
-    return harness.Envoy(stack, "envoy", yaml, listen, admin, wait=False)
-
-
 @pytest.mark.parametrize("case", sorted(RAW_CONFIGS))
 def test_envoy_refuses_what_only_the_text_shows(stack, case):
     cfg = stack.generate(GOOD_LIMITS).plugin_config()
     text, expected = RAW_CONFIGS[case](cfg)
-    envoy = _envoy_with_config_text(stack, text)
+    envoy = stack.envoy(text, free_port(), free_port(), wait=False)
     outcome = envoy.outcome(deadline_s=30)
     log = envoy.process.log_text()
     assert outcome.startswith("exited "), f"{outcome}\n{envoy.process.tail()}"

@@ -16,7 +16,8 @@ import statistics
 from collections import Counter
 
 import harness
-from faults import Traffic, answered, check_accounting, delta, failed_open, fresh_tenants
+from faults import (Traffic, answered, answered_by_service, check_accounting, delta, failed_open,
+                    fresh_tenants, report)
 from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique, wait_until
 
 QUOTA = 30
@@ -27,22 +28,12 @@ FAILURES = 5
 RECOVERY_S = 60.0
 
 
-def report(name: str, figures: dict) -> None:
-    print(f"\n{name}: {figures}")
-
-
 def latency_ms(results: list[harness.Result]) -> dict:
     lat = [r.latency_s * 1000 for r in results]
     if not lat:
         return {}
     return {"n": len(lat), "median_ms": round(statistics.median(lat), 2),
             "p99_ms": round(harness.percentile(lat, 99), 2)}
-
-
-def answered_by_service(fleet: harness.Fleet) -> bool:
-    """One request per Envoy that the service answered (x-ratelimit-* came back)."""
-    probe = unique("probe")
-    return all("x-ratelimit-limit" in harness.send(url, probe).headers for url in fleet.urls)
 
 
 def assert_exact(fleet: harness.Fleet, quota: int) -> None:

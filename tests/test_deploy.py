@@ -19,9 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 import ship
@@ -427,11 +425,7 @@ def listener_bootstrap(listen: int, admin: int, upstream_port: int, http_filter:
 
 
 def group_series(admin_url: str) -> dict[tuple, float]:
-    text = requests.get(f"{admin_url}/stats/prometheus", timeout=5).text
-    return {(f.name, tuple(sorted(s.labels.items()))): s.value
-            for f in text_string_to_metric_families(text)
-            if f.name.startswith("tenant_ratelimit_group_") and f.type == "counter"
-            for s in f.samples}
+    return harness.scrape_prometheus(admin_url, "tenant_ratelimit_group_", types=("counter",))
 
 
 def test_the_plain_envoy_pieces_limit_on_a_real_stack(stack, tmp_path):

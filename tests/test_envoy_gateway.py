@@ -16,7 +16,6 @@ import time
 from collections import Counter
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 import expect
 import gateway
@@ -126,12 +125,8 @@ def limits_with_gold(tenant: str) -> dict:
 
 def group_counters(eg: gateway.EnvoyGateway) -> dict[tuple[str, tuple], float]:
     """The filter's per-group counters as the proxy's /stats/prometheus shows them."""
-    out = {}
-    for family in text_string_to_metric_families(eg.prometheus()):
-        if family.name.startswith("tenant_ratelimit_group_") and family.type == "counter":
-            for s in family.samples:
-                out[(family.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    return harness.prometheus_series(eg.prometheus(), "tenant_ratelimit_group_",
+                                     types=("counter",))
 
 
 def wasm_filters(eg: gateway.EnvoyGateway) -> list[dict]:

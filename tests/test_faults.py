@@ -11,7 +11,8 @@ from collections import Counter
 
 import harness
 from delayproxy import DelayProxy
-from faults import Traffic, answered, check_accounting, delta, failed_open, fresh_tenants
+from faults import (Traffic, answered, check_accounting, delta, failed_open, fresh_tenants, probe,
+                    report)
 from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique
 
 QUOTA = 20
@@ -37,7 +38,7 @@ class Probes:
         ok = True
         for url in self.fleet.urls:
             self.sent += 1
-            ok = "x-ratelimit-limit" in harness.send(url, unique("probe")).headers and ok
+            ok = probe(url) and ok
         return ok
 
     def wait_service_answers(self, what: str) -> None:
@@ -53,10 +54,6 @@ class Probes:
         return statuses
 
 
-def report(name: str, figures: dict) -> None:
-    print(f"\n{name}: {figures}")
-
-
 def outage_figures(results: list[harness.Result]) -> dict:
     """How long requests failed open for, and what each cost (ms)."""
     opened = [r for r in results if failed_open(r)]
@@ -67,6 +64,26 @@ def outage_figures(results: list[harness.Result]) -> dict:
     lat = sorted(r.latency_s * 1000 for r in opened)
     return {"fail_open_span_s": round(last - first, 2),
             "fail_open_ms_min": round(lat[0], 1), "fail_open_ms_max": round(lat[-1], 1)}
+
+
+def under_traffic_through(traffic: Traffic, probes: Probes, down: str, stop, start,
+                          back: str) -> list[harness.Result]:
+    """With `traffic` answered by the service: `stop()` until requests fail
+    open (`down` says what is down), `start()` again, wait until the probes
+    (`back`) and then the traffic are answered by the service again. The
+    traffic's results, once it stopped."""
+    try:
+        traffic.wait_for(answered, 10, "traffic answered by the service")
+        stop()
+        mark = len(traffic)
+        traffic.wait_for(failed_open, 10, f"requests fail open while {down} is down", since=mark)
+        start()
+        probes.wait_service_answers(back)
+        mark = len(traffic)
+        traffic.wait_for(answered, 10, "traffic answered again", since=mark)
+    finally:
+        results = traffic.stop()
+    return results
 
 
 def _redis_outage(stack, persist: bool) -> dict:
@@ -83,18 +100,9 @@ def _redis_outage(stack, persist: bool) -> dict:
     probes.sent += used
 
     traffic = Traffic(lambda: fleet.urls, fresh_tenants("outage"), clients=2)
-    try:
-        traffic.wait_for(answered, 10, "traffic answered by the service")
-        fleet.redis.kill()
-        mark = len(traffic)
-        traffic.wait_for(failed_open, 10, "requests fail open while Redis is down", since=mark)
-        fleet.redis.start()
-        # Nothing restarts the service or Envoy: limits come back by themselves.
-        probes.wait_service_answers("the service answers again after Redis restarted")
-        mark = len(traffic)
-        traffic.wait_for(answered, 10, "traffic answered again", since=mark)
-    finally:
-        results = traffic.stop()
+    # Nothing restarts the service or Envoy: limits come back by themselves.
+    results = under_traffic_through(traffic, probes, "Redis", fleet.redis.kill, fleet.redis.start,
+                                    "the service answers again after Redis restarted")
 
     rest = run_sequential(fleet.urls, QUOTA + 5, tenant=tenant)
     probes.sent += len(rest)
@@ -179,18 +187,8 @@ def test_service_restarted_under_traffic(stack):
     probes = Probes(fleet)
     before = fleet.counters()
     traffic = Traffic(lambda: fleet.urls, fresh_tenants("restart"), clients=2)
-    try:
-        traffic.wait_for(answered, 10, "traffic answered by the service")
-        fleet.ratelimit.stop()
-        mark = len(traffic)
-        traffic.wait_for(failed_open, 10, "requests fail open while the service is down",
-                         since=mark)
-        fleet.ratelimit.start()
-        probes.wait_service_answers("Envoys reach the restarted service")
-        mark = len(traffic)
-        traffic.wait_for(answered, 10, "traffic answered again", since=mark)
-    finally:
-        results = traffic.stop()
+    results = under_traffic_through(traffic, probes, "the service", fleet.ratelimit.stop,
+                                    fleet.ratelimit.start, "Envoys reach the restarted service")
     probes.exact_quota()
     figures = check_accounting(results, delta(fleet.counters(), before), others=probes.sent)
     figures.update(outage_figures(results))

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import requests
-from prometheus_client.parser import text_string_to_metric_families
-
 import harness
 from harness import ensure_window_room, run_sequential, tally, unique
 
@@ -35,20 +32,9 @@ PER_GROUP = 30
 
 
 def scrape(envoy: harness.Envoy) -> dict[tuple[str, tuple], float]:
-    """{(metric name, sorted label pairs): value} of the filter's counters.
-
-    Keyed by the family's name, the one Envoy writes: the parser gives a
-    counter's samples the `_total` suffix of the OpenMetrics convention.
-    """
-    text = requests.get(f"{envoy.admin_url}/stats/prometheus", timeout=5).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith("tenant_ratelimit_") or family.type != "counter":
-            continue
-        for s in family.samples:
-            assert s.name == family.name + "_total", s
-            out[(family.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+    """{(metric name, sorted label pairs): value} of the filter's counters,
+    keyed by the family's name, the one Envoy writes (harness.prometheus_series)."""
+    return envoy.prometheus("tenant_ratelimit_", types=("counter",))
 
 
 def value(samples, name: str, **labels) -> float:

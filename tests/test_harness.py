@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 import harness
-from harness import parse_prometheus, parse_ratelimit_headers, redis_key, window_start
+from harness import (parse_prometheus, parse_ratelimit_headers, prometheus_series, redis_key,
+                     window_start)
 
 
 def _gone(pid: int) -> bool:
@@ -70,3 +71,20 @@ def test_parse_prometheus():
         'key2="tenant"}': 100.0,
         "ratelimit_service_config_load_success": 1.0,
     }
+
+
+def test_prometheus_series_keys_each_sample_by_the_name_the_text_gives_it():
+    text = ('# TYPE envoy_cluster_upstream_rq_total counter\n'
+            'envoy_cluster_upstream_rq_total{cluster="a"} 3\n'
+            '# TYPE tenant_ratelimit_group_admitted counter\n'
+            'tenant_ratelimit_group_admitted{group="gold"} 4\n'
+            '# TYPE lat histogram\n'
+            'lat_bucket{le="0.5"} 1\nlat_bucket{le="+Inf"} 2\nlat_sum 3\nlat_count 2\n')
+    assert prometheus_series(text) == {
+        ("envoy_cluster_upstream_rq_total", (("cluster", "a"),)): 3.0,
+        ("tenant_ratelimit_group_admitted", (("group", "gold"),)): 4.0,
+        ("lat_bucket", (("le", "0.5"),)): 1.0, ("lat_bucket", (("le", "+Inf"),)): 2.0,
+        ("lat_sum", ()): 3.0, ("lat_count", ()): 2.0,
+    }
+    assert list(prometheus_series(text, "tenant_", types=("counter",))) == [
+        ("tenant_ratelimit_group_admitted", (("group", "gold"),))]

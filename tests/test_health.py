@@ -20,20 +20,14 @@ HISTOGRAM = "tenant_ratelimit_rls_latency_ms"
 FLUSH_DEADLINE_S = 30.0
 
 
-def scrape(envoy: harness.Envoy) -> dict[str, float]:
-    text = requests.get(f"{envoy.admin_url}/stats/prometheus", timeout=5).text
-    return harness.parse_prometheus(text)
-
-
 def histogram(envoy: harness.Envoy) -> dict[str, float]:
     """The latency histogram's series: `le` bucket bounds → count, plus count and sum."""
     out: dict[str, float] = {}
-    for key, value in scrape(envoy).items():
-        if key == f"{HISTOGRAM}_count" or key == f"{HISTOGRAM}_sum":
-            out[key.rsplit("_", 1)[1]] = value
-        m = re.fullmatch(HISTOGRAM + r'_bucket\{le="([^"]+)"\}', key)
-        if m:
-            out[m.group(1)] = value
+    for (name, labels), value in envoy.prometheus(HISTOGRAM, types=("histogram",)).items():
+        if name in (f"{HISTOGRAM}_count", f"{HISTOGRAM}_sum"):
+            out[name.rsplit("_", 1)[1]] = value
+        elif name == f"{HISTOGRAM}_bucket":
+            out[dict(labels)["le"]] = value
     return out
 
 
@@ -92,16 +86,9 @@ def test_a_missing_cluster_is_counted_and_logged_by_name(stack):
     cluster = good["rate_limit_service"]["cluster"]
     typo = cluster[:-1]
     # Envoy defines the real cluster; the filter names one letter less.
-    listen, admin = harness.free_port(), harness.free_port()
-    text = harness.render_envoy_config(good, listen_port=listen, admin_port=admin,
-                                       rls_port=rls.grpc_port,
-                                       upstream_port=upstream.listen_port)
-    quoted = json.dumps(json.dumps(good, separators=(",", ":")))
-    assert quoted in text
-    text = text.replace(quoted, json.dumps(json.dumps(typo_config(good, typo),
-                                                      separators=(",", ":"))))
     concurrency = 2
-    envoy = harness.Envoy(stack, "envoy-typo", text, listen, admin, concurrency=concurrency)
+    envoy = stack.envoy(typo_config(good, typo), rls, upstream, name="envoy-typo",
+                        concurrency=concurrency, rls_cluster=cluster)
 
     # It starts (Envoy may learn the cluster later), and nothing is limited.
     n = 20
@@ -116,7 +103,8 @@ def test_a_missing_cluster_is_counted_and_logged_by_name(stack):
     assert c["allowed"] == 0, c
 
     # The metric an alert reads.
-    assert scrape(envoy)["tenant_ratelimit_rls_dispatch_failed"] == c["rls_dispatch_failed"]
+    name = "tenant_ratelimit_rls_dispatch_failed"
+    assert envoy.prometheus(name)[(name, ())] == c["rls_dispatch_failed"]
 
     # The log names the cluster, once per worker VM, not once per request.
     warning = re.compile(r'cannot call the rate-limit service: dispatch to cluster "'

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import harness
+from faults import answered_by_service, delta
 from harness import ensure_window_room, run_sequential, tally, unique, wait_until
 
 LIMITS = {"x-tenant-id": {"default": {"perhour": 5}}}
@@ -21,12 +22,6 @@ LATENCY_BOUND_S = 2.0
 # 0.14 ms short of 200 ms measured by the client. Allow that much, no more.
 TIMER_SLACK_S = 0.005
 MIN_LATENCY_S = TIMEOUT_MS / 1000 - TIMER_SLACK_S
-
-
-def answered_by_service(fleet: harness.Fleet) -> bool:
-    """One request per Envoy that the service answered (x-ratelimit-* came back)."""
-    probe = unique("probe")
-    return all("x-ratelimit-limit" in harness.send(url, probe).headers for url in fleet.urls)
 
 
 def assert_limiting_works(fleet: harness.Fleet) -> None:
@@ -43,10 +38,6 @@ def run_while_frozen(fleet: harness.Fleet, n: int) -> list[harness.Result]:
         fleet.ratelimit.thaw()
 
 
-def delta(after: Counter, before: Counter, name: str) -> int:
-    return after.get(name, 0) - before.get(name, 0)
-
-
 def test_stopped_service_fails_open_and_counts_it(stack):
     fleet = stack.fleet(LIMITS, envoys=2, timeout_ms=TIMEOUT_MS)
     ensure_window_room(3600, 90)
@@ -57,13 +48,14 @@ def test_stopped_service_fails_open_and_counts_it(stack):
     results = run_sequential(fleet.urls, 20, tenant=unique("tenant"))
     assert tally(results) == Counter({200: 20}), harness.summary(results)
     after = fleet.counters()
-    assert delta(after, before, "failure_mode_allowed") == 20, after
+    d = delta(after, before)
+    assert d["failure_mode_allowed"] == 20, after
     # Each made a failed call, or none once the breaker opened.
-    calls = delta(after, before, "rls_error")
-    assert calls + delta(after, before, "breaker_skipped") == 20, after
-    assert delta(after, before, "breaker_opened") >= 1, after
-    assert delta(after, before, "allowed") == 0, after
-    assert delta(after, before, "failure_mode_denied") == 0, after
+    calls = d["rls_error"]
+    assert calls + d["breaker_skipped"] == 20, after
+    assert d["breaker_opened"] >= 1, after
+    assert d["allowed"] == 0, after
+    assert d["failure_mode_denied"] == 0, after
 
     # Back up on the same port: Envoy reconnects and limiting resumes.
     fleet.ratelimit.start()
@@ -82,8 +74,9 @@ def test_frozen_service_costs_each_request_at_most_the_timeout(stack):
     for r in results:
         assert MIN_LATENCY_S <= r.latency_s < LATENCY_BOUND_S, harness.summary(results)
     after = fleet.counters()
-    assert delta(after, before, "failure_mode_allowed") == 5, after
-    assert delta(after, before, "rls_error") == 5, after
+    d = delta(after, before)
+    assert d["failure_mode_allowed"] == 5, after
+    assert d["rls_error"] == 5, after
 
     wait_until(lambda: answered_by_service(fleet), "the thawed service answers again")
     assert_limiting_works(fleet)
@@ -109,6 +102,7 @@ def test_failure_mode_deny_replies_status_on_error(stack):
     assert tally(down) == Counter({503: 10}), harness.summary(down)
 
     after = fleet.counters()
-    assert delta(after, before, "failure_mode_denied") == 13, after
-    assert delta(after, before, "failure_mode_allowed") == 0, after
-    assert delta(after, before, "rls_error") == 13, after
+    d = delta(after, before)
+    assert d["failure_mode_denied"] == 13, after
+    assert d["failure_mode_allowed"] == 0, after
+    assert d["rls_error"] == 13, after

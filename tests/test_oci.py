@@ -162,13 +162,10 @@ def pulled(registry, pushed, tmp_path) -> Path:
 
 def remote_envoy(stack, gen, rls, upstream, server, module: Path, sha256: str,
                  name: str, wait: bool = True) -> harness.Envoy:
-    listen, admin = harness.free_port(), harness.free_port()
-    text = harness.render_envoy_config(
-        gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS), listen_port=listen,
-        admin_port=admin, rls_port=rls.grpc_port, upstream_port=upstream.listen_port,
-        node_id=name)
-    text = remote_code_config(text, http_port=server.port, path=module.name, sha256=sha256)
-    return harness.Envoy(stack, name, text, listen, admin, wait=wait)
+    return stack.envoy(
+        gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS), rls, upstream, name=name,
+        wait=wait, edit=lambda text: remote_code_config(text, http_port=server.port,
+                                                        path=module.name, sha256=sha256))
 
 
 def test_envoy_runs_the_pulled_module_from_http_uri_with_sha256_and_it_limits(stack, pulled):
