@@ -93,7 +93,7 @@ pub struct Stream {
     /// How many of the answer's statuses are the tenant's own (its group's
     /// units); the rest are its route's.
     own_statuses: usize,
-    /// With `response_cost_header`: the charge to queue once the response
+    /// With `response_cost_header`: the charge to send once the response
     /// tells its cost, `hits` holding what the request was charged.
     charge: Option<Box<TenantCall>>,
     /// The request went upstream counted: its response's cost is charged.
@@ -492,7 +492,7 @@ impl Stream {
 
     /// The upstream's response headers have arrived (also for the filter's
     /// own local replies, which carry their headers already). A cost the
-    /// upstream reports in them is charged.
+    /// upstream reports in them is charged at once.
     pub fn on_response_headers<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -542,8 +542,14 @@ impl Stream {
             Err(e) => return log::debug!("the response's cost not read: {e}"),
         };
         self.charge_armed = false;
-        if let Some(call) = self.charge.take() {
-            charge_response(c, host, vm, *call, &value);
+        let Some(call) = self.charge.take() else {
+            return;
+        };
+        // Sent now, not on a later tick: the tenant's next request, which
+        // may follow at once on the same connection, meets the charge.
+        if let Some(call) = charge_response(c, host, &vm.cost_warnings, *call, &value) {
+            let done = vm.batch.ask(c, host, Part::tenant(c, call, host.now_ms()));
+            finish(c, host, vm, done, None);
         }
     }
 }
