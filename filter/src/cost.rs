@@ -13,9 +13,12 @@
 //!
 //! A cost the upstream reports (`response_cost_header`, in the response's
 //! headers or, for gRPC and streamed responses, its trailers) is charged
-//! after the response (`charge_response`): what it cost beyond what its
-//! request was charged, on the same descriptors, in a call the root sends
-//! on its next tick. Nothing waits for it. A lower cost is not refunded:
+//! when the response tells it (`charge_response`): what it cost beyond what
+//! its request was charged, on the same descriptors, in a call that goes at
+//! once (or joins the worker's queue, which goes with the next call while
+//! `max_in_flight` calls are under way). Nothing waits for it: the client
+//! already has its response, and the charge counts against the tenant's
+//! next requests. A lower cost is not refunded:
 //! the service's counters only go up. A value that is not an integer from 1
 //! to `max_cost` is counted (`response_cost_invalid`), warned about at most
 //! once a minute per VM, and charges nothing more; the response is never
@@ -23,11 +26,11 @@
 
 use std::fmt;
 
-use crate::counters::{Counter, GroupCounter};
+use crate::counters::Counter;
 use crate::decision::Compiled;
-use crate::health::WARN_INTERVAL_MS;
+use crate::health::{LogThrottle, WARN_INTERVAL_MS};
 use crate::host::{Host, HostError};
-use crate::vm::{TenantCall, Vm};
+use crate::vm::TenantCall;
 
 /// Why a request has no cost.
 #[derive(Debug, PartialEq, Eq)]
@@ -76,22 +79,20 @@ pub fn parse_cost(v: &[u8], max: u32) -> Option<u32> {
     u32::try_from(n).ok().filter(|n| (1..=max).contains(n))
 }
 
-/// Charges a response whose cost field holds `value`: queues `call` (its
-/// `hits` what the request was charged) for the root with the difference,
-/// when the response cost more.
+/// The charge of a response whose cost field holds `value`: `call` (its
+/// `hits` what the request was charged) with the difference, when the
+/// response cost more; None when it did not, or `value` is not a cost.
 pub fn charge_response<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
-    vm: &Vm,
+    warnings: &LogThrottle,
     mut call: TenantCall,
     value: &[u8],
-) {
-    let Some(rc) = &c.config.response_cost else {
-        return;
-    };
+) -> Option<TenantCall> {
+    let rc = c.config.response_cost.as_ref()?;
     let Some(cost) = parse_cost(value, rc.max) else {
         host.count(Counter::ResponseCostInvalid);
-        if let Some(held) = vm.cost_warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
+        if let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) {
             let shown = String::from_utf8_lossy(value.get(..32).unwrap_or(value));
             log::warn!(
                 "response cost {shown:?} in {} is not an integer from 1 to {} (max_cost): nothing more charged ({held} more since the last warning)",
@@ -99,18 +100,11 @@ pub fn charge_response<H: Host + ?Sized>(
                 rc.max
             );
         }
-        return;
+        return None;
     };
     // No refund: the service's counters only go up.
-    let Some(more) = cost.checked_sub(call.hits).filter(|n| *n > 0) else {
-        return;
-    };
-    call.hits = more;
-    let group = call.group;
-    if !vm.mailbox.queue(call) {
-        host.count_group(group, GroupCounter::ResponseCostFailed);
-        log::debug!("response cost not charged: the root's mailbox is full");
-    }
+    call.hits = cost.checked_sub(call.hits).filter(|n| *n > 0)?;
+    Some(call)
 }
 
 /// The request's `hits_addend` for a cost: 0 (left out, counts 1) for 1,

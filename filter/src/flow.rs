@@ -73,6 +73,10 @@ pub struct Stream {
     slot: Option<SlotRef>,
     /// When the call to the service went out (for the over-limit cache).
     asked_at_ms: u64,
+    /// The tenant as the filter read it (the header's value escaped as the
+    /// service sees it, or the verified property's), once known: what every
+    /// log line, access-log field and warning about this request names.
+    tenant: Option<String>,
     /// The tenant's group (its index in `limits.all_groups()`), once known:
     /// whose per-group counters this request counts in.
     group: Option<usize>,
@@ -89,7 +93,7 @@ pub struct Stream {
     /// How many of the answer's statuses are the tenant's own (its group's
     /// units); the rest are its route's.
     own_statuses: usize,
-    /// With `response_cost_header`: the charge to queue once the response
+    /// With `response_cost_header`: the charge to send once the response
     /// tells its cost, `hits` holding what the request was charged.
     charge: Option<Box<TenantCall>>,
     /// The request went upstream counted: its response's cost is charged.
@@ -161,6 +165,7 @@ impl Stream {
             Err(CostError::Host(e)) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let group = limited.group_index;
+        self.tenant = Some(limited.tenant.to_string());
         self.cost = cost;
         self.group = Some(group);
         self.shadow = c.config.shadowed(limited.group);
@@ -191,7 +196,7 @@ impl Stream {
             // The route's state first: a refusal there writes nothing.
             if let (Some(route), Some(route_at)) = (limited.route, route_at) {
                 let verdict = route_step(c, host, route, route_at, now, &names, cost);
-                if let Some(next) = self.local_verdict(c, host, &limited, &route.limits, verdict) {
+                if let Some(next) = self.local_verdict(c, host, &route.limits, verdict) {
                     return next;
                 }
             }
@@ -221,9 +226,7 @@ impl Stream {
                             return Next::Continue;
                         }
                         ModeStep::Refused(headers) => {
-                            let tenant = Some(limited.tenant.as_ref());
-                            let none = Vec::new();
-                            return self.refuse(c, host, tenant, Source::Sync, headers, none);
+                            return self.refuse(c, host, Source::Sync, headers, Vec::new());
                         }
                         ModeStep::Ask {
                             lease_batch: batch,
@@ -239,7 +242,7 @@ impl Stream {
                 Err(e) => Err(e),
             };
             let limits = &limited.group.limits;
-            if let Some(next) = self.local_verdict(c, host, &limited, limits, verdict) {
+            if let Some(next) = self.local_verdict(c, host, limits, verdict) {
                 return next;
             }
             self.slot = Some(at);
@@ -258,7 +261,7 @@ impl Stream {
             settle,
         };
         let route = limited.route.map(|r| r.name.clone());
-        let tenant = limited.tenant.into_owned();
+        let tenant = self.tenant.clone().unwrap_or_default();
         let part = Part::new(c, owner, group, (tenant, route), hits, host.now_ms());
         let done = vm.batch.ask(c, host, part);
         match finish(c, host, vm, done, Some(self.id)) {
@@ -316,9 +319,8 @@ impl Stream {
             Verdict::Error(_) => None,
         };
         if let (Some(index), Some(group)) = (no_rule, self.group) {
-            health::no_rule(c, host, &vm.no_rule_warnings, group, index, || {
-                tenant_again(c, host).unwrap_or_default()
-            });
+            let tenant = self.tenant.as_deref().unwrap_or_default();
+            health::no_rule(c, host, &vm.no_rule_warnings, group, index, tenant);
         }
         match verdict {
             Verdict::Allow(headers, statuses) => {
@@ -354,7 +356,7 @@ impl Stream {
                 }
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;
-                self.refuse(c, host, None, Source::Service, headers, to_client)
+                self.refuse(c, host, Source::Service, headers, to_client)
             }
             Verdict::Error(RlsError::BreakerOpen) => self.on_failure(c, host, None),
             Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
@@ -363,13 +365,11 @@ impl Stream {
 
     /// A refusal by the service, the cache or the bucket: a 429, or in
     /// shadow counted and let through with the rate-limit headers an
-    /// admitted request gets (all but Retry-After). `tenant` None: read
-    /// again from the request (only refusals pay for it).
+    /// admitted request gets (all but Retry-After).
     fn refuse<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
-        tenant: Option<&str>,
         source: Source,
         mut headers: Vec<(&'static str, String)>,
         service: Vec<(String, String)>,
@@ -381,14 +381,8 @@ impl Stream {
         if let (Some(g), Some(counter)) = (group, source.group_counter(self.shadow)) {
             host.count_group(g, counter);
         }
-        let group_name = self.group_name(c);
-        match tenant {
-            Some(t) => record(host, Some(t), group_name, self.shadow, source),
-            None => {
-                let t = tenant_again(c, host);
-                record(host, t.as_deref(), group_name, self.shadow, source);
-            }
-        }
+        let tenant = self.tenant.as_deref();
+        record(host, tenant, self.group_name(c), self.shadow, source);
         if self.shadow {
             headers.retain(|(name, _)| *name != RETRY_AFTER);
             self.response_headers = headers;
@@ -416,7 +410,14 @@ impl Stream {
         let decided = match (c.config.on_failure, self.group, self.slot) {
             (OnFailure::Deny, ..) => {
                 host.count(Counter::FailureModeDenied);
-                record(host, None, None, false, Source::LimiterError);
+                let tenant = self.tenant.as_deref();
+                record(
+                    host,
+                    tenant,
+                    self.group_name(c),
+                    false,
+                    Source::LimiterError,
+                );
                 let status = u32::from(c.config.status_on_error);
                 return local_reply(host, status, &[], "rate limiter unavailable\n");
             }
@@ -433,14 +434,13 @@ impl Stream {
                     host.count_group(g, GroupCounter::Admitted);
                     host.count_group(g, GroupCounter::FallbackAdmitted);
                 }
-                let tenant = tenant_again(c, host);
-                let name = self.group_name(c);
-                record_admitted(host, tenant.as_deref(), name, Source::Fallback);
+                let tenant = self.tenant.as_deref();
+                record_admitted(host, tenant, self.group_name(c), Source::Fallback);
                 Next::Continue
             }
             Decided::Refuse { retry_after_s } => {
                 let headers = vec![(RETRY_AFTER, retry_after_s.to_string())];
-                self.refuse(c, host, None, Source::Fallback, headers, Vec::new())
+                self.refuse(c, host, Source::Fallback, headers, Vec::new())
             }
             Decided::Contended => {
                 host.count(Counter::FailureModeAllowed);
@@ -465,7 +465,6 @@ impl Stream {
         &mut self,
         c: &Compiled,
         host: &H,
-        limited: &Limited<'_>,
         limits: &UnitLimits,
         verdict: Result<LocalVerdict, UpdateError>,
     ) -> Option<Next> {
@@ -488,13 +487,12 @@ impl Stream {
             }
             Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
         };
-        let tenant = Some(limited.tenant.as_ref());
-        Some(self.refuse(c, host, tenant, source, headers, Vec::new()))
+        Some(self.refuse(c, host, source, headers, Vec::new()))
     }
 
     /// The upstream's response headers have arrived (also for the filter's
     /// own local replies, which carry their headers already). A cost the
-    /// upstream reports in them is charged.
+    /// upstream reports in them is charged at once.
     pub fn on_response_headers<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -544,8 +542,14 @@ impl Stream {
             Err(e) => return log::debug!("the response's cost not read: {e}"),
         };
         self.charge_armed = false;
-        if let Some(call) = self.charge.take() {
-            charge_response(c, host, vm, *call, &value);
+        let Some(call) = self.charge.take() else {
+            return;
+        };
+        // Sent now, not on a later tick: the tenant's next request, which
+        // may follow at once on the same connection, meets the charge.
+        if let Some(call) = charge_response(c, host, &vm.cost_warnings, *call, &value) {
+            let done = vm.batch.ask(c, host, Part::tenant(c, call, host.now_ms()));
+            finish(c, host, vm, done, None);
         }
     }
 }
@@ -574,18 +578,6 @@ fn charge_for(
             at: route_at.unwrap_or(NO_SLOT),
         }),
     })
-}
-
-/// The tenant, read again from the request (its lossy UTF-8 form), for
-/// what only rare paths need: a refusal's access log, a warning.
-fn tenant_again<H: Host + ?Sized>(c: &Compiled, host: &H) -> Option<String> {
-    let read = host
-        .request_header(&c.config.limits.header)
-        .unwrap_or_else(|e| {
-            log::debug!("the tenant not read again: {e}");
-            None
-        });
-    read.map(|t| String::from_utf8_lossy(&t).into_owned())
 }
 
 fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {

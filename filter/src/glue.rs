@@ -459,20 +459,35 @@ pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end: u32) 
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_headers(id: u32, _headers: usize, _end: u32) -> u32 {
-    let next = with_stream(id, |http| {
-        let s = http.shared.as_ref()?;
-        Some((http.stream).on_response_headers(&s.compiled, &Envoy(&s.metrics), &s.vm))
-    });
-    action(next.flatten().unwrap_or(Next::Continue))
+    on_response(id, false)
 }
 
 #[no_mangle]
 pub extern "C" fn proxy_on_response_trailers(id: u32, _trailers: usize) -> u32 {
-    let next = with_stream(id, |http| {
-        let s = http.shared.as_ref()?;
-        Some((http.stream).on_response_trailers(&s.compiled, &Envoy(&s.metrics), &s.vm))
+    on_response(id, true)
+}
+
+/// The response's headers (`trailers` false) or trailers; then a charge
+/// sent with other requests' parts may have failed them: they get their
+/// answers.
+fn on_response(id: u32, trailers: bool) -> u32 {
+    let step = with_stream(id, |http| {
+        let s = http.shared.clone()?;
+        let (c, host, vm) = (&s.compiled, &Envoy(&s.metrics), &s.vm);
+        let next = if trailers {
+            (http.stream).on_response_trailers(c, host, vm)
+        } else {
+            (http.stream).on_response_headers(c, host, vm)
+        };
+        Some((next, s))
     });
-    action(next.flatten().unwrap_or(Next::Continue))
+    match step {
+        Some(Some((next, s))) => {
+            deliver(&s);
+            action(next)
+        }
+        _ => action(Next::Continue),
+    }
 }
 
 /// A context is gone: a stream's queued call is dropped (nothing is sent

@@ -89,8 +89,8 @@ pub fn dispatch_failed<H: Host + ?Sized>(
     }
 }
 
-/// The service answered a descriptor (the `index`th of the group's, for the
-/// tenant `tenant` reads, only when the warning is due) with no rule of its own: count it for the group, and warn
+/// The service answered a descriptor (the `index`th of the group's, for
+/// `tenant` as the filter read it) with no rule of its own: count it for the group, and warn
 /// (throttled) naming the domain and the descriptor. That limit is off: a
 /// descriptor key, domain or tenant value the service's rules do not name.
 pub fn no_rule<H: Host + ?Sized>(
@@ -99,7 +99,7 @@ pub fn no_rule<H: Host + ?Sized>(
     warnings: &LogThrottle,
     group: usize,
     index: usize,
-    tenant: impl FnOnce() -> String,
+    tenant: &str,
 ) {
     host.count_group(group, GroupCounter::NoRule);
     let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) else {
@@ -120,7 +120,7 @@ pub fn no_rule<H: Host + ?Sized>(
         c.config.domain,
         unit.descriptor_value(),
         c.config.descriptor_key,
-        tenant(),
+        tenant,
         g.name,
         held
     );

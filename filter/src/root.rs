@@ -10,7 +10,7 @@
 //!   (`LEASE_TICK_MS`) or sync pushes (`local.sync.interval_ms`); no tick
 //!   when no group needs one.
 //! - On a tick (`Root::on_tick`): the calls the worker's streams queued in
-//!   its mailbox (`vm::Mailbox`: lease refills, response costs to charge)
+//!   its mailbox (`vm::Mailbox`: lease refills)
 //!   and, once per sync interval, the unsynced hits of every tracked tenant
 //!   join the worker's queue of calls (`batch`), and so, after each end of
 //!   the shortest lease window, do the refills of the leases of the tenants
@@ -135,12 +135,11 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 }
 
 /// The root's tick period: the shorter of the lease refills' and the sync
-/// pushes' (None: no group needs a tick). Response costs are charged on the
-/// tick of lease refills.
+/// pushes' (None: no group needs a tick). A response's cost needs none: it
+/// is charged when the response tells it (`cost::charge_response`).
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
     let mut groups = c.config.limits.all_groups();
-    let leases =
-        groups.any(|g| LeaseParams::for_group(c, g).is_some()) || c.config.response_cost.is_some();
+    let leases = groups.any(|g| LeaseParams::for_group(c, g).is_some());
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),

@@ -452,3 +452,34 @@ fn a_tenant_pinned_to_one_envoy_keeps_its_quota_only_with_the_learned_share() {
     assert_eq!(&configured[2..], [100, 100]);
     assert_eq!(&learned[2..], [300, 300]);
 }
+
+#[test]
+fn the_fallback_logs_the_verified_tenant_not_the_header() {
+    let c = local_config(
+        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+    );
+    let w = worker(&c, MINUTE + 1_000);
+    let mut service = Service::new(300);
+    service.up = false;
+    w.set_request_header("x-tenant-id", b"victim");
+    w.fail(crate::testing::HostCall::RequestHeader);
+    let jwt = "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0tenant";
+    w.set_attribute(jwt, TENANT.as_bytes());
+    let mut verdicts = Vec::new();
+    for _ in 0..200 {
+        w.clear_properties();
+        let calls = w.call_count();
+        let mut s = w.stream();
+        if s.on_request_headers(&c, &w, &w.vm) == Next::Pause && w.call_count() > calls {
+            service.answer(&w, &mut s, &c);
+        }
+        let props = w.properties();
+        assert!(
+            props.contains(&(access_log::TENANT.into(), TENANT.into())),
+            "{props:?}"
+        );
+        verdicts.extend(props.into_iter().filter(|(k, _)| k == access_log::VERDICT));
+    }
+    assert!(verdicts.contains(&(access_log::VERDICT.into(), "admitted".into())));
+    assert!(verdicts.contains(&(access_log::VERDICT.into(), "refused".into())));
+}

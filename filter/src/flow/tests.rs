@@ -970,7 +970,10 @@ fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
     let h = host(&deny);
     let (mut s, _) = request(&deny, &h, Some("tenant-b"));
     h.answer(&deny, &mut s, 14, 0);
-    assert_eq!(props(&h), logged(None, None, "refused", "limiter_error"));
+    assert_eq!(
+        props(&h),
+        logged(Some("tenant-b"), Some("gold"), "refused", "limiter_error")
+    );
     h.clear_properties();
     request(&deny, &h, None);
     assert_eq!(props(&h), logged(None, None, "refused", "missing_tenant"));
@@ -1357,3 +1360,59 @@ fn a_refusal_by_one_limit_still_tells_of_another_without_a_rule() {
 
 /// Routes and the cost the upstream reports.
 mod expensive;
+
+const JWT_TENANT: &str =
+    "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0tenant";
+
+/// A request whose verified tenant (a property) is `tenant`, while the
+/// client sends another in the header: the header is never read.
+fn verified(c: &Compiled, h: &Worker, tenant: &[u8]) -> (Stream, Next) {
+    h.set_request_header(HEADER, b"victim");
+    h.fail(HostCall::RequestHeader);
+    h.set_attribute(JWT_TENANT, tenant);
+    let mut s = h.stream();
+    let next = s.on_request_headers(c, h, &h.vm);
+    (s, next)
+}
+
+#[test]
+fn every_refusal_logs_the_verified_tenant_not_the_header() {
+    let property = r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#;
+    let local = r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#;
+    let c = config(&format!("{property}{local}"));
+    let h = host(&c);
+    let (mut s, _) = verified(&c, &h, b"tenant-a");
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    let service = logged(Some("tenant-a"), Some("default"), "refused", "service");
+    assert_eq!(props(&h), service);
+    h.clear_properties();
+    verified(&c, &h, b"tenant-a");
+    let cache = logged(Some("tenant-a"), Some("default"), "refused", "cache");
+    assert_eq!(props(&h), cache);
+    h.clear_properties();
+    let (mut s, _) = verified(&c, &h, b"tenant-c");
+    respond(&c, &h, &mut s, Code::Ok, ok_answer());
+    verified(&c, &h, b"tenant-c");
+    let bucket = logged(Some("tenant-c"), Some("default"), "refused", "bucket");
+    assert_eq!(props(&h), bucket);
+    // The service fails and the filter denies: the tenant is still named.
+    let deny = config(&format!(r#"{property}, "failure_mode_deny": true"#));
+    let h = host(&deny);
+    let (mut s, _) = verified(&deny, &h, b"tenant-b");
+    h.answer(&deny, &mut s, 14, 0);
+    let error = logged(Some("tenant-b"), Some("gold"), "refused", "limiter_error");
+    assert_eq!(props(&h), error);
+}
+
+#[test]
+fn a_header_tenant_is_logged_escaped_as_the_service_sees_it() {
+    let c = config("");
+    let h = host(&c);
+    h.set_request_header(HEADER, b"vic\xfftim%");
+    let mut s = h.stream();
+    s.on_request_headers(&c, &h, &h.vm);
+    respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
+    assert_eq!(tenant_asked(&h), "vic%FFtim%25");
+    let shown = logged(Some("vic%FFtim%25"), Some("default"), "refused", "service");
+    assert_eq!(props(&h), shown);
+}

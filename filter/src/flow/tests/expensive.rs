@@ -1,6 +1,6 @@
 //! Expensive operations through the flow and the root: a route's own limits
 //! (`routes`), and a cost the upstream reports after the response
-//! (`response_cost_header`), charged by the root.
+//! (`response_cost_header`), charged when the response tells it.
 #![cfg(test)]
 
 use prost::Message;
@@ -11,7 +11,6 @@ use crate::flow::{Next, Stream};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::{tick_ms, Root};
 use crate::testing::{answer, compiled, status, HostCall, Worker};
-use crate::vm::{CallKind, MAX_QUEUED_CALLS};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -77,6 +76,38 @@ fn last_call(h: &Worker) -> (Vec<Vec<String>>, u32) {
         })
         .collect();
     (descriptors, asked.hits_addend)
+}
+
+/// The hits of each call sent since the `since`th: the charges a test's
+/// responses sent (each call of one part, with its hits; 1 is sent as 0).
+fn charges_since(h: &Worker, since: usize) -> Vec<u32> {
+    h.calls()
+        .iter()
+        .skip(since)
+        .map(|call| {
+            let asked = RateLimitRequest::decode(&call.message[..]).unwrap();
+            asked.hits_addend
+        })
+        .collect()
+}
+
+/// The charges sent by one admitted request (its own call answered) whose
+/// response carries `cost` (`trailer`).
+fn charged(c: &Compiled, h: &Worker, cost: Option<&[u8]>, trailer: Option<&[u8]>) -> Vec<u32> {
+    let before = h.calls().len() + 1;
+    admitted_with_cost(c, h, cost, trailer);
+    answer_charges(c, h, before);
+    charges_since(h, before)
+}
+
+/// The service admits the calls sent since the `since`th (charges: no
+/// stream waits for them), so that the next request's call goes at once.
+fn answer_charges(c: &Compiled, h: &Worker, since: usize) {
+    let body = answer(Code::Ok, vec![minute(Code::Ok, 100, 50)]);
+    h.set_grpc_response(Some(body.clone()));
+    for call in h.calls().iter().skip(since) {
+        Root::default().on_answer(c, h, &h.vm, call.token, 0, body.len());
+    }
 }
 
 fn minute(code: Code, limit: u32, remaining: u32) -> DescriptorStatus {
@@ -259,15 +290,13 @@ fn admitted_with_cost(c: &Compiled, h: &Worker, cost: Option<&[u8]>, trailer: Op
 }
 
 #[test]
-fn a_response_cost_is_charged_by_the_root_on_the_same_descriptors() {
+fn a_response_cost_is_charged_at_once_on_the_same_descriptors() {
     let c = costly("");
     let h = host(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
-    // Nothing waits for it: the root sends it on its next tick.
-    assert_eq!(h.call_count(), 1);
-    let mut root = Root::default();
-    root.on_tick(&c, &h, &h.vm);
+    // Sent with the response's headers, no tick in between.
     assert_eq!(h.call_count(), 2);
+    let mut root = Root::default();
     assert_eq!(
         last_call(&h),
         (
@@ -289,8 +318,8 @@ fn a_response_cost_is_charged_by_the_root_on_the_same_descriptors() {
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostCharges), 1);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
     assert_eq!(h.vm.batch.in_flight(), 0);
-    // Charges need the root's tick even without leases.
-    assert_eq!(tick_ms(&c), Some(20));
+    // No tick: a charge needs none.
+    assert_eq!(tick_ms(&c), None);
 }
 
 #[test]
@@ -299,7 +328,6 @@ fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call(
     let h = host(&c);
     admitted_with_cost(&c, &h, Some(b"95"), None);
     let mut root = Root::default();
-    root.on_tick(&c, &h, &h.vm);
     let body = answer(
         Code::OverLimit,
         vec![
@@ -323,28 +351,25 @@ fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call(
 fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
     let c = costly("");
     let h = host(&c);
-    admitted_with_cost(&c, &h, None, Some(b"7"));
-    let queued = h.vm.mailbox.take_queued();
-    assert_eq!(queued.len(), 1);
-    assert_eq!((queued[0].kind, queued[0].hits), (CallKind::Charge, 6));
+    assert_eq!(charged(&c, &h, None, Some(b"7")), [6]);
+    let (descriptors, _) = last_call(&h);
     assert_eq!(
-        queued[0].route.as_ref().map(|r| r.name.as_str()),
-        Some("reports")
+        descriptors[1].last().map(String::as_str),
+        Some("route=reports")
     );
     // Both: the headers' cost, charged once.
-    admitted_with_cost(&c, &h, Some(b"3"), Some(b"7"));
-    let queued = h.vm.mailbox.take_queued();
-    assert_eq!(queued.iter().map(|q| q.hits).collect::<Vec<_>>(), [2]);
+    assert_eq!(charged(&c, &h, Some(b"3"), Some(b"7")), [2]);
     // Neither: nothing charged.
-    admitted_with_cost(&c, &h, None, None);
-    assert!(h.vm.mailbox.take_queued().is_empty());
+    assert!(charged(&c, &h, None, None).is_empty());
 }
 
 #[test]
 fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() {
     let c = costly(r#", "max_cost": 500"#);
     let h = host(&c);
+    let before = h.calls().len();
     admitted_with_cost(&c, &h, Some(b"10"), None);
+    answer_charges(&c, &h, before + 1);
     let good = h.added_headers();
     let bad: [&[u8]; 7] = [
         b"0",
@@ -364,9 +389,10 @@ fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() 
     // In a trailer too.
     admitted_with_cost(&c, &h, None, Some(b"abc"));
     assert_eq!(h.counter(Counter::ResponseCostInvalid), 8);
-    // Only the good one was queued.
-    let queued = h.vm.mailbox.take_queued();
-    assert_eq!(queued.iter().map(|q| q.hits).collect::<Vec<_>>(), [9]);
+    // Only the good one was charged (each request's own call counts 1).
+    let sent = charges_since(&h, before);
+    assert_eq!(sent.iter().filter(|&&hits| hits != 0).count(), 1);
+    assert_eq!(sent[1], 9);
     assert_eq!(h.reply_count(), 0);
 }
 
@@ -375,10 +401,9 @@ fn a_cost_no_higher_than_the_requests_is_not_refunded() {
     let c = costly(r#", "cost_header": "x-request-cost""#);
     let h = host(&c);
     h.set_request_header("x-request-cost", b"5");
-    for (cost, charged) in [(&b"3"[..], None), (b"5", None), (b"8", Some(3))] {
-        admitted_with_cost(&c, &h, Some(cost), None);
-        let queued = h.vm.mailbox.take_queued();
-        assert_eq!(queued.first().map(|q| q.hits), charged);
+    for (cost, more) in [(&b"3"[..], None), (b"5", None), (b"8", Some(3))] {
+        let sent = charged(&c, &h, Some(cost), None);
+        assert_eq!(sent.first().copied(), more);
     }
 }
 
@@ -404,7 +429,8 @@ fn refused_and_failed_open_requests_are_not_charged() {
     let (mut s, _) = request(&c, &h, "tenant-b", None);
     h.answer(&c, &mut s, 14, 0);
     s.on_response_headers(&c, &h, &h.vm);
-    assert!(h.vm.mailbox.take_queued().is_empty());
+    // One call per request, and no charge.
+    assert_eq!(h.call_count(), 2);
     // In shadow, a refusal goes upstream counted: charged.
     let c = costly(r#", "shadow": true"#);
     let (mut s, _) = request(&c, &h, "tenant-d", None);
@@ -415,8 +441,9 @@ fn refused_and_failed_open_requests_are_not_charged() {
         Code::OverLimit,
         vec![minute(Code::OverLimit, 100, 0)],
     );
+    let before = h.calls().len();
     s.on_response_headers(&c, &h, &h.vm);
-    assert_eq!(h.vm.mailbox.take_queued().len(), 1);
+    assert_eq!(charges_since(&h, before), [9]);
 }
 
 #[test]
@@ -432,39 +459,29 @@ fn a_lease_token_admission_is_charged_too() {
     let (mut s, next) = request(&c, &h, "tenant-a", None);
     assert_eq!(next, Next::Continue);
     h.set_response(false, &[("x-cost", b"4")]);
+    let before = h.calls().len();
     s.on_response_headers(&c, &h, &h.vm);
-    let charges: Vec<u32> =
-        h.vm.mailbox
-            .take_queued()
-            .iter()
-            .filter(|q| q.kind == CallKind::Charge)
-            .map(|q| q.hits)
-            .collect();
-    assert_eq!(charges, [3]);
+    assert_eq!(charges_since(&h, before), [3]);
 }
 
 #[test]
-fn a_charge_that_fails_or_finds_the_mailbox_full_is_counted() {
+fn a_charge_that_fails_is_counted() {
     let c = costly("");
     let h = host(&c);
     let mut root = Root::default();
-    admitted_with_cost(&c, &h, Some(b"10"), None);
+    // A charge that cannot be sent.
+    let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
+    respond(&c, &h, &mut s, Code::Ok, vec![minute(Code::Ok, 100, 90)]);
+    h.set_response(false, &[("x-cost", b"10")]);
     h.fail(HostCall::Dispatch);
-    root.on_tick(&c, &h, &h.vm);
+    s.on_response_headers(&c, &h, &h.vm);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 1);
     h.heal(HostCall::Dispatch);
     // An answer that is an error.
     admitted_with_cost(&c, &h, Some(b"10"), None);
-    root.on_tick(&c, &h, &h.vm);
     let token = u32::try_from(h.call_count()).unwrap();
     root.on_answer(&c, &h, &h.vm, token, 14, 0);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 2);
-    // A full mailbox drops the charge, counted.
-    for _ in 0..MAX_QUEUED_CALLS {
-        admitted_with_cost(&c, &h, Some(b"2"), None);
-    }
-    admitted_with_cost(&c, &h, Some(b"2"), None);
-    assert_eq!(h.group_counter(0, GroupCounter::ResponseCostFailed), 3);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostCharges), 0);
 }
 
@@ -474,7 +491,6 @@ fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
     let h = host(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
     let mut root = Root::default();
-    root.on_tick(&c, &h, &h.vm);
     let before = h.shared_snapshot();
     let body = answer(Code::OverLimit, vec![minute(Code::OverLimit, 100, 0)]);
     let size = body.len();
