@@ -396,7 +396,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship deps-prometheus deps-envoy-gateway
+integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration
@@ -405,6 +405,11 @@ test: deps deps-ship build lint unit validate integration
 # per-second Redis, 2 service replicas, 3 Envoys, a master crash). They are
 # part of `make integration` (and so of `make test`) too.
 .PHONY: cluster-test
+# The filter through a real Istio control plane (tests/test_istio_e2e.py; also
+# part of `make integration`): kube-apiserver, istiod, two workloads' pilot-agents.
+istio-e2e: deps deps-ship deps-istio build
+	cd tests && $(PY) -m pytest -ra test_istio_e2e.py $(PYTEST_ARGS)
+
 cluster-test: deps
 	cd tests && $(PY) -m pytest -ra test_cluster.py $(PYTEST_ARGS)
 
