@@ -302,6 +302,7 @@ class Workload:
         self.dir = cp.stack.workdir / "workloads" / name
         self.listen_port, self.egress_port = free_port(), free_port()
         self.admin_port, self.status_port, self.prom_port = free_port(), free_port(), free_port()
+        self.agent_port = free_port()
         self.address = address
         kube = cp.kube
         kube.apply({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
@@ -328,13 +329,19 @@ class Workload:
         (self.dir / "var/run/secrets/istio").mkdir(parents=True, exist_ok=True)
         (self.dir / "var/run/secrets/istio/root-cert.pem").write_text(cp.root_cert(namespace))
         (self.dir / "etc/istio/proxy").mkdir(parents=True, exist_ok=True)
+        # Envoy's bootstrap template, where Istio's proxy image has it, from
+        # the pinned module (read at test time, never committed).
+        (self.dir / "var/lib/istio/envoy").mkdir(parents=True, exist_ok=True)
+        (self.dir / "var/lib/istio/envoy/envoy_bootstrap_tmpl.json").write_text(
+            (ship.module_dir(ship.ISTIO_MODULE) / "tools/packaging/common/envoy_bootstrap.json").read_text())
         proxy_config = {
             "discoveryAddress": cp.discovery_address,
             "binaryPath": str(harness.ENVOY_BIN),
             "configPath": str(self.dir / "etc/istio/proxy"),
             "proxyAdminPort": self.admin_port,
-            # 0: no agent status server (it would listen on every address).
-            "statusPort": 0,
+            # The agent's status server (it must have one; it listens on
+            # every address: not configurable in pilot-agent).
+            "statusPort": self.agent_port,
             "concurrency": 2,
             "interceptionMode": "NONE",
             "drainDuration": "1s",
@@ -360,7 +367,14 @@ class Workload:
             "ENVOY_PROMETHEUS_PORT": str(self.prom_port),
             "WASM_INSECURE_REGISTRIES": ",".join(insecure_registries),
         }
+        (self.dir / "var/lib/istio/data").mkdir(parents=True, exist_ok=True)
+        # The agent keeps the Wasm modules it pulls in /var/lib/istio/data (a
+        # fixed path, constants.IstioDataDir): in a mount namespace of its
+        # own, the workload's var/lib is there instead, so nothing is written
+        # outside the test's directory and the two workloads do not share it.
         self.process = cp.stack.spawn(f"agent-{name}", [
+            "unshare", "--mount", "--propagation", "private",
+            "sh", "-c", 'mount --bind "$0" /var/lib && exec "$@"', self.dir / "var/lib",
             PILOT_AGENT, "proxy", "sidecar",
             "--domain", f"{namespace}.svc.{TRUST_DOMAIN}",
             "--proxyLogLevel", "info",
