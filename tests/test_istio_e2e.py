@@ -229,16 +229,15 @@ def endpoints(w: istio.Workload, cluster: str) -> str:
 def inbound_http_filters(w: istio.Workload) -> list[str]:
     """The names of the HTTP filters of the workload's inbound listener, in order."""
     dump = w.config_dump("dynamic_listeners")
-    for section in dump.get("configs", []):
-        for ls in section.get("dynamic_listeners", []):
-            listener = ls.get("active_state", {}).get("listener", {})
-            if str(w.listen_port) not in listener.get("name", ""):
-                continue
-            for chain in listener.get("filter_chains", []):
-                for nf in chain.get("filters", []):
-                    hcm = nf.get("typed_config", {})
-                    if "http_filters" in hcm:
-                        return [f["name"] for f in hcm["http_filters"]]
+    for ls in dump.get("configs", []):  # with resource=: one DynamicListener each
+        listener = ls.get("active_state", {}).get("listener", {})
+        if str(w.listen_port) not in listener.get("name", ""):
+            continue
+        for chain in listener.get("filter_chains", []):
+            for nf in chain.get("filters", []):
+                hcm = nf.get("typed_config", {})
+                if "http_filters" in hcm:
+                    return [f["name"] for f in hcm["http_filters"]]
     raise AssertionError(f"{w.name}: no HTTP filters on its inbound listener")
 
 
@@ -380,7 +379,10 @@ def test_two_wasmplugins_of_the_filter_on_one_workload_stay_apart(mesh):
 def test_fail_strategy_as_the_table_says(mesh, broken, strategy):
     args = ["--fail-strategy", strategy]
     if broken == "image-missing":
-        args += ["--image", mesh.missing_image]
+        # A tag the registry does not have, so no digest to pin: with the
+        # digest of a module the agent already holds, it would not pull at
+        # all (IfNotPresent) and the filter would run.
+        args += ["--image", mesh.missing_image, "--no-sha256"]
     else:
         args += ["--sha256", "0" * 64]
     r = mesh.render(f"fail-{broken}-{strategy}", {"x-tenant-id": {"default": {"perhour": 2}}}, *args)
