@@ -12,6 +12,7 @@
 #   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
 #   .deps/gobin/envoy-gateway  Envoy Gateway, pinned (make deps-envoy-gateway; for `make integration`)
 #   .deps/prometheus        Debian's prometheus and promtool, pinned (make deps-prometheus; for `make integration`)
+#   .deps/istio             etcd, kube-apiserver, pilot-discovery, pilot-agent, pinned (make deps-istio; for `make integration`)
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
