@@ -12,6 +12,7 @@
 #   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
 #   .deps/gobin/envoy-gateway  Envoy Gateway, pinned (make deps-envoy-gateway; for `make integration`)
 #   .deps/prometheus        Debian's prometheus and promtool, pinned (make deps-prometheus; for `make integration`)
+#   .deps/istio             etcd, kube-apiserver, pilot-discovery, pilot-agent, pinned (make deps-istio; for `make integration`)
 #
 # `make bench` (not part of `make test`) measures the filter against Envoy's
 # own rate-limit filters; `make test` runs a one-second smoke run of it.
@@ -95,6 +96,20 @@ export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
 export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
 export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
 export TRL_ISTIO_VALIDATE := $(GOBIN_DIR)/istio-validate
+# Istio for real (tests/test_istio_e2e.py, make istio-e2e): etcd, kube-apiserver,
+# istiod (pilot-discovery) and pilot-agent, each a small wrapper main under tools/
+# whose go.mod pins the upstream module; built once into .deps/istio and reused
+# while the wrapper's sources are unchanged. kube-apiserver: k8s.io/kubernetes
+# KUBE_APISERVER_VERSION with its staging modules at the matching v0.x (the
+# replaces in tools/kube-apiserver/go.mod); etcd: go.etcd.io/etcd/server/v3 ETCD_VERSION
+# (embed); Istio: ISTIO_VERSION (tools/istio/go.mod pins the same).
+KUBE_APISERVER_VERSION := v1.37.2
+ETCD_VERSION           := v3.7.3
+ISTIO_DIR              := $(DEPS)/istio
+export TRL_ETCD            := $(ISTIO_DIR)/etcd
+export TRL_KUBE_APISERVER  := $(ISTIO_DIR)/kube-apiserver
+export TRL_PILOT_DISCOVERY := $(ISTIO_DIR)/pilot-discovery
+export TRL_PILOT_AGENT     := $(ISTIO_DIR)/pilot-agent
 # Envoy Gateway itself (tests/test_envoy_gateway.py runs it in standalone mode:
 # File resource provider, Host infrastructure provider, this project's Envoy).
 EG_CMD                  := github.com/envoyproxy/gateway/cmd/envoy-gateway
@@ -227,6 +242,30 @@ $(GOBIN_DIR)/crane:
 $(GOBIN_DIR)/kustomize:
 	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 
+# The Istio control plane and agent for tests/test_istio_e2e.py (see ISTIO_DIR).
+# Fresh: several minutes each (kube-apiserver and the two Istio binaries).
+.PHONY: deps-istio istio-e2e
+deps-istio: $(TRL_ETCD) $(TRL_KUBE_APISERVER) $(TRL_PILOT_DISCOVERY) $(TRL_PILOT_AGENT)
+	@grep -q 'go.etcd.io/etcd/server/v3 $(ETCD_VERSION)$$' tools/etcd/go.mod || { echo "tools/etcd/go.mod is not at $(ETCD_VERSION)" >&2; exit 1; }
+	@grep -q 'k8s.io/kubernetes $(KUBE_APISERVER_VERSION)$$' tools/kube-apiserver/go.mod || { echo "tools/kube-apiserver/go.mod is not at $(KUBE_APISERVER_VERSION)" >&2; exit 1; }
+	@grep -q 'istio.io/istio $(ISTIO_VERSION)$$' tools/istio/go.mod || { echo "tools/istio/go.mod is not at $(ISTIO_VERSION)" >&2; exit 1; }
+
+$(TRL_ETCD): tools/etcd/main.go tools/etcd/go.mod tools/etcd/go.sum
+	@mkdir -p $(ISTIO_DIR)
+	cd tools/etcd && go build -trimpath -o $@ .
+
+$(TRL_KUBE_APISERVER): tools/kube-apiserver/main.go tools/kube-apiserver/go.mod tools/kube-apiserver/go.sum
+	@mkdir -p $(ISTIO_DIR)
+	cd tools/kube-apiserver && go build -trimpath -o $@ .
+
+$(TRL_PILOT_DISCOVERY): tools/istio/pilot-discovery/main.go tools/istio/go.mod tools/istio/go.sum
+	@mkdir -p $(ISTIO_DIR)
+	cd tools/istio && go build -trimpath -o $@ ./pilot-discovery
+
+$(TRL_PILOT_AGENT): tools/istio/pilot-agent/main.go tools/istio/go.mod tools/istio/go.sum
+	@mkdir -p $(ISTIO_DIR)
+	cd tools/istio && go build -trimpath -o $@ ./pilot-agent
+
 .PHONY: deps-promtool deps-prometheus
 deps-promtool: deps-prometheus
 
@@ -358,7 +397,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship deps-prometheus deps-envoy-gateway
+integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration
@@ -367,6 +406,11 @@ test: deps deps-ship build lint unit validate integration
 # per-second Redis, 2 service replicas, 3 Envoys, a master crash). They are
 # part of `make integration` (and so of `make test`) too.
 .PHONY: cluster-test
+# The filter through a real Istio control plane (tests/test_istio_e2e.py; also
+# part of `make integration`): kube-apiserver, istiod, two workloads' pilot-agents.
+istio-e2e: deps deps-ship deps-istio build
+	cd tests && $(PY) -m pytest -ra test_istio_e2e.py $(PYTEST_ARGS)
+
 cluster-test: deps
 	cd tests && $(PY) -m pytest -ra test_cluster.py $(PYTEST_ARGS)
 

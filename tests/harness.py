@@ -822,11 +822,12 @@ class Stack:
         self._names: Counter = Counter()
 
     # -- lifecycle
-    def spawn(self, name: str, argv: list, env: dict[str, str] | None = None) -> Process:
+    def spawn(self, name: str, argv: list, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> Process:
         self._names[name] += 1
         label = name if self._names[name] == 1 else f"{name}-{self._names[name]}"
         log = self.workdir / "logs" / f"{label}.log"
-        p = Process(label, argv, log, env=env, cwd=self.workdir)
+        p = Process(label, argv, log, env=env, cwd=cwd or self.workdir)
         self.processes.append(p)
         return p
 

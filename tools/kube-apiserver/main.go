@@ -1,0 +1,14 @@
+// kube-apiserver, built from the pinned k8s.io/kubernetes module (go.mod):
+// the API server tests/istio.py runs istiod against.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
