@@ -82,6 +82,9 @@ KUSTOMIZE_VERSION := v5.8.1
 ISTIO_VERSION     := v0.0.0-20260827124520-eed52ebb66ad
 EG_VERSION        := v1.9.1
 K8S_VERSION       := v1.36.3
+# The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor), which the deploy
+# tests check `render`'s monitors against.
+PROM_OPERATOR_VERSION := v0.85.0
 # Debian bookworm's, the versions this was run with; installed only when missing.
 DOCKER_IO_VERSION      := 20.10.24+dfsg1-1+deb12u1+b6
 DOCKER_COMPOSE_VERSION := 1.29.2-3
@@ -112,6 +115,7 @@ export TRL_PROMTOOL     := $(PROMETHEUS_DIR)/usr/bin/promtool
 export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
 export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
 export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
+export TRL_PROM_OPERATOR_MODULE := github.com/prometheus-operator/prometheus-operator@$(PROM_OPERATOR_VERSION)
 
 # The one version of the crates, the CLI, the .wasm's images and the
 # CHANGELOG's newest section (ratelimit-config/tests/cli.rs keeps them in step).
@@ -219,7 +223,7 @@ deps-links: deps-python deps-redis deps-ratelimit
 # tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
 deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch \
            $(GOBIN_DIR)/istio-validate
-	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
+	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE) $(TRL_PROM_OPERATOR_MODULE)
 
 $(GOBIN_DIR)/crane:
 	GOBIN=$(GOBIN_DIR) go install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
