@@ -83,6 +83,9 @@ KUSTOMIZE_VERSION := v5.8.1
 ISTIO_VERSION     := v0.0.0-20260827124520-eed52ebb66ad
 EG_VERSION        := v1.9.1
 K8S_VERSION       := v1.36.3
+# The Prometheus Operator's CRDs (ServiceMonitor, PodMonitor), which the deploy
+# tests check `render`'s monitors against.
+PROM_OPERATOR_VERSION := v0.85.0
 # Debian bookworm's, the versions this was run with; installed only when missing.
 DOCKER_IO_VERSION      := 20.10.24+dfsg1-1+deb12u1+b6
 DOCKER_COMPOSE_VERSION := 1.29.2-3
@@ -127,6 +130,7 @@ export TRL_PROMTOOL     := $(PROMETHEUS_DIR)/usr/bin/promtool
 export TRL_ISTIO_MODULE := istio.io/istio@$(ISTIO_VERSION)
 export TRL_EG_MODULE    := github.com/envoyproxy/gateway@$(EG_VERSION)
 export TRL_K8S_MODULE   := k8s.io/kubernetes@$(K8S_VERSION)
+export TRL_PROM_OPERATOR_MODULE := github.com/prometheus-operator/prometheus-operator@$(PROM_OPERATOR_VERSION)
 
 # The one version of the crates, the CLI, the .wasm's images and the
 # CHANGELOG's newest section (ratelimit-config/tests/cli.rs keeps them in step).
@@ -234,7 +238,7 @@ deps-links: deps-python deps-redis deps-ratelimit
 # tools/wasm-fetch builds istio.io/istio/pkg/wasm: minutes, once.
 deps-ship: deps-docker deps-arm $(GOBIN_DIR)/crane $(GOBIN_DIR)/kustomize $(GOBIN_DIR)/oci-wasm $(GOBIN_DIR)/wasm-fetch \
            $(GOBIN_DIR)/istio-validate
-	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE)
+	@go mod download $(TRL_ISTIO_MODULE) $(TRL_EG_MODULE) $(TRL_K8S_MODULE) $(TRL_PROM_OPERATOR_MODULE)
 
 $(GOBIN_DIR)/crane:
 	GOBIN=$(GOBIN_DIR) go install github.com/google/go-containerregistry/cmd/crane@$(CRANE_VERSION)
@@ -347,6 +351,42 @@ build: deps-rust deps-binaryen
 	    exit 1; \
 	  fi
 
+# The previous version's .wasm, for tests/test_upgrade.py (an upgrade and a
+# rollback through ECDS under traffic): PREVIOUS_COMMIT's tree (git archive,
+# so the commit must be in this clone's history: a shallow clone needs
+# `git fetch --unshallow`), the filter alone built there with its own
+# Cargo.lock and target folder, then the same trim-exports and wasm-opt steps
+# as `make build`, with that commit's own export list and wasm-opt flags.
+# Reused when present (the commit names the folder).
+PREVIOUS_COMMIT ?= 7096305
+PREVIOUS_DIR    := $(CURDIR)/target/previous/$(PREVIOUS_COMMIT)
+PREVIOUS_WASM   := $(PREVIOUS_DIR)/tenant_ratelimit.wasm
+export TRL_PREVIOUS_WASM   := $(PREVIOUS_WASM)
+export TRL_PREVIOUS_COMMIT := $(PREVIOUS_COMMIT)
+export TRL_PREVIOUS_SRC    := $(PREVIOUS_DIR)/src
+.PHONY: previous-build
+previous-build: $(PREVIOUS_WASM)
+
+$(PREVIOUS_WASM): | deps-rust deps-binaryen
+	@git cat-file -e '$(PREVIOUS_COMMIT)^{commit}' 2>/dev/null || { \
+	  echo "previous-build: commit $(PREVIOUS_COMMIT) is not in this clone's history" \
+	       "(a shallow clone? git fetch --unshallow)" >&2; exit 1; }
+	rm -rf $(PREVIOUS_DIR) && mkdir -p $(PREVIOUS_DIR)/src
+	git archive --format=tar $(PREVIOUS_COMMIT) | tar -x -C $(PREVIOUS_DIR)/src
+	cargo build --release --locked --target $(WASM_TARGET) -p tenant-ratelimit \
+	  --manifest-path $(PREVIOUS_DIR)/src/Cargo.toml --target-dir $(PREVIOUS_DIR)/target
+	cargo build --release -p trim-exports
+	@exports=$$($(MAKE) -s -C $(PREVIOUS_DIR)/src --no-print-directory \
+	    --eval 'trl-print-exports: ; @echo $$(WASM_EXPORTS)' trl-print-exports | tr -d ' '); \
+	  flags=$$($(MAKE) -s -C $(PREVIOUS_DIR)/src --no-print-directory \
+	    --eval 'trl-print-opt: ; @echo $$(WASM_OPT_FLAGS)' trl-print-opt); \
+	  [ -n "$$exports" ] && [ -n "$$flags" ] || { echo "previous-build: no WASM_EXPORTS/WASM_OPT_FLAGS at $(PREVIOUS_COMMIT)" >&2; exit 1; }; \
+	  cp $(PREVIOUS_DIR)/target/$(WASM_TARGET)/release/tenant_ratelimit.wasm $(PREVIOUS_WASM).tmp; \
+	  target/release/trim-exports --keep "$$exports" $(PREVIOUS_WASM).tmp; \
+	  $(WASM_OPT) $$flags $(PREVIOUS_WASM).tmp -o $(PREVIOUS_WASM).opt; \
+	  rm -f $(PREVIOUS_WASM).tmp; mv $(PREVIOUS_WASM).opt $(PREVIOUS_WASM)
+	@echo "$(PREVIOUS_WASM) ($(PREVIOUS_COMMIT)): $$(stat -c %s $(PREVIOUS_WASM)) bytes, sha256 $$(sha256sum $(PREVIOUS_WASM) | cut -d' ' -f1)"
+
 # What takes the .wasm's bytes: the same build with its function names kept
 # (in $(WASM_NAMES_DIR), so the shipped .wasm is not touched) and trimmed as
 # `make build` does, through twiggy: the largest functions, the dominator
@@ -397,7 +437,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code.
-integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio
+integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio previous-build
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 
 test: deps deps-ship build lint unit validate integration

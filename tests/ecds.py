@@ -78,12 +78,13 @@ def render_ecds_config(*, ecds_path: Path, listen_port: int, admin_port: int, rl
 class EcdsEnvoy(Envoy):
     def __init__(self, stack: harness.Stack, plugin_config: dict,
                  rls: RateLimitService, upstream: Envoy, name: str = "envoy-ecds",
-                 extra_args: tuple[str, ...] = ()):
+                 extra_args: tuple[str, ...] = (), wasm_path: Path | str = WASM):
         self.ecds_dir = stack.workdir / f"{name}-ecds"
         self.ecds_dir.mkdir(parents=True, exist_ok=True)
         self.ecds_path = self.ecds_dir / "tenant_ratelimit.yaml"
         self.version = 1
-        write_atomically(self.ecds_path, ecds_resource(plugin_config, str(self.version)))
+        write_atomically(self.ecds_path,
+                         ecds_resource(plugin_config, str(self.version), wasm_path))
         listen, admin = free_port(), free_port()
         cluster = plugin_config.get("rate_limit_service", {}).get("cluster", "ratelimit")
         text = render_ecds_config(ecds_path=self.ecds_path, listen_port=listen,
@@ -92,10 +93,12 @@ class EcdsEnvoy(Envoy):
                                   node_id=name)
         super().__init__(stack, name, text, listen, admin, extra_args=extra_args)
 
-    def push(self, plugin_config: dict | str) -> str:
-        """Send a new version of the filter's configuration; returns its version."""
+    def push(self, plugin_config: dict | str, wasm_path: Path | str = WASM) -> str:
+        """Send a new version of the filter's configuration (and module);
+        returns its version."""
         self.version += 1
-        write_atomically(self.ecds_path, ecds_resource(plugin_config, str(self.version)))
+        write_atomically(self.ecds_path,
+                         ecds_resource(plugin_config, str(self.version), wasm_path))
         return str(self.version)
 
     def filter_counters(self) -> dict[str, int]:

@@ -26,6 +26,8 @@ WASM_FETCH = harness._tool("TRL_WASM_FETCH", ".deps/gobin/wasm-fetch")
 ISTIO_MODULE = os.environ.get("TRL_ISTIO_MODULE", "istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad")
 EG_MODULE = os.environ.get("TRL_EG_MODULE", "github.com/envoyproxy/gateway@v1.9.1")
 K8S_MODULE = os.environ.get("TRL_K8S_MODULE", "k8s.io/kubernetes@v1.36.3")
+PROM_OPERATOR_MODULE = os.environ.get(
+    "TRL_PROM_OPERATOR_MODULE", "github.com/prometheus-operator/prometheus-operator@v0.85.0")
 
 
 def run(argv: list, timeout: float = 120, check: bool = True, **kw) -> subprocess.CompletedProcess:

@@ -3,7 +3,7 @@ pinned kustomize from the repository as it is (nothing else is needed) and
 validated against the real schemas, read at test time from the pinned Go
 modules' own files (Kubernetes' OpenAPI v3 from k8s.io/kubernetes, Istio's
 CRDs from istio.io/istio, Envoy Gateway's and the Gateway API's from
-github.com/envoyproxy/gateway). Nothing here has run in a Kubernetes
+github.com/envoyproxy/gateway, the Prometheus Operator's from its module). Nothing here has run in a Kubernetes
 cluster; what can be run locally is: the rendered Envoy bootstrap (envoy
 --mode validate), the plain-Envoy pieces and Istio's bootstrap override on a
 real Envoy with real traffic, and the sidecar's probe and preStop drain
@@ -97,6 +97,9 @@ class Schemas:
         crd_files = [istio, eg / "gateway.envoyproxy.io_envoyextensionpolicies.yaml",
                      eg / "gateway.envoyproxy.io_envoyproxies.yaml",
                      charts / "gateway-helm" / "charts" / "crds" / "crds" / "gatewayapi-crds.yaml"]
+        operator = ship.module_dir(ship.PROM_OPERATOR_MODULE) / "example" / "prometheus-operator-crd"
+        crd_files += [operator / "monitoring.coreos.com_servicemonitors.yaml",
+                      operator / "monitoring.coreos.com_podmonitors.yaml"]
         for path in crd_files:
             for crd in yaml.safe_load_all(path.read_text()):
                 if not crd or crd.get("kind") != "CustomResourceDefinition":
@@ -514,3 +517,144 @@ def ratelimit_cluster(name: str, port: int) -> dict:
             "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{
                 "endpoint": {"address": {"socket_address": {
                     "address": harness.LOOPBACK, "port_value": port}}}}]}]}}
+
+
+# ------------------------------------------------------------------ monitoring
+
+MONITORING = ("--set", "monitoring.prometheus_operator=true")
+# The proxies' metrics ports as each platform declares them, in its own sources.
+PLATFORM_PORTS = {
+    "istio": ("http-envoy-prom", 15090),
+    "envoy-gateway": ("metrics", 19001),
+}
+
+
+def monitored(tmp_path: Path, target: str, *args: str) -> list[dict]:
+    return build(render_example(tmp_path, target, *MONITORING, *args))
+
+
+def platform_declares(variant: str, name: str, port: int) -> bool:
+    """Istio's injection template and Envoy Gateway's proxy Deployment name
+    the port so (read from the pinned modules)."""
+    if variant == "istio":
+        path = (ship.module_dir(ship.ISTIO_MODULE) / "manifests" / "charts" / "istio-control"
+                / "istio-discovery" / "files" / "injection-template.yaml")
+        text = path.read_text()
+        return f"containerPort: {port}" in text and f"name: {name}" in text
+    path = (ship.module_dir(ship.EG_MODULE) / "internal" / "infrastructure" / "kubernetes"
+            / "proxy" / "testdata" / "deployments" / "default.yaml")
+    doc = yaml.safe_load(path.read_text())
+    envoy_c = next(c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == "envoy")
+    return {"name": name, "containerPort": port, "protocol": "TCP"} in envoy_c["ports"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_monitors_match_the_operators_schema_and_scrape_named_ports(variant, tmp_path, schemas):
+    """monitoring.prometheus_operator: monitors.yaml (a PodMonitor for the
+    proxies, a ServiceMonitor for the service, or one PodMonitor for the
+    sidecar pod) passes the Prometheus Operator's CRDs, and every port it
+    scrapes is a named port of the pods or Service it selects, as jobs
+    `envoy` and `ratelimit` (the alerts' and the dashboard's)."""
+    docs = monitored(tmp_path, variant)
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    monitors = [d for d in docs if d["apiVersion"] == "monitoring.coreos.com/v1"]
+    jobs = {}
+    for m in monitors:
+        for e in m["spec"].get("endpoints", []) + m["spec"].get("podMetricsEndpoints", []):
+            (relabel,) = e["relabelings"]
+            jobs[relabel["replacement"]] = (m, e)
+    assert set(jobs) == {"envoy", "ratelimit"}, monitors
+
+    m, e = jobs["envoy"]
+    assert m["kind"] == "PodMonitor" and e["path"] == "/stats/prometheus"
+    broken = copy.deepcopy(m)
+    broken["spec"]["podMetricEndpoints"] = broken["spec"].pop("podMetricsEndpoints")
+    assert any("podMetricEndpoints" in err for err in schemas.errors(broken))
+    want = m["spec"]["selector"]["matchLabels"]
+    if variant == "envoy":
+        (pod,) = [d for d in docs if d["kind"] == "Deployment"
+                  and want.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+        ports = {p["name"]: p["containerPort"]
+                 for c in pod["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        assert ports[e["port"]] == 9902
+        svc_m, svc_e = jobs["ratelimit"]
+        assert svc_m is m and ports[svc_e["port"]] == 9090
+        service_c = container(pod["spec"]["template"]["spec"], "ratelimit")
+    else:
+        name, port = PLATFORM_PORTS[variant]
+        assert e["port"] == name and platform_declares(variant, name, port)
+        if variant == "istio":
+            assert want == find(docs, "WasmPlugin")["spec"]["selector"]["matchLabels"]
+        else:
+            assert m["spec"]["namespaceSelector"] == {"matchNames": ["envoy-gateway-system"]}
+            assert want == {**EG_PROXY, "gateway.envoyproxy.io/owning-gateway-name": "my-gateway",
+                            "gateway.envoyproxy.io/owning-gateway-namespace": "my-api"}
+        svc_m, svc_e = jobs["ratelimit"]
+        assert svc_m["kind"] == "ServiceMonitor"
+        service = find(docs, "Service", "ratelimit")
+        assert svc_m["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+        (sp,) = [p for p in service["spec"]["ports"] if p["name"] == svc_e["port"]]
+        deployment = find(docs, "Deployment", "ratelimit")
+        service_c = container(deployment["spec"]["template"]["spec"], "ratelimit")
+        assert {"name": sp["targetPort"], "containerPort": 9090} in service_c["ports"]
+    env = {v["name"]: v.get("value") for v in service_c["env"]}
+    assert env["USE_PROMETHEUS"] == "true" and env["PROMETHEUS_ADDR"] == ":9090"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_prometheus_reaches_the_metrics_ports_and_nothing_more(variant, tmp_path, rendered):
+    """The NetworkPolicies admit Prometheus's namespace to the metrics ports
+    only; without the setting, nothing of it is written."""
+    docs = monitored(tmp_path, variant, "--set", "monitoring.prometheus_namespace=observability")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"
+                and any("namespaceSelector" in peer and "podSelector" not in peer
+                        for rule in d["spec"]["ingress"] for peer in rule["from"])]
+    (policy,) = policies
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "observability"}}}]
+    ports = {p["port"] for p in rule["ports"]}
+    assert ports == ({9902, 9090} if variant == "envoy" else {9090})
+    (pod,) = selected(policy, docs)
+    assert ports <= pod["ports"]
+    plain = rendered[variant]
+    assert not [d for d in plain if d["apiVersion"].startswith("monitoring.coreos.com")]
+    assert "monitors.yaml" not in {p.name for p in (DEPLOY / variant).iterdir()}
+
+
+def test_plain_envoys_stats_listener_serves_prometheus_and_nothing_else(stack, tmp_path):
+    """--target envoy with the setting: envoy.yaml's listener on
+    monitoring.envoy_metrics_port serves /stats/prometheus from the admin
+    (which stays on 127.0.0.1), and no other admin path."""
+    limits = {"x-tenant-id": {"default": {"perhour": 5}}}
+    gen = stack.generate(limits)
+    rls = stack.ratelimit(stack.redis(), gen)
+    upstream = stack.upstream()
+    listen, admin, metrics = harness.free_port(), harness.free_port(), harness.free_port()
+    files = harness.render_target(
+        limits, "envoy", tmp_path / "envoy", "--domain", gen.domain, *MONITORING,
+        "--set", f"monitoring.envoy_metrics_port={metrics}", "--set", f"envoy.listen_port={listen}",
+        "--set", f"envoy.admin_port={admin}", "--set", f"envoy.app_port={upstream.listen_port}",
+        "--set", f"service.port={rls.grpc_port}", "--set", f"envoy.wasm_path={harness.WASM}")
+    boot = yaml.safe_load(files["envoy.yaml"])
+    for listener in boot["static_resources"]["listeners"]:
+        # Loopback here (the rendered file listens on every address).
+        assert listener["address"]["socket_address"]["address"] == "0.0.0.0"
+        listener["address"]["socket_address"]["address"] = harness.LOOPBACK
+    assert boot["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": admin}
+    config = tmp_path / "envoy-metrics.yaml"
+    config.write_text(yaml.safe_dump(boot))
+    proc = stack.spawn("envoy-metrics", harness.envoy_argv(config, 1))
+    harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{admin}/ready"),
+                       "envoy /ready", process=proc)
+    r = harness.send(f"http://127.0.0.1:{listen}/", tenant=unique("tenant"))
+    assert r.status == 200 and "x-ratelimit-limit" in r.headers, r
+    base = f"http://127.0.0.1:{metrics}"
+    scrape = requests.get(f"{base}/stats/prometheus", timeout=5)
+    assert scrape.status_code == 200, scrape.text[:500]
+    names = {f.name for f in text_string_to_metric_families(scrape.text)}
+    assert "tenant_ratelimit_allowed" in names, sorted(names)[:20]
+    for path in ("/stats", "/config_dump", "/clusters", "/stats/prometheus/x"):
+        assert requests.get(base + path, timeout=5).status_code == 404, path
+    assert requests.post(f"{base}/quitquitquit", timeout=5).status_code == 404
+    assert proc.alive()

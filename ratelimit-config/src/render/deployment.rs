@@ -109,6 +109,19 @@ pub struct Deployment {
     pub envoy_routes: Vec<(String, String)>,
     /// Plugin settings over the defaults `generate` writes.
     pub plugin: Map<String, Value>,
+    /// `monitoring.prometheus_operator`: the monitors, and the metrics
+    /// ports they scrape.
+    pub monitoring: Option<Monitoring>,
+}
+
+/// What `render` adds for the Prometheus Operator (`monitoring:`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Monitoring {
+    /// Where Prometheus runs: the NetworkPolicies admit it to the metrics ports.
+    pub prometheus_namespace: String,
+    /// Plain Envoy: the port of the listener that serves `/stats/prometheus`
+    /// (admin stays on 127.0.0.1).
+    pub envoy_metrics_port: u32,
 }
 
 /// The keys of a description, with what each takes.
@@ -125,6 +138,7 @@ const KEYS: &[&str] = &[
     "istio",
     "envoy_gateway",
     "envoy",
+    "monitoring",
     "plugin",
 ];
 const SERVICE_KEYS: &[&str] = &["name", "port", "image"];
@@ -141,6 +155,11 @@ const ENVOY_KEYS: &[&str] = &[
     "wasm_path",
     "service_address",
     "routes",
+];
+const MONITORING_KEYS: &[&str] = &[
+    "prometheus_operator",
+    "prometheus_namespace",
+    "envoy_metrics_port",
 ];
 const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
 
@@ -680,6 +699,7 @@ pub fn deployment(
             "set by render: the rate-limit cluster of the target (from service, namespace and cluster_domain)",
         );
     }
+    let monitoring = monitoring(&mut r, top);
     match (r.errors.is_empty(), domain) {
         (true, Some(domain)) => Ok(Deployment {
             domain,
@@ -708,7 +728,90 @@ pub fn deployment(
             envoy_service_address,
             envoy_routes,
             plugin,
+            monitoring,
         }),
         _ => Err(r.errors),
+    }
+}
+
+/// `monitoring:`: None unless `prometheus_operator` is true.
+fn monitoring(r: &mut Reader<'_>, top: Option<&Map<String, Value>>) -> Option<Monitoring> {
+    let m = r.object(
+        top.and_then(|t| t.get("monitoring")),
+        "monitoring",
+        MONITORING_KEYS,
+    );
+    let on = match m.and_then(|m| m.get("prometheus_operator")) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            r.push(
+                "monitoring.prometheus_operator",
+                format!("must be true or false, got {}", describe(other)),
+            );
+            false
+        }
+    };
+    let namespace = r
+        .string(m, "monitoring", "prometheus_namespace")
+        .unwrap_or_else(|| "monitoring".into());
+    if !dns_label(&namespace) {
+        r.push(
+            "monitoring.prometheus_namespace",
+            format!(
+                "{} is not a Kubernetes namespace name (lowercase letters, digits, '-')",
+                excerpt(&namespace)
+            ),
+        );
+    }
+    let port = r.port(m, "monitoring", "envoy_metrics_port", 9902);
+    on.then_some(Monitoring {
+        prometheus_namespace: namespace,
+        envoy_metrics_port: port,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+mod monitoring_tests {
+    use super::*;
+
+    fn read(text: &str) -> Result<Deployment, Vec<DescriptionError>> {
+        let (v, sources) = read_description("deployment.yaml", text).unwrap();
+        deployment(&v, &sources, Target::Envoy)
+    }
+
+    #[test]
+    fn monitoring_is_off_unless_the_operator_is_named() {
+        assert_eq!(read("domain: d\n").unwrap().monitoring, None);
+        let off = read("domain: d\nmonitoring: {prometheus_operator: false}\n").unwrap();
+        assert_eq!(off.monitoring, None);
+        let on = read("domain: d\nmonitoring: {prometheus_operator: true}\n").unwrap();
+        assert_eq!(
+            on.monitoring,
+            Some(Monitoring {
+                prometheus_namespace: "monitoring".into(),
+                envoy_metrics_port: 9902
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_monitoring_setting_names_its_line_and_field() {
+        let text = "domain: d\nmonitoring:\n  prometheus_operator: \"yes\"\n  prometheus_namespace: Obs\n  envoy_metrics_port: 0\n  interval: 30s\n";
+        let errors: Vec<String> = read(text)
+            .unwrap_err()
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        let all = errors.join("\n");
+        for want in [
+            "deployment.yaml:3:24: monitoring.prometheus_operator: must be true or false, got string \"yes\"",
+            "deployment.yaml:4:25: monitoring.prometheus_namespace: \"Obs\" is not a Kubernetes namespace name",
+            "deployment.yaml:5:23: monitoring.envoy_metrics_port: must be a port from 1 to 65535",
+            "monitoring.interval: unknown key",
+        ] {
+            assert!(all.contains(want), "{want}\nnot in\n{all}");
+        }
     }
 }

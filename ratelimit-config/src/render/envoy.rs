@@ -137,6 +137,8 @@ pub struct Ports<'a> {
     pub app: u32,
     /// (name, path prefix) of the named routes before the catch-all one.
     pub routes: &'a [(String, String)],
+    /// The port of a listener serving `/stats/prometheus` from the admin.
+    pub metrics: Option<u32>,
 }
 
 /// The name of the complete bootstrap's catch-all route: every request no
@@ -166,7 +168,17 @@ pub fn bootstrap(filter: &Value, fragment: &Value, ports: &Ports<'_>) -> Value {
     {
         clusters.extend(c.iter().cloned());
     }
-    json!({
+    let mut listeners = Vec::new();
+    if let Some(port) = ports.metrics {
+        listeners.push(super::monitoring::stats_listener(port));
+        clusters.push(cluster(
+            super::monitoring::ADMIN_CLUSTER,
+            "127.0.0.1",
+            ports.admin,
+            false,
+        ));
+    }
+    let mut boot = json!({
         "node": {"id": "tenant-ratelimit", "cluster": "tenant-ratelimit"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": ports.admin}}},
         "stats_config": fragment.get("stats_config").cloned().unwrap_or(Value::Null),
@@ -200,5 +212,9 @@ pub fn bootstrap(filter: &Value, fragment: &Value, ports: &Ports<'_>) -> Value {
             }],
             "clusters": clusters
         }
-    })
+    });
+    if let Some(Value::Array(l)) = boot.pointer_mut("/static_resources/listeners") {
+        l.extend(listeners);
+    }
+    boot
 }

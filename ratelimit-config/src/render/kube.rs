@@ -68,6 +68,9 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "RUNTIME_WATCH_ROOT", "value": "false"}),
         json!({"name": "LOG_LEVEL", "value": "info"}),
     ]);
+    if dep.monitoring.is_some() {
+        env.extend(super::monitoring::service_env());
+    }
     env
 }
 
@@ -78,7 +81,7 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
 pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
     let name = &dep.service_name;
     let labels = name_labels(name);
-    let deployment = json!({
+    let mut deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(name, dep, labels.clone()),
@@ -106,7 +109,7 @@ pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
             }
         }
     });
-    let service = json!({
+    let mut service = json!({
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": metadata(name, dep, labels.clone()),
@@ -115,7 +118,23 @@ pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
             "ports": [{"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}]
         }
     });
+    if dep.monitoring.is_some() {
+        add_metrics_port(&mut deployment, &mut service);
+    }
     vec![deployment, service]
+}
+
+/// The service's Prometheus endpoint as a port of its container and of
+/// its Service (what the ServiceMonitor names).
+fn add_metrics_port(deployment: &mut Value, service: &mut Value) {
+    use super::monitoring::{SERVICE_METRICS_PORT, SERVICE_METRICS_PORT_NAME};
+    if let Some(Value::Array(p)) = deployment.pointer_mut("/spec/template/spec/containers/0/ports")
+    {
+        p.push(json!({"name": SERVICE_METRICS_PORT_NAME, "containerPort": SERVICE_METRICS_PORT}));
+    }
+    if let Some(Value::Array(p)) = service.pointer_mut("/spec/ports") {
+        p.push(json!({"name": SERVICE_METRICS_PORT_NAME, "port": SERVICE_METRICS_PORT, "targetPort": SERVICE_METRICS_PORT_NAME}));
+    }
 }
 
 /// The Redis the service counts in: one replica with persistence (an

@@ -9,11 +9,13 @@
 //! - [`envoy`]: what an Envoy needs (the filter, the rate-limit cluster, the
 //!   per-group labels), shared by every target;
 //! - [`kube`]: the rate-limit service, Redis, NetworkPolicies, kustomization;
+//! - [`monitoring`]: the Prometheus Operator's monitors and what they scrape;
 //! - [`targets`]: the files of each target.
 
 pub mod deployment;
 pub mod envoy;
 pub mod kube;
+pub mod monitoring;
 pub mod targets;
 
 use serde_json::{Map, Value};

@@ -12,6 +12,10 @@ use super::kube::{
     ingress_policy, kustomization, name_labels, ratelimit_service, redis, redis_policy,
     rules_configmap_name, service_env,
 };
+use super::monitoring::{
+    monitors, prometheus_policy, SERVICE_METRICS_PORT, SIDECAR_ENVOY_PORT_NAME,
+    SIDECAR_SERVICE_PORT_NAME,
+};
 use super::{
     header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
 };
@@ -39,12 +43,14 @@ fn rules_file(rules: &str) -> File {
 }
 
 /// The service, its Redis, their policies and the kustomization, for a
-/// target whose proxies are `proxies` (NetworkPolicy peers).
+/// target whose proxies are `proxies` (NetworkPolicy peers); with
+/// `monitoring`, the monitors of the proxies' pods (`proxy_pods`, their
+/// labels) and of the service.
 fn shared(
     team: &Team<'_>,
     dep: &Deployment,
     target: Target,
-    proxies: Vec<Value>,
+    (proxies, proxy_pods): (Vec<Value>, Value),
     own: &[&str],
     rules: &str,
 ) -> Vec<File> {
@@ -91,6 +97,17 @@ fn shared(
         &[dep.service_port],
     )];
     policies.extend(redis_policy(dep, name_labels(svc)));
+    if let Some(m) = &dep.monitoring {
+        policies.push(prometheus_policy(
+            dep,
+            m,
+            &format!("{svc}-metrics-from-prometheus"),
+            name_labels(svc),
+            &[SERVICE_METRICS_PORT],
+        ));
+        files.push(monitors(team, dep, target, proxy_pods));
+        resources.push("monitors.yaml");
+    }
     files.push(yaml_file(
         "networkpolicy.yaml",
         &header(
@@ -255,7 +272,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
         team,
         dep,
         Target::Istio,
-        proxies,
+        (proxies, labels(&dep.workload_labels)),
         &["wasmplugin.yaml", "stats-bootstrap.yaml"],
         rules,
     ));
@@ -313,14 +330,15 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str)
             "group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": RESOURCE_NAME
         }}}
     });
+    let proxy_pods = json!({
+        "app.kubernetes.io/component": "proxy",
+        "app.kubernetes.io/managed-by": "envoy-gateway",
+        "gateway.envoyproxy.io/owning-gateway-name": gateway,
+        "gateway.envoyproxy.io/owning-gateway-namespace": ns
+    });
     let proxies = vec![json!({
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": dep.proxy_namespace}},
-        "podSelector": {"matchLabels": {
-            "app.kubernetes.io/component": "proxy",
-            "app.kubernetes.io/managed-by": "envoy-gateway",
-            "gateway.envoyproxy.io/owning-gateway-name": gateway,
-            "gateway.envoyproxy.io/owning-gateway-namespace": ns
-        }}
+        "podSelector": {"matchLabels": proxy_pods}
     })];
     let mut files = vec![
         yaml_file(
@@ -367,7 +385,7 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str)
         team,
         dep,
         Target::EnvoyGateway,
-        proxies,
+        (proxies, proxy_pods),
         &["envoyextensionpolicy.yaml", "envoyproxy.yaml"],
         rules,
     ));
@@ -387,6 +405,7 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
         admin: dep.envoy_admin_port,
         app: dep.envoy_app_port,
         routes: &dep.envoy_routes,
+        metrics: dep.monitoring.as_ref().map(|m| m.envoy_metrics_port),
     };
     let t = Target::Envoy;
     let mut files = vec![
@@ -459,7 +478,7 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
     };
     let ready = format!("exec 3<>/dev/tcp/127.0.0.1/{admin} && printf 'GET /ready HTTP/1.1\\r\\nHost: localhost\\r\\nConnection: close\\r\\n\\r\\n' >&3 && grep -q LIVE <&3");
     let drain = format!("exec 3<>/dev/tcp/127.0.0.1/{admin} && printf 'POST /drain_listeners?graceful HTTP/1.1\\r\\nHost: localhost\\r\\nContent-Length: 0\\r\\nConnection: close\\r\\n\\r\\n' >&3 && grep -q OK <&3 && sleep 10");
-    let deployment = json!({
+    let mut deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace(dep), "labels": pod_labels},
@@ -511,6 +530,9 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
             }
         }
     });
+    if let Some(m) = &dep.monitoring {
+        sidecar_metrics(&mut deployment, m.envoy_metrics_port);
+    }
     let service = json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -525,6 +547,15 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
         &[dep.envoy_listen_port],
     )];
     policies.extend(redis_policy(dep, pod_labels.clone()));
+    if let Some(m) = &dep.monitoring {
+        policies.push(prometheus_policy(
+            dep,
+            m,
+            &format!("{name}-metrics-from-prometheus"),
+            pod_labels.clone(),
+            &[m.envoy_metrics_port, SERVICE_METRICS_PORT],
+        ));
+    }
     let mut files = vec![
         yaml_file(
             "sidecar.yaml",
@@ -573,6 +604,10 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
         resources.push("redis.yaml");
     }
     resources.push("networkpolicy.yaml");
+    if dep.monitoring.is_some() {
+        files.push(monitors(team, dep, t, pod_labels.clone()));
+        resources.push("monitors.yaml");
+    }
     let k = kustomization(
         dep,
         &resources,
@@ -594,4 +629,25 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
         &[k],
     ));
     files
+}
+
+/// The sidecar pod's metrics ports: Envoy's stats listener, and the
+/// service's Prometheus endpoint (turned on in its env).
+fn sidecar_metrics(deployment: &mut Value, envoy_port: u32) {
+    let Some(Value::Array(containers)) = deployment.pointer_mut("/spec/template/spec/containers")
+    else {
+        return;
+    };
+    for c in containers.iter_mut() {
+        let port = match c.get("name").and_then(Value::as_str) {
+            Some("envoy") => json!({"name": SIDECAR_ENVOY_PORT_NAME, "containerPort": envoy_port}),
+            Some("ratelimit") => {
+                json!({"name": SIDECAR_SERVICE_PORT_NAME, "containerPort": SERVICE_METRICS_PORT})
+            }
+            _ => continue,
+        };
+        if let Some(Value::Array(p)) = c.get_mut("ports") {
+            p.push(port);
+        }
+    }
 }
