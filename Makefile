@@ -73,6 +73,8 @@ export TRL_RATELIMIT    := $(BIN)/ratelimit
 export TRL_REDIS        := $(BIN)/redis-server
 export TRL_WASM         := $(CURDIR)/$(WASM)
 export TRL_CLI          := $(CURDIR)/$(CLI)
+# ratelimit-counter, the project's own rate-limit service (profile `counter`).
+export TRL_COUNTER      := $(CURDIR)/target/counter/ratelimit-counter
 
 # Shipping (issue 13): the OCI image, the registry round trip, the compose
 # demo in real containers, the Kubernetes manifests. Go tools, pinned, in .deps/gobin.
@@ -340,6 +342,7 @@ deps-arm: deps-python
 build: deps-rust deps-binaryen
 	cargo build --release --target $(WASM_TARGET) -p tenant-ratelimit
 	cargo build --release -p ratelimit-config -p trim-exports
+	cargo build --profile counter -p ratelimit-counter
 	target/release/trim-exports --keep '$(WASM_EXPORTS)' $(WASM)
 	$(WASM_OPT) $(WASM_OPT_FLAGS) $(WASM) -o $(WASM).opt-tmp
 	@mv $(WASM).opt-tmp $(WASM)

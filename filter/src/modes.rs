@@ -206,6 +206,9 @@ fn rls_unit(unit: Unit) -> RateLimitUnit {
         Unit::Minute => RateLimitUnit::Minute,
         Unit::Hour => RateLimitUnit::Hour,
         Unit::Day => RateLimitUnit::Day,
+        Unit::Week => RateLimitUnit::Week,
+        Unit::Month => RateLimitUnit::Month,
+        Unit::Year => RateLimitUnit::Year,
     }
 }
 

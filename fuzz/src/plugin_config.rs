@@ -30,6 +30,7 @@ pub fn check(data: &[u8]) {
     let opts = PluginOptions {
         domain: &config.domain,
         cluster: &config.cluster,
+        service: config.service,
         timeout_ms: config.timeout_ms,
         descriptor_key: &config.descriptor_key,
     };

@@ -15,6 +15,7 @@ pub mod json_text;
 pub mod model;
 pub mod plugin;
 pub mod validate;
+pub mod window;
 
 #[cfg(feature = "cli")]
 pub mod check;
@@ -41,7 +42,7 @@ pub mod yaml_in;
 #[cfg(feature = "cli")]
 pub mod yaml_out;
 
-pub use model::{descriptors, tenant_value, Group, TeamLimits, Unit, UnitLimits};
+pub use model::{descriptors, tenant_value, Group, Service, TeamLimits, Unit, UnitLimits, Window};
 pub use plugin::{
     parse_plugin_config, BatchConfig, BreakerConfig, BucketParams, FallbackConfig, GroupLocal,
     HeaderMode, LocalConfig, MissingTenant, Mode, OnFailure, PluginConfig, Share, TenantSource,

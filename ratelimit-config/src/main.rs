@@ -28,9 +28,11 @@ use ratelimit_config::schema::team_limits_schema;
 use ratelimit_config::service_yaml::service_yaml;
 use ratelimit_config::span::{scan, Position};
 use ratelimit_config::team_file::{
-    check_team_file, syntax_error, team_file_by_mistake, Finding, Severity, EMPTY_PLUGIN_CONFIG,
+    check_team_file_for, syntax_error, team_file_by_mistake, Finding, Severity, EMPTY_PLUGIN_CONFIG,
 };
-use ratelimit_config::{parse_plugin_config, ConfigError, PluginConfig, TeamLimits, TenantSource};
+use ratelimit_config::{
+    parse_plugin_config, ConfigError, PluginConfig, Service, TeamLimits, TenantSource,
+};
 use serde_json::Value;
 
 /// Per-tenant rate limits for Envoy, from one small JSON file.
@@ -100,6 +102,33 @@ struct ValidateArgs {
     /// `ratelimit-config --help` (`ratelimit-config schema` prints it as a JSON Schema).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    #[command(flatten)]
+    service: ServiceArg,
+}
+
+/// `--service`: which rate-limit service will count the limits.
+#[derive(Args)]
+struct ServiceArg {
+    /// The rate-limit service that counts: envoy-ratelimit (envoyproxy/ratelimit,
+    /// fixed windows of seconds to days) or counter (ratelimit-counter, which
+    /// also counts "window": "sliding" and perweek, permonth, peryear on the calendar).
+    #[arg(long = "service", value_enum, default_value = "envoy-ratelimit")]
+    service: ServiceName,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ServiceName {
+    EnvoyRatelimit,
+    Counter,
+}
+
+impl ServiceArg {
+    fn get(&self) -> Service {
+        match self.service {
+            ServiceName::EnvoyRatelimit => Service::EnvoyRatelimit,
+            ServiceName::Counter => Service::Counter,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -121,6 +150,8 @@ struct GenerateArgs {
     /// Descriptor key that carries the tenant value.
     #[arg(long, default_value = DEFAULT_DESCRIPTOR_KEY)]
     descriptor_key: String,
+    #[command(flatten)]
+    service: ServiceArg,
     #[command(flatten)]
     plugin: PluginSettings,
 }
@@ -409,8 +440,13 @@ fn source_name(path: &Path) -> String {
 
 /// Reads and checks one team file; its warnings are printed.
 fn load_team(path: &Path) -> Result<(Value, TeamLimits), CliError> {
+    load_team_for(path, Service::EnvoyRatelimit)
+}
+
+/// [`load_team`] for the service that will count its limits.
+fn load_team_for(path: &Path, service: Service) -> Result<(Value, TeamLimits), CliError> {
     let text = read(path)?;
-    let report = check_team_file(&shown(path), &text);
+    let report = check_team_file_for(&shown(path), &text, service);
     match report.parsed {
         Some(parsed) => {
             for warning in &report.findings {
@@ -589,10 +625,10 @@ fn exit(ok: bool) -> ExitCode {
 }
 
 /// Checks every file, printing each one's problems.
-fn validate(files: &[PathBuf]) -> ExitCode {
+fn validate(files: &[PathBuf], service: Service) -> ExitCode {
     let mut ok = true;
     for f in files {
-        match load_team(f) {
+        match load_team_for(f, service) {
             Ok(_) => println!("{}: ok", f.display()),
             Err(e) => {
                 eprintln!("{e}");
@@ -604,7 +640,7 @@ fn validate(files: &[PathBuf]) -> ExitCode {
 }
 
 fn generate(a: &GenerateArgs) -> Result<(), CliError> {
-    let (doc, limits) = load_team(&a.file)?;
+    let (doc, limits) = load_team_for(&a.file, a.service.get())?;
     let source = source_name(&a.file);
     let yaml = service_yaml(&limits, &a.domain, &a.descriptor_key, &source);
     let native = envoy_rate_limits_yaml(&limits, &a.domain, &a.descriptor_key, &source);
@@ -615,6 +651,7 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         &PluginOptions {
             domain: &a.domain,
             cluster: &a.cluster,
+            service: a.service.get(),
             timeout_ms: a.timeout_ms,
             descriptor_key: &a.descriptor_key,
         },
@@ -624,6 +661,7 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         ("domain", "--domain"),
         ("limits", "the team file"),
         ("rate_limit_service.cluster", "--cluster"),
+        ("rate_limit_service.service", "--service"),
         ("rate_limit_service.timeout_ms", "--timeout-ms"),
         ("descriptor_key", "--descriptor-key"),
     ];
@@ -663,9 +701,13 @@ fn generate(a: &GenerateArgs) -> Result<(), CliError> {
         eprintln!("{}: warning: plugin configuration: {w}", place(&w.path));
     }
     let service = parse_service_config("ratelimit.yaml", &yaml).map_err(CliError::GeneratedYaml)?;
-    let report = check(&parsed, &[service]);
-    if !report.problems.is_empty() {
-        return Err(CliError::Disagree(report.problems));
+    // For the counter, which reads the team file itself, ratelimit.yaml
+    // (without the calendar units) is not what counts.
+    if a.service.get() == Service::EnvoyRatelimit {
+        let report = check(&parsed, &[service]);
+        if !report.problems.is_empty() {
+            return Err(CliError::Disagree(report.problems));
+        }
     }
     let outputs: Vec<Output<'_>> = [
         ("ratelimit.yaml", Some(&yaml)),
@@ -936,7 +978,7 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().command {
-        Command::Validate(a) => Ok(validate(&a.files)),
+        Command::Validate(a) => Ok(validate(&a.files, a.service.get())),
         Command::Generate(a) => generate(&a).map(|()| ExitCode::SUCCESS),
         Command::Explain(a) => explain_cmd(a),
         Command::Check(a) => Ok(check_cmd(&a)),

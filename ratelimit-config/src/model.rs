@@ -3,17 +3,30 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// A time unit a group can be limited over. Windows align to the clock.
+/// A time unit a group can be limited over. Windows align to the clock:
+/// the fixed units to the Unix epoch, the calendar ones (`Week`, `Month`,
+/// `Year`) to UTC calendar boundaries (see [`crate::window`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Unit {
     Second,
     Minute,
     Hour,
     Day,
+    Week,
+    Month,
+    Year,
 }
 
 impl Unit {
-    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
 
     /// The key a team writes in its JSON (`persecond`, …).
     pub fn json_key(self) -> &'static str {
@@ -22,6 +35,9 @@ impl Unit {
             Unit::Minute => "perminute",
             Unit::Hour => "perhour",
             Unit::Day => "perday",
+            Unit::Week => "perweek",
+            Unit::Month => "permonth",
+            Unit::Year => "peryear",
         }
     }
 
@@ -32,45 +48,112 @@ impl Unit {
             Unit::Minute => "per_minute",
             Unit::Hour => "per_hour",
             Unit::Day => "per_day",
+            Unit::Week => "per_week",
+            Unit::Month => "per_month",
+            Unit::Year => "per_year",
         }
     }
 
-    /// The unit's name in the envoyproxy/ratelimit YAML.
+    /// The unit's name in the envoyproxy/ratelimit YAML (which never
+    /// receives a calendar unit: its weeks, months and years are not the
+    /// calendar's).
     pub fn service_unit(self) -> &'static str {
         match self {
             Unit::Second => "second",
             Unit::Minute => "minute",
             Unit::Hour => "hour",
             Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
         }
     }
 
+    /// The window's length; for a calendar unit, the longest it can be
+    /// (a month of 31 days, a leap year).
     pub fn seconds(self) -> u64 {
         match self {
             Unit::Second => 1,
             Unit::Minute => 60,
             Unit::Hour => 3_600,
             Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 31 * 86_400,
+            Unit::Year => 366 * 86_400,
         }
     }
 
+    /// A week, month or year on UTC calendar boundaries: only the counter
+    /// counts these.
+    pub fn is_calendar(self) -> bool {
+        matches!(self, Unit::Week | Unit::Month | Unit::Year)
+    }
+
     fn index(self) -> usize {
-        match self {
-            Unit::Second => 0,
-            Unit::Minute => 1,
-            Unit::Hour => 2,
-            Unit::Day => 3,
-        }
+        self as usize
     }
 
     pub fn from_json_key(key: &str) -> Option<Unit> {
         Unit::ALL.into_iter().find(|u| u.json_key() == key)
     }
+
+    pub fn from_descriptor_value(value: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|u| u.descriptor_value() == value)
+    }
+}
+
+/// How a group's windows count (`"window"` in the team file).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Window {
+    /// Clock-aligned windows, each counted on its own (the default).
+    #[default]
+    Fixed,
+    /// The current window's count plus the previous one's, weighted by how
+    /// much of it the sliding window still covers: only the counter counts
+    /// these.
+    Sliding,
+}
+
+impl Window {
+    pub fn json_value(self) -> &'static str {
+        match self {
+            Window::Fixed => "fixed",
+            Window::Sliding => "sliding",
+        }
+    }
+}
+
+/// Which rate-limit service counts (`rate_limit_service.service` in the
+/// plugin configuration, `--service` on the command line).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Service {
+    /// envoyproxy/ratelimit: fixed windows of seconds to days.
+    #[default]
+    EnvoyRatelimit,
+    /// `ratelimit-counter`: also sliding windows and calendar units.
+    Counter,
+}
+
+impl Service {
+    pub fn name(self) -> &'static str {
+        match self {
+            Service::EnvoyRatelimit => "envoy-ratelimit",
+            Service::Counter => "counter",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Service> {
+        [Service::EnvoyRatelimit, Service::Counter]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
 }
 
 /// The limits of one group, per unit; `None` is "not limited over that unit".
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UnitLimits([Option<u32>; 4]);
+pub struct UnitLimits([Option<u32>; 7]);
 
 impl UnitLimits {
     pub fn get(&self, unit: Unit) -> Option<u32> {
@@ -84,10 +167,11 @@ impl UnitLimits {
     }
 
     /// The units that are limited, shortest first, with their limits.
-    pub fn iter(&self) -> impl Iterator<Item = (Unit, u32)> + '_ {
-        Unit::ALL
-            .into_iter()
-            .filter_map(|u| self.get(u).map(|limit| (u, limit)))
+    pub fn iter(&self) -> UnitIter<'_> {
+        UnitIter {
+            limits: self,
+            at: 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -100,6 +184,29 @@ impl UnitLimits {
     }
 }
 
+/// [`UnitLimits::iter`]. Its `next` is not inlined: every loop over a
+/// group's units would otherwise be unrolled seven times in the .wasm.
+#[derive(Clone, Debug)]
+pub struct UnitIter<'a> {
+    limits: &'a UnitLimits,
+    at: usize,
+}
+
+impl Iterator for UnitIter<'_> {
+    type Item = (Unit, u32);
+
+    #[inline(never)]
+    fn next(&mut self) -> Option<(Unit, u32)> {
+        while let Some(&unit) = Unit::ALL.get(self.at) {
+            self.at += 1;
+            if let Some(limit) = self.limits.get(unit) {
+                return Some((unit, limit));
+            }
+        }
+        None
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Group {
     pub name: String,
@@ -109,6 +216,9 @@ pub struct Group {
     /// `"shadow": true`: the group's refusals are counted, never enforced
     /// (the filter lets them through; the service still answers OVER_LIMIT).
     pub shadow: bool,
+    /// `"window"`: fixed (the default) or sliding; the group's routes count
+    /// the same way.
+    pub window: Window,
     /// `routes`: limits of each of the group's tenants on an Envoy route, on
     /// top of the group's own (file order; empty when the group sets none).
     pub routes: Vec<Route>,
@@ -348,6 +458,7 @@ mod tests {
             limits,
             tenants: tenants.iter().map(|t| t.to_string()).collect(),
             shadow: false,
+            window: Window::Fixed,
             routes: Vec::new(),
         }
     }

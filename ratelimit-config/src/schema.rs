@@ -14,10 +14,15 @@ pub const SCHEMA_ID: &str = "urn:tenant-ratelimit:team-limits";
 pub fn team_limits_schema() -> Value {
     let mut units = serde_json::Map::new();
     for u in Unit::ALL {
+        let aligned = if u.is_calendar() {
+            "UTC calendar window (ISO weeks from Monday, calendar months and years); needs the counter"
+        } else {
+            "clock-aligned window"
+        };
         units.insert(
             u.json_key().to_string(),
             json!({
-                "description": format!("Requests allowed per {} (clock-aligned window). Left out: not limited per {}.", u.service_unit(), u.service_unit()),
+                "description": format!("Requests allowed per {} ({aligned}). Left out: not limited per {}.", u.service_unit(), u.service_unit()),
                 "$ref": "#/$defs/limit"
             }),
         );
@@ -29,11 +34,19 @@ pub fn team_limits_schema() -> Value {
             "type": "boolean"
         }),
     );
+    units.insert(
+        "window".into(),
+        json!({
+            "description": "fixed (the default): clock-aligned windows counted on their own. sliding: the previous window's count weighted by how much of it still overlaps, with the current one's; needs the counter.",
+            "enum": ["fixed", "sliding"]
+        }),
+    );
     let unit_keys: Vec<&str> = Unit::ALL.iter().map(|u| u.json_key()).collect();
     let at_least_one_unit: Vec<Value> =
         unit_keys.iter().map(|k| json!({"required": [k]})).collect();
     let mut route_units = units.clone();
     route_units.remove("shadow");
+    route_units.remove("window");
     units.insert(
         "routes".into(),
         json!({
@@ -74,6 +87,7 @@ pub fn team_limits_schema() -> Value {
     let mut reserved = unit_keys.clone();
     reserved.push("header_value");
     reserved.push("shadow");
+    reserved.push("window");
     reserved.push("routes");
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",

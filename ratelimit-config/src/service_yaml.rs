@@ -149,8 +149,19 @@ pub fn service_yaml(
         );
     }
     let _ = writeln!(out, "domain: {}", scalar(domain));
-    let _ = writeln!(out, "descriptors:");
-    for unit in limits.units_in_use() {
+    // Calendar units are the counter's only: envoyproxy/ratelimit's weeks,
+    // months and years are not the calendar's.
+    let units: Vec<Unit> = limits
+        .units_in_use()
+        .into_iter()
+        .filter(|u| !u.is_calendar())
+        .collect();
+    if units.is_empty() {
+        let _ = writeln!(out, "descriptors: []");
+    } else {
+        let _ = writeln!(out, "descriptors:");
+    }
+    for unit in units {
         let _ = writeln!(out, "  - key: generic_key");
         let _ = writeln!(out, "    value: {}", unit.descriptor_value());
         let _ = writeln!(out, "    descriptors:");

@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use crate::error::{Anchor, ConfigError};
 use crate::field::{starts_with_bom, BOM_MESSAGE};
-use crate::model::TeamLimits;
+use crate::model::{Service, TeamLimits};
 use crate::span::{char_column, scan, Position};
-use crate::validate::diagnose_team_limits;
+use crate::validate::{diagnose_team_limits, diagnose_team_limits_for};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Severity {
@@ -167,6 +167,11 @@ fn as_written(message: String, text: &str, at: Position) -> String {
 
 /// Checks the text of a team limits file; `file` names it in the findings.
 pub fn check_team_file(file: &str, text: &str) -> TeamFile {
+    check_team_file_for(file, text, Service::EnvoyRatelimit)
+}
+
+/// [`check_team_file`] for the service that will count its limits.
+pub fn check_team_file_for(file: &str, text: &str, service: Service) -> TeamFile {
     let finding = |at: Position, severity: Severity, error: ConfigError| Finding {
         file: file.to_string(),
         at,
@@ -224,7 +229,7 @@ pub fn check_team_file(file: &str, text: &str) -> TeamFile {
             )
         })
         .collect();
-    let parsed = match diagnose_team_limits(&doc, "") {
+    let parsed = match diagnose_team_limits_for(&doc, "", service) {
         Ok((limits, warnings)) => {
             findings.extend(warnings.into_iter().map(|w| {
                 let at = map.locate(&w.path, false);
@@ -267,15 +272,41 @@ mod tests {
   "x-tenant-id": {
     "default": { "persecond": 5, "perminute": 20, "perhour": 30 },
     "group_1": { "persecond": 50, "perminute": -5, "perhour": 100,
-                 "header_value": ["tenant-b"], "perweek": 1 }
+                 "header_value": ["tenant-b"], "perfortnight": 1 }
   }
 }"#;
         assert_eq!(
             lines(text),
             vec![
                 "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
-                "limits.json:5:48: x-tenant-id.group_1.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday, shadow, routes, header_value",
+                "limits.json:5:48: x-tenant-id.group_1.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, header_value",
             ]
+        );
+    }
+
+    #[test]
+    fn counter_only_limits_are_refused_on_their_line_for_envoy_ratelimit() {
+        let text = "{\"x-t\": {\"default\": {\"perhour\": 1,\n \"peryear\": 2,\n \"window\": \"sliding\"}}}";
+        let found = lines(text);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[1].starts_with(
+                "limits.json:3:12: x-t.default.window: sliding needs rate_limit_service.service"
+            ),
+            "{found:?}"
+        );
+        assert!(
+            found[0].starts_with(
+                "limits.json:2:2: x-t.default.peryear: needs rate_limit_service.service"
+            ),
+            "{found:?}"
+        );
+        let f = check_team_file_for("limits.json", text, Service::Counter);
+        assert!(f.findings.is_empty(), "{:?}", f.findings);
+        let (_, limits) = f.parsed.unwrap();
+        assert_eq!(
+            limits.default.unwrap().limits.get(crate::model::Unit::Year),
+            Some(2)
         );
     }
 
@@ -327,7 +358,7 @@ mod tests {
             out,
             vec![
                 format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
-                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, shadow, routes"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes"),
             ]
         );
     }

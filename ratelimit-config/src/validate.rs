@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{join, Errors};
 use crate::field::{boolean, describe, header_name, positive_u32, string, FieldError};
-use crate::model::{Group, Route, TeamLimits, Unit, UnitLimits, DEFAULT_GROUP};
+use crate::model::{Group, Route, Service, TeamLimits, Unit, UnitLimits, Window, DEFAULT_GROUP};
 
 // The toolkit both parsers share moved to `error` and `field`; these paths
 // stay for the users of this module.
@@ -25,13 +25,19 @@ const HEADER_VALUE: &str = "header_value";
 const SHADOW: &str = "shadow";
 /// A group's limits on Envoy routes, by route name.
 const ROUTES: &str = "routes";
+/// A group's `"window": "fixed" | "sliding"`.
+const WINDOW: &str = "window";
 /// The keys of a group, as an unknown key's message lists them.
 const DEFAULT_GROUP_KEYS: &[&str] = &[
     "persecond",
     "perminute",
     "perhour",
     "perday",
+    "perweek",
+    "permonth",
+    "peryear",
     SHADOW,
+    WINDOW,
     ROUTES,
 ];
 const NAMED_GROUP_KEYS: &[&str] = &[
@@ -39,11 +45,26 @@ const NAMED_GROUP_KEYS: &[&str] = &[
     "perminute",
     "perhour",
     "perday",
+    "perweek",
+    "permonth",
+    "peryear",
     SHADOW,
+    WINDOW,
     ROUTES,
     HEADER_VALUE,
 ];
-const ROUTE_KEYS: &[&str] = &["persecond", "perminute", "perhour", "perday"];
+const ROUTE_KEYS: &[&str] = &[
+    "persecond",
+    "perminute",
+    "perhour",
+    "perday",
+    "perweek",
+    "permonth",
+    "peryear",
+];
+/// What a group without limits is told to set.
+const NO_LIMITS: &str =
+    "has no limits: set at least one of persecond, perminute, perhour, perday, perweek, permonth, peryear";
 
 /// Longest route name accepted in `routes` (it is part of every Redis key
 /// of the route's counters).
@@ -113,7 +134,8 @@ impl fmt::Display for TenantValueError {
 impl std::error::Error for TenantValueError {}
 
 fn group_name(name: &str) -> Result<(), GroupNameError> {
-    if Unit::from_json_key(name).is_some() || [HEADER_VALUE, SHADOW, ROUTES].contains(&name) {
+    if Unit::from_json_key(name).is_some() || [HEADER_VALUE, SHADOW, WINDOW, ROUTES].contains(&name)
+    {
         return Err(GroupNameError::Reserved(name.to_string()));
     }
     let ok = !name.is_empty()
@@ -143,12 +165,22 @@ fn tenant_value(value: &str) -> Result<(), TenantValueError> {
 }
 
 /// Parses and validates a team limits document held at `base` (empty for a
-/// file of its own, `limits` inside the plugin configuration).
+/// file of its own, `limits` inside the plugin configuration), for
+/// envoyproxy/ratelimit: sliding windows and calendar units are refused.
 pub fn parse_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<ConfigError>> {
-    walk(doc, base).map_err(|e| e.0)
+    parse_team_limits_for(doc, base, Service::EnvoyRatelimit)
+}
+
+/// [`parse_team_limits`] for the service that will count them.
+pub fn parse_team_limits_for(
+    doc: &Value,
+    base: &str,
+    service: Service,
+) -> Result<(TeamLimits, Vec<Warning>), Vec<ConfigError>> {
+    walk(doc, base, service).map_err(|e| e.0)
 }
 
 /// [`parse_team_limits`], with each error telling whether it points at a
@@ -157,12 +189,21 @@ pub fn diagnose_team_limits(
     doc: &Value,
     base: &str,
 ) -> Result<(TeamLimits, Vec<Warning>), Vec<Diagnostic>> {
-    walk(doc, base).map_err(Errors::into_diagnostics)
+    diagnose_team_limits_for(doc, base, Service::EnvoyRatelimit)
 }
 
-fn walk(doc: &Value, base: &str) -> Result<(TeamLimits, Vec<Warning>), Errors> {
+/// [`diagnose_team_limits`] for the service that will count them.
+pub fn diagnose_team_limits_for(
+    doc: &Value,
+    base: &str,
+    service: Service,
+) -> Result<(TeamLimits, Vec<Warning>), Vec<Diagnostic>> {
+    walk(doc, base, service).map_err(Errors::into_diagnostics)
+}
+
+fn walk(doc: &Value, base: &str, service: Service) -> Result<(TeamLimits, Vec<Warning>), Errors> {
     let mut errors = Errors::default();
-    let limits = team_limits(doc, base, &mut errors);
+    let limits = team_limits(doc, base, service, &mut errors);
     match limits {
         Some(l) if errors.is_empty() => {
             let warnings = warnings(&l, base);
@@ -172,7 +213,12 @@ fn walk(doc: &Value, base: &str) -> Result<(TeamLimits, Vec<Warning>), Errors> {
     }
 }
 
-fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimits> {
+fn team_limits(
+    doc: &Value,
+    base: &str,
+    service: Service,
+    errors: &mut Errors,
+) -> Option<TeamLimits> {
     let Value::Object(top) = doc else {
         errors.push(
             base,
@@ -243,7 +289,7 @@ fn team_limits(doc: &Value, base: &str, errors: &mut Errors) -> Option<TeamLimit
             index,
             seen: &mut seen,
         };
-        if let Some(g) = group(name, gv, &path, is_default, listed, errors) {
+        if let Some(g) = group(name, gv, &path, is_default, listed, service, errors) {
             if is_default {
                 default = Some(g);
             } else {
@@ -267,8 +313,10 @@ fn group(
     path: &str,
     is_default: bool,
     mut listed: Listed<'_, '_>,
+    service: Service,
     errors: &mut Errors,
 ) -> Option<Group> {
+    let counter = service == Service::Counter;
     let Value::Object(obj) = v else {
         errors.push(
             path,
@@ -284,11 +332,15 @@ fn group(
     let mut tenants = Vec::new();
     let mut has_unit_key = false;
     let mut shadow = false;
+    let mut window = Window::Fixed;
     let mut routes = Vec::new();
     for (key, value) in obj {
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
             has_unit_key = true;
+            if unit.is_calendar() && !counter {
+                errors.push_key(&field, CALENDAR_NEEDS_COUNTER);
+            }
             match positive_u32(value) {
                 Ok(n) => limits.set(unit, n),
                 Err(e) => errors.push(&field, e),
@@ -307,8 +359,18 @@ fn group(
                 Ok(b) => shadow = b,
                 Err(e) => errors.push(&field, e),
             }
+        } else if key == WINDOW {
+            match value.as_str() {
+                Some("fixed") => window = Window::Fixed,
+                Some("sliding") if counter => window = Window::Sliding,
+                Some("sliding") => errors.push(&field, SLIDING_NEEDS_COUNTER),
+                _ => errors.push(
+                    &field,
+                    format!("must be \"fixed\" or \"sliding\", got {}", describe(value)),
+                ),
+            }
         } else if key == ROUTES {
-            routes = route_list(value, &field, errors);
+            routes = route_list(value, &field, counter, errors);
         } else {
             let expected = if is_default {
                 DEFAULT_GROUP_KEYS
@@ -325,10 +387,7 @@ fn group(
         }
     }
     if !has_unit_key {
-        errors.push(
-            path,
-            "has no limits: set at least one of persecond, perminute, perhour, perday",
-        );
+        errors.push(path, NO_LIMITS);
     }
     if !is_default && !obj.contains_key(HEADER_VALUE) {
         errors.push(
@@ -344,12 +403,19 @@ fn group(
         limits,
         tenants,
         shadow,
+        window,
         routes,
     })
 }
 
+/// What only the counter counts, refused for envoyproxy/ratelimit: a
+/// sliding window, and weeks, months and years on the calendar (its own
+/// are aligned to the Unix epoch: 30-day months, weeks from Thursday).
+const SLIDING_NEEDS_COUNTER: &str = "sliding needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has fixed windows only";
+const CALENDAR_NEEDS_COUNTER: &str = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no calendar weeks, months or years";
+
 /// A group's `routes`: `{"<route name>": {"perminute": 5}, ...}`.
-fn route_list(v: &Value, path: &str, errors: &mut Errors) -> Vec<Route> {
+fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<Route> {
     let Value::Object(obj) = v else {
         errors.push(
             path,
@@ -384,6 +450,9 @@ fn route_list(v: &Value, path: &str, errors: &mut Errors) -> Vec<Route> {
         for (key, value) in units {
             let unit_path = join(&field, key);
             match Unit::from_json_key(key) {
+                Some(unit) if unit.is_calendar() && !counter => {
+                    errors.push_key(&unit_path, CALENDAR_NEEDS_COUNTER)
+                }
                 Some(unit) => match positive_u32(value) {
                     Ok(n) => limits.set(unit, n),
                     Err(e) => errors.push(&unit_path, e),
@@ -398,10 +467,7 @@ fn route_list(v: &Value, path: &str, errors: &mut Errors) -> Vec<Route> {
             }
         }
         if units.is_empty() {
-            errors.push(
-                &field,
-                "has no limits: set at least one of persecond, perminute, perhour, perday",
-            );
+            errors.push(&field, NO_LIMITS);
         }
         out.push(Route {
             name: name.clone(),
@@ -607,7 +673,7 @@ mod tests {
                 "x-tenant-id.default.perminute: must be a positive integer, got -5",
                 "x-tenant-id.default.perhour: must be a positive integer, got 2.5",
                 "x-tenant-id.default.perday: must be a positive integer, got string \"9\"",
-                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, shadow, routes",
+                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes",
                 "x-tenant-id.group_1.perhour: must be a positive integer at most 4294967295, got 4294967296",
                 "x-tenant-id.group_1.header_value: must list at least one tenant value",
                 "x-tenant-id.perhour: \"perhour\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
@@ -628,7 +694,7 @@ mod tests {
                 "x-tenant-id.a.header_value[1]: \"t1\" is listed twice in this group",
                 "x-tenant-id.b.header_value[0]: \"t1\" is already listed in group \"a\"",
                 "x-tenant-id.c.header_value: missing: a named group must list its tenants in header_value",
-                "x-tenant-id.d: has no limits: set at least one of persecond, perminute, perhour, perday",
+                "x-tenant-id.d: has no limits: set at least one of persecond, perminute, perhour, perday, perweek, permonth, peryear",
             ]
         );
     }
@@ -719,7 +785,7 @@ mod tests {
         let long = "r".repeat(MAX_ROUTE_NAME_LEN + 1);
         let doc = json!({"x-t": {
             "default": {"perhour": 100, "routes": {
-                "a": {"perminute": 0}, "b": {"perweek": 1}, "c": {},
+                "a": {"perminute": 0}, "b": {"perfortnight": 1}, "c": {},
                 "d*": {"perhour": 1}, "": {"perhour": 1}, "e\u{7}": {"perhour": 1},
                 long.clone(): {"perhour": 1}, "f": 5}},
             "g": {"perhour": 1, "header_value": ["t"], "routes": {}},
@@ -728,8 +794,8 @@ mod tests {
             errs(doc),
             vec![
                 "x-t.default.routes.a.perminute: must be a positive integer, got 0".to_string(),
-                "x-t.default.routes.b.perweek: unknown key \"perweek\", expected one of persecond, perminute, perhour, perday".into(),
-                "x-t.default.routes.c: has no limits: set at least one of persecond, perminute, perhour, perday".into(),
+                "x-t.default.routes.b.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear".into(),
+                "x-t.default.routes.c: has no limits: set at least one of persecond, perminute, perhour, perday, perweek, permonth, peryear".into(),
                 "x-t.default.routes.d*: route name \"d*\" ends with '*', which the rate-limit service reads as a wildcard".into(),
                 "x-t.default.routes.: a route name must not be empty".into(),
                 "x-t.default.routes.e\u{7}: route name \"e\\u{7}\" contains a control character".into(),

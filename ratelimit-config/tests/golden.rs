@@ -25,6 +25,7 @@ fn generated() -> [(&'static str, String, &'static str); 3] {
         &PluginOptions {
             domain: "internal-api",
             cluster: "ratelimit",
+            service: ratelimit_config::Service::EnvoyRatelimit,
             timeout_ms: 20,
             descriptor_key: "tenant",
         },

@@ -1,6 +1,6 @@
 //! The plugin configuration, as the filter uses it once parsed.
 
-use crate::model::{Group, TeamLimits, Unit};
+use crate::model::{Group, Service, TeamLimits, Unit};
 
 use super::defaults::{
     lease_batch_cap, max_unsynced_bound, DEFAULT_BATCH_ENABLED, DEFAULT_BATCH_MAX_DESCRIPTORS,
@@ -14,6 +14,8 @@ pub struct PluginConfig {
     pub domain: String,
     pub limits: TeamLimits,
     pub cluster: String,
+    /// `rate_limit_service.service`: which service counts.
+    pub service: Service,
     pub timeout_ms: u32,
     /// `rate_limit_service.batch`: how a worker's requests share calls.
     pub batch: BatchConfig,

@@ -15,6 +15,8 @@ use super::names::{HeaderMode, MissingTenant, OnFailure};
 pub struct PluginOptions<'a> {
     pub domain: &'a str,
     pub cluster: &'a str,
+    /// Written only when it is not the default.
+    pub service: crate::model::Service,
     pub timeout_ms: u32,
     pub descriptor_key: &'a str,
 }
@@ -39,6 +41,8 @@ pub struct PluginConfigJson<'a> {
 #[derive(serde::Serialize)]
 pub struct RateLimitServiceJson<'a> {
     pub cluster: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<&'static str>,
     pub timeout_ms: u32,
     pub batch: BatchJson,
 }
@@ -91,6 +95,8 @@ pub fn plugin_config_json<'a>(
         limits: team_json,
         rate_limit_service: RateLimitServiceJson {
             cluster: opts.cluster,
+            service: (opts.service != crate::model::Service::EnvoyRatelimit)
+                .then(|| opts.service.name()),
             timeout_ms: opts.timeout_ms,
             batch: BatchJson {
                 max_descriptors: DEFAULT_BATCH_MAX_DESCRIPTORS,
@@ -127,6 +133,7 @@ mod tests {
         let opts = PluginOptions {
             domain: "d",
             cluster: "rl",
+            service: crate::model::Service::EnvoyRatelimit,
             timeout_ms: 20,
             descriptor_key: "tenant",
         };
@@ -158,6 +165,7 @@ mod tests {
             &PluginOptions {
                 domain: "internal-api",
                 cluster: "ratelimit",
+                service: crate::model::Service::EnvoyRatelimit,
                 timeout_ms: 25,
                 descriptor_key: "tenant",
             },

@@ -134,6 +134,7 @@ pub fn plugin(
         &PluginOptions {
             domain: &dep.domain,
             cluster,
+            service: crate::model::Service::EnvoyRatelimit,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             descriptor_key: DEFAULT_DESCRIPTOR_KEY,
         },

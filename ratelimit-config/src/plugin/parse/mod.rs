@@ -17,8 +17,8 @@ use crate::field::{
     starts_with_bom, unknown_keys, FieldError, BOM_MESSAGE,
 };
 use crate::json_text::duplicate_keys;
-use crate::model::TeamLimits;
-use crate::validate::parse_team_limits;
+use crate::model::{Service, TeamLimits};
+use crate::validate::parse_team_limits_for;
 
 use super::defaults::{
     max_tenant_length_fitting, DEFAULT_DESCRIPTOR_KEY, DEFAULT_HEADERS, DEFAULT_MAX_COST,
@@ -53,7 +53,7 @@ const KEYS: &[&str] = &[
 ];
 const TENANT_SOURCE_KEYS: &[&str] = &["property"];
 const PROPERTY_SHAPE: &str = "must be an array of 1 to 16 path segments (strings)";
-const SERVICE_KEYS: &[&str] = &["cluster", "timeout_ms", "batch"];
+const SERVICE_KEYS: &[&str] = &["cluster", "service", "timeout_ms", "batch"];
 const BATCH_KEYS: &[&str] = &["max_descriptors", "max_in_flight"];
 
 /// Records an error for each key of `obj` (at `base`) not in `allowed`.
@@ -147,9 +147,14 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             None
         }
     };
+    // Read first (the team file's rules depend on the service), reported
+    // after the limits' problems, in the order of the fields.
+    let mut service_errors = Errors::default();
+    let (cluster, service, timeout_ms, batch) =
+        rate_limit_service(get("rate_limit_service"), &mut service_errors);
     let mut warnings = Vec::new();
     let limits = match get("limits") {
-        Some(v) => match parse_team_limits(v, "limits") {
+        Some(v) => match parse_team_limits_for(v, "limits", service) {
             Ok((l, w)) => {
                 warnings = w;
                 Some(l)
@@ -167,7 +172,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             None
         }
     };
-    let (cluster, timeout_ms, batch) = rate_limit_service(get("rate_limit_service"), &mut errors);
+    errors.0.extend(service_errors.0);
     let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
         one_of(v, "missing_tenant", &mut errors)
     });
@@ -240,6 +245,7 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
                 domain: domain.unwrap_or_default(),
                 limits,
                 cluster: cluster.unwrap_or_default(),
+                service,
                 timeout_ms,
                 batch,
                 on_failure: failure.on_failure,
@@ -438,9 +444,9 @@ fn tenant_source(v: &Value, errors: &mut Errors) -> TenantSource {
 fn rate_limit_service(
     v: Option<&Value>,
     errors: &mut Errors,
-) -> (Option<String>, u32, BatchConfig) {
+) -> (Option<String>, Service, u32, BatchConfig) {
     const BASE: &str = "rate_limit_service";
-    let none = |timeout| (None, timeout, BatchConfig::default());
+    let none = |timeout| (None, Service::default(), timeout, BatchConfig::default());
     let Some(v) = v else {
         errors.push(
             BASE,
@@ -467,6 +473,19 @@ fn rate_limit_service(
             None
         }
     };
+    let service = match obj.get("service") {
+        None => Service::default(),
+        Some(v) => match v.as_str().and_then(Service::from_name) {
+            Some(s) => s,
+            None => {
+                errors.push(
+                    join(BASE, "service"),
+                    "must be \"envoy-ratelimit\" or \"counter\"",
+                );
+                Service::default()
+            }
+        },
+    };
     let timeout = or_default(obj.get("timeout_ms"), DEFAULT_TIMEOUT_MS, |t| {
         errors.record(
             &join(BASE, "timeout_ms"),
@@ -476,7 +495,7 @@ fn rate_limit_service(
     let batch = obj.get("batch").map_or_else(BatchConfig::default, |b| {
         batch(b, &join(BASE, "batch"), errors)
     });
-    (cluster, timeout, batch)
+    (cluster, service, timeout, batch)
 }
 
 /// `rate_limit_service.batch`: `false` (one request per call), `true` (the

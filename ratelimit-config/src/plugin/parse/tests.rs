@@ -563,7 +563,7 @@ fn bad_configs_name_their_field() {
         ),
         vec![
             "limits.x-t.default.perhour: must be a positive integer, got -5",
-            "rate_limit_service.x: unknown key \"x\", expected one of cluster, timeout_ms, batch",
+            "rate_limit_service.x: unknown key \"x\", expected one of cluster, service, timeout_ms, batch",
             "rate_limit_service.timeout_ms: must be a positive integer, got 0",
             "missing_tenant: must be one of \"allow\", \"deny\", got string \"block\"",
             "status_on_error: must be an HTTP status from 200 to 599, got 42",
@@ -751,4 +751,55 @@ fn many_groups_with_series_of_their_own_warn() {
     let (c, warnings) = parse_plugin_config(bounded.as_bytes()).unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
     assert!(c.metrics.exported("g1") && !c.metrics.exported("g2"));
+}
+
+#[test]
+fn sliding_and_calendar_limits_need_the_counter() {
+    let limits = r#"{"x-t": {"default": {"permonth": 9, "window": "sliding"},
+        "gold": {"header_value": ["g"], "perminute": 5, "routes": {"r": {"perweek": 2}}}}}"#;
+    let envoy = format!(
+        r#"{{"domain": "d", "limits": {limits}, "rate_limit_service": {{"cluster": "rl"}}}}"#
+    );
+    let cal = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no calendar weeks, months or years";
+    assert_eq!(
+        errs(&envoy),
+        vec![
+            format!("limits.x-t.default.permonth: {cal}"),
+            "limits.x-t.default.window: sliding needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has fixed windows only".into(),
+            format!("limits.x-t.gold.routes.r.perweek: {cal}"),
+        ]
+    );
+    let counter = format!(
+        r#"{{"domain": "d", "limits": {limits}, "rate_limit_service": {{"cluster": "rl", "service": "counter"}}}}"#
+    );
+    let (c, _) = parse_plugin_config(counter.as_bytes()).unwrap();
+    assert_eq!(c.service, Svc::Counter);
+    let d = c.limits.default.as_ref().unwrap();
+    assert_eq!(d.window, crate::model::Window::Sliding);
+    assert_eq!(d.limits.get(crate::model::Unit::Month), Some(9));
+    let bad = format!(
+        r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl", "service": "redis"}}}}"#
+    );
+    assert_eq!(
+        errs(&bad),
+        vec!["rate_limit_service.service: must be \"envoy-ratelimit\" or \"counter\""]
+    );
+    let fixed = format!(
+        r#"{{"domain": "d", "limits": {LIMITS}, "rate_limit_service": {{"cluster": "rl"}}}}"#
+    );
+    assert_eq!(
+        parse_plugin_config(fixed.as_bytes()).unwrap().0.service,
+        Svc::EnvoyRatelimit
+    );
+}
+
+use crate::model::Service as Svc;
+
+#[test]
+fn a_window_is_fixed_or_sliding() {
+    let text = r#"{"domain": "d", "limits": {"x-t": {"default": {"perhour": 1, "window": "rolling"}}}, "rate_limit_service": {"cluster": "rl", "service": "counter"}}"#;
+    assert_eq!(
+        errs(text),
+        vec!["limits.x-t.default.window: must be \"fixed\" or \"sliding\", got string \"rolling\""]
+    );
 }

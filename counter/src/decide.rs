@@ -1,0 +1,422 @@
+//! The pure core: a call's descriptors split into requests at the marks,
+//! each descriptor resolved to the team file's rule, the counter keys of
+//! its windows at `now`, and the decision from the counts. No I/O, time
+//! passed in; the stores (memory, Redis) apply the same decision.
+
+use std::collections::HashMap;
+
+use ratelimit_config::window::{
+    previous_window, sliding_estimate, sliding_wait_ms, sliding_weight_ppm, window_at,
+};
+use ratelimit_config::{TeamLimits, Unit, Window};
+
+use crate::proto::{
+    Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+};
+
+/// The key of the entry that begins a request: a descriptor whose first
+/// entry has this key is a mark, left out of every counter key.
+pub const REQUEST_MARK: &str = "trl.request";
+
+/// The most descriptors one call may carry.
+pub const MAX_DESCRIPTORS: usize = 4_096;
+/// The most entries one descriptor may carry.
+pub const MAX_ENTRIES: usize = 8;
+
+/// One domain's team file, as the counter serves it.
+#[derive(Debug)]
+pub struct Domain {
+    pub limits: TeamLimits,
+    pub descriptor_key: String,
+}
+
+/// What a call asks for that the counter refuses to read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum BadCall {
+    TooManyDescriptors(usize),
+    TooManyEntries(usize),
+}
+
+impl std::fmt::Display for BadCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadCall::TooManyDescriptors(n) => write!(
+                f,
+                "{n} descriptors in one call; at most {MAX_DESCRIPTORS} are read"
+            ),
+            BadCall::TooManyEntries(n) => write!(
+                f,
+                "a descriptor of {n} entries; at most {MAX_ENTRIES} are read"
+            ),
+        }
+    }
+}
+
+/// One descriptor with a rule: what to count and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Check {
+    /// Its place among the call's descriptors.
+    pub index: usize,
+    pub unit: Unit,
+    pub limit: u64,
+    pub hits: u64,
+    pub sliding: bool,
+    pub shadow: bool,
+    /// The group's index in `all_groups()`, and its name (the rule's name).
+    pub group: usize,
+    pub name: String,
+    /// The Redis Cluster hash tag: one per domain and tenant.
+    pub tag: String,
+    /// The counter of the current window, and for a sliding one the
+    /// previous window's.
+    pub key: String,
+    pub prev_key: Option<String>,
+    /// The current window, and where the next one ends.
+    pub window: (u64, u64),
+    pub next_end: u64,
+    /// The previous window's weight (millionths) in a sliding estimate.
+    pub weight_ppm: u64,
+    /// How long the current window's counter must live.
+    pub ttl_ms: u64,
+}
+
+/// One request: the descriptors from one mark to the next.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    pub checks: Vec<Check>,
+}
+
+/// A call, planned: its requests and how many descriptors it had.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub requests: Vec<Request>,
+    pub descriptors: usize,
+}
+
+/// The counts a store read for one check: the current window's, and the
+/// previous one's (0 for a fixed window).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub current: u64,
+    pub previous: u64,
+}
+
+/// The hits of a descriptor: its own `hits_addend` when set (0 checks
+/// without counting), else the request's (0, unset, counts 1).
+fn hits_of(own: Option<u64>, request: u32) -> u64 {
+    own.unwrap_or(u64::from(request.max(1)))
+}
+
+/// The counter key of one window: the hash tag, the unit, the window's
+/// start, and on a route the route's name.
+fn counter_key(tag: &str, unit: Unit, start: u64, route: Option<&str>) -> String {
+    match route {
+        Some(r) => format!("trl:{tag}:{}:{start}:r:{r}", unit.descriptor_value()),
+        None => format!("trl:{tag}:{}:{start}", unit.descriptor_value()),
+    }
+}
+
+/// `{<len>:<domain>:<tenant>}`: one slot per tenant, and no two domains
+/// or tenants share a tag.
+fn hash_tag(domain: &str, tenant: &str) -> String {
+    // A '}' would end the tag early: the key stays the tenant's own, but
+    // could share a slot with another tenant's. Written as %7D.
+    let tenant = tenant.replace('%', "%25").replace('}', "%7D");
+    let domain = domain.replace('}', "%7D");
+    format!("{{{}:{domain}:{tenant}}}", domain.len())
+}
+
+/// Splits a call into requests and resolves each descriptor's rule at
+/// `now_ms`. A descriptor without a rule (or of an unknown domain) is
+/// answered OK with no limit, as envoyproxy/ratelimit answers it.
+pub fn plan(domain: Option<&Domain>, req: &RateLimitRequest, now_ms: u64) -> Result<Plan, BadCall> {
+    let n = req.descriptors.len();
+    if n > MAX_DESCRIPTORS {
+        return Err(BadCall::TooManyDescriptors(n));
+    }
+    let mut plan = Plan {
+        requests: Vec::new(),
+        descriptors: n,
+    };
+    let mut current = Request::default();
+    let mut started = false;
+    for (index, d) in req.descriptors.iter().enumerate() {
+        if d.entries.len() > MAX_ENTRIES {
+            return Err(BadCall::TooManyEntries(d.entries.len()));
+        }
+        if d.entries.first().is_some_and(|e| e.key == REQUEST_MARK) {
+            if started {
+                plan.requests.push(std::mem::take(&mut current));
+            }
+            started = true;
+            continue;
+        }
+        started = true;
+        let Some(domain_limits) = domain else {
+            continue;
+        };
+        let hits = hits_of(d.hits_addend.map(|h| h.value), req.hits_addend);
+        if let Some(check) = resolve(&req.domain, domain_limits, &d.entries, index, hits, now_ms) {
+            current.checks.push(check);
+        }
+    }
+    if started {
+        plan.requests.push(current);
+    }
+    Ok(plan)
+}
+
+/// The rule of one descriptor: `[generic_key=per_<unit>, <key>=<tenant>]`,
+/// with `[route=<name>]` on a route the tenant's group limits.
+fn resolve(
+    domain_name: &str,
+    domain: &Domain,
+    entries: &[crate::proto::Entry],
+    index: usize,
+    hits: u64,
+    now_ms: u64,
+) -> Option<Check> {
+    let (unit_entry, tenant_entry, route_entry) = match entries {
+        [u, t] => (u, t, None),
+        [u, t, r] => (u, t, Some(r)),
+        _ => return None,
+    };
+    if unit_entry.key != "generic_key" || tenant_entry.key != domain.descriptor_key {
+        return None;
+    }
+    let unit = Unit::from_descriptor_value(&unit_entry.value)?;
+    let tenant = tenant_entry.value.as_str();
+    let (group, g) = domain.limits.group_index_for(tenant)?;
+    let (limit, route, name) = match route_entry {
+        None => (g.limits.get(unit)?, None, g.name.clone()),
+        Some(r) if r.key == ratelimit_config::model::ROUTE_DESCRIPTOR_KEY => {
+            let route = g.route(r.value.as_bytes())?;
+            (
+                route.limits.get(unit)?,
+                Some(route.name.as_str()),
+                format!("{}/{}", g.name, route.name),
+            )
+        }
+        Some(_) => return None,
+    };
+    let sliding = g.window == Window::Sliding;
+    let tag = hash_tag(domain_name, tenant);
+    let window = window_at(unit, now_ms);
+    let (_, next_end) = window_at(unit, window.1);
+    let prev_key = sliding.then(|| counter_key(&tag, unit, previous_window(unit, now_ms).0, route));
+    // A sliding window's counter is read again as the previous one.
+    let lives_until = if sliding { next_end } else { window.1 };
+    Some(Check {
+        index,
+        unit,
+        limit: u64::from(limit),
+        hits,
+        sliding,
+        shadow: g.shadow,
+        group,
+        name,
+        key: counter_key(&tag, unit, window.0, route),
+        tag,
+        prev_key,
+        window,
+        next_end,
+        weight_ppm: if sliding {
+            sliding_weight_ppm(window.0, window.1, now_ms)
+        } else {
+            0
+        },
+        ttl_ms: lives_until.saturating_sub(now_ms).max(1),
+    })
+}
+
+/// The count a check is decided on: the current window's, or the
+/// sliding estimate.
+pub fn estimate(c: &Check, n: Counts) -> u64 {
+    if c.sliding {
+        sliding_estimate(n.previous, n.current, c.weight_ppm)
+    } else {
+        n.current
+    }
+}
+
+/// Whether one check refuses: the count plus its hits above the limit; a
+/// check of 0 hits refuses when not even one more would fit.
+pub fn over(c: &Check, n: Counts) -> bool {
+    let est = estimate(c, n);
+    if c.hits == 0 {
+        est >= c.limit
+    } else {
+        est.saturating_add(c.hits) > c.limit
+    }
+}
+
+/// A request is admitted only if every one of its windows admits it.
+pub fn admits(r: &Request, counts: &[Counts]) -> bool {
+    r.checks
+        .iter()
+        .zip(
+            counts
+                .iter()
+                .copied()
+                .chain(std::iter::repeat(Counts::default())),
+        )
+        .all(|(c, n)| !over(c, n))
+}
+
+fn rls_unit(unit: Unit) -> RateLimitUnit {
+    match unit {
+        Unit::Second => RateLimitUnit::Second,
+        Unit::Minute => RateLimitUnit::Minute,
+        Unit::Hour => RateLimitUnit::Hour,
+        Unit::Day => RateLimitUnit::Day,
+        Unit::Week => RateLimitUnit::Week,
+        Unit::Month => RateLimitUnit::Month,
+        Unit::Year => RateLimitUnit::Year,
+    }
+}
+
+/// What happened to one request, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub group: usize,
+    pub admitted: bool,
+    pub shadow: bool,
+    pub near_limit: bool,
+}
+
+/// Near the limit: an admitted request that leaves at most a fifth of a
+/// window's limit (envoyproxy/ratelimit's NEAR_LIMIT_RATIO of 0.8).
+fn near(c: &Check, after: u64) -> bool {
+    after.saturating_mul(5) >= c.limit.saturating_mul(4)
+}
+
+/// The answer to a call from each request's counts (read before its hits
+/// were added) and whether it was admitted: one status per descriptor, in
+/// order; marks and descriptors without a rule OK with no limit.
+pub fn answer(
+    plan: &Plan,
+    counts: &[Vec<Counts>],
+    admitted: &[bool],
+    now_ms: u64,
+) -> (RateLimitResponse, Vec<Outcome>) {
+    let ok = DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    };
+    let mut statuses = vec![ok; plan.descriptors];
+    let mut overall = Code::Ok;
+    let mut outcomes = Vec::with_capacity(plan.requests.len());
+    for (i, r) in plan.requests.iter().enumerate() {
+        let admitted = admitted.get(i).copied().unwrap_or(false);
+        let empty = Vec::new();
+        let counts = counts.get(i).unwrap_or(&empty);
+        let mut outcome = Outcome {
+            group: r.checks.first().map_or(0, |c| c.group),
+            admitted,
+            shadow: r.checks.iter().any(|c| c.shadow),
+            near_limit: false,
+        };
+        for (j, c) in r.checks.iter().enumerate() {
+            let n = counts.get(j).copied().unwrap_or_default();
+            let is_over = over(c, n);
+            let added = if admitted { c.hits } else { 0 };
+            let after = estimate(c, n).saturating_add(added);
+            outcome.near_limit |= admitted && near(c, after);
+            let wait_ms = if c.sliding {
+                let cur = n.current.saturating_add(added);
+                sliding_wait_ms(c.limit, 1, n.previous, cur, c.window, c.next_end, now_ms)
+                    .unwrap_or(c.window.1.saturating_sub(now_ms))
+            } else {
+                c.window.1.saturating_sub(now_ms)
+            };
+            let code = if is_over { Code::OverLimit } else { Code::Ok };
+            if code == Code::OverLimit {
+                overall = Code::OverLimit;
+            }
+            if let Some(s) = statuses.get_mut(c.index) {
+                *s = DescriptorStatus {
+                    code: code as i32,
+                    current_limit: Some(RateLimit {
+                        name: c.name.clone(),
+                        requests_per_unit: u32::try_from(c.limit).unwrap_or(u32::MAX),
+                        unit: rls_unit(c.unit) as i32,
+                    }),
+                    limit_remaining: u32::try_from(c.limit.saturating_sub(after))
+                        .unwrap_or(u32::MAX),
+                    duration_until_reset: Some(Duration {
+                        seconds: i64::try_from(wait_ms.div_ceil(1_000)).unwrap_or(i64::MAX),
+                        nanos: 0,
+                    }),
+                };
+            }
+        }
+        outcomes.push(outcome);
+    }
+    (
+        RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+        },
+        outcomes,
+    )
+}
+
+/// The in-process store: counts per key with the instant they expire.
+#[derive(Debug, Default)]
+pub struct MemoryCounts {
+    counts: HashMap<String, (u64, u64)>,
+}
+
+impl MemoryCounts {
+    fn get(&self, key: &str, now_ms: u64) -> u64 {
+        match self.counts.get(key) {
+            Some(&(n, expires)) if expires > now_ms => n,
+            _ => 0,
+        }
+    }
+
+    /// Decides one request and adds its hits when it is admitted.
+    pub fn apply(&mut self, r: &Request, now_ms: u64) -> (Vec<Counts>, bool) {
+        let counts: Vec<Counts> = r
+            .checks
+            .iter()
+            .map(|c| Counts {
+                current: self.get(&c.key, now_ms),
+                previous: c.prev_key.as_deref().map_or(0, |k| self.get(k, now_ms)),
+            })
+            .collect();
+        let admitted = admits(r, &counts);
+        if admitted {
+            for c in r.checks.iter().filter(|c| c.hits > 0) {
+                let e = self
+                    .counts
+                    .entry(c.key.clone())
+                    .or_insert((0, now_ms.saturating_add(c.ttl_ms)));
+                if e.1 <= now_ms {
+                    *e = (0, now_ms.saturating_add(c.ttl_ms));
+                }
+                e.0 = e.0.saturating_add(c.hits);
+            }
+        }
+        (counts, admitted)
+    }
+
+    /// Drops the counters that have expired.
+    pub fn sweep(&mut self, now_ms: u64) {
+        self.counts.retain(|_, (_, expires)| *expires > now_ms);
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.counts.is_empty()
+    }
+
+    /// A counter's value.
+    #[cfg(test)]
+    pub fn value(&self, key: &str, now_ms: u64) -> u64 {
+        self.get(key, now_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,267 @@
+use super::*;
+use crate::proto::{Entry, RateLimitDescriptor, UInt64Value};
+use ratelimit_config::validate::parse_team_limits_for;
+use ratelimit_config::Service;
+
+fn domain(json: &str) -> Domain {
+    let doc: serde_json::Value = serde_json::from_str(json).unwrap();
+    let (limits, _) = parse_team_limits_for(&doc, "", Service::Counter).unwrap();
+    Domain {
+        limits,
+        descriptor_key: "tenant".into(),
+    }
+}
+
+fn desc(pairs: &[(&str, &str)], hits: Option<u64>) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        hits_addend: hits.map(|value| UInt64Value { value }),
+    }
+}
+
+fn call(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "d".into(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+fn run(
+    store: &mut MemoryCounts,
+    d: &Domain,
+    req: &RateLimitRequest,
+    now: u64,
+) -> RateLimitResponse {
+    let plan = plan(Some(d), req, now).unwrap();
+    let mut counts = Vec::new();
+    let mut admitted = Vec::new();
+    for r in &plan.requests {
+        let (c, a) = store.apply(r, now);
+        counts.push(c);
+        admitted.push(a);
+    }
+    answer(&plan, &counts, &admitted, now).0
+}
+
+const T0: u64 = 1_800_000_000_000; // a minute boundary: 1800000000000 % 60000 == 0
+
+#[test]
+fn a_refused_request_adds_nothing_anywhere() {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 2, "perhour": 3}}}"#);
+    let req = call(vec![
+        desc(&[("generic_key", "per_minute"), ("tenant", "a")], None),
+        desc(&[("generic_key", "per_hour"), ("tenant", "a")], None),
+    ]);
+    let mut m = MemoryCounts::default();
+    let codes = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.code).collect::<Vec<_>>();
+    assert_eq!(run(&mut m, &d, &req, T0).overall_code, Code::Ok as i32);
+    let r = run(&mut m, &d, &req, T0 + 1);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    // Over the minute: refused, and the hour keeps its one left.
+    let r = run(&mut m, &d, &req, T0 + 2);
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(codes(&r), vec![Code::OverLimit as i32, Code::Ok as i32]);
+    assert_eq!(r.statuses[1].limit_remaining, 1);
+    // The next minute: the hour's last one, then the hour refuses.
+    assert_eq!(
+        run(&mut m, &d, &req, T0 + 60_000).overall_code,
+        Code::Ok as i32
+    );
+    let r = run(&mut m, &d, &req, T0 + 60_001);
+    assert_eq!(codes(&r), vec![Code::Ok as i32, Code::OverLimit as i32]);
+    let hour = &plan(Some(&d), &req, T0).unwrap().requests[0].checks[1].key;
+    assert_eq!(m.value(hour, T0 + 60_002), 3, "exactly what was admitted");
+}
+
+#[test]
+fn marks_split_a_call_into_requests_and_get_a_status_of_their_own() {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 1}}}"#);
+    let mark = || desc(&[(REQUEST_MARK, "")], None);
+    let minute = |t: &str| desc(&[("generic_key", "per_minute"), ("tenant", t)], None);
+    let req = call(vec![
+        mark(),
+        minute("a"),
+        mark(),
+        minute("a"),
+        mark(),
+        minute("b"),
+    ]);
+    let p = plan(Some(&d), &req, T0).unwrap();
+    assert_eq!(p.requests.len(), 3);
+    let mut m = MemoryCounts::default();
+    let r = run(&mut m, &d, &req, T0);
+    let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, vec![ok, ok, ok, over, ok, ok]);
+    assert!(r.statuses[0].current_limit.is_none());
+    // No marks: one request.
+    assert_eq!(
+        plan(Some(&d), &call(vec![minute("a"), minute("b")]), T0)
+            .unwrap()
+            .requests
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn unknown_domains_and_descriptors_without_a_rule_are_ok_without_a_limit() {
+    let d = domain(r#"{"x-t": {"gold": {"header_value": ["g"], "perminute": 1}}}"#);
+    let req = call(vec![
+        desc(&[("generic_key", "per_minute"), ("tenant", "nobody")], None),
+        desc(&[("generic_key", "per_hour"), ("tenant", "g")], None),
+        desc(&[("other", "x")], None),
+        desc(&[], None),
+    ]);
+    let mut m = MemoryCounts::default();
+    for dom in [None, Some(&d)] {
+        let p = plan(dom, &req, T0).unwrap();
+        assert!(p.requests.iter().all(|r| r.checks.is_empty()));
+        let r = answer(&p, &[], &[true], T0).0;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses.len(), 4);
+        assert!(r.statuses.iter().all(|s| s.current_limit.is_none()));
+    }
+    assert!(m.is_empty());
+    m.sweep(T0);
+}
+
+#[test]
+fn hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting() {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 2}}}"#);
+    let check = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        Some(0),
+    )]);
+    let mut m = MemoryCounts::default();
+    let r = run(&mut m, &d, &check, T0);
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 2)
+    );
+    let mut huge = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        None,
+    )]);
+    huge.hits_addend = u32::MAX;
+    assert_eq!(
+        run(&mut m, &d, &huge, T0).overall_code,
+        Code::OverLimit as i32
+    );
+    let big = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        Some(u64::MAX),
+    )]);
+    assert_eq!(
+        run(&mut m, &d, &big, T0).overall_code,
+        Code::OverLimit as i32
+    );
+    assert!(m.is_empty(), "nothing counted");
+    let two = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        Some(2),
+    )]);
+    assert_eq!(run(&mut m, &d, &two, T0).overall_code, Code::Ok as i32);
+    let r = run(&mut m, &d, &check, T0);
+    assert_eq!(
+        r.overall_code,
+        Code::OverLimit as i32,
+        "full: a check says so"
+    );
+}
+
+#[test]
+fn routes_count_apart_and_calendar_windows_end_on_the_calendar() {
+    let d =
+        domain(r#"{"x-t": {"default": {"permonth": 5, "routes": {"reports": {"perweek": 1}}}}}"#);
+    let req = call(vec![
+        desc(&[("generic_key", "per_month"), ("tenant", "a")], None),
+        desc(
+            &[
+                ("generic_key", "per_week"),
+                ("tenant", "a"),
+                ("route", "reports"),
+            ],
+            None,
+        ),
+    ]);
+    // 2027-01-31 23:59:59 UTC (a Sunday).
+    let now = 1_801_439_999_000;
+    let p = plan(Some(&d), &req, now).unwrap();
+    let checks = &p.requests[0].checks;
+    assert_eq!(checks[0].window.1, now + 1_000, "1 February");
+    assert_eq!(checks[1].window.1, now + 1_000, "Monday");
+    assert!(checks[1].key.ends_with(":r:reports"));
+    assert_eq!(checks[0].tag, checks[1].tag);
+    let mut m = MemoryCounts::default();
+    let r = run(&mut m, &d, &req, now);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 1);
+    assert_eq!(
+        r.statuses[1].current_limit.as_ref().unwrap().name,
+        "default/reports"
+    );
+    assert_eq!(
+        run(&mut m, &d, &req, now + 500).overall_code,
+        Code::OverLimit as i32
+    );
+    assert_eq!(
+        run(&mut m, &d, &req, now + 1_000).overall_code,
+        Code::Ok as i32
+    );
+}
+
+#[test]
+fn a_sliding_window_stops_the_boundary_burst() {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 10, "window": "sliding"}}}"#);
+    let one = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        None,
+    )]);
+    let mut m = MemoryCounts::default();
+    let admitted_between = |m: &mut MemoryCounts, from: u64, n: u64| {
+        (0..n)
+            .filter(|i| run(m, &d, &one, from + i).overall_code == Code::Ok as i32)
+            .count()
+    };
+    // All 10 in the last second of a minute, then a burst at the next one's start.
+    assert_eq!(admitted_between(&mut m, T0 + 59_000, 30), 10);
+    assert_eq!(
+        admitted_between(&mut m, T0 + 60_000, 30),
+        0,
+        "fixed would admit 10"
+    );
+    // A quarter into the next minute: three quarters of 10 still count.
+    assert_eq!(admitted_between(&mut m, T0 + 75_000, 30), 2);
+    let r = run(&mut m, &d, &one, T0 + 75_100);
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let wait = r.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!((1..=10).contains(&wait), "{wait}");
+}
+
+proptest::proptest! {
+    #[test]
+    fn memory_never_admits_more_than_the_limit_in_a_window(
+        limit in 1u32..20, steps in proptest::collection::vec((0u64..3_000, 0u64..3), 1..200)
+    ) {
+        let d = domain(&format!(r#"{{"x-t": {{"default": {{"persecond": {limit}}}}}}}"#));
+        let mut m = MemoryCounts::default();
+        let mut now = T0;
+        let mut per_window: HashMap<u64, u64> = HashMap::new();
+        for (dt, hits) in steps {
+            now += dt;
+            let req = call(vec![desc(&[("generic_key", "per_second"), ("tenant", "a")], Some(hits))]);
+            if run(&mut m, &d, &req, now).overall_code == Code::Ok as i32 {
+                *per_window.entry(now / 1_000).or_default() += hits;
+            }
+        }
+        proptest::prop_assert!(per_window.values().all(|&n| n <= u64::from(limit)));
+    }
+}

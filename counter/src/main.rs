@@ -1,0 +1,183 @@
+//! `ratelimit-counter`: tenant-ratelimit's own rate-limit service. Serves
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` from the
+//! team files themselves, counting in memory or in Redis.
+
+mod decide;
+mod metrics;
+mod proto;
+mod service;
+mod store;
+mod teams;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
+/// gRPC, from the team files, with fixed, sliding and calendar windows.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// A team file (its domain: --domain, else the file's name without
+    /// .json), or a directory of them (each NAME.json serves domain NAME:
+    /// a mounted ConfigMap). Re-read when it changes; a bad file keeps the
+    /// last good one.
+    #[arg(long, env = "TRL_COUNTER_LIMITS")]
+    limits: PathBuf,
+    /// The domain of a single team file.
+    #[arg(long)]
+    domain: Option<String>,
+    /// The descriptor key that carries the tenant (the filter's and
+    /// generate's descriptor_key).
+    #[arg(long, default_value = "tenant")]
+    descriptor_key: String,
+    /// memory, redis://HOST:PORT[/DB], or redis-cluster://HOST:PORT[,HOST:PORT...].
+    /// The password: REDIS_AUTH.
+    #[arg(long, env = "TRL_COUNTER_STORE", default_value = "memory")]
+    store: String,
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    grpc_addr: SocketAddr,
+    /// HTTP listen address: /metrics, /healthz, /readyz.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Every Redis call fails after this long.
+    #[arg(long, default_value_t = 100)]
+    store_timeout_ms: u64,
+    /// How often the team files are checked for changes.
+    #[arg(long, default_value_t = 1_000)]
+    reload_interval_ms: u64,
+}
+
+/// The time, Unix milliseconds. Tests move it with TRL_COUNTER_TEST_CLOCK_FILE,
+/// a file holding an offset in milliseconds (read on every call).
+pub fn now_ms(clock_file: Option<&std::path::Path>) -> u64 {
+    let real = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let offset = clock_file
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .unwrap_or(0);
+    real.saturating_add_signed(offset)
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ratelimit-counter: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let metrics = Arc::new(metrics::Metrics::default());
+    let source = teams::Source {
+        path: args.limits.clone(),
+        domain: args.domain.clone(),
+        descriptor_key: args.descriptor_key.clone(),
+    };
+    let teams = Arc::new(teams::Teams::default());
+    teams.reload(&source, &metrics);
+    let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
+    let password = std::env::var("REDIS_AUTH").ok().filter(|p| !p.is_empty());
+    let store = Arc::new(store::connect(&args.store, password, deadline).await?);
+    let clock_file = std::env::var_os("TRL_COUNTER_TEST_CLOCK_FILE").map(PathBuf::from);
+    let state = Arc::new(service::State {
+        teams: teams.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        clock_file,
+    });
+
+    // Reload the team files, and sweep the memory store.
+    let reloader = {
+        let (teams, metrics, store, state) =
+            (teams.clone(), metrics.clone(), store.clone(), state.clone());
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_millis(args.reload_interval_ms.max(10)));
+            loop {
+                tick.tick().await;
+                teams.reload(&source, &metrics);
+                store.sweep(state.now());
+            }
+        })
+    };
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::Serving)
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+
+    let grpc_listener = tokio::net::TcpListener::bind(args.grpc_addr)
+        .await
+        .map_err(|e| format!("gRPC address {}: {e}", args.grpc_addr))?;
+    let http_listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|e| format!("HTTP address {}: {e}", args.http_addr))?;
+    eprintln!(
+        "ratelimit-counter: gRPC on {}, HTTP on {}, store {}",
+        grpc_listener.local_addr().map_or(args.grpc_addr, |a| a),
+        http_listener.local_addr().map_or(args.http_addr, |a| a),
+        store.name()
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let http = tokio::spawn(service::serve_http(
+        http_listener,
+        state.clone(),
+        stopped(stop_rx.clone()),
+    ));
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(service::RateLimitServer::new(state.clone()))
+        .serve_with_incoming_shutdown(
+            tokio_stream_listener(grpc_listener),
+            stopped(stop_rx.clone()),
+        );
+    let grpc = tokio::spawn(grpc);
+
+    shutdown_signal().await;
+    eprintln!("ratelimit-counter: stopping; finishing the calls under way");
+    health
+        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::NotServing)
+        .await;
+    let _ = stop_tx.send(true);
+    reloader.abort();
+    let _ = grpc.await;
+    let _ = http.await;
+    Ok(())
+}
+
+fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,170 @@
+//! The counter's Prometheus metrics, written in the text format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Upper bounds of the store latency histogram, in microseconds.
+const BUCKETS_US: [u64; 12] = [
+    100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+
+#[derive(Default, Clone, Copy)]
+struct GroupCounts {
+    admitted: u64,
+    refused: u64,
+    near_limit: u64,
+    shadow_refused: u64,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    groups: Mutex<BTreeMap<(String, String), GroupCounts>>,
+    reloads: Mutex<BTreeMap<(String, &'static str), u64>>,
+    buckets: [AtomicU64; BUCKETS_US.len()],
+    latency_count: AtomicU64,
+    latency_sum_us: AtomicU64,
+    pub store_errors: AtomicU64,
+    pub bad_calls: AtomicU64,
+    pub calls: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A label value, escaped as the text format wants.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn request(&self, domain: &str, group: &str, admitted: bool, shadow: bool, near: bool) {
+        let mut g = lock(&self.groups);
+        let c = g
+            .entry((domain.to_string(), group.to_string()))
+            .or_default();
+        match (admitted, shadow) {
+            (true, _) => c.admitted += 1,
+            (false, true) => c.shadow_refused += 1,
+            (false, false) => c.refused += 1,
+        }
+        if near {
+            c.near_limit += 1;
+        }
+    }
+
+    pub fn reload(&self, domain: &str, result: &'static str) {
+        *lock(&self.reloads)
+            .entry((domain.to_string(), result))
+            .or_default() += 1;
+    }
+
+    pub fn latency(&self, us: u64) {
+        for (b, bound) in self.buckets.iter().zip(BUCKETS_US) {
+            if us <= bound {
+                b.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Ordering::Relaxed);
+        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+    }
+
+    pub fn render(&self, store: &str) -> String {
+        let mut out = String::new();
+        let groups = lock(&self.groups).clone();
+        for (name, help, get) in [
+            (
+                "admitted",
+                "Requests admitted.",
+                (|c: &GroupCounts| c.admitted) as fn(&GroupCounts) -> u64,
+            ),
+            ("refused", "Requests refused (nothing counted).", |c| {
+                c.refused
+            }),
+            (
+                "near_limit",
+                "Admitted requests that left at most a fifth of a window's limit.",
+                |c| c.near_limit,
+            ),
+            (
+                "shadow_refused",
+                "Requests of shadow groups that were over a limit.",
+                |c| c.shadow_refused,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
+            for ((d, g), c) in &groups {
+                let _ = writeln!(
+                    out,
+                    "trl_counter_{name}_total{{domain=\"{}\",group=\"{}\"}} {}",
+                    label(d),
+                    label(g),
+                    get(c)
+                );
+            }
+        }
+        let _ = writeln!(out, "# HELP trl_counter_reloads_total Team file loads, by result (ok, failed: the last good one kept).");
+        let _ = writeln!(out, "# TYPE trl_counter_reloads_total counter");
+        for ((d, r), n) in lock(&self.reloads).iter() {
+            let _ = writeln!(
+                out,
+                "trl_counter_reloads_total{{domain=\"{}\",result=\"{r}\"}} {n}",
+                label(d)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP trl_counter_store_seconds Time of one call's store work (the script calls)."
+        );
+        let _ = writeln!(out, "# TYPE trl_counter_store_seconds histogram");
+        for (b, bound) in self.buckets.iter().zip(BUCKETS_US) {
+            let _ = writeln!(
+                out,
+                "trl_counter_store_seconds_bucket{{store=\"{store}\",le=\"{}\"}} {}",
+                bound as f64 / 1e6,
+                b.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.latency_count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "trl_counter_store_seconds_bucket{{store=\"{store}\",le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "trl_counter_store_seconds_sum{{store=\"{store}\"}} {}",
+            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(
+            out,
+            "trl_counter_store_seconds_count{{store=\"{store}\"}} {count}"
+        );
+        for (name, help, v) in [
+            (
+                "store_errors",
+                "Calls the store failed (Redis down, slow past the deadline, or an error).",
+                &self.store_errors,
+            ),
+            (
+                "bad_calls",
+                "Calls refused as malformed or oversized.",
+                &self.bad_calls,
+            ),
+            ("calls", "ShouldRateLimit calls.", &self.calls),
+        ] {
+            let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
+            let _ = writeln!(
+                out,
+                "trl_counter_{name}_total {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        out
+    }
+}

@@ -1,0 +1,66 @@
+"""ratelimit-counter's answers to what clients send, bad input included,
+through a raw gRPC client (tests/grpc_rls.py): drop-in answers where
+envoyproxy/ratelimit has them, marks, and nothing counted wrongly."""
+
+from __future__ import annotations
+
+from counter import Counter
+from grpc_rls import call, request_bytes
+from harness import ensure_window_room, unique
+
+OK, OVER = 1, 2
+LIMITS = {"x-tenant-id": {"default": {"perminute": 3},
+                          "gold": {"header_value": ["g"], "perhour": 5}}}
+
+
+def minute(tenant: str, hits: int | None = None):
+    d = [("generic_key", "per_minute"), ("tenant", tenant)]
+    return d if hits is None else (d, hits)
+
+
+def test_drop_in_answers_and_bad_input(stack):
+    counter = Counter(stack, {"d": LIMITS}, store="memory")
+    port = counter.grpc_port
+    ensure_window_room(60, 15)
+    t = unique("tenant")
+    # An unknown domain, and a descriptor no rule matches (gold has no
+    # per-minute limit): OK, no limit.
+    for domain, desc in [("nope", minute(t)), ("d", minute("g"))]:
+        status, r, _ = call(port, request_bytes(domain, [desc]))
+        assert status == 0 and r["overall_code"] == OK
+        assert r["statuses"] == [{"code": OK, "limit": None, "remaining": 0}]
+    # hits_addend 2^32 - 1: refused, and nothing counted.
+    status, r, _ = call(port, request_bytes("d", [minute(t)], hits_addend=2**32 - 1))
+    assert status == 0 and r["overall_code"] == OVER
+    status, r, _ = call(port, request_bytes("d", [minute(t)]))
+    assert r["statuses"][0] == {"code": OK, "limit": 3, "remaining": 2}
+    # A descriptor's own hits_addend 0 checks without counting.
+    status, r, _ = call(port, request_bytes("d", [minute(t, 0)]))
+    assert r["statuses"][0]["remaining"] == 2
+    # An oversized call: INVALID_ARGUMENT, nothing counted.
+    status, r, message = call(port, request_bytes("d", [minute(t)] * 5000))
+    assert status == 3 and "5000 descriptors" in message, (status, message)
+    # A malformed message: an error status, the counter still answers.
+    status, r, _ = call(port, b"\x12\xff\xff\xff\xff\x0f garbage")
+    assert status not in (0, -1), status
+    status, r, _ = call(port, request_bytes("d", [minute(t)]))
+    assert r["statuses"][0]["remaining"] == 1
+    assert counter.process.alive()
+    m = counter.metrics()
+    assert m["trl_counter_bad_calls_total"] == 1
+
+
+def test_marks_split_a_call_into_requests_decided_apart(stack):
+    counter = Counter(stack, {"d": LIMITS}, store="memory")
+    ensure_window_room(60, 15)
+    t = unique("tenant")
+    mark = [("trl.request", "")]
+    # Three requests of the same tenant in one call: 3 + 1 hits would pass
+    # the limit of 3, so the second (1 hit) is admitted, the third (1) not.
+    call_ = [mark, minute(t, 2), mark, minute(t, 1), mark, minute(t, 1)]
+    status, r, _ = call(counter.grpc_port, request_bytes("d", call_))
+    assert status == 0
+    codes = [s["code"] for s in r["statuses"]]
+    assert codes == [OK, OK, OK, OK, OK, OVER], r
+    assert r["overall_code"] == OVER
+    assert r["statuses"][3]["remaining"] == 0
