@@ -90,3 +90,30 @@ def test_a_frozen_redis_fails_calls_within_the_deadline(stack):
         assert _store_errors(counter) >= before + 5
     finally:
         redis.thaw()
+
+
+def test_a_counter_replica_restarted_keeps_the_count(stack):
+    limits = {"x-tenant-id": {"default": {"perminute": 10}}}
+    gen = _gen_cli(stack, limits, "counter")
+    redis = stack.redis()
+    url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    counters = [Counter(stack, {gen.domain: limits}, store=url, name=f"counter-{i}")
+                for i in range(2)]
+    upstream = stack.upstream()
+    envoys = [native_envoy(stack, gen, c.grpc_port, upstream, name=f"envoy-{i}")
+              for i, c in enumerate(counters)]
+    ensure_window_room(60, MINUTE_ROOM_S)
+    tenant = unique("tenant")
+    assert tally(run_sequential([envoys[0].url], 6, tenant=tenant)) == Tally({200: 6})
+    counters[0].stop()
+    counters[0].start()  # the same ports: the Envoy in front reconnects
+
+    def reached() -> bool:
+        # Envoy fails open while it cannot reach it: ask the counter itself.
+        run_sequential([envoys[0].url], 1, tenant=unique("probe"))
+        return counters[0].metrics().get("trl_counter_calls_total", 0) >= 1
+
+    harness.wait_until(reached, "envoy-0 reaches the restarted counter")
+    # The count lives in Redis: 4 more in this window, over both replicas.
+    results = run_sequential([e.url for e in envoys], 8, tenant=tenant)
+    assert tally(results) == Tally({200: 4, 429: 4}), harness.summary(results)

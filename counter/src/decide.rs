@@ -60,6 +60,9 @@ pub struct Check {
     pub unit: Unit,
     pub limit: u64,
     pub hits: u64,
+    /// The hits of every check of its request on the same counter (itself
+    /// included): what the decision adds to that counter.
+    pub key_hits: u64,
     pub sliding: bool,
     pub shadow: bool,
     /// The group's index in `all_groups()`, and its name (the rule's name).
@@ -163,7 +166,28 @@ pub fn plan(domain: Option<&Domain>, req: &RateLimitRequest, now_ms: u64) -> Res
     if started {
         plan.requests.push(current);
     }
+    for r in &mut plan.requests {
+        sum_hits_per_key(r);
+    }
     Ok(plan)
+}
+
+/// A request that names one counter twice adds both checks' hits to it:
+/// each is decided on their sum.
+fn sum_hits_per_key(r: &mut Request) {
+    let mut totals: HashMap<&str, u64> = HashMap::new();
+    for c in &r.checks {
+        let t = totals.entry(c.key.as_str()).or_default();
+        *t = t.saturating_add(c.hits);
+    }
+    let totals: Vec<u64> = r
+        .checks
+        .iter()
+        .map(|c| totals.get(c.key.as_str()).copied().unwrap_or(c.hits))
+        .collect();
+    for (c, t) in r.checks.iter_mut().zip(totals) {
+        c.key_hits = t;
+    }
 }
 
 /// The rule of one descriptor: `[generic_key=per_<unit>, <key>=<tenant>]`,
@@ -211,6 +235,7 @@ fn resolve(
         unit,
         limit: u64::from(limit),
         hits,
+        key_hits: hits,
         sliding,
         shadow: g.shadow,
         group,
@@ -243,10 +268,10 @@ pub fn estimate(c: &Check, n: Counts) -> u64 {
 /// check of 0 hits refuses when not even one more would fit.
 pub fn over(c: &Check, n: Counts) -> bool {
     let est = estimate(c, n);
-    if c.hits == 0 {
+    if c.key_hits == 0 {
         est >= c.limit
     } else {
-        est.saturating_add(c.hits) > c.limit
+        est.saturating_add(c.key_hits) > c.limit
     }
 }
 
@@ -319,7 +344,7 @@ pub fn answer(
         for (j, c) in r.checks.iter().enumerate() {
             let n = counts.get(j).copied().unwrap_or_default();
             let is_over = over(c, n);
-            let added = if admitted { c.hits } else { 0 };
+            let added = if admitted { c.key_hits } else { 0 };
             let after = estimate(c, n).saturating_add(added);
             outcome.near_limit |= admitted && near(c, after);
             let wait_ms = if c.sliding {

@@ -16,7 +16,8 @@ use crate::decide::{Counts, MemoryCounts, Request};
 /// ARGV: the number of requests, then per request the number of its
 /// checks and per check: sliding (0/1), limit, hits, weight (millionths),
 /// ttl (ms), the index of its key, the index of the previous window's key
-/// (0: none). Returns per request: admitted (0/1), then per check the
+/// (0: none), and the hits of every check of the request on that key.
+/// Returns per request: admitted (0/1), then per check the
 /// current count and the previous one, as read before adding.
 pub const SCRIPT: &str = r"
 local out = {}
@@ -28,7 +29,7 @@ for q = 1, tonumber(ARGV[1]) do
   local at = #out + 1
   out[at] = 0
   for i = 1, n do
-    local limit = tonumber(ARGV[a + 1]); local hits = tonumber(ARGV[a + 2])
+    local limit = tonumber(ARGV[a + 1]); local hits = tonumber(ARGV[a + 7])
     local w = tonumber(ARGV[a + 3]); local k = tonumber(ARGV[a + 5]); local pk = tonumber(ARGV[a + 6])
     local cur = tonumber(redis.call('GET', KEYS[k]) or '0')
     local prev = 0
@@ -38,7 +39,7 @@ for q = 1, tonumber(ARGV[1]) do
     if (hits == 0 and est >= limit) or (hits > 0 and est + hits > limit) then ok = 0 end
     out[#out + 1] = cur
     out[#out + 1] = prev
-    a = a + 7
+    a = a + 8
   end
   out[at] = ok
   if ok == 1 then
@@ -51,7 +52,7 @@ for q = 1, tonumber(ARGV[1]) do
           redis.call('PEXPIRE', k, ARGV[b + 4])
         end
       end
-      b = b + 7
+      b = b + 8
     end
   end
 end
@@ -183,7 +184,8 @@ impl Store {
                     .arg(c.weight_ppm)
                     .arg(c.ttl_ms)
                     .arg(k)
-                    .arg(pk);
+                    .arg(pk)
+                    .arg(c.key_hits);
             }
         }
         let answer: Vec<i64> = tokio::time::timeout(self.deadline, inv.invoke_async(con))

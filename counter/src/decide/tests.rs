@@ -265,3 +265,56 @@ proptest::proptest! {
         proptest::prop_assert!(per_window.values().all(|&n| n <= u64::from(limit)));
     }
 }
+
+proptest::proptest! {
+    /// Any bytes: decoded or refused, and a decoded call answered with one
+    /// status per descriptor, never a panic (what fuzz/ will run longer).
+    #[test]
+    fn any_message_is_answered_or_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), now in 0u64..4_102_444_800_000) {
+        use prost::Message;
+        let d = domain(r#"{"x-t": {"default": {"perminute": 2, "permonth": 9, "window": "sliding", "routes": {"r": {"perweek": 1}}}}}"#);
+        if let Ok(req) = RateLimitRequest::decode(bytes.as_slice()) {
+            if let Ok(p) = plan(Some(&d), &req, now) {
+                let mut m = MemoryCounts::default();
+                let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
+                let (r, outcomes) = answer(&p, &counts, &admitted, now);
+                proptest::prop_assert_eq!(r.statuses.len(), req.descriptors.len());
+                proptest::prop_assert_eq!(outcomes.len(), p.requests.len());
+            }
+        }
+    }
+
+    /// Well-formed calls of random shapes: every admitted request's hits
+    /// are in its counters, and a refused one's nowhere.
+    #[test]
+    fn counters_hold_exactly_what_was_admitted(calls in proptest::collection::vec(proptest::collection::vec((0usize..3, 0u64..3, proptest::prelude::any::<bool>()), 1..6), 1..30)) {
+        let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 7}}}"#);
+        let mut m = MemoryCounts::default();
+        let mut admitted_hits: HashMap<String, u64> = HashMap::new();
+        for c in calls {
+            let mut descriptors = Vec::new();
+            for (tenant, hits, mark) in c {
+                if mark {
+                    descriptors.push(desc(&[(REQUEST_MARK, "")], None));
+                }
+                let t = ["a", "b", "c"][tenant];
+                descriptors.push(desc(&[("generic_key", "per_minute"), ("tenant", t)], Some(hits)));
+                descriptors.push(desc(&[("generic_key", "per_hour"), ("tenant", t)], Some(hits)));
+            }
+            let req = call(descriptors);
+            let p = plan(Some(&d), &req, T0).unwrap();
+            for r in &p.requests {
+                let (_, ok) = m.apply(r, T0);
+                if ok {
+                    for ch in &r.checks {
+                        *admitted_hits.entry(ch.key.clone()).or_default() += ch.hits;
+                    }
+                }
+            }
+        }
+        for (k, n) in admitted_hits {
+            proptest::prop_assert_eq!(m.value(&k, T0), n);
+            proptest::prop_assert!(n <= 7);
+        }
+    }
+}
