@@ -172,6 +172,27 @@ def test_a_cost_in_the_response_trailer_is_charged_after_the_response(stack):
         server.server_close()
 
 
+def test_one_client_sending_at_once_is_admitted_at_most_one_request_past_its_quota(stack):
+    """One client, one keep-alive connection, each request sent as soon as
+    the last response arrived (no waiting for its cost to land): each
+    response's cost is charged as the response passes, so at most the
+    request that meets the quota's last units goes past it."""
+    fleet = stack.fleet(COST_LIMITS, envoys=1, timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                        **RESPONSE_COST)
+    ensure_window_room(60, MINUTE_ROOM_S)
+    tenant = unique("tenant")
+
+    results = run_sequential(fleet.urls, 15, tenant, {"x-test-cost": "10"})
+    t = tally(results)
+    assert set(t) <= {200, 429}, harness.summary(results)
+    assert [r.status for r in results[:10]] == [200] * 10, harness.summary(results)
+    assert t[200] <= 11, harness.summary(results)
+    # Every admitted response's cost was charged, none failed.
+    wait_charged(fleet, t[200])
+    c = fleet.counters()
+    assert c["group.default.response_cost.failed"] == 0, c
+
+
 def test_concurrent_clients_stay_within_the_stated_bound(stack):
     """Each client sends its next request once its last admitted one is
     charged, so at most one request per client is uncharged: with C clients,

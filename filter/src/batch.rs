@@ -130,9 +130,9 @@ pub enum Settle {
 /// Who a part is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
-    /// A request paused for the answer: its stream's context id (0 once
-    /// the stream has ended).
-    Stream { id: u32, settle: Settle },
+    /// A request paused for the answer: its stream's context id (None once
+    /// the stream has ended: the answer is settled, delivered to nobody).
+    Stream { id: Option<u32>, settle: Settle },
     /// The root's call about the tenant at `at` (and, for a charge, its
     /// state on the route at `route_at`).
     Tenant {
@@ -220,8 +220,8 @@ impl Part {
     /// stream has ended).
     pub fn stream(&self) -> Option<u32> {
         match self.owner {
-            Owner::Stream { id, .. } if id != 0 => Some(id),
-            _ => None,
+            Owner::Stream { id, .. } => id,
+            Owner::Tenant { .. } => None,
         }
     }
 }
@@ -437,8 +437,8 @@ impl Batcher {
         if let Ok(mut f) = self.in_flight.try_borrow_mut() {
             for part in f.values_mut().flat_map(|f| f.parts.iter_mut()) {
                 if let Owner::Stream { id: stream, .. } = &mut part.owner {
-                    if *stream == id {
-                        *stream = 0;
+                    if *stream == Some(id) {
+                        *stream = None;
                     }
                 }
             }

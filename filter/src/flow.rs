@@ -257,7 +257,7 @@ impl Stream {
         let hits = lease_batch.unwrap_or(cost).saturating_add(carried);
         self.hits = hits;
         let owner = Owner::Stream {
-            id: self.id,
+            id: Some(self.id),
             settle,
         };
         let route = limited.route.map(|r| r.name.clone());

@@ -266,7 +266,8 @@ type ById<T> = HashMap<u32, T, BuildHasherDefault<IdHasher>>;
 /// The VM's contexts. Each table is borrowed only within one step of a
 /// callback: Envoy runs a resumed or answered request's next steps after
 /// the callback returns, so nothing calls back into the VM meanwhile (a
-/// borrow that fails anyway skips the step, logged).
+/// borrow that fails anyway skips the step, silently: there is no state
+/// to log it with, and it has never been seen).
 #[derive(Default)]
 struct Contexts {
     roots: RefCell<ById<Plugin>>,
@@ -280,7 +281,9 @@ thread_local! {
 /// Runs `f` on root `id`'s plugin, if it exists and is not borrowed.
 fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
     CONTEXTS.with(|c| {
-        let mut roots = c.roots.try_borrow_mut().ok()?;
+        let Ok(mut roots) = c.roots.try_borrow_mut() else {
+            return None;
+        };
         roots.get_mut(&id).map(f)
     })
 }
@@ -288,7 +291,9 @@ fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
 /// Runs `f` on stream `id`, if it exists and is not borrowed.
 fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
     CONTEXTS.with(|c| {
-        let mut streams = c.streams.try_borrow_mut().ok()?;
+        let Ok(mut streams) = c.streams.try_borrow_mut() else {
+            return None;
+        };
         streams.get_mut(&id).map(f)
     })
 }

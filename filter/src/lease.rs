@@ -5,10 +5,9 @@
 //! notes" in docs/architecture.md). Pure: state in, state out, time passed
 //! in; `modes` keeps it in the tenant's slot.
 
-use ratelimit_config::{Group, Mode};
+use ratelimit_config::{Group, Mode, PluginConfig};
 
 use crate::answer::Answer;
-use crate::decision::Compiled;
 use crate::window;
 
 /// One tenant's lease, in its slot.
@@ -96,15 +95,15 @@ pub struct LeaseParams {
 
 impl LeaseParams {
     /// The lease settings of `group`, None unless its mode is lease.
-    pub fn for_group(c: &Compiled, group: &Group) -> Option<LeaseParams> {
-        if c.config.local.mode_for(group) != Mode::Lease {
+    pub fn for_group(config: &PluginConfig, group: &Group) -> Option<LeaseParams> {
+        if config.local.mode_for(group) != Mode::Lease {
             return None;
         }
         let (unit, _) = group.limits.iter().next()?;
         Some(LeaseParams {
-            max_batch: c.config.local.lease_max_batch_for(group),
+            max_batch: config.local.lease_max_batch_for(group),
             window_ms: unit.seconds().saturating_mul(1_000),
-            refill_lost_ms: u64::from(c.config.timeout_ms).saturating_add(1_000),
+            refill_lost_ms: u64::from(config.timeout_ms).saturating_add(1_000),
         })
     }
 

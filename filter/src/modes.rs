@@ -70,9 +70,9 @@ pub enum ModeParams {
 
 impl ModeParams {
     pub fn of(c: &Compiled, group: &ratelimit_config::Group) -> ModeParams {
-        if let Some(p) = LeaseParams::for_group(c, group) {
+        if let Some(p) = LeaseParams::for_group(&c.config, group) {
             ModeParams::Lease(p)
-        } else if let Some(p) = SyncParams::for_group(c, group) {
+        } else if let Some(p) = SyncParams::for_group(&c.config, group) {
             ModeParams::Sync(p)
         } else {
             ModeParams::Exact
@@ -506,12 +506,12 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
 
 fn lease_params(c: &Compiled, group: usize) -> Option<LeaseParams> {
     let g = c.config.limits.all_groups().nth(group)?;
-    LeaseParams::for_group(c, g)
+    LeaseParams::for_group(&c.config, g)
 }
 
 fn sync_params(c: &Compiled, group: usize) -> Option<SyncParams> {
     let g = c.config.limits.all_groups().nth(group)?;
-    SyncParams::for_group(c, g)
+    SyncParams::for_group(&c.config, g)
 }
 
 /// Stores the outcome of a call for `batch` tokens of the tenant at `at`
@@ -764,7 +764,7 @@ fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answ
     let Some(group) = c.config.limits.all_groups().nth(part.group) else {
         return;
     };
-    let in_window = LeaseParams::for_group(c, group)
+    let in_window = LeaseParams::for_group(&c.config, group)
         .is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
     if !in_window {
         return;

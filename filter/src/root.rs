@@ -130,7 +130,7 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
 pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
     let mut groups = c.config.limits.all_groups();
     groups
-        .any(|g| SyncParams::for_group(c, g).is_some())
+        .any(|g| SyncParams::for_group(&c.config, g).is_some())
         .then_some(u64::from(c.config.local.sync_interval_ms))
 }
 
@@ -139,7 +139,7 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 /// is charged when the response tells it (`cost::charge_response`).
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
     let mut groups = c.config.limits.all_groups();
-    let leases = groups.any(|g| LeaseParams::for_group(c, g).is_some());
+    let leases = groups.any(|g| LeaseParams::for_group(&c.config, g).is_some());
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),
@@ -154,7 +154,7 @@ pub fn lease_window_ms(c: &Compiled) -> Option<u64> {
     c.config
         .limits
         .all_groups()
-        .filter_map(|g| LeaseParams::for_group(c, g))
+        .filter_map(|g| LeaseParams::for_group(&c.config, g))
         .map(|p| p.window_ms)
         .min()
 }

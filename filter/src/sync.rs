@@ -5,10 +5,9 @@
 //! design notes" in docs/architecture.md). Pure: state in, state out, time
 //! passed in; `modes` keeps it in the tenant's slot.
 
-use ratelimit_config::{Group, Mode};
+use ratelimit_config::{Group, Mode, PluginConfig};
 
 use crate::answer::Answer;
-use crate::decision::Compiled;
 use crate::headers::RETRY_AFTER;
 use crate::window;
 
@@ -72,16 +71,16 @@ pub struct SyncParams {
 
 impl SyncParams {
     /// The sync settings of `group`, None unless its mode is sync.
-    pub fn for_group(c: &Compiled, group: &Group) -> Option<SyncParams> {
-        if c.config.local.mode_for(group) != Mode::Sync {
+    pub fn for_group(config: &PluginConfig, group: &Group) -> Option<SyncParams> {
+        if config.local.mode_for(group) != Mode::Sync {
             return None;
         }
         let (windows, units) = window::of_group(group);
         Some(SyncParams {
-            max_unsynced: c.config.local.max_unsynced_for(group),
+            max_unsynced: config.local.max_unsynced_for(group),
             windows,
             units,
-            push_lost_ms: u64::from(c.config.timeout_ms).saturating_add(1_000),
+            push_lost_ms: u64::from(config.timeout_ms).saturating_add(1_000),
         })
     }
 

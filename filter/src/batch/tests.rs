@@ -173,7 +173,7 @@ fn the_queue_holds_at_most_max_queued_parts() {
     let parts: Vec<Part> = (0..MAX_QUEUED_PARTS + 3)
         .map(|i| {
             let owner = Owner::Stream {
-                id: 1_000 + i as u32,
+                id: Some(1_000 + i as u32),
                 settle: Settle::Exact,
             };
             Part::new(&c, owner, 0, (format!("t{i}"), None), 1, NOW)
