@@ -20,6 +20,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 import ship
