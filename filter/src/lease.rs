@@ -228,7 +228,15 @@ pub fn settle(
                 }
                 l.tokens = l.tokens.saturating_add(tokens);
                 l.until_ms = until;
-                l.remaining = remaining;
+                // Within one window the service's count only grows, so of
+                // two answers the smaller remaining is the later count:
+                // answers to calls of two workers may come back in either
+                // order. A refusal's 0 gives way to a grant.
+                l.remaining = if l.remaining_until_ms == until && l.remaining > 0 {
+                    l.remaining.min(remaining)
+                } else {
+                    remaining
+                };
                 l.remaining_until_ms = until;
             }
         }

@@ -78,6 +78,58 @@ fn tokens_never_outlive_their_window_and_are_counted_as_stranded() {
 }
 
 #[test]
+fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
+    // Two calls under way (two workers): the one asked later is answered
+    // first, with the smaller remaining; the earlier one's answer, which
+    // the service counted before it, must not raise the estimate again.
+    let (l, _) = settle(
+        None,
+        &P,
+        NOW + 2,
+        NOW + 4,
+        5,
+        Outcome::Granted { remaining: 1_489 },
+    );
+    let (l, _) = settle(
+        Some(l),
+        &P,
+        NOW,
+        NOW + 5,
+        4,
+        Outcome::Granted { remaining: 1_494 },
+    );
+    assert_eq!((l.tokens, l.remaining), (9, 1_489));
+    // In the next window the first answer stands as it is.
+    let (l, _) = settle(
+        Some(l),
+        &P,
+        MINUTE_END + 1,
+        MINUTE_END + 3,
+        2,
+        Outcome::Granted { remaining: 1_497 },
+    );
+    assert_eq!(l.remaining, 1_497);
+    // A refusal's 0 gives way to a later grant of one hit.
+    let (l, _) = settle(
+        Some(l),
+        &P,
+        MINUTE_END + 4,
+        MINUTE_END + 5,
+        0,
+        Outcome::Refused,
+    );
+    let (l, _) = settle(
+        Some(l),
+        &P,
+        MINUTE_END + 6,
+        MINUTE_END + 7,
+        0,
+        Outcome::Granted { remaining: 2 },
+    );
+    assert_eq!(l.remaining, 2);
+}
+
+#[test]
 fn a_batch_granted_after_its_window_ended_is_stranded_whole() {
     // Asked 1 ms before the minute ended, answered in the next one.
     let (l, stranded) = settle(
