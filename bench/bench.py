@@ -26,22 +26,40 @@ the whole benchmark:
                 refusal; the local_shed scenario only, unless --configs
                 names it
 
+and the same against ratelimit-counter (target/counter/ratelimit-counter,
+`make build`), which reads the bench's team file itself, on the same Redis
+(or its memory store); by default in the allowed scenario (and the first
+two in the hot one) only, unless --configs names them:
+
+  native_counter               native, the counter as the service (Envoy's
+                               rate_limits block is the same: `generate
+                               --service counter` writes the same)
+  filter_exact_counter         filter, with the plugin configuration
+                               `generate --service counter` writes
+                               (rate_limit_service.service "counter")
+  filter_exact_counter_memory  the same, the counter's memory store
+  filter_lease_counter         filter_lease against the counter
+  filter_sync_counter          filter_sync against the counter
+
 The outage scenario freezes the service (SIGSTOP) for each of its runs:
 Envoy's native filters wait for their timeout on every request; this
 filter's breaker opens after a few failed calls and answers at once, with
 on_failure "allow" (filter) or each tenant's share (filter_local).
 
 All use the same team file (bench/limits.json, plus the bench's own tenants:
-see quota_limits), the same service and domain, the same rate-limit call
-timeout (1 s) and the same upstream. For every scenario the configurations
-run in turn, A B C A B C ..., each run a fixed number of connections for a
-fixed time, driven by wrk (bench/tenants.lua picks the tenant of every
-request).
+see quota_limits), the same domain, the same rate-limit service
+(envoyproxy/ratelimit; the counter for the configurations above that name
+it), the same rate-limit call timeout (1 s) and the same upstream. For
+every scenario the configurations run in turn, A B C A B C ..., each run a
+fixed number of connections for a fixed time, driven by wrk
+(bench/tenants.lua picks the tenant of every request).
 
 Per run: the CPU seconds (utime + stime, /proc/<pid>/stat) of the Envoy
-under test (the pinned scenario: its fleet), the service, Redis, the
-counting upstream and wrk (its processes, waited for: this process's
-RUSAGE_CHILDREN over the run); Redis's INFO commandstats over the run; the
+under test (the pinned scenario: its fleet), its service
+(envoyproxy/ratelimit or the counter), Redis, the counting upstream and
+wrk (its processes, waited for: this process's RUSAGE_CHILDREN over the
+run); Redis's INFO commandstats over the run
+(envoyproxy/ratelimit's INCRBY and EXPIRE, the counter's EVALSHA); the
 rate-limit calls each Envoy made (its own rate-limit cluster's
 upstream_rq_total: the native filter and this filter both call through
 it), fail-opens (the native filter's ratelimit.failure_mode_allowed, this
@@ -78,6 +96,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+import counters  # noqa: E402
 import flood  # noqa: E402
 import harness as h  # noqa: E402
 import report  # noqa: E402
@@ -85,8 +104,19 @@ import service_side  # noqa: E402
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
-CONFIGS = ("baseline", "wasm_noop", "native", "filter", "filter_lease", "filter_sync",
-           "filter_local", "wasm_reply")
+CONFIGS = ("baseline", "wasm_noop", "native", "native_counter", "filter",
+           "filter_exact_counter", "filter_exact_counter_memory", "filter_lease",
+           "filter_lease_counter", "filter_sync", "filter_sync_counter", "filter_local",
+           "wasm_reply")
+# The configurations whose service is ratelimit-counter: (the Envoy they
+# are: "native" or this filter's local.mode, the counter's store).
+COUNTER_CONFIGS = {
+    "native_counter": ("native", "redis"),
+    "filter_exact_counter": ("exact", "redis"),
+    "filter_exact_counter_memory": ("exact", "memory"),
+    "filter_lease_counter": ("lease", "redis"),
+    "filter_sync_counter": ("sync", "redis"),
+}
 # The configurations that limit nothing: no quota figures for them.
 NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
 # Without --configs, these run in these scenarios only: wasm_noop limits and
@@ -94,7 +124,15 @@ NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
 # outage one about the service), wasm_reply refuses everything (the floor of
 # the local shed). Named in --configs, they run wherever the others do.
 DEFAULT_SCENARIOS = {"wasm_noop": ("allowed", "hot", "local_shed", "mixed"),
-                     "wasm_reply": ("local_shed",)}
+                     "wasm_reply": ("local_shed",),
+                     # The counter: its cost on the allowed path (every
+                     # store, every mode), and in the hot scenario what it
+                     # admits per window when refused requests count nowhere.
+                     "native_counter": ("allowed", "hot"),
+                     "filter_exact_counter": ("allowed", "hot"),
+                     "filter_exact_counter_memory": ("allowed",),
+                     "filter_lease_counter": ("allowed",),
+                     "filter_sync_counter": ("allowed",)}
 # bench/wasm-reply, built by `make bench` (and here when missing).
 WASM_REPLY_CRATE = REPO / "bench" / "wasm-reply"
 WASM_REPLY_TARGET_DIR = REPO / "target" / "wasm-reply"
@@ -122,7 +160,6 @@ EXTRA_CONFIGS = {
 }
 TIMEOUT_MS = 1000  # both filters: the native template's `timeout: 1s`
 RLS_CACHE_BYTES = 64 * 1024 * 1024
-RLS_CALLS = 'ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}'
 # Envoy stats kept per run (deltas): status classes, the native filters' own
 # counters, this filter's counters.
 ENVOY_STATS = re.compile(
@@ -462,10 +499,11 @@ def children_cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def cpu_snapshot(fleet: list[h.Envoy], parts: dict) -> dict[str, float]:
+def cpu_snapshot(fleet: list[h.Envoy], service: counters.Service,
+                 parts: dict) -> dict[str, float]:
     return {
         "envoy": sum(cpu_seconds(e.process.pid) for e in fleet),
-        "service": cpu_seconds(parts["rls"].process.pid),
+        "service": cpu_seconds(service.pid),
         "redis": cpu_seconds(parts["redis"].process.pid),
         "upstream": cpu_seconds(parts["upstream"].process.pid),
         "wrk": children_cpu_seconds(),
@@ -526,14 +564,15 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
     """One run of one configuration; its per-second counts go into `windows`
     and its [start, end] into `intervals`. With duration_s (the warm-up) it
     returns the run without printing it."""
-    rls: h.RateLimitService = stack_parts["rls"]
+    # The configuration's service: envoyproxy/ratelimit, or a counter.
+    rls: counters.Service = stack_parts["services"][cfg]
     cluster: str = stack_parts["rls_cluster"]
     fleet: list[h.Envoy] = stack_parts["fleets"][cfg] if scenario.pinned else [stack_parts[cfg]]
     envoy = fleet[0]
     duration = duration_s or args.duration
     header = stack_parts["header"]
-    metrics0 = rls.settled_metrics()
-    service0, hits0 = metrics0.get(RLS_CALLS, 0), service_hits(metrics0)
+    metrics0 = rls.metrics()
+    service0, hits0 = rls.calls(metrics0), service_hits(metrics0)
     calls0 = rls_calls(envoy, cluster)
     stats0 = [envoy_stats(e) for e in fleet]
     redis: h.Redis = stack_parts["redis"]
@@ -551,7 +590,7 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
                       for e in fleet[1:]]
     if scenario.outage:
         rls.freeze()
-    cpu0 = cpu_snapshot(fleet, stack_parts)
+    cpu0 = cpu_snapshot(fleet, rls, stack_parts)
     t0 = time.time()
     try:
         result = wrk(envoy.url, scenario, header, args.threads, args.connections, duration,
@@ -561,10 +600,10 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
             rls.thaw()
     t1 = time.time()
     spread_results = [wrk_finish(b, duration) for b in background]
-    cpu1 = cpu_snapshot(fleet, stack_parts)
+    cpu1 = cpu_snapshot(fleet, rls, stack_parts)
     calls = settled_calls(envoy, cluster) - calls0
-    metrics1 = rls.settled_metrics()
-    service_calls = metrics1.get(RLS_CALLS, 0) - service0
+    metrics1 = rls.metrics()
+    service_calls = rls.calls(metrics1) - service0
     hits = service_hits(metrics1) - hits0
     commands = delta(redis_commands(redis), commands0)
     if windows is not None:
@@ -597,17 +636,24 @@ def run_once(stack_parts: dict, cfg: str, scenario: Scenario, rep: int, args,
         # This Envoy's own calls (its rate-limit cluster), per request it answered.
         "rls_calls": int(calls),
         "rls_calls_per_request": calls / n if n else 0.0,
+        # The service that answered: "ratelimit" (envoyproxy/ratelimit) or "counter".
+        "service": rls.kind,
         # The service's own ShouldRateLimit counter over the run (every Envoy;
         # in the pinned scenario the background load's calls too).
         "service_calls": int(service_calls),
         # The hits the service counted on its rules (total_hits: each
-        # descriptor's hits_addend, 1 for Envoy's native filter).
+        # descriptor's hits_addend, 1 for Envoy's native filter;
+        # envoyproxy/ratelimit only).
         "service_hits": int(hits),
         # This filter's descriptors sent (this Envoy), per call it made.
         "rls_descriptors": descriptors,
         "descriptors_per_call": descriptors / calls if calls else 0.0,
-        # Redis's commands over the run (INFO commandstats; every Envoy's calls).
+        # Redis's commands over the run (INFO commandstats; every Envoy's
+        # calls): envoyproxy/ratelimit's INCRBY and EXPIRE, the counter's
+        # EVALSHA and the GET, INCRBY and PEXPIRE its script runs.
         "redis_commands": commands,
+        # Of those, the commands the service sent (not its script's).
+        "redis_commands_sent": counters.sent_commands(commands, rls.kind),
         # CPU seconds over the run: the Envoy under test (pinned: its fleet),
         # the service, Redis, the counting upstream, wrk (every wrk of the run).
         "cpu_s": {k: round(cpu1[k] - cpu0[k], 4) for k in CPU_COMPONENTS},
@@ -676,11 +722,15 @@ def main() -> int:
                          "checks the harness works, measures nothing")
     ap.add_argument("--service-side", choices=("on", "off", "only"),
                     help="the service-side scenario (bench/service_side.py: the allowed path "
-                         "with 1 or 2 service replicas, one Redis or a Redis Cluster): "
+                         "with 1 or 2 replicas of envoyproxy/ratelimit or of the counter, "
+                         "one Redis or a Redis Cluster, and the counter's memory store): "
                          "on (default), off (default with --smoke), only")
+    ap.add_argument("--service-side-configs", default=",".join(service_side.CONFIGS),
+                    help="service-side scenario: comma-separated subset of "
+                         + ", ".join(service_side.CONFIGS) + " (all)")
     ap.add_argument("--pin-service-cpu", type=int, metavar="CPU",
                     help="service-side scenario: pin every service replica to this CPU "
-                         "(taskset) with GOMAXPROCS=1")
+                         "(taskset) with GOMAXPROCS=1 (the counter: TOKIO_WORKER_THREADS=1)")
     ap.add_argument("--pinned-quota", type=int, default=PINNED_QUOTA, metavar="N",
                     help="the pinned scenario's quota per minute "
                          f"({PINNED_QUOTA:,}; --smoke: 50)")
@@ -706,6 +756,11 @@ def main() -> int:
         ap.error("filter_alt needs --alt-wasm FILE")
     if not chosen:
         ap.error(f"no scenario among {args.scenarios!r}")
+    side_configs = tuple(c for c in service_side.CONFIGS
+                         if c in args.service_side_configs.split(","))
+    side_unknown = set(args.service_side_configs.split(",")) - set(service_side.CONFIGS)
+    if args.service_side != "off" and (side_unknown or not side_configs):
+        ap.error(f"unknown service-side configuration(s) {sorted(side_unknown)}")
     if args.service_side == "only":
         chosen, configs = [], []
 
@@ -723,6 +778,11 @@ def main() -> int:
         print("wrk not found: `make deps` installs it (Debian package wrk)", file=sys.stderr)
         return 1
     missing = h.missing_binaries()
+    uses_counter = (any(c in COUNTER_CONFIGS for c in configs)
+                    or (args.service_side != "off"
+                        and any(c.startswith("cnt") for c in side_configs)))
+    if uses_counter and not counters.COUNTER_BIN.exists():
+        missing.append(str(counters.COUNTER_BIN))
     if missing:
         print("missing: " + ", ".join(missing) + " (run `make deps build`)", file=sys.stderr)
         return 1
@@ -745,6 +805,20 @@ def main() -> int:
         redis = stack.redis()
         rls = stack.ratelimit(redis, gen, log_level="warn",
                               extra_env={"LOCAL_CACHE_SIZE_IN_BYTES": str(RLS_CACHE_BYTES)})
+        # The counter, when a configuration calls it: one on the same Redis
+        # (the configurations take turns), one with its memory store.
+        stores = {COUNTER_CONFIGS[c][1] for c in configs if c in COUNTER_CONFIGS}
+        counter_gen, counter_plugin_cfg = gen, {}
+        counter_for: dict[str, counters.Service] = {}
+        if stores:
+            counter_gen = counters.generate_for_counter(stack, limits, gen.domain, TIMEOUT_MS)
+            counter_plugin_cfg = counter_gen.plugin_config()
+            for store in sorted(stores):
+                url = "memory" if store == "memory" else counters.redis_store(redis)
+                counter_for[store] = counters.Service("counter", counters.start_counter(
+                    stack, gen.domain, limits, url, name=f"counter-{store}"))
+        services = {c: counter_for[COUNTER_CONFIGS[c][1]] if c in COUNTER_CONFIGS
+                    else counters.Service("ratelimit", rls) for c in configs}
         tracked = [t for sc in chosen for c in configs if runs_in(sc, c)
                    for t in (*sc.tracked_for(c), *([SPREAD_TENANT.format(cfg=c)]
                                                    if sc.pinned else []))]
@@ -755,15 +829,24 @@ def main() -> int:
         def start(name: str, text: str, listen: int, admin: int) -> h.Envoy:
             return h.Envoy(stack, name, text, listen, admin, concurrency=conc)
 
-        parts: dict = {"rls": rls, "redis": redis, "upstream": upstream,
+        parts: dict = {"services": services, "redis": redis, "upstream": upstream,
                        "header": header, "fleets": {},
                        "rls_cluster": plugin_cfg["rate_limit_service"]["cluster"]}
 
         def envoy_for(cfg: str, name: str) -> h.Envoy:
             listen, admin = h.free_port(), h.free_port()
-            ports = dict(listen_port=listen, admin_port=admin, rls_port=rls.grpc_port,
+            ports = dict(listen_port=listen, admin_port=admin,
+                         rls_port=services[cfg].grpc_port,
                          upstream_port=upstream.listen_port)
-            if cfg == "baseline":
+            if cfg in COUNTER_CONFIGS:
+                kind = COUNTER_CONFIGS[cfg][0]
+                if kind == "native":
+                    text = native_config(counter_gen, max_dynamic=slots, **ports)
+                else:
+                    moded = dict(counter_plugin_cfg,
+                                 local=dict(counter_plugin_cfg["local"], mode=kind))
+                    text = h.render_envoy_config(moded, node_id=cfg, **ports)
+            elif cfg == "baseline":
                 text = baseline_config(gen, **ports)
             elif cfg == "native":
                 text = native_config(gen, max_dynamic=slots, **ports)
@@ -846,6 +929,9 @@ def main() -> int:
             "pinned_quota_per_minute": args.pinned_quota,
             "pinned_background_connections": PINNED_BACKGROUND_CONNECTIONS,
             "modes": MODE_CONFIGS,
+            "counter_configs": {c: {"envoy": k, "store": st}
+                                for c, (k, st) in COUNTER_CONFIGS.items() if c in configs},
+            "counter_store_timeout_ms": counters.COUNTER_STORE_TIMEOUT_MS,
         },
         "limits": limits,
         "scenarios": {s.name: s.title for s in chosen},
@@ -867,7 +953,8 @@ def main() -> int:
     }
     if args.service_side != "off":
         allowed = next(s for s in SCENARIOS if s.name == "allowed")
-        results["service_side"] = service_side.run(args, out, wrk, allowed, header, limits)
+        results["service_side"] = service_side.run(args, out, wrk, allowed, header, limits,
+                                                   side_configs)
         results["wall_s"] = round(time.time() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = report.markdown(results)

@@ -30,7 +30,28 @@ CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "t
                  "filter_local": "this filter, on_failure local",
                  "wasm_noop": "wasm, no-op", "wasm_reply": "wasm, 429 at once",
                  "filter_no_local": "this filter, no local layer",
-                 "filter_alt": "this filter, --alt-wasm build"}
+                 "filter_alt": "this filter, --alt-wasm build",
+                 "native_counter": "Envoy native + counter",
+                 "filter_exact_counter": "this filter + counter",
+                 "filter_exact_counter_memory": "this filter + counter, memory store",
+                 "filter_lease_counter": "this filter, lease + counter",
+                 "filter_sync_counter": "this filter, sync + counter"}
+# The counter's configurations against what they are compared with: the
+# same Envoy and calls against envoyproxy/ratelimit, and the memory store
+# against the Redis store.
+COUNTER_PAIRS = (
+    ("filter_exact_counter", "filter"),
+    ("native_counter", "native"),
+    ("filter_lease_counter", "filter_lease"),
+    ("filter_sync_counter", "filter_sync"),
+    ("filter_exact_counter_memory", "filter_exact_counter"),
+)
+# The issue's targets for the counter, on the allowed path: service CPU per
+# request at most a fifth, Redis CPU per request at most half, Redis
+# commands per admitted request at most 0.3, throughput at least 1.5x with
+# this filter, the memory store at least 3x the Redis store.
+COUNTER_TARGETS = {"service_cpu": 0.2, "redis_cpu": 0.5, "redis_commands": 0.3,
+                   "filter_rps": 1.5, "memory_rps": 3.0}
 # The configurations that limit nothing: no admitted-per-window figures.
 NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
 # The components of a run's cpu_s, in the table's order.
@@ -46,7 +67,7 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
             "rps": [], "p50": [], "p99": [], "statuses": {}, "requests": 0, "rls_calls": 0,
             "socket_errors": 0, "failed_open": 0, "rls_errors": 0,
             "served": 0, "service_calls": 0, "service_hits": 0, "rls_descriptors": 0,
-            "redis": {}, "cpu_s": {},
+            "redis": {}, "redis_sent": {}, "cpu_s": {}, "admitted": 0,
         })
         s["rps"].append(run["rps"])
         s.setdefault("cpr", []).append(run["rls_calls_per_request"])
@@ -54,6 +75,10 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s["p99"].append(run["latency_ms"]["p99"])
         for code, count in run["statuses"].items():
             s["statuses"][code] = s["statuses"].get(code, 0) + count
+        # Requests admitted (2xx), the pinned scenario's background load too.
+        s["admitted"] += sum(n for code, n in (
+            *run["statuses"].items(), *run.get("background", {}).get("statuses", {}).items())
+            if str(code).startswith("2"))
         s["requests"] += run["requests"]
         s["rls_calls"] += run["rls_calls"]
         e = run["errors"]
@@ -66,6 +91,9 @@ def summarise(results: dict) -> dict[str, dict[str, dict]]:
         s["rls_descriptors"] += run.get("rls_descriptors", 0)
         for k, v in run.get("redis_commands", {}).items():
             s["redis"][k] = s["redis"].get(k, 0) + v
+        # Results from before the counter: every command was sent.
+        for k, v in run.get("redis_commands_sent", run.get("redis_commands", {})).items():
+            s["redis_sent"][k] = s["redis_sent"].get(k, 0) + v
         for k, v in run.get("cpu_s", {}).items():
             s["cpu_s"][k] = s["cpu_s"].get(k, 0.0) + v
     for per_cfg in out.values():
@@ -229,6 +257,9 @@ def markdown(results: dict) -> str:
                   "healthy limiter."]
     if summary:
         lines += ["", *cost_markdown(results, summary)]
+    counter = counter_markdown(results, summary)
+    if counter:
+        lines += ["", *counter]
     if "pinned" in summary:
         lines += ["", *pinned_markdown(results, summary["pinned"])]
     if "service_side" in results:
@@ -271,14 +302,18 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
     if has_reply:
         head.append("vs wasm_reply")
     head += ["p99 vs native (worst)", "calls / request", "descriptors / call",
-             "Redis INCRBY / request", "Redis commands / request"]
+             "Redis INCRBY / request", "Redis EVALSHA / request",
+             "Redis commands / request", "Redis commands sent / admitted request"]
     head += [f"CPU µs / request: {CPU_LABELS[c]}" if c == CPU_COMPONENTS[0]
              else CPU_LABELS[c] for c in CPU_COMPONENTS]
     lines = [
         "Ratios are medians over repetitions of each repetition's ratio (in brackets the "
         "worst); CPU is each process's user + system time over the runs (the pinned "
         "scenario: its whole fleet of Envoys) over the requests they served; Redis "
-        "commands are INFO commandstats over the runs, every Envoy's calls.",
+        "commands are INFO commandstats over the runs, every Envoy's calls, the "
+        "commands the counter's script runs inside Redis (GET, INCRBY, PEXPIRE) "
+        "included; commands sent leave those out (the counter sends EVALSHA; "
+        "envoyproxy/ratelimit INCRBY and EXPIRE).",
         "",
         "| " + " | ".join(head) + " |",
         "|---|---|" + "---:|" * (len(head) - 2),
@@ -305,7 +340,10 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
             row.append(f"{d[0]:.2f}{d[1]}" if d else "")
             redis = s["redis"]
             row.append(f"{redis.get('incrby', 0) / served:.3f}" if served else "")
+            row.append(f"{redis.get('evalsha', 0) / served:.3f}" if served else "")
             row.append(f"{sum(redis.values()) / served:.3f}" if served else "")
+            row.append(f"{sum(s['redis_sent'].values()) / s['admitted']:.3f}"
+                       if s["admitted"] else "")
             cpu = s["cpu_s"]
             row += [f"{1e6 * cpu[c] / served:,.1f}" if served and c in cpu else ""
                     for c in CPU_COMPONENTS]
@@ -315,6 +353,86 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
                   "total_hits per call (the native filter sends each descriptor with a "
                   "hits_addend of 1)."]
     return lines
+
+
+def per_request(s: dict, component: str) -> float | None:
+    """CPU µs of one component per request served, over a row's runs."""
+    cpu = s["cpu_s"].get(component)
+    return 1e6 * cpu / s["served"] if s["served"] and cpu is not None else None
+
+
+def counter_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[str]:
+    """The counter against envoyproxy/ratelimit (COUNTER_PAIRS), per
+    scenario both ran in: throughput and p99 paired per repetition, the
+    service's and Redis's CPU per request served, Redis commands per
+    admitted request; the ratio and, on the allowed path, the target."""
+    rows = []
+    for name, per_cfg in summary.items():
+        for cfg, ref in COUNTER_PAIRS:
+            a, b = per_cfg.get(cfg), per_cfg.get(ref)
+            if a is None or b is None:
+                continue
+            memory = cfg.endswith("_memory")
+
+            def vs(x: float | None, y: float | None, target: float | None,
+                   higher: bool = False) -> str:
+                if x is None or y is None:
+                    return ""
+                cell = f"{x:,.1f} / {y:,.1f}"
+                if y:
+                    cell += f" = {x / y:.2f}x"
+                    if target is not None and name == "allowed":
+                        met = x / y >= target if higher else x / y <= target
+                        cell += f" ({'≥' if higher else '≤'} {target:g}x: "
+                        cell += ("met" if met else "short") + ")"
+                return cell
+
+            r = paired_ratios(results, name, a=cfg, b=ref)
+            rps_target = COUNTER_TARGETS["memory_rps" if memory else "filter_rps"]
+            if r is None:
+                rps = p99 = ""
+            else:
+                rps = f"{r[0]:.2f}x ({r[1]:.2f}x)"
+                if name == "allowed" and (memory or cfg == "filter_exact_counter"):
+                    rps += f" (≥ {rps_target:g}x: {'met' if r[0] >= rps_target else 'short'})"
+                p99 = f"{r[2]:.2f}x ({r[3]:.2f}x)"
+                if name == "allowed" and cfg == "filter_exact_counter":
+                    p99 += f" (≤ 1x: {'met' if r[2] <= 1.0 else 'short'})"
+            commands = [sum(x["redis_sent"].values()) / x["admitted"] if x["admitted"]
+                        else None for x in (a, b)]
+            cmd_cell = "" if commands[0] is None else f"{commands[0]:.3f}"
+            if commands[1] is not None:
+                cmd_cell += f" / {commands[1]:.3f}"
+            if (name == "allowed" and not memory and commands[0] is not None):
+                target = COUNTER_TARGETS["redis_commands"]
+                cmd_cell += f" (≤ {target:g}: {'met' if commands[0] <= target else 'short'})"
+            rows.append(
+                f"| {name} | {CONFIG_LABELS[cfg]} | {CONFIG_LABELS[ref]} | {rps} | {p99} "
+                f"| {vs(per_request(a, 'service'), per_request(b, 'service'), None if memory else COUNTER_TARGETS['service_cpu'])} "
+                f"| {vs(per_request(a, 'redis'), per_request(b, 'redis'), None if memory else COUNTER_TARGETS['redis_cpu'])} "
+                f"| {cmd_cell} "
+                f"| {vs(per_request(a, 'envoy'), per_request(b, 'envoy'), None)} |")
+    if not rows:
+        return []
+    return [
+        "The counter (ratelimit-counter) against envoyproxy/ratelimit: the same Envoy "
+        "making the same calls, one service or the other, the same Redis; and its memory "
+        "store against its Redis store. Throughput and p99: medians over repetitions of "
+        "each repetition's ratio (in brackets the worst). CPU: µs per request served, "
+        "this configuration / the other = ratio. Targets (allowed path): service CPU at "
+        f"most {COUNTER_TARGETS['service_cpu']:g}x, Redis CPU at most "
+        f"{COUNTER_TARGETS['redis_cpu']:g}x, Redis commands sent per admitted request "
+        "(the counter: EVALSHA; not the commands its script runs inside Redis) at most "
+        f"{COUNTER_TARGETS['redis_commands']:g}, this filter + counter at least "
+        f"{COUNTER_TARGETS['filter_rps']:g}x the throughput with p99 no worse, the memory "
+        f"store at least {COUNTER_TARGETS['memory_rps']:g}x the Redis store.",
+        "",
+        "| Scenario | Configuration | against | req/s ratio (worst) | p99 ratio (worst) "
+        "| service CPU µs / request | Redis CPU µs / request "
+        "| Redis commands sent / admitted request | Envoy CPU µs / request |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 def pinned_markdown(results: dict, per_cfg: dict[str, dict]) -> list[str]:
@@ -361,43 +479,58 @@ def pinned_markdown(results: dict, per_cfg: dict[str, dict]) -> list[str]:
 
 def service_side_markdown(ss: dict) -> list[str]:
     """The service-side scenario (bench/service_side.py): medians per
-    configuration, and each configuration's throughput against one service
-    on one Redis, per repetition (median, worst)."""
+    configuration, each configuration's throughput against the first (one
+    envoyproxy/ratelimit on one Redis) per repetition (median, worst), and
+    a counter's requests per second per service core against
+    envoyproxy/ratelimit's on the same topology ("against"), per repetition."""
     by_cfg: dict[str, list[dict]] = {}
     for run in ss["runs"]:
         by_cfg.setdefault(run["config"], []).append(run)
     pinned = ss.get("pinned_service_cpu")
+    against = ss.get("against", {})
     lines = [
         f"Service side: {ss['title']}; the service scaled out"
-        + (f" (every replica pinned to CPU {pinned}, GOMAXPROCS=1)" if pinned is not None else "")
+        + (f" (every replica pinned to CPU {pinned}, GOMAXPROCS=1, TOKIO_WORKER_THREADS=1)"
+           if pinned is not None else "")
         + ". CPU per call is the CPU time the replicas (or the Redis servers) used "
-        "during the run over the calls they answered.",
+        "during the run over the calls they answered; requests per service core, the "
+        "requests over the replicas' CPU seconds. Redis commands: INCRBY and EXPIRE "
+        "(envoyproxy/ratelimit), EVALSHA (the counter).",
         "",
         "| Configuration | req/s | p99 ms | service calls/s | Envoy CPU µs/request "
-        "| service CPU µs/call | Redis CPU µs/call | Redis INCRBY+EXPIRE / call "
-        "| req/s vs 1 service, one Redis |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| service CPU µs/call | Redis CPU µs/call | Redis commands / call "
+        "| req/s per service core | counter vs envoyproxy/ratelimit per service core "
+        "| req/s vs first |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    base = {r["rep"]: r for r in by_cfg.get(ss["configs"][0], [])}
+    first = ss["configs"][0]
+    by_rep = {cfg: {r["rep"]: r for r in runs} for cfg, runs in by_cfg.items()}
 
     def med(runs: list[dict], key: str) -> float:
-        return statistics.median(r[key] for r in runs)
+        return statistics.median(r.get(key, 0.0) for r in runs)
+
+    def paired(cfg: str, ref: str, key: str) -> str:
+        ratios = [r[key] / by_rep[ref][rep][key] for rep, r in by_rep.get(cfg, {}).items()
+                  if rep in by_rep.get(ref, {}) and by_rep[ref][rep].get(key)]
+        return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}x)" if ratios else ""
 
     for cfg in ss["configs"]:
         runs = by_cfg.get(cfg, [])
         if not runs:
             continue
-        ratios = [r["rps"] / base[r["rep"]]["rps"] for r in runs
-                  if r["rep"] in base and base[r["rep"]]["rps"]]
-        ratio = (f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}x)" if ratios else "")
+        ref = against.get(cfg)
+        per_core = (f"{paired(cfg, ref, 'requests_per_service_core_s')} vs "
+                    f"{ss['labels'][ref]}" if ref else "")
         lines.append(
             f"| {ss['labels'][cfg]} | {med(runs, 'rps'):,.0f} "
             f"| {statistics.median(r['latency_ms']['p99'] for r in runs):.2f} "
             f"| {med(runs, 'rls_calls_per_s'):,.0f} "
-            f"| {statistics.median(r.get('envoy_cpu_us_per_request', 0.0) for r in runs):.0f} "
+            f"| {med(runs, 'envoy_cpu_us_per_request'):.0f} "
             f"| {med(runs, 'service_cpu_us_per_call'):.0f} "
             f"| {med(runs, 'redis_cpu_us_per_call'):.0f} "
-            f"| {med(runs, 'redis_data_commands_per_call'):.2f} | {ratio} |")
+            f"| {med(runs, 'redis_data_commands_per_call'):.2f} "
+            f"| {med(runs, 'requests_per_service_core_s'):,.0f} | {per_core} "
+            f"| {paired(cfg, first, 'rps') if cfg != first else '1.00x'} |")
     return lines
 
 
@@ -416,7 +549,10 @@ def chart(results: dict, path: Path) -> None:
     colors = {"baseline": "#9e9e9e", "native": "#1f77b4", "filter": "#ff7f0e",
               "filter_lease": "#8c564b", "filter_sync": "#e377c2",
               "wasm_noop": "#2ca02c", "wasm_reply": "#bcbd22", "filter_no_local": "#d62728",
-              "filter_alt": "#9467bd", "filter_local": "#17becf"}
+              "filter_alt": "#9467bd", "filter_local": "#17becf",
+              "native_counter": "#aec7e8", "filter_exact_counter": "#ffbb78",
+              "filter_exact_counter_memory": "#98df8a", "filter_lease_counter": "#c49c94",
+              "filter_sync_counter": "#f7b6d2"}
     # Admitted per window over the limit, the scenario's first quota unit (hot:
     # per minute): the bar is the mean, the whiskers the lowest and the highest.
     for sc in scenarios:

@@ -1,18 +1,27 @@
 """`make bench`'s service-side scenario: the allowed path (every request one
 call to the rate-limit service) through this filter, with the service side
-scaled four ways, in one run:
+scaled four ways, envoyproxy/ratelimit and ratelimit-counter side by side,
+in one run:
 
-  svc1_single   1 service replica,  one Redis
-  svc2_single   2 service replicas, one Redis
-  svc1_cluster  1 service replica,  a Redis Cluster (3 masters, a replica each)
-  svc2_cluster  2 service replicas, the same Redis Cluster
+  svc1_single   1 envoyproxy/ratelimit replica,  one Redis
+  svc2_single   2 envoyproxy/ratelimit replicas, one Redis
+  svc1_cluster  1 envoyproxy/ratelimit replica,  a Redis Cluster (3 masters,
+                a replica each)
+  svc2_cluster  2 envoyproxy/ratelimit replicas, the same Redis Cluster
+  cnt1_single, cnt2_single, cnt1_cluster, cnt2_cluster
+                the same with ratelimit-counter replicas (the filter
+                configured for the counter: `generate --service counter`),
+                on the same Redis and the same Redis Cluster
+  cnt1_memory   1 counter with its memory store (no Redis)
 
 Each is its own filter Envoy whose rate-limit cluster lists its replicas;
 all run for the whole scenario and take turns (A B C D A B C D ...). Besides
 wrk's figures, each run records the service's calls (its own counter), the
 CPU time the service replicas and the Redis servers used (/proc/<pid>/stat),
 and the Redis commands they ran (INFO commandstats): where the time goes,
-and where the bottleneck moves.
+and where the bottleneck moves. Requests (and calls) per second per service
+core are the requests (calls) over the CPU seconds the replicas used: what
+one core of service answers.
 
 Used by bench/bench.py (--service-side); the results go under
 "service_side" in results.json, and report.py prints their table.
@@ -28,16 +37,27 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 import cluster as cl  # noqa: E402
+import counters  # noqa: E402
 import harness as h  # noqa: E402
 
-CONFIGS = ("svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster")
+CONFIGS = ("svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster",
+           "cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory")
 LABELS = {
     "svc1_single": "1 service, one Redis",
     "svc2_single": "2 services, one Redis",
     "svc1_cluster": "1 service, Redis Cluster",
     "svc2_cluster": "2 services, Redis Cluster",
+    "cnt1_single": "1 counter, one Redis",
+    "cnt2_single": "2 counters, one Redis",
+    "cnt1_cluster": "1 counter, Redis Cluster",
+    "cnt2_cluster": "2 counters, Redis Cluster",
+    "cnt1_memory": "1 counter, memory store",
 }
-RLS_CALLS = 'ratelimit_service_total_requests{grpc_method="ShouldRateLimit"}'
+# A counter configuration against the envoyproxy/ratelimit one of the same
+# topology (the memory store: against one service on one Redis).
+AGAINST = {"cnt1_single": "svc1_single", "cnt2_single": "svc2_single",
+           "cnt1_cluster": "svc1_cluster", "cnt2_cluster": "svc2_cluster",
+           "cnt1_memory": "svc1_single"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -68,62 +88,102 @@ def commandstats(nodes: list) -> dict[str, int]:
     return total
 
 
-def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
-    """Start the topologies, run the allowed scenario against each, return the results."""
+def run(args, out: Path, wrk, scenario, header: str, limits: dict,
+        configs: tuple[str, ...] = CONFIGS) -> dict:
+    """Start the topologies `configs` need, run the allowed scenario against
+    each, return the results."""
     runs: list[dict] = []
+    pinned = args.pin_service_cpu is not None
     with h.Stack(out / "stack-service-side") as stack:
         gen = stack.generate(limits, domain="bench", timeout_ms=1000)
         single = stack.redis()
-        redis_cluster = cl.RedisCluster.start(stack)
+        redis_cluster = (cl.RedisCluster.start(stack)
+                         if any(c.endswith("_cluster") for c in configs) else None)
         env_single = cl.service_env(single=single)
-        env_cluster = cl.service_env(cluster=redis_cluster)
-        if args.pin_service_cpu is not None:
+        env_cluster = cl.service_env(cluster=redis_cluster) if redis_cluster else {}
+        if pinned:
             # One core per replica, counted as such by the Go runtime too.
             env_single = dict(env_single, GOMAXPROCS="1")
             env_cluster = dict(env_cluster, GOMAXPROCS="1")
-        rls_single = cl.services(stack, gen, 2, env_single, log_level="warn")
-        rls_cluster = cl.services(stack, gen, 2, env_cluster, log_level="warn")
-        if args.pin_service_cpu is not None:
-            for s in (*rls_single, *rls_cluster):
+
+        def wanted(prefix: str, topology: str) -> int:
+            """Replicas of one service on one topology that `configs` use."""
+            return max((int(c[3]) for c in configs
+                        if c.startswith(prefix) and c.endswith("_" + topology)), default=0)
+
+        rls_single = cl.services(stack, gen, wanted("svc", "single"), env_single,
+                                 log_level="warn")
+        rls_cluster = cl.services(stack, gen, wanted("svc", "cluster"), env_cluster,
+                                  log_level="warn")
+        # The counter: one tokio worker per replica when pinned.
+        counter_env = {"TOKIO_WORKER_THREADS": "1"} if pinned else None
+        stores = {"single": counters.redis_store(single), "memory": "memory"}
+        if redis_cluster is not None:
+            stores["cluster"] = "redis-cluster://" + redis_cluster.url
+        cnt = {topology: [counters.start_counter(stack, gen.domain, limits, store,
+                                                 name=f"counter-{topology}-{i}",
+                                                 env=counter_env)
+                          for i in range(wanted("cnt", topology))]
+               for topology, store in stores.items()}
+        if pinned:
+            for s in (*rls_single, *rls_cluster, *(c for cs in cnt.values() for c in cs)):
                 pin(s.process, args.pin_service_cpu)
         upstream = stack.upstream()
         plugin_cfg = gen.plugin_config()
+        counter_cfg = (counters.generate_for_counter(stack, limits, gen.domain, 1000)
+                       .plugin_config() if any(c.startswith("cnt") for c in configs) else {})
+        redis_nodes = redis_cluster.nodes if redis_cluster else []
         parts = {
-            "svc1_single": (rls_single[:1], [single]),
-            "svc2_single": (rls_single, [single]),
-            "svc1_cluster": (rls_cluster[:1], redis_cluster.nodes),
-            "svc2_cluster": (rls_cluster, redis_cluster.nodes),
+            "svc1_single": ("ratelimit", rls_single[:1], [single]),
+            "svc2_single": ("ratelimit", rls_single, [single]),
+            "svc1_cluster": ("ratelimit", rls_cluster[:1], redis_nodes),
+            "svc2_cluster": ("ratelimit", rls_cluster, redis_nodes),
+            "cnt1_single": ("counter", cnt["single"][:1], [single]),
+            "cnt2_single": ("counter", cnt["single"], [single]),
+            "cnt1_cluster": ("counter", cnt.get("cluster", [])[:1], redis_nodes),
+            "cnt2_cluster": ("counter", cnt.get("cluster", []), redis_nodes),
+            "cnt1_memory": ("counter", cnt["memory"][:1], []),
         }
-        envoys = {cfg: cl.envoy_for(stack, plugin_cfg, rls, upstream, name=cfg,
+        services = {cfg: [counters.Service(kind, s) for s in handles]
+                    for cfg, (kind, handles, _) in parts.items() if cfg in configs}
+        envoys = {cfg: cl.envoy_for(stack, counter_cfg if cfg.startswith("cnt") else plugin_cfg,
+                                    parts[cfg][1], upstream, name=cfg,
                                     concurrency=args.envoy_concurrency)
-                  for cfg, (rls, _) in parts.items()}
+                  for cfg in configs}
 
-        print(f"Service side: {scenario.title}, the service scaled four ways", flush=True)
+        print(f"Service side: {scenario.title}, envoyproxy/ratelimit and the counter "
+              f"({len(configs)} topologies)", flush=True)
         if args.warmup:
-            for cfg in CONFIGS:
+            for cfg in configs:
                 wrk(envoys[cfg].url, scenario, header, args.threads, args.connections,
                     args.warmup)
         for rep in range(1, args.reps + 1):
-            for cfg in CONFIGS:
-                rls, redises = parts[cfg]
-                calls0 = sum(s.settled_metrics().get(RLS_CALLS, 0) for s in rls)
-                svc_cpu0 = sum(cpu_seconds(s.process.pid) for s in rls)
+            for cfg in configs:
+                kind, _, redises = parts[cfg]
+                rls = services[cfg]
+
+                def calls_now() -> float:
+                    return sum(s.calls(s.metrics()) for s in rls)
+
+                calls0 = calls_now()
+                svc_cpu0 = sum(cpu_seconds(s.pid) for s in rls)
                 redis_cpu0 = sum(cpu_seconds(r.process.pid) for r in redises)
                 envoy_cpu0 = cpu_seconds(envoys[cfg].process.pid)
                 cmd0 = commandstats(redises)
                 result = wrk(envoys[cfg].url, scenario, header, args.threads,
                              args.connections, args.duration)
-                calls = sum(s.settled_metrics().get(RLS_CALLS, 0) for s in rls) - calls0
-                svc_cpu = sum(cpu_seconds(s.process.pid) for s in rls) - svc_cpu0
+                calls = calls_now() - calls0
+                svc_cpu = sum(cpu_seconds(s.pid) for s in rls) - svc_cpu0
                 redis_cpu = sum(cpu_seconds(r.process.pid) for r in redises) - redis_cpu0
                 envoy_cpu = cpu_seconds(envoys[cfg].process.pid) - envoy_cpu0
                 cmd1 = commandstats(redises)
                 cmds = {k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0)}
                 n = result["requests"]
                 secs = result["duration_us"] / 1e6
-                data_cmds = sum(v for k, v in cmds.items() if k in ("incrby", "expire"))
+                data_cmds = counters.data_commands(cmds, kind)
                 r = {
                     "scenario": f"service_{scenario.name}", "config": cfg, "rep": rep,
+                    "service": kind,
                     "requests": n, "duration_s": secs, "rps": n / secs if secs else 0.0,
                     "latency_ms": {k: v / 1000 for k, v in result["latency_us"].items()},
                     "statuses": result["statuses"], "errors": result["errors"],
@@ -135,13 +195,22 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
                     "envoy_cpu_us_per_request": 1e6 * envoy_cpu / n if n else 0.0,
                     "service_cpu_us_per_call": 1e6 * svc_cpu / calls if calls else 0.0,
                     "redis_cpu_us_per_call": 1e6 * redis_cpu / calls if calls else 0.0,
+                    # What one core of service answers: requests (calls) over
+                    # the CPU seconds the replicas used.
+                    "requests_per_service_core_s": n / svc_cpu if svc_cpu > 0 else 0.0,
+                    "calls_per_service_core_s": calls / svc_cpu if svc_cpu > 0 else 0.0,
+                    # INFO commandstats: the commands the counter's script runs
+                    # inside Redis included.
                     "redis_commands": cmds,
+                    # Sent: INCRBY and EXPIRE (envoyproxy/ratelimit), EVALSHA (the counter).
                     "redis_data_commands_per_call": data_cmds / calls if calls else 0.0,
+                    "redis_data_commands_per_request": data_cmds / n if n else 0.0,
                 }
                 runs.append(r)
                 print(f"  {cfg:<13} rep {rep}: {r['rps']:>8.0f} req/s  "
                       f"p99 {r['latency_ms']['p99']:.2f} ms  calls/s {r['rls_calls_per_s']:.0f}  "
                       f"service {r['service_cpu_us_per_call']:.0f} µs/call  "
+                      f"req/s per service core {r['requests_per_service_core_s']:.0f}  "
                       f"redis {r['redis_cpu_us_per_call']:.0f} µs/call  "
                       f"envoy {r['envoy_cpu_us_per_request']:.0f} µs/req  "
                       f"redis cmds/call {r['redis_data_commands_per_call']:.2f}  "
@@ -149,12 +218,15 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict) -> dict:
     return {
         "scenario": scenario.name,
         "title": scenario.title,
-        "configs": list(CONFIGS),
+        "configs": list(configs),
         "labels": LABELS,
+        "against": {c: a for c, a in AGAINST.items() if c in configs and a in configs},
         "pinned_service_cpu": args.pin_service_cpu,
         "redis_cluster": "3 masters, 1 replica each (redis-server, cluster mode, loopback); "
                          "Redis CPU counts all 6 nodes, commands only the masters",
         "service_redis_settings": {"single": env_single, "cluster": {
             k: v for k, v in env_cluster.items() if k != "REDIS_URL"}},
+        "counter_settings": {"store_timeout_ms": counters.COUNTER_STORE_TIMEOUT_MS,
+                             "env": counter_env or {}},
         "runs": runs,
     }

@@ -25,6 +25,11 @@ OUTAGE_CONFIGS = {"native", "filter", "filter_local"}
 NOOP_SCENARIOS = SCENARIOS - {"pinned"}
 REPLY_SCENARIOS = {"local_shed"}
 CPU_COMPONENTS = {"envoy", "service", "redis", "upstream", "wrk"}
+# The same Envoys against ratelimit-counter: every one on the allowed path,
+# two in the hot scenario.
+COUNTER_ALLOWED = {"native_counter", "filter_exact_counter", "filter_exact_counter_memory",
+                   "filter_lease_counter", "filter_sync_counter"}
+COUNTER_HOT = {"native_counter", "filter_exact_counter"}
 
 
 def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
@@ -40,7 +45,9 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
     assert set(runs) == ({(s, c) for s in SCENARIOS for c in CONFIGS} - {("pinned", "baseline")}
                          | {("outage", c) for c in OUTAGE_CONFIGS}
                          | {(s, "wasm_noop") for s in NOOP_SCENARIOS}
-                         | {(s, "wasm_reply") for s in REPLY_SCENARIOS})
+                         | {(s, "wasm_reply") for s in REPLY_SCENARIOS}
+                         | {("allowed", c) for c in COUNTER_ALLOWED}
+                         | {("hot", c) for c in COUNTER_HOT})
     for key, run in runs.items():
         # With the service frozen, every call waits its whole 1 s timeout
         # (this filter's too, until its breaker opens): a 1-second run may
@@ -81,12 +88,51 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
         assert allowed["redis_commands"].get("incrby", 0) > 0, config
     allowed = runs[("allowed", "filter")]
     assert allowed["rls_descriptors"] >= allowed["rls_calls"] > 0, allowed
+    for config in COUNTER_ALLOWED:
+        # The counter answered every call these Envoys made (its own count of
+        # them is theirs), none failed open, every request was admitted; on
+        # Redis it counted with its script (EVALSHA: the INCRBY Redis counts
+        # are the script's, not sent); the memory store sent Redis nothing.
+        allowed = runs[("allowed", config)]
+        assert allowed["service"] == "counter", config
+        assert set(allowed["statuses"]) == {"200"}, (config, allowed["statuses"])
+        if config in ("filter_lease_counter", "filter_sync_counter"):
+            # A lease refill or a sync push of an Envoy that ran before may
+            # reach the shared counter during the run.
+            assert allowed["service_calls"] >= allowed["rls_calls"] > 0, config
+        else:
+            assert allowed["rls_calls"] == allowed["service_calls"] > 0, config
+        assert allowed["failed_open"] == 0 and allowed["rls_errors"] == 0, config
+        commands, sent = allowed["redis_commands"], allowed["redis_commands_sent"]
+        assert "incrby" not in sent, (config, sent)
+        if config.endswith("_memory"):
+            assert not {"evalsha", "incrby"} & set(commands), (config, commands)
+        else:
+            assert sent.get("evalsha", 0) > 0, (config, sent)
+            assert commands.get("incrby", 0) > 0, (config, commands)
+        assert allowed["cpu_s"]["service"] > 0, config
+    for config in ("native_counter", "filter_exact_counter"):
+        # Exact mode asks the counter about every request, as against
+        # envoyproxy/ratelimit.
+        allowed = runs[("allowed", config)]
+        assert allowed["rls_calls"] >= allowed["requests"], config
+    assert runs[("allowed", "filter")]["service"] == "ratelimit"
     for config in LIMITING:
         # Both filters' calls get the 1 s timeout: none fails open.
         assert runs[("allowed", config)]["failed_open"] == 0, config
         # A tenant over its quota, and one bursting past its bucket, are refused.
         for scenario in ("hot", "local_shed"):
             assert runs[(scenario, config)]["statuses"].get("429", 0) > 0, (scenario, config)
+    for config in COUNTER_HOT:
+        # The counter refuses the hot tenant too, and admits no more than its
+        # limit per minute window (up to the requests in flight at a
+        # window's edge, which the upstream may see in the next second).
+        hot = runs[("hot", config)]
+        assert hot["statuses"].get("429", 0) > 0, config
+        assert hot["failed_open"] == 0, config
+        w = report.quota_windows(results, "hot", config)["minute"]
+        assert all(a <= w["limit"] + results["settings"]["connections"]
+                   for a in w["admitted"]), (config, w)
     # The filter remembers the hot tenant's refusal; Envoy's own filter asks again.
     hot_filter, hot_native = runs[("hot", "filter")], runs[("hot", "native")]
     assert hot_filter["rls_calls"] < hot_filter["requests"] // 2
@@ -120,5 +166,12 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
     assert ("| Scenario | Configuration | req/s | vs native (worst) | vs wasm_noop "
             "| vs wasm_reply |") in table
     assert "| local_shed | wasm, 429 at once |" in table
+    # The counter's rows, and the counter against envoyproxy/ratelimit.
+    for label in ("Envoy native + counter", "this filter + counter",
+                  "this filter + counter, memory store"):
+        assert f"| allowed | {label} |" in table, label
+    assert ("| allowed | this filter + counter | this filter | ") in table
+    assert ("| allowed | Envoy native + counter | Envoy native | ") in table
+    assert ("| allowed | this filter + counter, memory store | this filter + counter | ") in table
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Envoy native" in proc.stdout
