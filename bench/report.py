@@ -514,15 +514,19 @@ def service_side_markdown(ss: dict) -> list[str]:
                   if rep in by_rep.get(ref, {}) and by_rep[ref][rep].get(key)]
         return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}x)" if ratios else ""
 
+    any_failed = False
     for cfg in ss["configs"]:
         runs = by_cfg.get(cfg, [])
         if not runs:
             continue
+        failed_calls = sum(r.get("rls_errors", 0) + r.get("failed_open", 0) for r in runs)
+        mark = " ⚠" if failed_calls else ""
+        any_failed = any_failed or bool(failed_calls)
         ref = against.get(cfg)
         per_core = (f"{paired(cfg, ref, 'requests_per_service_core_s')} vs "
                     f"{ss['labels'][ref]}" if ref else "")
         lines.append(
-            f"| {ss['labels'][cfg]} | {med(runs, 'rps'):,.0f} "
+            f"| {ss['labels'][cfg]}{mark} | {med(runs, 'rps'):,.0f} "
             f"| {statistics.median(r['latency_ms']['p99'] for r in runs):.2f} "
             f"| {med(runs, 'rls_calls_per_s'):,.0f} "
             f"| {med(runs, 'envoy_cpu_us_per_request'):.0f} "
@@ -531,6 +535,10 @@ def service_side_markdown(ss: dict) -> list[str]:
             f"| {med(runs, 'redis_data_commands_per_call'):.2f} "
             f"| {med(runs, 'requests_per_service_core_s'):,.0f} | {per_core} "
             f"| {paired(cfg, first, 'rps') if cfg != first else '1.00x'} |")
+    if any_failed:
+        lines += ["", "⚠: calls to the service failed in this row's runs (the filter let "
+                  "the requests through, on_failure allow): its figures are not those of a "
+                  "service that answered."]
     return lines
 
 

@@ -88,6 +88,15 @@ def commandstats(nodes: list) -> dict[str, int]:
     return total
 
 
+def filter_failures(envoy: h.Envoy) -> dict[str, int]:
+    """This filter's fail-opens and failed calls so far (its counters
+    tenant_ratelimit.failure_mode_allowed and .rls_error)."""
+    out = {"failed_open": 0, "rls_errors": 0}
+    for k, v in envoy.stats(r"tenant_ratelimit\.(failure_mode_allowed|rls_error)$").items():
+        out["failed_open" if k.endswith("failure_mode_allowed") else "rls_errors"] += v
+    return out
+
+
 def run(args, out: Path, wrk, scenario, header: str, limits: dict,
         configs: tuple[str, ...] = CONFIGS) -> dict:
     """Start the topologies `configs` need, run the allowed scenario against
@@ -170,6 +179,7 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                 redis_cpu0 = sum(cpu_seconds(r.process.pid) for r in redises)
                 envoy_cpu0 = cpu_seconds(envoys[cfg].process.pid)
                 cmd0 = commandstats(redises)
+                fail0 = filter_failures(envoys[cfg])
                 result = wrk(envoys[cfg].url, scenario, header, args.threads,
                              args.connections, args.duration)
                 calls = calls_now() - calls0
@@ -177,6 +187,7 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                 redis_cpu = sum(cpu_seconds(r.process.pid) for r in redises) - redis_cpu0
                 envoy_cpu = cpu_seconds(envoys[cfg].process.pid) - envoy_cpu0
                 cmd1 = commandstats(redises)
+                fail1 = filter_failures(envoys[cfg])
                 cmds = {k: v - cmd0.get(k, 0) for k, v in cmd1.items() if v - cmd0.get(k, 0)}
                 n = result["requests"]
                 secs = result["duration_us"] / 1e6
@@ -188,6 +199,11 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                     "latency_ms": {k: v / 1000 for k, v in result["latency_us"].items()},
                     "statuses": result["statuses"], "errors": result["errors"],
                     "rls_calls": int(calls),
+                    # Calls that failed (the filter's count) and the requests
+                    # it let through for them (on_failure allow): a run with
+                    # any measures a service that did not answer.
+                    "rls_errors": fail1["rls_errors"] - fail0["rls_errors"],
+                    "failed_open": fail1["failed_open"] - fail0["failed_open"],
                     "rls_calls_per_s": calls / secs if secs else 0.0,
                     "service_cpu_s": round(svc_cpu, 3),
                     "redis_cpu_s": round(redis_cpu, 3),
@@ -214,7 +230,8 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                       f"redis {r['redis_cpu_us_per_call']:.0f} µs/call  "
                       f"envoy {r['envoy_cpu_us_per_request']:.0f} µs/req  "
                       f"redis cmds/call {r['redis_data_commands_per_call']:.2f}  "
-                      f"statuses {r['statuses']}", flush=True)
+                      f"statuses {r['statuses']}  failed calls {r['rls_errors']}  "
+                      f"fail-open {r['failed_open']}", flush=True)
     return {
         "scenario": scenario.name,
         "title": scenario.title,
