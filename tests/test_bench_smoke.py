@@ -110,7 +110,6 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
         else:
             assert sent.get("evalsha", 0) > 0, (config, sent)
             assert commands.get("incrby", 0) > 0, (config, commands)
-        assert allowed["cpu_s"]["service"] > 0, config
     for config in ("native_counter", "filter_exact_counter"):
         # Exact mode asks the counter about every request, as against
         # envoyproxy/ratelimit.
