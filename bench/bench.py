@@ -711,6 +711,11 @@ def main() -> int:
                          + " (default: all but " + ", ".join(EXTRA_CONFIGS) + "; "
                          + "; ".join(f"{c} in {', '.join(s)} only"
                                      for c, s in DEFAULT_SCENARIOS.items()) + ")")
+    ap.add_argument("--scenario-configs", action="append", default=[],
+                    metavar="SCENARIO=CONFIG,...",
+                    help="the configurations of one scenario, in place of those --configs "
+                         "(or the default) gives it; repeatable, e.g. "
+                         "--scenario-configs local_shed=native,wasm_reply,filter")
     ap.add_argument("--alt-wasm", type=Path,
                     help="the .wasm of the filter_alt configuration")
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS),
@@ -749,6 +754,17 @@ def main() -> int:
     chosen = [s for s in SCENARIOS if s.name in args.scenarios.split(",")]
     explicit = args.configs is not None
     configs = [c for c in (args.configs or ",".join(CONFIGS)).split(",") if c]
+    # --scenario-configs: scenario -> its configurations (the others run
+    # only where --configs or the default puts them).
+    per_scenario: dict[str, list[str]] = {}
+    for spec in args.scenario_configs:
+        name, sep, cfgs = spec.partition("=")
+        if not sep or name not in {sc.name for sc in SCENARIOS}:
+            ap.error(f"--scenario-configs {spec!r}: SCENARIO=CONFIG,... with a scenario among "
+                     + ", ".join(sc.name for sc in SCENARIOS))
+        per_scenario[name] = [c for c in cfgs.split(",") if c]
+    named = set(configs)
+    configs += [c for cs in per_scenario.values() for c in cs if c not in configs]
     unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
     if unknown or not configs:
         ap.error(f"unknown configuration(s) {unknown}")
@@ -765,6 +781,10 @@ def main() -> int:
         chosen, configs = [], []
 
     def runs_in(scenario: Scenario, cfg: str) -> bool:
+        if scenario.name in per_scenario:
+            return cfg in per_scenario[scenario.name]
+        if cfg not in named:  # named by --scenario-configs only
+            return False
         if not explicit and cfg in DEFAULT_SCENARIOS:
             return scenario.name in DEFAULT_SCENARIOS[cfg]
         if scenario.outage:
