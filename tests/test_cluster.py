@@ -325,10 +325,26 @@ def test_bench_service_side_smoke(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "latest" / "results.json").read_text())
     runs = {r["config"]: r for r in results["service_side"]["runs"]}
-    assert set(runs) == {"svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster"}
+    services = {"svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster"}
+    counters = {"cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory"}
+    assert set(runs) == services | counters
     for cfg, run in runs.items():
         assert run["requests"] > 0 and set(run["statuses"]) == {"200"}, (cfg, run)
+    for cfg in services:
+        run = runs[cfg]
         assert run["rls_calls"] >= run["requests"], (cfg, run)
         # bench/limits.json's default group has 3 units: INCRBY + EXPIRE each.
         assert run["redis_commands"].get("incrby", 0) == 3 * run["rls_calls"], (cfg, run)
-    assert "| 2 services, Redis Cluster |" in (tmp_path / "latest" / "table.md").read_text()
+    for cfg in ("cnt1_single", "cnt2_single"):
+        # The counter: one script call (EVALSHA) per call on one Redis, and
+        # one more for a call that found the script not yet loaded (NOSCRIPT).
+        run = runs[cfg]
+        assert run["rls_errors"] == 0 and run["rls_calls"] >= run["requests"], (cfg, run)
+        cmds = run["redis_commands"]
+        assert (run["rls_calls"] <= cmds.get("evalsha", 0)
+                <= run["rls_calls"] + cmds.get("script|load", 0)), (cfg, run)
+    # The memory store sends Redis nothing.
+    assert not runs["cnt1_memory"]["redis_commands"].get("evalsha"), runs["cnt1_memory"]
+    table = (tmp_path / "latest" / "table.md").read_text()
+    assert "| 2 services, Redis Cluster |" in table
+    assert "| 1 counter, one Redis | " in table
