@@ -10,114 +10,114 @@
 //! old mode's block and drops it (`Slot::switch_mode`), counting what it
 //! held (`mode_change_lease_tokens`, `mode_change_sync_hits`). That request
 //! always calls the service (exact mode does; a fresh lease has no token),
-//! and its call carries a sync block's unpushed hits (`LocalStep::carried`),
+//! and its call carries a sync block's unpushed hits (`LocalOutcome::Ask`),
 //! so the service counts every hit admitted before it decides on this one.
 
-use ratelimit_config::{BucketParams, HeaderMode, Mode, Unit};
+use ratelimit_config::{BucketParams, HeaderMode, Unit};
 
+use crate::access_log::Source;
 use crate::answer::{Answer, RlsError};
 use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{own_statuses, Compiled, Limited};
+use crate::decision::{own_statuses, Compiled, Limited, ModeParams};
 use crate::fallback;
-use crate::headers::limit_headers;
+use crate::headers::{group_policy, limit_headers};
 use crate::host::Host;
 use crate::lease::{self, LeaseParams, Outcome, Spend};
-use crate::local::names::intern;
+use crate::local::names::{intern, lookup};
 use crate::local::over_limit::MAX_STATUSES;
+use crate::local::SLOT_PROBES;
 use crate::local::{self, remember_refusal, update, Claim, LocalVerdict, ModeState, Slot};
-use crate::local::{SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
+use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::{Tracked, Vm};
 
-/// The local layer's step for one request.
+/// What the local layer decided for one request: the one outcome the flow
+/// acts on.
 #[derive(Debug, PartialEq, Eq)]
-pub struct LocalStep {
-    pub verdict: LocalVerdict,
-    pub mode: ModeStep,
-    /// Hits of a sync block dropped by a mode change, that no push took:
-    /// the request's call to the service adds them to its own.
-    pub carried: u32,
-}
-
-/// What the mode adds to the local layer's verdict.
-#[derive(Debug, PartialEq, Eq)]
-pub enum ModeStep {
-    /// Exact mode, or the local layer refused or had no slot: as the
-    /// verdict says.
-    Exact,
-    /// Admitted without a call (a lease's token, or a local admission in
-    /// sync mode), with the rate-limit headers of its estimate (`Left`).
-    Admitted(Vec<(&'static str, String)>),
-    /// Refused without a call (sync: the view is at the limit).
-    Refused(Vec<(&'static str, String)>),
-    /// Call the service: `lease_batch` hits for a lease (None: one hit); in
-    /// sync mode the answer refreshes the view (`sync`).
+pub enum LocalOutcome {
+    /// The local layer is off: the request asks the service, with no slot.
+    Skip,
+    /// Refused without a call: by a token bucket or an over-limit cache
+    /// (the tenant's, or its state on the route), or by a sync view at its
+    /// limit (`source` says which), with the reply's headers.
+    Refused {
+        source: Source,
+        headers: Vec<(&'static str, String)>,
+    },
+    /// Admitted from local state without a call (a lease's token, or a
+    /// sync view), with the rate-limit headers of its estimate (`Left`).
+    Admitted {
+        slots: Slots,
+        headers: Vec<(&'static str, String)>,
+    },
+    /// Ask the service for `hits` hits (a lease's batch, or the request's
+    /// cost, plus the hits of a sync block a mode change dropped, that no
+    /// push took); `settle` is what its answer leaves in the tenant's slot.
+    /// A slot another tenant holds, or a local layer that failed, asks as
+    /// exact mode does (`Settle::Exact`).
     Ask {
-        lease_batch: Option<u32>,
-        sync: bool,
+        slots: Slots,
+        settle: Settle,
+        hits: u32,
     },
 }
 
-/// A group's mode, with its settings.
+/// The tenant's slots a request used: its own (after probing past those
+/// other tenants hold), and its state on its route's, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModeParams {
-    Exact,
-    Lease(LeaseParams),
-    Sync(SyncParams),
+pub struct Slots {
+    pub at: SlotRef,
+    pub route_at: Option<SlotRef>,
 }
 
-impl ModeParams {
-    pub fn of(c: &Compiled, group: &ratelimit_config::Group) -> ModeParams {
-        if let Some(p) = LeaseParams::for_group(&c.config, group) {
-            ModeParams::Lease(p)
-        } else if let Some(p) = SyncParams::for_group(&c.config, group) {
-            ModeParams::Sync(p)
-        } else {
-            ModeParams::Exact
-        }
-    }
-
-    fn mode(&self) -> Mode {
-        match self {
-            ModeParams::Exact => Mode::Exact,
-            ModeParams::Lease(_) => Mode::Lease,
-            ModeParams::Sync(_) => Mode::Sync,
-        }
-    }
+/// One request, as the local layer sees it.
+pub struct Request<'r, 'c> {
+    pub limited: &'r Limited<'c>,
+    /// What it costs (`cost_header`; 1 without).
+    pub cost: u32,
+    /// The time of the request callback (the clock is read once per
+    /// callback).
+    pub now_ms: u64,
 }
 
-/// What the mode decided for a request the local layer let through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decided {
-    Lease(Spend),
-    Sync(SyncStep),
-}
-
-/// The local layer and the mode's decision on one request, from the
-/// stored slot.
+/// What `admit` decided on the stored slot (pure: the effects are
+/// `tenant_outcome`'s).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Admission {
-    pub verdict: LocalVerdict,
-    /// None: exact mode, a request that costs more than 1, or a refusal.
-    pub decided: Option<Decided>,
+struct Admission {
+    step: ModeStep,
     /// The block of another mode the slot held, dropped.
-    pub switched: Option<Stranded>,
+    switched: Option<Stranded>,
     /// Lease tokens whose window ended unspent.
-    pub lease_stranded: u32,
-    /// An admission without a call: what it leaves, for its headers.
-    pub left: Option<Left>,
+    lease_stranded: u32,
+}
+
+/// The local layer's verdict, then the mode's step on it.
+#[derive(Debug, PartialEq, Eq)]
+enum ModeStep {
+    /// As the local layer's verdict says (exact mode, a request that
+    /// costs more than 1 or is on a route, a refusal, a contended slot).
+    Local(LocalVerdict),
+    /// A lease's token spent, with what it leaves (and, when the lease runs
+    /// low, the batch of a refill to send).
+    LeaseToken { refill: Option<u32>, left: Left },
+    /// No token: the request asks for a batch of `batch` hits.
+    LeaseAsk { batch: u32 },
+    /// Sync: admitted from the view, with what it leaves.
+    SyncAdmit(Left),
+    /// Sync: the view is at the limit.
+    SyncRefuse { retry_after_s: u64 },
+    /// Sync: the request asks the service (its answer refreshes the view).
+    SyncAsk,
 }
 
 impl Admission {
     fn just(verdict: LocalVerdict) -> Admission {
         Admission {
-            verdict,
-            decided: None,
+            step: ModeStep::Local(verdict),
             switched: None,
             lease_stranded: 0,
-            left: None,
         }
     }
 }
@@ -212,40 +212,43 @@ fn rls_unit(unit: Unit) -> RateLimitUnit {
     }
 }
 
-/// The local layer, then the mode, for a request at `now_ms` that costs
-/// `cost` hits, on the stored slot; returns the slot to write, if any.
-/// `names` reads the rule names of a cached refusal (every mode answers
-/// cached refusals alike). A request that costs more than 1, or that is on
-/// a route with limits of its own (`on_route`), asks the service itself in
-/// every mode, as in exact mode (leases and sync views count single hits of
-/// the group's descriptors only), and leaves the mode's block as it is.
-#[allow(clippy::too_many_arguments)]
-pub fn admit(
-    stored: Option<&[u8]>,
-    at: SlotRef,
+/// What `admit` reads besides the stored slot: the request, and its
+/// group's local settings.
+struct Admit<'a> {
     now_ms: u64,
+    cost: u32,
     bucket: Option<BucketParams>,
     headers: HeaderMode,
-    names: &dyn Fn(u8) -> Option<String>,
-    cost: u32,
+    /// Reads the rule names of a cached refusal.
+    names: &'a dyn Fn(u8) -> Option<String>,
     params: ModeParams,
+    /// The request is on a route with limits of its own.
     on_route: bool,
-    limits: &ratelimit_config::UnitLimits,
-) -> (Admission, Option<Slot>) {
+    limits: &'a ratelimit_config::UnitLimits,
+}
+
+/// The local layer, then the mode, for a request (`a`) on the stored slot;
+/// returns the slot to write, if any. Every mode answers cached refusals
+/// alike. A request that costs more than 1, or that is on a route with
+/// limits of its own, asks the service itself in every mode, as in exact
+/// mode (leases and sync views count single hits of the group's
+/// descriptors only), and leaves the mode's block as it is.
+fn admit(stored: Option<&[u8]>, at: SlotRef, a: &Admit<'_>) -> (Admission, Option<Slot>) {
+    let now_ms = a.now_ms;
     let Some(mut slot) = Slot::claim(stored, at.fingerprint, now_ms, Claim::Request) else {
         return (Admission::just(LocalVerdict::Contended), None);
     };
-    let changed = match local::decide(&mut slot, now_ms, bucket, headers, names, cost) {
+    let changed = match local::decide(&mut slot, now_ms, a.bucket, a.headers, a.names, a.cost) {
         Ok(changed) => changed,
         Err(refusal) => return (Admission::just(refusal), None),
     };
-    let switched = slot.switch_mode(params.mode());
-    let mut a = Admission {
+    let switched = slot.switch_mode(a.params.mode());
+    let mut admission = Admission {
         switched,
         ..Admission::just(LocalVerdict::Proceed)
     };
-    let single = cost <= 1 && !on_route;
-    let write = match params {
+    let single = a.cost <= 1 && !a.on_route;
+    let write = match a.params {
         ModeParams::Lease(p) if single => {
             let held = match slot.mode {
                 ModeState::Lease(l) => Some(l),
@@ -253,11 +256,14 @@ pub fn admit(
             };
             let (l, spend, stranded) = lease::spend(held, &p, now_ms);
             slot.mode = ModeState::Lease(l);
-            if let Spend::Token { .. } = spend {
-                a.left = Some(Left::lease(&l, limits, now_ms));
-            }
-            a.decided = Some(Decided::Lease(spend));
-            a.lease_stranded = stranded;
+            admission.step = match spend {
+                Spend::Token { refill } => ModeStep::LeaseToken {
+                    refill,
+                    left: Left::lease(&l, a.limits, now_ms),
+                },
+                Spend::Ask { batch } => ModeStep::LeaseAsk { batch },
+            };
+            admission.lease_stranded = stranded;
             true
         }
         ModeParams::Sync(p) if single => {
@@ -268,54 +274,120 @@ pub fn admit(
             };
             let (state, step) = sync::decide(held, &p, now_ms);
             slot.mode = ModeState::Sync(state);
-            if step == SyncStep::Admit {
-                a.left = Some(Left::sync(&state, &p));
-            }
-            a.decided = Some(Decided::Sync(step));
+            let refused = matches!(step, SyncStep::Refuse { .. });
+            admission.step = match step {
+                SyncStep::Admit => ModeStep::SyncAdmit(Left::sync(&state, &p)),
+                SyncStep::Refuse { retry_after_s } => ModeStep::SyncRefuse { retry_after_s },
+                SyncStep::Ask => ModeStep::SyncAsk,
+            };
             // A refusal writes only what changed in the view (a rolled
             // window) or a dropped block, so a flood of refusals costs no
             // writes.
-            switched.is_some() || slot.mode != before || !matches!(step, SyncStep::Refuse { .. })
+            switched.is_some() || slot.mode != before || !refused
         }
         _ => changed || switched.is_some(),
     };
-    (a, write.then_some(slot))
+    (admission, write.then_some(slot))
 }
 
-/// The local layer and the mode for a request of `limited` at `now` that
-/// costs `cost` hits (`cost_header`); `names` reads the rule names of a
-/// cached refusal. Queues what the root must send (a lease refill) and the
-/// sync tenants it must push in `vm`'s mailbox.
-#[allow(clippy::too_many_arguments)]
-pub fn local_step<H: Host + ?Sized>(
+/// The local layer for `req`: the tenant's state on its route first (a
+/// refusal there writes nothing), then its own slot (probing past slots
+/// other tenants hold) and its group's mode. Queues what the root must
+/// send (a lease refill) and the tenants it must track in `vm`'s mailbox;
+/// counts the layer's own counters (the flow counts refusals).
+pub fn local_outcome<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     vm: &Vm,
-    limited: &Limited<'_>,
-    at: SlotRef,
-    now: u64,
-    names: &dyn Fn(u8) -> Option<String>,
-    cost: u32,
-) -> Result<LocalStep, UpdateError> {
-    let group = limited.group_index;
-    let bucket = c.config.local.bucket_for(limited.group);
-    let params = ModeParams::of(c, limited.group);
-    let headers = c.config.headers;
-    let on_route = limited.route.is_some();
-    let a = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        admit(
-            stored,
-            at,
-            now,
-            bucket,
-            headers,
-            names,
-            cost,
-            params,
-            on_route,
-            &limited.group.limits,
+    req: &Request<'_, '_>,
+) -> LocalOutcome {
+    let local = &c.config.local;
+    if !local.enabled {
+        return LocalOutcome::Skip;
+    }
+    let limited = req.limited;
+    let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
+    let scope = c.scope(limited.group_index);
+    let first = slot_for(secret, scope, tenant, local.slots);
+    let on_route = limited.route.map(|r| {
+        (
+            r,
+            route_slot_for(secret, scope, tenant, &r.name, local.slots),
         )
-    })?;
+    });
+    let names = |id| lookup(host, id);
+    if let Some((route, route_at)) = on_route {
+        let verdict = route_verdict(c, host, req, route, route_at, &names);
+        if let Some(refused) = refusal(c, host, &route.limits, verdict) {
+            return refused;
+        }
+    }
+    let (at, admitted) = probe(c, host, req, first, &names);
+    let slots = Slots {
+        at,
+        route_at: on_route.map(|(_, at)| at),
+    };
+    tenant_outcome(c, host, vm, req, slots, admitted)
+}
+
+/// The local layer and the mode on the tenant's slot from `first`: a slot
+/// another tenant holds, the next few are tried before the tenant goes
+/// without local state (`slot_contended`). Returns the slot last tried.
+fn probe<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    req: &Request<'_, '_>,
+    first: SlotRef,
+    names: &dyn Fn(u8) -> Option<String>,
+) -> (SlotRef, Result<Admission, UpdateError>) {
+    let limited = req.limited;
+    let a = Admit {
+        now_ms: req.now_ms,
+        cost: req.cost,
+        bucket: c.config.local.bucket_for(limited.group),
+        headers: c.config.headers,
+        names,
+        params: c.mode_params(limited.group_index),
+        on_route: limited.route.is_some(),
+        limits: &limited.group.limits,
+    };
+    let mut at = first;
+    let mut admitted = update(host, at.index, CAS_ATTEMPTS, |stored| admit(stored, at, &a));
+    for _ in 1..SLOT_PROBES {
+        if !matches!(&admitted, Ok(a) if a.step == ModeStep::Local(LocalVerdict::Contended)) {
+            break;
+        }
+        at = at.next(c.config.local.slots);
+        admitted = update(host, at.index, CAS_ATTEMPTS, |stored| admit(stored, at, &a));
+    }
+    (at, admitted)
+}
+
+/// What the admission on the tenant's slot (`slots.at`) does: counted,
+/// tracked, a refill queued, and the outcome for the flow.
+fn tenant_outcome<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    vm: &Vm,
+    req: &Request<'_, '_>,
+    slots: Slots,
+    admitted: Result<Admission, UpdateError>,
+) -> LocalOutcome {
+    let (limited, at) = (req.limited, slots.at);
+    let group = limited.group_index;
+    let exact = |hits| LocalOutcome::Ask {
+        slots,
+        settle: Settle::Exact,
+        hits,
+    };
+    let a = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            local_error(host, &e);
+            return exact(req.cost);
+        }
+    };
+    // Hits of a sync block a mode change dropped: the call carries them.
     let carried = match a.switched {
         Some(stranded) => mode_changed(host, stranded),
         None => 0,
@@ -327,48 +399,78 @@ pub fn local_step<H: Host + ?Sized>(
             u64::from(a.lease_stranded),
         );
     }
-    let step = match a.decided {
-        None => ModeStep::Exact,
-        Some(Decided::Lease(Spend::Token { refill })) => {
+    let admitted_locally = |counter, left: Left| {
+        track(vm, limited, at);
+        host.count_group(group, GroupCounter::Admitted);
+        host.count_group(group, counter);
+        let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
+        LocalOutcome::Admitted { slots, headers }
+    };
+    match a.step {
+        ModeStep::Local(verdict) => match refusal(c, host, &limited.group.limits, Ok(verdict)) {
+            Some(refused) => refused,
+            None => exact(req.cost.saturating_add(carried)),
+        },
+        ModeStep::LeaseToken { refill, left } => {
             if let Some(batch) = refill {
                 let call = tenant_call(CallKind::Refill, limited, at, batch);
                 if !vm.mailbox.queue(call) {
                     log::debug!("lease refill dropped: the root's mailbox is full");
                 }
             }
-            track(vm, limited, at);
-            host.count_group(group, GroupCounter::Admitted);
-            host.count_group(group, GroupCounter::LeaseSpent);
-            ModeStep::Admitted(left_headers(c, limited, a.left, now))
+            admitted_locally(GroupCounter::LeaseSpent, left)
         }
-        Some(Decided::Lease(Spend::Ask { batch })) => {
+        ModeStep::LeaseAsk { batch } => {
             track(vm, limited, at);
-            ModeStep::Ask {
-                lease_batch: Some(batch),
-                sync: false,
+            LocalOutcome::Ask {
+                slots,
+                settle: Settle::Lease { at, batch },
+                hits: batch.saturating_add(carried),
             }
         }
-        Some(Decided::Sync(SyncStep::Admit)) => {
-            track(vm, limited, at);
-            host.count_group(group, GroupCounter::Admitted);
-            host.count_group(group, GroupCounter::SyncLocal);
-            ModeStep::Admitted(left_headers(c, limited, a.left, now))
-        }
+        ModeStep::SyncAdmit(left) => admitted_locally(GroupCounter::SyncLocal, left),
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
-        Some(Decided::Sync(SyncStep::Refuse { retry_after_s })) => {
-            ModeStep::Refused(refusal_headers(retry_after_s))
-        }
-        Some(Decided::Sync(SyncStep::Ask)) => ModeStep::Ask {
-            lease_batch: None,
-            sync: true,
+        ModeStep::SyncRefuse { retry_after_s } => LocalOutcome::Refused {
+            source: Source::Sync,
+            headers: refusal_headers(retry_after_s),
         },
+        ModeStep::SyncAsk => LocalOutcome::Ask {
+            slots,
+            settle: Settle::Sync { at },
+            hits: req.cost.saturating_add(carried),
+        },
+    }
+}
+
+/// The local layer's verdict on a slot (the tenant's, or its state on the
+/// route, whose limits are `limits`): a refusal, or None (the request goes
+/// on; a contended slot or a failed layer counted). In shadow, a local
+/// would-be refusal is let through without a call, as the refusal would
+/// have gone out without one: one would-be refusal per request.
+fn refusal<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    limits: &ratelimit_config::UnitLimits,
+    verdict: Result<LocalVerdict, UpdateError>,
+) -> Option<LocalOutcome> {
+    let (source, headers) = match verdict {
+        Ok(LocalVerdict::Proceed) => return None,
+        Ok(LocalVerdict::Contended) => {
+            host.count(Counter::SlotContended);
+            return None;
+        }
+        Err(e) => {
+            local_error(host, &e);
+            return None;
+        }
+        Ok(LocalVerdict::BucketEmpty(mut headers)) => {
+            headers.extend(group_policy(c.config.headers, limits));
+            (Source::Bucket, headers)
+        }
+        Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
     };
-    Ok(LocalStep {
-        verdict: a.verdict,
-        mode: step,
-        carried,
-    })
+    Some(LocalOutcome::Refused { source, headers })
 }
 
 fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) -> TenantCall {
@@ -386,21 +488,20 @@ fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) ->
 /// slot, `route_at`): the route's over-limit cache, and its bucket when the
 /// route limits `persecond`. No mode: a request on such a route asks the
 /// service (`admit`).
-#[allow(clippy::too_many_arguments)]
-pub fn route_step<H: Host + ?Sized>(
+fn route_verdict<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
+    req: &Request<'_, '_>,
     route: &ratelimit_config::model::Route,
     route_at: SlotRef,
-    now: u64,
     names: &dyn Fn(u8) -> Option<String>,
-    cost: u32,
 ) -> Result<LocalVerdict, UpdateError> {
     let bucket = route.limits.get(Unit::Second).map(|n| BucketParams {
         tokens_per_second: n,
         burst: n,
     });
     let headers = c.config.headers;
+    let (now, cost) = (req.now_ms, req.cost);
     update(host, route_at.index, CAS_ATTEMPTS, |stored| {
         local::admit_named(stored, route_at, now, bucket, headers, names, cost)
     })
@@ -505,13 +606,11 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
 }
 
 fn lease_params(c: &Compiled, group: usize) -> Option<LeaseParams> {
-    let g = c.config.limits.all_groups().nth(group)?;
-    LeaseParams::for_group(&c.config, g)
+    c.mode_params(group).lease()
 }
 
 fn sync_params(c: &Compiled, group: usize) -> Option<SyncParams> {
-    let g = c.config.limits.all_groups().nth(group)?;
-    SyncParams::for_group(&c.config, g)
+    c.mode_params(group).sync()
 }
 
 /// Stores the outcome of a call for `batch` tokens of the tenant at `at`
@@ -709,17 +808,6 @@ pub fn next_tracked<H: Host + ?Sized>(
     (call, idle)
 }
 
-/// The headers of an admission without a call, from its estimate.
-fn left_headers(
-    c: &Compiled,
-    limited: &Limited<'_>,
-    left: Option<Left>,
-    now_ms: u64,
-) -> Vec<(&'static str, String)> {
-    left.map(|l| l.headers(c.config.headers, &limited.group.limits, now_ms))
-        .unwrap_or_default()
-}
-
 /// What the finished parts of calls leave: each part's answer stored in
 /// its tenant's slot (`settle`), and each request's answer handed to its
 /// stream (`vm.batch`'s outbox, which the glue delivers), except the
@@ -761,11 +849,8 @@ fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answ
     if answer.over_limit || batch <= 1 {
         return;
     }
-    let Some(group) = c.config.limits.all_groups().nth(part.group) else {
-        return;
-    };
-    let in_window = LeaseParams::for_group(&c.config, group)
-        .is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
+    let in_window =
+        lease_params(c, part.group).is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
     if !in_window {
         return;
     }
