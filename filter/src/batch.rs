@@ -42,7 +42,7 @@
 //!   it said OK, sent again one by one if it said OVER_LIMIT (which of them
 //!   was over cannot be known).
 //!
-//! What becomes of a finished part (`Done`) is the caller's: `modes::finish`
+//! What becomes of a finished part (`Done`) is the caller's: `answer_path::finish`
 //! settles what it leaves in the tenant's slot, and hands a request's
 //! answer to its stream through the outbox (`Delivery`), which the glue
 //! delivers after the callback, acting for that stream.

@@ -109,6 +109,11 @@ impl Compiled {
         self.modes.get(group).copied().unwrap_or(ModeParams::Exact)
     }
 
+    /// Every group's mode, with its settings, by group index.
+    pub fn group_modes(&self) -> &[ModeParams] {
+        &self.modes
+    }
+
     /// The local-layer scope of the group with this index
     /// (`local::placement::Scope`).
     pub fn scope(&self, group: usize) -> Scope {

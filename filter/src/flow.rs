@@ -32,6 +32,7 @@
 
 use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
+use crate::answer_path::{finish, remember};
 use crate::batch::{Owner, Part, Settle};
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
@@ -42,7 +43,7 @@ use crate::fallback::{self, Decided};
 use crate::health;
 use crate::host::{Host, HostError};
 use crate::local::SlotRef;
-use crate::modes::{finish, local_outcome, remember, LocalOutcome, Request, Slots};
+use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
 use ratelimit_config::OnFailure;
@@ -264,7 +265,7 @@ impl Stream {
     /// the root split it out of its call's: the request was paused since
     /// its headers, and is resumed unless a local reply went out. What the
     /// answer leaves in the tenant's lease or sync view was stored before
-    /// (`modes::settle`).
+    /// (`answer_path::store_part_answer`).
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,

@@ -206,7 +206,7 @@ impl Outcome {
 /// `tokens` of it become the lease's (the batch, less the asking request's
 /// own hit). Returns the lease and the tokens stranded (granted after their
 /// window ended, or left from an ended window).
-pub fn settle(
+pub fn after_answer(
     lease: Option<Lease>,
     p: &LeaseParams,
     asked_at_ms: u64,

@@ -1,9 +1,9 @@
-//! The local layer's step for one request, by the group's mode (exact:
-//! the bucket and the over-limit cache, then a call; `lease`; `sync`), and
-//! what an answer to a mode's call leaves in the tenant's slot. One
-//! read-modify-write of the slot per request in every mode; the mode's
-//! counters are counted here, so `flow` only acts on the outcome and `root`
-//! only sends and receives.
+//! The local layer's outcome for one request (`local_outcome`), by the
+//! group's mode (exact: the bucket and the over-limit cache, then a call;
+//! `lease`; `sync`); what an answer to a mode's call leaves in the slot is
+//! `answer_path`'s. One read-modify-write of the slot per request in every
+//! mode; the mode's counters are counted here, so `flow` only acts on the
+//! outcome and `root` only sends and receives.
 //!
 //! A slot outlives configurations: when a new one changes a group's mode,
 //! the tenant's next request that the local layer lets through finds the
@@ -16,18 +16,15 @@
 use ratelimit_config::{BucketParams, HeaderMode, Unit};
 
 use crate::access_log::Source;
-use crate::answer::{Answer, RlsError};
-use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
+use crate::batch::{CallKind, Settle, TenantCall};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{own_statuses, Compiled, Limited, ModeParams};
-use crate::fallback;
+use crate::decision::{Compiled, Limited, ModeParams};
 use crate::headers::{group_policy, limit_headers};
 use crate::host::Host;
-use crate::lease::{self, LeaseParams, Outcome, Spend};
-use crate::local::names::{intern, lookup};
-use crate::local::over_limit::MAX_STATUSES;
+use crate::lease::{self, Spend};
+use crate::local::names::lookup;
 use crate::local::SLOT_PROBES;
-use crate::local::{self, remember_refusal, update, Claim, LocalVerdict, ModeState, Slot};
+use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot};
 use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
@@ -507,49 +504,6 @@ fn route_verdict<H: Host + ?Sized>(
     })
 }
 
-/// The ids of the statuses' rule names in the shared name table (0: none);
-/// no host call for a status whose rule has no name.
-fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
-    let mut ids = [0u8; MAX_STATUSES];
-    for (id, s) in ids.iter_mut().zip(statuses) {
-        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
-            *id = intern(host, &limit.name);
-        }
-    }
-    ids
-}
-
-/// Remembers a refusal of the service in the over-limit cache of the slot
-/// at `at` (a tenant's, or its state on a route), for a call sent at
-/// `asked_at_ms`: `statuses` are that slot's part of the answer. Nothing
-/// is written when none of them is over its limit, or for no slot
-/// (fingerprint 0: the local layer was off).
-pub fn remember<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    at: SlotRef,
-    asked_at_ms: u64,
-    statuses: &[DescriptorStatus],
-) {
-    if at.fingerprint == 0 || !statuses.iter().any(|s| s.code() == Code::OverLimit) {
-        return;
-    }
-    let answered_at = host.now_ms();
-    // Only X-RateLimit-Limit repeats rule names.
-    let names = if c.config.headers == HeaderMode::DraftVersion03 {
-        rule_names(host, statuses)
-    } else {
-        [0; MAX_STATUSES]
-    };
-    let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        let slot = remember_refusal(stored, at, asked_at_ms, answered_at, statuses, &names);
-        ((), slot)
-    });
-    if let Err(e) = remembered {
-        local_error(host, &e);
-    }
-}
-
 /// A failure of the local layer skips it (the service still decides).
 pub fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
     match e {
@@ -559,36 +513,6 @@ pub fn local_error<H: Host + ?Sized>(host: &H, e: &UpdateError) {
             // `debug!` formats nothing unless debug is on (a static check).
             log::debug!("local layer error: {why}");
         }
-    }
-}
-
-/// What the answer to a response's charge (None: it failed, or was never
-/// sent) leaves: counted in the group; when the service says the tenant is
-/// now over a limit, remembered in the over-limit cache of its slot and of
-/// its state on the route, so that its next requests are refused without
-/// a call.
-pub fn settle_charge<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    call: &TenantCall,
-    asked_at_ms: u64,
-    heard: Option<&Answer>,
-) {
-    let group = call.group;
-    let Some(answer) = heard else {
-        host.count_group(group, GroupCounter::ResponseCostFailed);
-        return;
-    };
-    host.count_group(group, GroupCounter::ResponseCostCharges);
-    host.add_group(group, GroupCounter::ResponseCostHits, u64::from(call.hits));
-    if !answer.over_limit {
-        return;
-    }
-    let statuses = &answer.response.statuses;
-    let (own, on_route) = statuses.split_at(own_statuses(c, group).min(statuses.len()));
-    remember(c, host, call.at, asked_at_ms, own);
-    if let Some(r) = &call.route {
-        remember(c, host, r.at, asked_at_ms, on_route);
     }
 }
 
@@ -605,134 +529,6 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
     stranded.sync_hits
 }
 
-fn lease_params(c: &Compiled, group: usize) -> Option<LeaseParams> {
-    c.mode_params(group).lease()
-}
-
-fn sync_params(c: &Compiled, group: usize) -> Option<SyncParams> {
-    c.mode_params(group).sync()
-}
-
-/// Stores the outcome of a call for `batch` tokens of the tenant at `at`
-/// (of group `group`), asked at `asked_at_ms`, of which `tokens` become the
-/// lease's (the batch, less the asking request's own hit); counted in the
-/// group. Nothing is stored once the group is no longer in lease mode.
-#[allow(clippy::too_many_arguments)]
-pub fn store_outcome<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    group: usize,
-    at: SlotRef,
-    asked_at_ms: u64,
-    batch: u32,
-    tokens: u32,
-    outcome: Outcome,
-) {
-    let Some(p) = lease_params(c, group) else {
-        return;
-    };
-    let now = host.now_ms();
-    match outcome {
-        Outcome::Granted { .. } => {
-            host.count_group(group, GroupCounter::LeasesTaken);
-            host.add_group(group, GroupCounter::LeaseTokens, u64::from(batch));
-        }
-        Outcome::Refused => {
-            host.count_group(group, GroupCounter::LeasesRefused);
-            host.add_group(group, GroupCounter::LeaseRefusedTokens, u64::from(batch));
-        }
-        Outcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
-    }
-    let granted = match outcome {
-        Outcome::Granted { .. } => tokens,
-        _ => 0,
-    };
-    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        match Slot::claim(stored, at.fingerprint, now, Claim::Request) {
-            Some(mut slot) => {
-                let held = match slot.mode {
-                    ModeState::Lease(l) => Some(l),
-                    ModeState::None => None,
-                    // A block of another mode: the tenant's next request
-                    // drops it; the granted tokens are lost to us.
-                    ModeState::Sync(_) => return (granted, None),
-                };
-                let (l, stranded) = lease::settle(held, &p, asked_at_ms, now, tokens, outcome);
-                slot.mode = ModeState::Lease(l);
-                (stranded, Some(slot))
-            }
-            // Another tenant holds the slot: granted tokens are lost to us.
-            None => (granted, None),
-        }
-    });
-    let stranded = match stored {
-        Ok(stranded) => stranded,
-        Err(e) => {
-            log::debug!("lease outcome not stored: {e}");
-            granted
-        }
-    };
-    if stranded > 0 {
-        host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
-    }
-}
-
-/// Counts a push of `hits` sync hits the service answered (`heard`; None:
-/// it failed).
-fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
-    match heard {
-        None => host.count_group(group, GroupCounter::SyncFailed),
-        Some(answer) => {
-            host.count_group(group, GroupCounter::Syncs);
-            host.add_group(group, GroupCounter::SyncHits, u64::from(hits));
-            if answer.any_over_limit() {
-                host.add_group(group, GroupCounter::SyncOverLimitHits, u64::from(hits));
-            }
-        }
-    }
-}
-
-/// Stores what the service said to a call asked at `asked_at_ms` that
-/// carried `delta` pending hits of the tenant at `at` (a push's, `pushed`,
-/// or 1 for a request that asked itself); a push is counted in the group.
-/// `heard` None: the call failed.
-#[allow(clippy::too_many_arguments)]
-pub fn store_heard<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    group: usize,
-    at: SlotRef,
-    asked_at_ms: u64,
-    delta: u32,
-    pushed: bool,
-    heard: Option<&Answer>,
-) {
-    let Some(p) = sync_params(c, group) else {
-        return;
-    };
-    if pushed {
-        count_push(host, group, delta, heard);
-    }
-    let now = host.now_ms();
-    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return ((), None);
-        };
-        let held = match slot.mode {
-            ModeState::Sync(s) => Some(s),
-            ModeState::None => None,
-            // The tenant's next request drops it.
-            ModeState::Lease(_) => return ((), None),
-        };
-        let s = sync::settle(held, &p, asked_at_ms, now, delta, pushed, heard);
-        slot.mode = ModeState::Sync(s);
-        ((), Some(slot))
-    });
-    if let Err(e) = stored {
-        log::debug!("sync answer not stored: {e}");
-    }
-}
-
 /// The root pushes the tenant's sync hits, or refills its lease after each
 /// window, from now on.
 #[inline(never)]
@@ -742,62 +538,103 @@ fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef) {
     }
 }
 
+/// What a root pass is due to do for its tracked tenants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Due {
+    /// Push sync tenants' unsynced hits (once per sync interval).
+    pub sync: bool,
+    /// Refill leases after their window ended.
+    pub lease: bool,
+}
+
+/// What a tracked tenant is owed by a root pass.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Owed {
+    /// The call to send for it, if any.
+    pub call: Option<TenantCall>,
+    /// It has nothing left pending: the root forgets it until its next
+    /// request.
+    pub idle: bool,
+}
+
+/// What a tracked tenant's slot gave up to the root pass.
+struct Taken {
+    /// The call's kind and hits (None: nothing owed).
+    call: Option<(CallKind, u32)>,
+    /// Lease tokens whose window ended unspent.
+    stranded: u32,
+    idle: bool,
+}
+
 /// The call a tracked tenant's root pass owes it at `now_ms`, taken out
-/// of its slot: when `sync_due` and its group syncs, a push of its unsynced
-/// hits (`sync::take_delta`); when `lease_due` and its group leases, the
-/// refill of its lease after a window ended (`lease::window_refill`),
-/// marked under way. None when nothing is owed, or another worker has it
-/// under way. The second value says whether the tenant has nothing left
-/// pending (the root forgets it until its next request).
+/// of its slot: when `due.sync` and its group syncs, a push of its
+/// unsynced hits (`sync::take_delta`); when `due.lease` and its group
+/// leases, the refill of its lease after a window ended
+/// (`lease::window_refill`), marked under way. No call when nothing is
+/// owed, or another worker has it under way.
 pub fn next_tracked<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     t: &Tracked,
     now_ms: u64,
-    sync_due: bool,
-    lease_due: bool,
-) -> (Option<TenantCall>, bool) {
-    let (sync, lease) = (sync_params(c, t.group), lease_params(c, t.group));
+    due: Due,
+) -> Owed {
+    let params = c.mode_params(t.group);
+    let (sync, lease) = (params.sync(), params.lease());
+    let nothing = |idle| Owed { call: None, idle };
     if sync.is_none() && lease.is_none() {
         // The group left both modes: nothing will be owed again.
-        return (None, true);
+        return nothing(true);
     }
-    let sync = sync.filter(|_| sync_due);
-    let lease = lease.filter(|_| lease_due);
+    let sync = sync.filter(|_| due.sync);
+    let lease = lease.filter(|_| due.lease);
     if sync.is_none() && lease.is_none() {
-        return (None, false);
+        return nothing(false);
     }
     let at = t.at;
     let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        let none = ((CallKind::Push, 0, 0, true), None);
+        let none = Taken {
+            call: None,
+            stranded: 0,
+            idle: true,
+        };
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return none;
+            return (none, None);
         };
         match (slot.mode, sync, lease) {
             (ModeState::Sync(held), Some(p), _) => {
                 let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
                 slot.mode = ModeState::Sync(state);
-                let owed = (CallKind::Push, delta, 0, state.pending() == 0);
-                (owed, (delta > 0).then_some(slot))
+                let taken = Taken {
+                    call: (delta > 0).then_some((CallKind::Push, delta)),
+                    stranded: 0,
+                    idle: state.pending() == 0,
+                };
+                (taken, (delta > 0).then_some(slot))
             }
             (ModeState::Lease(held), _, Some(p)) => {
                 let (l, batch, stranded, idle) = lease::window_refill(held, &p, now_ms);
                 slot.mode = ModeState::Lease(l);
-                let owed = (CallKind::Refill, batch.unwrap_or(0), stranded, idle);
-                (owed, batch.map(|_| slot))
+                let taken = Taken {
+                    call: batch.filter(|b| *b > 0).map(|b| (CallKind::Refill, b)),
+                    stranded,
+                    idle,
+                };
+                (taken, batch.map(|_| slot))
             }
-            _ => none,
+            _ => (none, None),
         }
     });
     // Not taken (the slot could not be read or written): the tenant's
     // requests ask for themselves, as without the root.
-    let Ok((kind, hits, stranded, idle)) = taken else {
-        return (None, false);
+    let Ok(taken) = taken else {
+        return nothing(false);
     };
-    if stranded > 0 {
-        host.add_group(t.group, GroupCounter::LeaseStranded, u64::from(stranded));
+    if taken.stranded > 0 {
+        let stranded = u64::from(taken.stranded);
+        host.add_group(t.group, GroupCounter::LeaseStranded, stranded);
     }
-    let call = (hits > 0).then(|| TenantCall {
+    let call = taken.call.map(|(kind, hits)| TenantCall {
         kind,
         group: t.group,
         tenant: t.tenant.clone(),
@@ -805,120 +642,9 @@ pub fn next_tracked<H: Host + ?Sized>(
         hits,
         route: None,
     });
-    (call, idle)
-}
-
-/// What the finished parts of calls leave: each part's answer stored in
-/// its tenant's slot (`settle`), and each request's answer handed to its
-/// stream (`vm.batch`'s outbox, which the glue delivers), except the
-/// answer of `own`, the stream calling, which is returned.
-pub fn finish<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    vm: &Vm,
-    done: Vec<Done>,
-    own: Option<u32>,
-) -> Option<Result<Answer, RlsError>> {
-    let mut mine = None;
-    for Done { part, mut heard } in done {
-        settle(c, host, &part, heard.as_ref().ok());
-        if let Ok(answer) = &mut heard {
-            with_lease_tokens(c, host, &part, answer);
-        }
-        match part.stream() {
-            Some(id) if Some(id) == own => mine = Some(heard),
-            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
-            None => {}
-        }
-    }
-    mine
-}
-
-/// A request that asked for a lease batch and got it holds the batch's
-/// other tokens: its headers count them as remaining, as those of the
-/// requests that will spend them do (`Left::lease`). Not when the batch was
-/// granted after its window ended (the tokens were stranded).
-fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &mut Answer) {
-    let Owner::Stream {
-        settle: Settle::Lease { batch, .. },
-        ..
-    } = part.owner
-    else {
-        return;
-    };
-    if answer.over_limit || batch <= 1 {
-        return;
-    }
-    let in_window =
-        lease_params(c, part.group).is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
-    if !in_window {
-        return;
-    }
-    for s in &mut answer.response.statuses {
-        let limit = s
-            .current_limit
-            .as_ref()
-            .map_or(u32::MAX, |l| l.requests_per_unit);
-        s.limit_remaining = s.limit_remaining.saturating_add(batch - 1).min(limit);
-    }
-}
-
-/// What the answer to a part (`heard`; None: the call failed) leaves in
-/// its tenant's slot and its group's counters: a lease's batch, a sync
-/// view, a push's hits.
-pub fn settle<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, heard: Option<&Answer>) {
-    let (group, asked) = (part.group, part.asked_at_ms);
-    // A root call's answer teaches the fallback (a request's, its stream).
-    if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
-        fallback::on_answer(c, host, group, *at, part.hits, answer);
-    }
-    match part.owner {
-        Owner::Tenant {
-            kind: CallKind::Refill,
-            at,
-            ..
-        } => {
-            let outcome = Outcome::of(heard);
-            store_outcome(c, host, group, at, asked, part.hits, part.hits, outcome);
-        }
-        Owner::Tenant {
-            kind: CallKind::Push,
-            at,
-            ..
-        } => store_heard(c, host, group, at, asked, part.hits, true, heard),
-        Owner::Tenant {
-            kind: CallKind::Charge,
-            ..
-        } => {
-            if let Some(call) = part.call() {
-                settle_charge(c, host, &call, asked, heard);
-            }
-        }
-        Owner::Stream { settle, .. } => match settle {
-            Settle::Exact => {}
-            // The request asked for a batch: the first hit is its own.
-            Settle::Lease { at, batch } => {
-                let tokens = batch.saturating_sub(1);
-                store_outcome(c, host, group, at, asked, batch, tokens, Outcome::of(heard));
-            }
-            Settle::Sync { at } => store_heard(c, host, group, at, asked, 1, false, heard),
-        },
-    }
-}
-
-/// Parts dropped before they were sent (their stream ended): a sync
-/// request's pending hit is released, as for a request whose call failed
-/// (it was never admitted). A lease's ask is taken as lost after
-/// `refill_lost_ms`, as any unanswered one.
-pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
-    for part in dropped {
-        if let Owner::Stream {
-            settle: Settle::Sync { at },
-            ..
-        } = part.owner
-        {
-            store_heard(c, host, part.group, at, part.asked_at_ms, 1, false, None);
-        }
+    Owed {
+        call,
+        idle: taken.idle,
     }
 }
 

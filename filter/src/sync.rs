@@ -158,7 +158,7 @@ pub fn take_delta(state: Option<SyncState>, p: &SyncParams, now_ms: u64) -> (Syn
 /// a request whose own call failed followed `failure_mode_deny` and is not
 /// counted, as in exact mode), and every unit whose window has not ended
 /// since learns the fleet's count.
-pub fn settle(
+pub fn after_answer(
     state: Option<SyncState>,
     p: &SyncParams,
     asked_at_ms: u64,
