@@ -333,7 +333,7 @@ impl Batcher {
         }
         let full = {
             let Ok(mut q) = self.queue.try_borrow_mut() else {
-                done.push(failed(part, RlsError::QueueFull));
+                done.push(failed(part, RlsError::Busy));
                 return done;
             };
             if q.len() >= MAX_QUEUED_PARTS {
@@ -374,7 +374,7 @@ impl Batcher {
                 q.extend(parts.by_ref().take(room));
                 done.extend(parts.map(|p| failed(p, RlsError::QueueFull)));
             }
-            Err(_) => done.extend(parts.into_iter().map(|p| failed(p, RlsError::QueueFull))),
+            Err(_) => done.extend(parts.into_iter().map(|p| failed(p, RlsError::Busy))),
         }
         self.flush(c, host, Flush::All, now, &mut done);
         done
@@ -550,7 +550,7 @@ impl Batcher {
         let Some(message) = message(c, &parts) else {
             // A group the configuration does not have (never: the parts
             // come from this configuration).
-            done.extend(parts.into_iter().map(|p| failed(p, RlsError::Undecodable)));
+            done.extend(parts.into_iter().map(|p| failed(p, RlsError::NoGroup)));
             return;
         };
         if breaker::may_call(c, host, &self.breaker, now, parts.len()) == Gate::Fallback {
@@ -571,12 +571,9 @@ impl Batcher {
                     Ok(mut f) => {
                         f.insert(token, flight);
                     }
-                    Err(_) => done.extend(
-                        flight
-                            .parts
-                            .into_iter()
-                            .map(|p| failed(p, RlsError::QueueFull)),
-                    ),
+                    Err(_) => {
+                        done.extend(flight.parts.into_iter().map(|p| failed(p, RlsError::Busy)))
+                    }
                 }
             }
             Err(e) => {

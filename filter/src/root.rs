@@ -32,7 +32,10 @@
 //!   stream (the glue delivers it, acting for that stream).
 //!
 //! A call is never cancelled with the stream that happened to send it:
-//! Envoy makes every call on the root context. Every bound is the
+//! Envoy makes every call on the root context. The mailbox is not there
+//! for that: it holds lease refills until the tick, so that they go out
+//! with the tick's pushes instead of as calls on the request path
+//! (`vm::Mailbox`). Every bound is the
 //! mailbox's (`vm::MAX_QUEUED_CALLS`, `vm::MAX_TRACKED`) or the queue's
 //! (`batch::MAX_QUEUED_PARTS`).
 
