@@ -349,15 +349,17 @@ fn probe<H: Host + ?Sized>(
         limits: &limited.group.limits,
     };
     let mut at = first;
-    let mut admitted = update(host, at.index, CAS_ATTEMPTS, |stored| admit(stored, at, &a));
-    for _ in 1..SLOT_PROBES {
-        if !matches!(&admitted, Ok(a) if a.step == ModeStep::Local(LocalVerdict::Contended)) {
-            break;
+    let mut probes = 1;
+    loop {
+        let admitted = update(host, at.index, CAS_ATTEMPTS, |stored| admit(stored, at, &a));
+        let contended =
+            matches!(&admitted, Ok(a) if a.step == ModeStep::Local(LocalVerdict::Contended));
+        if !contended || probes >= SLOT_PROBES {
+            return (at, admitted);
         }
+        probes += 1;
         at = at.next(c.config.local.slots);
-        admitted = update(host, at.index, CAS_ATTEMPTS, |stored| admit(stored, at, &a));
     }
-    (at, admitted)
 }
 
 /// What the admission on the tenant's slot (`slots.at`) does: counted,
