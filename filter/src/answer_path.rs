@@ -34,13 +34,15 @@ use crate::proto::{Code, DescriptorStatus};
 use crate::sync;
 use crate::vm::Vm;
 
-/// Who a call asked about: the tenant's slot (`at`) in its group, and when
-/// the call was asked.
+/// Who a call asked about: the tenant's slot (`at`) in its group, when
+/// the call was asked, and the time its answer is stored (`now_ms`, the
+/// clock read once in the callback that stores it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Asked {
     pub group: usize,
     pub at: SlotRef,
     pub asked_at_ms: u64,
+    pub now_ms: u64,
 }
 
 /// A lease's batch: the hits the call asked for, and the tokens of them
@@ -148,6 +150,7 @@ pub fn store_lease_answer<H: Host + ?Sized>(
         group,
         at,
         asked_at_ms,
+        now_ms: now,
     } = asked;
     let LeaseBatch {
         asked: batch,
@@ -156,7 +159,6 @@ pub fn store_lease_answer<H: Host + ?Sized>(
     let Some(p) = c.mode_params(group).lease() else {
         return;
     };
-    let now = host.now_ms();
     match outcome {
         Outcome::Granted { .. } => {
             host.count_group(group, GroupCounter::LeasesTaken);
@@ -232,6 +234,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
         group,
         at,
         asked_at_ms,
+        now_ms: now,
     } = asked;
     let (delta, pushed) = match hits {
         SyncHits::Pushed(delta) => (delta, true),
@@ -243,7 +246,6 @@ pub fn store_sync_answer<H: Host + ?Sized>(
     if pushed {
         count_push(host, group, delta, heard);
     }
-    let now = host.now_ms();
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
             return ((), None);
@@ -275,10 +277,12 @@ pub fn finish<H: Host + ?Sized>(
     own: Option<u32>,
 ) -> Option<Result<Answer, RlsError>> {
     let mut mine = None;
+    // The clock, read once, and only when a part is done.
+    let now = if done.is_empty() { 0 } else { host.now_ms() };
     for Done { part, mut heard } in done {
-        store_part_answer(c, host, &part, heard.as_ref().ok());
+        store_part_answer(c, host, &part, heard.as_ref().ok(), now);
         if let Ok(answer) = &mut heard {
-            with_lease_tokens(c, host, &part, answer);
+            with_lease_tokens(c, &part, answer, now);
         }
         match part.stream() {
             Some(id) if Some(id) == own => mine = Some(heard),
@@ -293,7 +297,7 @@ pub fn finish<H: Host + ?Sized>(
 /// other tokens: its headers count them as remaining, as those of the
 /// requests that will spend them do (`Left::lease`). Not when the batch was
 /// granted after its window ended (the tokens were stranded).
-fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &mut Answer) {
+fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64) {
     let Owner::Stream {
         settle: Settle::Lease { batch, .. },
         ..
@@ -307,7 +311,7 @@ fn with_lease_tokens<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answ
     let in_window = c
         .mode_params(part.group)
         .lease()
-        .is_some_and(|p| host.now_ms() < p.window_end(part.asked_at_ms));
+        .is_some_and(|p| now_ms < p.window_end(part.asked_at_ms));
     if !in_window {
         return;
     }
@@ -328,11 +332,13 @@ pub fn store_part_answer<H: Host + ?Sized>(
     host: &H,
     part: &Part,
     heard: Option<&Answer>,
+    now_ms: u64,
 ) {
     let asked = |at| Asked {
         group: part.group,
         at,
         asked_at_ms: part.asked_at_ms,
+        now_ms,
     };
     // A root call's answer teaches the fallback (a request's, its stream).
     if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
@@ -384,6 +390,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
 /// (it was never admitted). A lease's ask is taken as lost after
 /// `refill_lost_ms`, as any unanswered one.
 pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
+    let now_ms = if dropped.is_empty() { 0 } else { host.now_ms() };
     for part in dropped {
         if let Owner::Stream {
             settle: Settle::Sync { at },
@@ -394,6 +401,7 @@ pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
                 group: part.group,
                 at,
                 asked_at_ms: part.asked_at_ms,
+                now_ms,
             };
             store_sync_answer(c, host, asked, SyncHits::OwnHit, None);
         }

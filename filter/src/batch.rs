@@ -325,7 +325,8 @@ impl Batcher {
     /// (expired, or in a call that could not be sent), this one included if
     /// it is.
     pub fn ask<H: Host + ?Sized>(&self, c: &Compiled, host: &H, part: Part) -> Vec<Done> {
-        let now = host.now_ms();
+        // The part was made in this callback, at its clock.
+        let now = part.asked_at_ms;
         let mut done = self.sweep(c, host, now);
         if !self.batching(c) {
             self.send(c, host, vec![part], now, &mut done);

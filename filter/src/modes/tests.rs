@@ -85,6 +85,7 @@ mod lease_mode {
             group: r.group,
             at: r.at,
             asked_at_ms: asked_at,
+            now_ms: h.now_ms(),
         };
         let batch = LeaseBatch {
             asked: r.hits,
@@ -317,6 +318,7 @@ mod sync_mode {
             group: push.group,
             at: push.at,
             asked_at_ms: NOW,
+            now_ms: h.now_ms(),
         };
         store_sync_answer(&c, &h, asked, SyncHits::Pushed(push.hits), Some(&heard));
         // Admitted locally, with headers from the view: 12 - 7 - this hit.
