@@ -137,12 +137,14 @@ impl Stream {
             cost,
             now_ms,
         };
-        match local_outcome(c, host, vm, &req) {
+        let outcome = local_outcome(c, host, vm, &req);
+        // Armed only when the request goes upstream counted.
+        self.charge = charge_for(c, &limited, outcome.slots(), cost);
+        match outcome {
             LocalOutcome::Refused { source, headers } => {
                 self.refuse(c, host, source, headers, Vec::new())
             }
-            LocalOutcome::Admitted { slots, headers } => {
-                self.charge = charge_for(c, &limited, Some(slots), cost);
+            LocalOutcome::Admitted { headers, .. } => {
                 self.charge_armed = true;
                 // An estimate: this Envoy's last answer, less what it
                 // admitted since.
@@ -157,13 +159,9 @@ impl Stream {
                 self.slot = Some(slots.at);
                 self.route_slot = slots.route_at;
                 self.asked_at_ms = now_ms;
-                self.charge = charge_for(c, &limited, Some(slots), cost);
                 self.ask(c, host, vm, &req, settle, hits)
             }
-            LocalOutcome::Skip => {
-                self.charge = charge_for(c, &limited, None, cost);
-                self.ask(c, host, vm, &req, Settle::Exact, cost)
-            }
+            LocalOutcome::Skip => self.ask(c, host, vm, &req, Settle::Exact, cost),
         }
     }
 

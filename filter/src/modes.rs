@@ -61,6 +61,17 @@ pub enum LocalOutcome {
     },
 }
 
+impl LocalOutcome {
+    /// The tenant's slots, when the request goes on with them (admitted
+    /// locally, or asking).
+    pub fn slots(&self) -> Option<Slots> {
+        match self {
+            LocalOutcome::Admitted { slots, .. } | LocalOutcome::Ask { slots, .. } => Some(*slots),
+            LocalOutcome::Skip | LocalOutcome::Refused { .. } => None,
+        }
+    }
+}
+
 /// The tenant's slots a request used: its own (after probing past those
 /// other tenants hold), and its state on its route's, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -398,13 +409,6 @@ fn tenant_outcome<H: Host + ?Sized>(
             u64::from(a.lease_stranded),
         );
     }
-    let admitted_locally = |counter, left: Left| {
-        track(vm, limited, at);
-        host.count_group(group, GroupCounter::Admitted);
-        host.count_group(group, counter);
-        let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
-        LocalOutcome::Admitted { slots, headers }
-    };
     match a.step {
         ModeStep::Local(verdict) => match refusal(c, host, &limited.group.limits, Ok(verdict)) {
             Some(refused) => refused,
@@ -417,7 +421,7 @@ fn tenant_outcome<H: Host + ?Sized>(
                     log::debug!("lease refill dropped: the root's mailbox is full");
                 }
             }
-            admitted_locally(GroupCounter::LeaseSpent, left)
+            admitted_locally(c, host, vm, req, slots, GroupCounter::LeaseSpent, left)
         }
         ModeStep::LeaseAsk { batch } => {
             track(vm, limited, at);
@@ -427,7 +431,9 @@ fn tenant_outcome<H: Host + ?Sized>(
                 hits: batch.saturating_add(carried),
             }
         }
-        ModeStep::SyncAdmit(left) => admitted_locally(GroupCounter::SyncLocal, left),
+        ModeStep::SyncAdmit(left) => {
+            admitted_locally(c, host, vm, req, slots, GroupCounter::SyncLocal, left)
+        }
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
         ModeStep::SyncRefuse { retry_after_s } => LocalOutcome::Refused {
@@ -440,6 +446,25 @@ fn tenant_outcome<H: Host + ?Sized>(
             hits: req.cost.saturating_add(carried),
         },
     }
+}
+
+/// An admission from local state (`counter`: the mode's), with the
+/// headers of what it leaves: the root tracks the tenant from now on.
+fn admitted_locally<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    vm: &Vm,
+    req: &Request<'_, '_>,
+    slots: Slots,
+    counter: GroupCounter,
+    left: Left,
+) -> LocalOutcome {
+    let limited = req.limited;
+    track(vm, limited, slots.at);
+    host.count_group(limited.group_index, GroupCounter::Admitted);
+    host.count_group(limited.group_index, counter);
+    let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
+    LocalOutcome::Admitted { slots, headers }
 }
 
 /// The local layer's verdict on a slot (the tenant's, or its state on the
