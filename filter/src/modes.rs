@@ -23,6 +23,7 @@ use crate::headers::{group_policy, limit_headers};
 use crate::host::Host;
 use crate::lease::{self, Spend};
 use crate::local::names::lookup;
+use crate::local::state::{Lease, SyncState};
 use crate::local::SLOT_PROBES;
 use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot};
 use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
@@ -146,7 +147,7 @@ impl Left {
     /// A lease's: the smallest `limit_remaining` of its last answer plus
     /// its tokens unspent (the service counted them with that answer), in
     /// every unit, at most the unit's limit.
-    fn lease(l: &lease::Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
+    fn lease(l: &Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
         let mut left = Left::default();
         let estimate = l.remaining.saturating_add(l.tokens);
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
@@ -160,7 +161,7 @@ impl Left {
 
     /// A sync view's: each unit's limit less the fleet's last reported
     /// count and this Envoy's hits the service has not counted yet.
-    fn sync(s: &sync::SyncState, p: &SyncParams) -> Left {
+    fn sync(s: &SyncState, p: &SyncParams) -> Left {
         let mut left = Left::default();
         let pending = s.pending();
         let units = p.windows.iter().zip(s.views.iter().zip(&s.view_until_ms));
