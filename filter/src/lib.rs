@@ -51,6 +51,8 @@
 //!   - `local::placement`: where a tenant lives (its scope: the instance
 //!     and group; keyed hash, slot key);
 //!   - `local::slot`: a slot's state, its encoding, who owns it;
+//!   - `local::state`: the plain state each mode keeps in a slot (the codec
+//!     depends on no mode);
 //!   - `local::cas`: the read-modify-write of a slot under CAS;
 //!   - `local::names`: the rule names of cached refusals;
 //!   - `local::secret`: the slot secret every VM agrees on.
