@@ -13,7 +13,7 @@
 //!    it back from `finish`; any other goes to the batcher's outbox
 //!    (`batch::Batcher::deliver`), which the glue empties acting for each
 //!    stream (`glue::deliver`), into `flow::Stream::on_answer`, where the
-//!    verdict is read (`decision::decide`) and acted on.
+//!    verdict is read (`decision::verdict_of`) and acted on.
 //! 4. Parts dropped before they were sent (their stream ended) are
 //!    released (`release`).
 

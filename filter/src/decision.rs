@@ -353,7 +353,7 @@ pub fn no_rule(statuses: &[DescriptorStatus]) -> Option<usize> {
 
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
-    decide(mode, decode(grpc_status, body)).verdict
+    verdict_of(mode, decode(grpc_status, body)).verdict
 }
 
 /// Decides from the decoded answer, with the service's headers to forward.
@@ -361,7 +361,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
 /// left out. A refusal carries Retry-After from the statuses; without any
 /// that says when its window resets, from the service's own Retry-After or
 /// reset header; else none (never a guess).
-pub fn decide(mode: HeaderMode, answer: Result<Answer, RlsError>) -> Decision {
+pub fn verdict_of(mode: HeaderMode, answer: Result<Answer, RlsError>) -> Decision {
     let Answer {
         over_limit: over,
         response,
@@ -427,7 +427,7 @@ mod tests {
     use prost::Message;
 
     fn decide_body(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Decision {
-        decide(mode, decode(grpc_status, body))
+        verdict_of(mode, decode(grpc_status, body))
     }
     use crate::testing::{answer, status};
     use ratelimit_config::parse_plugin_config;

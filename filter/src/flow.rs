@@ -37,7 +37,8 @@ use crate::batch::{Owner, Part, Settle};
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    self, decide, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict, RETRY_AFTER,
+    self, first_step, near_limit, verdict_of, Compiled, Decision, Limited, Step, Verdict,
+    RETRY_AFTER,
 };
 use crate::fallback::{self, Decided};
 use crate::health;
@@ -255,7 +256,7 @@ impl Stream {
         match finish(c, host, vm, done, Some(self.id)) {
             None => Next::Pause,
             // Over before it was sent: the call could not go out.
-            Some(heard) => self.decide(c, host, vm, heard),
+            Some(heard) => self.act_on_answer(c, host, vm, heard),
         }
     }
 
@@ -271,7 +272,7 @@ impl Stream {
         vm: &Vm,
         heard: Result<Answer, RlsError>,
     ) {
-        if self.decide(c, host, vm, heard) == Next::Continue {
+        if self.act_on_answer(c, host, vm, heard) == Next::Continue {
             if let Err(e) = host.resume_request() {
                 log::error!("cannot resume a request paused for the service: {e}");
             }
@@ -281,7 +282,7 @@ impl Stream {
     /// The verdict on the service's answer: admitted (headers kept),
     /// refused (a 429, remembered in the over-limit cache), or the limiter
     /// failed.
-    fn decide<H: Host + ?Sized>(
+    fn act_on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
@@ -296,7 +297,7 @@ impl Stream {
             to_client,
             to_upstream,
             dropped,
-        } = decide(c.config.headers, heard);
+        } = verdict_of(c.config.headers, heard);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
