@@ -50,10 +50,14 @@ CLI         := target/release/ratelimit-config
 # its wasm-opt at Debian's path, so no other one on PATH is used.
 # rustc's module carries no target_features section, so the features it uses
 # are named (without them wasm-opt assumes MVP wasm and refuses memory.copy).
+# --low-memory-unused: the low 1 KB of memory is never addressed (rust-lld
+# puts the 1 MB stack first, growing down towards it, and the data after
+# it), so wasm-opt may fold constant offsets into loads and stores (about
+# 1.9 KB smaller).
 BINARYEN_VERSION := 108-1
 WASM_OPT         := /usr/bin/wasm-opt
-WASM_OPT_FLAGS   := -Oz --converge --enable-bulk-memory --enable-sign-ext --enable-mutable-globals \
-                    --enable-nontrapping-float-to-int
+WASM_OPT_FLAGS   := -Oz --converge --low-memory-unused --enable-bulk-memory --enable-sign-ext \
+                    --enable-mutable-globals --enable-nontrapping-float-to-int
 # The size budget of the .wasm, in bytes: `make build` fails past it.
 WASM_MAX_BYTES   := 250000
 # twiggy (`make wasm-size`): what takes the .wasm's bytes, by function.

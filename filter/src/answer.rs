@@ -26,6 +26,11 @@ pub enum RlsError {
     Expired,
     /// The worker's queue of calls is full.
     QueueFull,
+    /// The worker's tables of calls were in use (a callback re-entered the
+    /// batcher while it held them): the part could not be queued or kept.
+    Busy,
+    /// The part names a group the configuration does not have.
+    NoGroup,
     /// No call was made: the breaker is open (`breaker`).
     BreakerOpen,
 }
@@ -39,6 +44,8 @@ impl fmt::Display for RlsError {
             RlsError::Host(e) => e.fmt(f),
             RlsError::Expired => f.write_str("no answer within timeout_ms"),
             RlsError::QueueFull => f.write_str("the worker's queue of calls is full"),
+            RlsError::Busy => f.write_str("the worker's tables of calls were in use"),
+            RlsError::NoGroup => f.write_str("the call names a group the configuration lacks"),
             RlsError::BreakerOpen => f.write_str("the breaker is open"),
         }
     }

@@ -42,7 +42,7 @@
 //!   it said OK, sent again one by one if it said OVER_LIMIT (which of them
 //!   was over cannot be known).
 //!
-//! What becomes of a finished part (`Done`) is the caller's: `modes::finish`
+//! What becomes of a finished part (`Done`) is the caller's: `answer_path::finish`
 //! settles what it leaves in the tenant's slot, and hands a request's
 //! answer to its stream through the outbox (`Delivery`), which the glue
 //! delivers after the callback, acting for that stream.
@@ -325,7 +325,8 @@ impl Batcher {
     /// (expired, or in a call that could not be sent), this one included if
     /// it is.
     pub fn ask<H: Host + ?Sized>(&self, c: &Compiled, host: &H, part: Part) -> Vec<Done> {
-        let now = host.now_ms();
+        // The part was made in this callback, at its clock.
+        let now = part.asked_at_ms;
         let mut done = self.sweep(c, host, now);
         if !self.batching(c) {
             self.send(c, host, vec![part], now, &mut done);
@@ -333,7 +334,7 @@ impl Batcher {
         }
         let full = {
             let Ok(mut q) = self.queue.try_borrow_mut() else {
-                done.push(failed(part, RlsError::QueueFull));
+                done.push(failed(part, RlsError::Busy));
                 return done;
             };
             if q.len() >= MAX_QUEUED_PARTS {
@@ -374,7 +375,7 @@ impl Batcher {
                 q.extend(parts.by_ref().take(room));
                 done.extend(parts.map(|p| failed(p, RlsError::QueueFull)));
             }
-            Err(_) => done.extend(parts.into_iter().map(|p| failed(p, RlsError::QueueFull))),
+            Err(_) => done.extend(parts.into_iter().map(|p| failed(p, RlsError::Busy))),
         }
         self.flush(c, host, Flush::All, now, &mut done);
         done
@@ -550,7 +551,7 @@ impl Batcher {
         let Some(message) = message(c, &parts) else {
             // A group the configuration does not have (never: the parts
             // come from this configuration).
-            done.extend(parts.into_iter().map(|p| failed(p, RlsError::Undecodable)));
+            done.extend(parts.into_iter().map(|p| failed(p, RlsError::NoGroup)));
             return;
         };
         if breaker::may_call(c, host, &self.breaker, now, parts.len()) == Gate::Fallback {
@@ -571,12 +572,9 @@ impl Batcher {
                     Ok(mut f) => {
                         f.insert(token, flight);
                     }
-                    Err(_) => done.extend(
-                        flight
-                            .parts
-                            .into_iter()
-                            .map(|p| failed(p, RlsError::QueueFull)),
-                    ),
+                    Err(_) => {
+                        done.extend(flight.parts.into_iter().map(|p| failed(p, RlsError::Busy)))
+                    }
                 }
             }
             Err(e) => {

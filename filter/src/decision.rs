@@ -9,13 +9,15 @@ use std::borrow::Cow;
 use ratelimit_config::model::{RequestDescriptors, Route};
 use ratelimit_config::plugin::PPM;
 use ratelimit_config::{
-    tenant_value, Group, HeaderMode, MissingTenant, PluginConfig, TenantSource,
+    tenant_value, Group, HeaderMode, MissingTenant, Mode, PluginConfig, TenantSource,
 };
 
 use crate::answer::{decode, Answer};
 use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
+use crate::lease::LeaseParams;
 use crate::local::{Scope, ScopeBuilder};
 use crate::proto::{encode_rate_limit_request, grpc_upstream, DescriptorStatus};
+use crate::sync::SyncParams;
 use crate::tenant::{Read, Source};
 
 pub use crate::answer::RlsError;
@@ -31,6 +33,53 @@ pub struct Compiled {
     pub tenant: Source,
     /// Each group's scope in the local layer, by group index.
     scopes: Vec<Scope>,
+    /// Each group's mode and its settings, by group index.
+    modes: Vec<ModeParams>,
+}
+
+/// A group's mode, with its settings (compiled once with the
+/// configuration: `Compiled::mode_params`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeParams {
+    Exact,
+    Lease(LeaseParams),
+    Sync(SyncParams),
+}
+
+impl ModeParams {
+    fn of(config: &PluginConfig, group: &Group) -> ModeParams {
+        if let Some(p) = LeaseParams::for_group(config, group) {
+            ModeParams::Lease(p)
+        } else if let Some(p) = SyncParams::for_group(config, group) {
+            ModeParams::Sync(p)
+        } else {
+            ModeParams::Exact
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        match self {
+            ModeParams::Exact => Mode::Exact,
+            ModeParams::Lease(_) => Mode::Lease,
+            ModeParams::Sync(_) => Mode::Sync,
+        }
+    }
+
+    /// The lease settings, in lease mode.
+    pub fn lease(self) -> Option<LeaseParams> {
+        match self {
+            ModeParams::Lease(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// The sync settings, in sync mode.
+    pub fn sync(self) -> Option<SyncParams> {
+        match self {
+            ModeParams::Sync(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 impl Compiled {
@@ -39,8 +88,10 @@ impl Compiled {
         let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
         let tenant = Source::new(&config.tenant_source, &config.limits);
         let mut scopes = Vec::with_capacity(config.limits.group_count());
+        let mut modes = Vec::with_capacity(config.limits.group_count());
         for g in config.limits.all_groups() {
             scopes.push(group_scope(&config, g));
+            modes.push(ModeParams::of(&config, g));
         }
         Compiled {
             config,
@@ -48,7 +99,19 @@ impl Compiled {
             max_tenant_length,
             tenant,
             scopes,
+            modes,
         }
+    }
+
+    /// The mode of the group with this index, with its settings (exact for
+    /// an index no group has).
+    pub fn mode_params(&self, group: usize) -> ModeParams {
+        self.modes.get(group).copied().unwrap_or(ModeParams::Exact)
+    }
+
+    /// Every group's mode, with its settings, by group index.
+    pub fn group_modes(&self) -> &[ModeParams] {
+        &self.modes
     }
 
     /// The local-layer scope of the group with this index
@@ -290,7 +353,7 @@ pub fn no_rule(statuses: &[DescriptorStatus]) -> Option<usize> {
 
 /// Decides from the gRPC status and the response body.
 pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdict {
-    decide(mode, decode(grpc_status, body)).verdict
+    verdict_of(mode, decode(grpc_status, body)).verdict
 }
 
 /// Decides from the decoded answer, with the service's headers to forward.
@@ -298,7 +361,7 @@ pub fn verdict(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Verdi
 /// left out. A refusal carries Retry-After from the statuses; without any
 /// that says when its window resets, from the service's own Retry-After or
 /// reset header; else none (never a guess).
-pub fn decide(mode: HeaderMode, answer: Result<Answer, RlsError>) -> Decision {
+pub fn verdict_of(mode: HeaderMode, answer: Result<Answer, RlsError>) -> Decision {
     let Answer {
         over_limit: over,
         response,
@@ -364,7 +427,7 @@ mod tests {
     use prost::Message;
 
     fn decide_body(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Decision {
-        decide(mode, decode(grpc_status, body))
+        verdict_of(mode, decode(grpc_status, body))
     }
     use crate::testing::{answer, status};
     use ratelimit_config::parse_plugin_config;

@@ -32,22 +32,22 @@
 
 use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
+use crate::answer_path::{finish, remember};
 use crate::batch::{Owner, Part, Settle};
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    self, decide, first_step, near_limit, Compiled, Decision, Limited, Step, Verdict, RETRY_AFTER,
+    self, first_step, near_limit, verdict_of, Compiled, Decision, Limited, Step, Verdict,
+    RETRY_AFTER,
 };
 use crate::fallback::{self, Decided};
-use crate::headers::group_policy;
 use crate::health;
 use crate::host::{Host, HostError};
-use crate::local::names::lookup;
-use crate::local::{route_slot_for, slot_for, LocalVerdict, SlotRef, UpdateError, SLOT_PROBES};
-use crate::modes::{finish, local_error, local_step, remember, route_step, ModeStep};
+use crate::local::SlotRef;
+use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
-use ratelimit_config::{OnFailure, UnitLimits};
+use ratelimit_config::OnFailure;
 
 /// What Envoy does with the request after a callback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,7 +114,10 @@ impl Stream {
         self.id
     }
 
-    /// The request's headers have arrived.
+    /// The request's headers have arrived: the tenant, its group and the
+    /// request's cost are read (`limited`), the local layer decides
+    /// (`modes::local_outcome`), and a request it lets through asks the
+    /// service (`ask`).
     pub fn on_request_headers<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -125,27 +128,80 @@ impl Stream {
             Ok(t) => t,
             Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
-        let mut limited = match first_step(c, &tenant) {
+        let (limited, cost) = match self.limited(c, host, &tenant) {
+            Ok(known) => known,
+            Err(next) => return next,
+        };
+        let now_ms = host.now_ms();
+        let req = Request {
+            limited: &limited,
+            cost,
+            now_ms,
+        };
+        let outcome = local_outcome(c, host, vm, &req);
+        // Armed only when the request goes upstream counted.
+        self.charge = charge_for(c, &limited, outcome.slots(), cost);
+        match outcome {
+            LocalOutcome::Refused { source, headers } => {
+                self.refuse(c, host, source, headers, Vec::new())
+            }
+            LocalOutcome::Admitted { headers, .. } => {
+                self.charge_armed = true;
+                // An estimate: this Envoy's last answer, less what it
+                // admitted since.
+                self.response_headers = headers;
+                Next::Continue
+            }
+            LocalOutcome::Ask {
+                slots,
+                settle,
+                hits,
+            } => {
+                self.slot = Some(slots.at);
+                self.route_slot = slots.route_at;
+                self.asked_at_ms = now_ms;
+                self.ask(c, host, vm, &req, settle, hits)
+            }
+            LocalOutcome::Skip => self.ask(c, host, vm, &req, Settle::Exact, cost),
+        }
+    }
+
+    /// Who the request is for and what it costs: the tenant's group (and
+    /// its route), kept on the stream; `Err` when the request was answered
+    /// (or goes on unlimited) here.
+    fn limited<'c, H: Host + ?Sized>(
+        &mut self,
+        c: &'c Compiled,
+        host: &H,
+        tenant: &'c tenant::Read,
+    ) -> Result<(Limited<'c>, u32), Next> {
+        let mut limited = match first_step(c, tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
-                return Next::Continue;
+                return Err(Next::Continue);
             }
             Step::DenyMissingTenant => {
                 host.count(Counter::MissingTenant);
                 record(host, None, None, false, Source::MissingTenant);
-                return local_reply(host, 429, &[], "missing tenant header\n");
+                return Err(local_reply(host, 429, &[], "missing tenant header\n"));
             }
             Step::TenantTooLong => {
                 host.count(Counter::TenantTooLong);
                 record(host, None, None, false, Source::TenantTooLong);
-                return local_reply(host, 431, &[], "tenant header value too long\n");
+                return Err(local_reply(
+                    host,
+                    431,
+                    &[],
+                    "tenant header value too long\n",
+                ));
             }
             Step::RepeatedTenant => {
                 host.count(Counter::TenantRepeated);
                 record(host, None, None, false, Source::TenantRepeated);
-                return local_reply(host, 400, &[], "tenant header sent more than once\n");
+                let body = "tenant header sent more than once\n";
+                return Err(local_reply(host, 400, &[], body));
             }
-            Step::NotLimited => return Next::Continue,
+            Step::NotLimited => return Err(Next::Continue),
             Step::Limit(limited) => limited,
         };
         // A hostcall per request only for the tenants of groups with routes.
@@ -160,114 +216,47 @@ impl Stream {
             Ok(cost) => cost,
             Err(CostError::Invalid(why)) => {
                 host.count(Counter::CostInvalid);
-                return local_reply(host, 400, &[], &why);
+                return Err(local_reply(host, 400, &[], &why));
             }
-            Err(CostError::Host(e)) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
+            Err(CostError::Host(e)) => {
+                return Err(self.on_failure(c, host, Some(&RlsError::Host(e))))
+            }
         };
-        let group = limited.group_index;
         self.tenant = Some(limited.tenant.to_string());
         self.cost = cost;
-        self.group = Some(group);
+        self.group = Some(limited.group_index);
         self.shadow = c.config.shadowed(limited.group);
         self.own_statuses = limited.group.limits.len();
-        let local = &c.config.local;
-        let (at, route_at) = if local.enabled {
-            let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
-            let scope = c.scope(limited.group_index);
-            let at = slot_for(secret, scope, tenant, local.slots);
-            let on_route = limited
-                .route
-                .map(|r| route_slot_for(secret, scope, tenant, &r.name, local.slots));
-            (Some(at), on_route)
-        } else {
-            (None, None)
-        };
-        if c.config.response_cost.is_some() && at.is_none() {
-            self.charge = Some(charge_for(&limited, None, route_at, cost));
-        }
-        // Hits of a sync block a mode change dropped: this call carries
-        // them (`modes`).
-        let mut carried = 0;
-        let mut lease_batch = None;
-        let mut sync = false;
-        if let Some(at) = at {
-            let now = host.now_ms();
-            let names = |id| lookup(host, id);
-            // The route's state first: a refusal there writes nothing.
-            if let (Some(route), Some(route_at)) = (limited.route, route_at) {
-                let verdict = route_step(c, host, route, route_at, now, &names, cost);
-                if let Some(next) = self.local_verdict(c, host, &route.limits, verdict) {
-                    return next;
-                }
-            }
-            // A slot another tenant holds: the next few are tried before
-            // the tenant goes without local state (`slot_contended`).
-            let mut at = at;
-            let mut stepped = local_step(c, host, vm, &limited, at, now, &names, cost);
-            for _ in 1..SLOT_PROBES {
-                if !matches!(&stepped, Ok(s) if s.verdict == LocalVerdict::Contended) {
-                    break;
-                }
-                at = at.next(local.slots);
-                stepped = local_step(c, host, vm, &limited, at, now, &names, cost);
-            }
-            if c.config.response_cost.is_some() {
-                self.charge = Some(charge_for(&limited, Some(at), route_at, cost));
-            }
-            let verdict = match stepped {
-                Ok(step) => {
-                    carried = step.carried;
-                    match step.mode {
-                        ModeStep::Admitted(headers) => {
-                            self.charge_armed = true;
-                            // An estimate: this Envoy's last answer, less
-                            // what it admitted since.
-                            self.response_headers = headers;
-                            return Next::Continue;
-                        }
-                        ModeStep::Refused(headers) => {
-                            return self.refuse(c, host, Source::Sync, headers, Vec::new());
-                        }
-                        ModeStep::Ask {
-                            lease_batch: batch,
-                            sync: asks,
-                        } => {
-                            lease_batch = batch;
-                            sync = asks;
-                        }
-                        ModeStep::Exact => {}
-                    }
-                    Ok(step.verdict)
-                }
-                Err(e) => Err(e),
-            };
-            let limits = &limited.group.limits;
-            if let Some(next) = self.local_verdict(c, host, limits, verdict) {
-                return next;
-            }
-            self.slot = Some(at);
-            self.route_slot = route_at;
-            self.asked_at_ms = now;
-        }
-        let settle = match (lease_batch, sync, self.slot) {
-            (Some(batch), _, Some(at)) => Settle::Lease { at, batch },
-            (None, true, Some(at)) => Settle::Sync { at },
-            _ => Settle::Exact,
-        };
-        let hits = lease_batch.unwrap_or(cost).saturating_add(carried);
+        Ok((limited, cost))
+    }
+
+    /// Asks the service for `hits` hits of the request, whose answer leaves
+    /// `settle` in the tenant's slot: paused until the answer, unless the
+    /// call is over before it was sent.
+    fn ask<H: Host + ?Sized>(
+        &mut self,
+        c: &Compiled,
+        host: &H,
+        vm: &Vm,
+        req: &Request<'_, '_>,
+        settle: Settle,
+        hits: u32,
+    ) -> Next {
         self.hits = hits;
         let owner = Owner::Stream {
             id: Some(self.id),
             settle,
         };
+        let limited = req.limited;
         let route = limited.route.map(|r| r.name.clone());
         let tenant = self.tenant.clone().unwrap_or_default();
-        let part = Part::new(c, owner, group, (tenant, route), hits, host.now_ms());
+        let group = limited.group_index;
+        let part = Part::new(c, owner, group, (tenant, route), hits, req.now_ms);
         let done = vm.batch.ask(c, host, part);
         match finish(c, host, vm, done, Some(self.id)) {
             None => Next::Pause,
             // Over before it was sent: the call could not go out.
-            Some(heard) => self.decide(c, host, vm, heard),
+            Some(heard) => self.act_on_answer(c, host, vm, heard),
         }
     }
 
@@ -275,7 +264,7 @@ impl Stream {
     /// the root split it out of its call's: the request was paused since
     /// its headers, and is resumed unless a local reply went out. What the
     /// answer leaves in the tenant's lease or sync view was stored before
-    /// (`modes::settle`).
+    /// (`answer_path::store_part_answer`).
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -283,7 +272,7 @@ impl Stream {
         vm: &Vm,
         heard: Result<Answer, RlsError>,
     ) {
-        if self.decide(c, host, vm, heard) == Next::Continue {
+        if self.act_on_answer(c, host, vm, heard) == Next::Continue {
             if let Err(e) = host.resume_request() {
                 log::error!("cannot resume a request paused for the service: {e}");
             }
@@ -293,7 +282,7 @@ impl Stream {
     /// The verdict on the service's answer: admitted (headers kept),
     /// refused (a 429, remembered in the over-limit cache), or the limiter
     /// failed.
-    fn decide<H: Host + ?Sized>(
+    fn act_on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
@@ -308,7 +297,7 @@ impl Stream {
             to_client,
             to_upstream,
             dropped,
-        } = decide(c.config.headers, heard);
+        } = verdict_of(c.config.headers, heard);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
@@ -458,38 +447,6 @@ impl Stream {
             .map(|g| g.name.as_str())
     }
 
-    /// What the local layer's verdict on a slot (the tenant's, or its
-    /// state on the route, whose limits are `limits`) does to the request:
-    /// None, it goes on to the service; else it was answered.
-    fn local_verdict<H: Host + ?Sized>(
-        &mut self,
-        c: &Compiled,
-        host: &H,
-        limits: &UnitLimits,
-        verdict: Result<LocalVerdict, UpdateError>,
-    ) -> Option<Next> {
-        let (source, headers) = match verdict {
-            Ok(LocalVerdict::Proceed) => return None,
-            Ok(LocalVerdict::Contended) => {
-                host.count(Counter::SlotContended);
-                return None;
-            }
-            Err(e) => {
-                local_error(host, &e);
-                return None;
-            }
-            // In shadow, a local would-be refusal is let through
-            // without a call, as the refusal would have gone out
-            // without one: one would-be refusal per request.
-            Ok(LocalVerdict::BucketEmpty(mut headers)) => {
-                headers.extend(group_policy(c.config.headers, limits));
-                (Source::Bucket, headers)
-            }
-            Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
-        };
-        Some(self.refuse(c, host, source, headers, Vec::new()))
-    }
-
     /// The upstream's response headers have arrived (also for the filter's
     /// own local replies, which carry their headers already). A cost the
     /// upstream reports in them is charged at once.
@@ -554,30 +511,33 @@ impl Stream {
     }
 }
 
-/// The charge a response's cost will queue for this request: on its
-/// descriptors (the group's, and its route's), `hits` what the request was
-/// charged. Without the local layer, the slots are none (fingerprint 0).
+/// The charge a response's cost will queue for this request, with
+/// `response_cost_header` (None without): on its descriptors (the group's,
+/// and its route's), `hits` what the request was charged. Without the
+/// local layer, the slots are none (fingerprint 0).
 fn charge_for(
+    c: &Compiled,
     limited: &Limited<'_>,
-    at: Option<SlotRef>,
-    route_at: Option<SlotRef>,
+    slots: Option<Slots>,
     cost: u32,
-) -> Box<TenantCall> {
+) -> Option<Box<TenantCall>> {
     const NO_SLOT: SlotRef = SlotRef {
         index: 0,
         fingerprint: 0,
     };
-    Box::new(TenantCall {
+    c.config.response_cost.as_ref()?;
+    let route_at = slots.and_then(|s| s.route_at).unwrap_or(NO_SLOT);
+    Some(Box::new(TenantCall {
         kind: CallKind::Charge,
         group: limited.group_index,
         tenant: limited.tenant.to_string(),
-        at: at.unwrap_or(NO_SLOT),
+        at: slots.map_or(NO_SLOT, |s| s.at),
         hits: cost,
         route: limited.route.map(|r| OnRoute {
             name: r.name.clone(),
-            at: route_at.unwrap_or(NO_SLOT),
+            at: route_at,
         }),
-    })
+    }))
 }
 
 fn add_response_header<H: Host + ?Sized>(host: &H, name: &str, value: &str) {

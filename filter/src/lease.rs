@@ -8,36 +8,10 @@
 use ratelimit_config::{Group, Mode, PluginConfig};
 
 use crate::answer::Answer;
+use crate::local::state::Lease;
 use crate::window;
 
-/// One tenant's lease, in its slot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Lease {
-    /// Tokens left to spend.
-    pub tokens: u32,
-    /// When they expire: the end of the window they were reserved in.
-    pub until_ms: u64,
-    /// When a call for the next batch went out (0: none under way).
-    pub refill_at_ms: u64,
-    /// What the service last reported as remaining (the smallest of the
-    /// group's descriptors), valid until `remaining_until_ms`.
-    pub remaining: u32,
-    pub remaining_until_ms: u64,
-    /// This Envoy's requests for the tenant in second `rate_second` (since
-    /// the epoch), and in the second before it.
-    pub rate_second: u64,
-    pub rate_count: u32,
-    pub rate_prev: u32,
-}
-
 impl Lease {
-    /// Whether another tenant must leave the slot alone: tokens that have
-    /// not expired, or a call for more under way.
-    pub fn in_use(&self, now_ms: u64) -> bool {
-        (self.tokens > 0 && now_ms < self.until_ms)
-            || (self.refill_at_ms != 0 && now_ms < self.refill_at_ms.saturating_add(REFILL_HOLD_MS))
-    }
-
     fn count_request(&mut self, now_ms: u64) {
         let second = now_ms / 1_000;
         if second == self.rate_second {
@@ -76,9 +50,6 @@ impl Lease {
         self.refill_at_ms != 0 && now_ms < self.refill_at_ms.saturating_add(p.refill_lost_ms)
     }
 }
-
-/// A slot with a refill under way stays with its tenant this long.
-const REFILL_HOLD_MS: u64 = 2_000;
 
 /// A group's lease settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,7 +177,7 @@ impl Outcome {
 /// `tokens` of it become the lease's (the batch, less the asking request's
 /// own hit). Returns the lease and the tokens stranded (granted after their
 /// window ended, or left from an ended window).
-pub fn settle(
+pub fn after_answer(
     lease: Option<Lease>,
     p: &LeaseParams,
     asked_at_ms: u64,

@@ -16,8 +16,10 @@
 //! - `flow`: one request, from its headers to its response.
 //! - `root`: what a worker's root context does at configure, on a tick and
 //!   on an answer (lease refills, sync pushes).
-//! - `modes`: the local layer's step by the group's mode (exact, lease,
-//!   sync), and what a mode's answer leaves in the tenant's slot.
+//! - `modes`: the local layer's outcome for one request, by the group's
+//!   mode (exact, lease, sync).
+//! - `answer_path`: what an answer leaves in the tenant's slot and
+//!   counters, and where it goes (beside `batch`, which sends the calls).
 //! - `lease`: lease mode's state machine (reserve a batch, spend it).
 //! - `sync`: sync mode's state machine (admit against a view, push hits).
 //! - `tenant`: the request's tenant, read from its source (a header, or an
@@ -49,6 +51,8 @@
 //!   - `local::placement`: where a tenant lives (its scope: the instance
 //!     and group; keyed hash, slot key);
 //!   - `local::slot`: a slot's state, its encoding, who owns it;
+//!   - `local::state`: the plain state each mode keeps in a slot (the codec
+//!     depends on no mode);
 //!   - `local::cas`: the read-modify-write of a slot under CAS;
 //!   - `local::names`: the rule names of cached refusals;
 //!   - `local::secret`: the slot secret every VM agrees on.
@@ -63,6 +67,7 @@
 
 pub mod access_log;
 pub mod answer;
+pub mod answer_path;
 pub mod batch;
 pub mod breaker;
 pub mod cost;

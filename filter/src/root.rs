@@ -27,27 +27,29 @@
 //!   token finds its parts (`batch`), the answer is decoded once and split
 //!   back per part (the call's outcome, one, recorded by the breaker), each
 //!   part's share is stored in its tenant's slot by the mode
-//!   (`modes::finish`, and the fallback's entry, `fallback`), and each
+//!   (`answer_path::finish`, and the fallback's entry, `fallback`), and each
 //!   request's share is handed to its
 //!   stream (the glue delivers it, acting for that stream).
 //!
 //! A call is never cancelled with the stream that happened to send it:
-//! Envoy makes every call on the root context. Every bound is the
+//! Envoy makes every call on the root context. The mailbox is not there
+//! for that: it holds lease refills until the tick, so that they go out
+//! with the tick's pushes instead of as calls on the request path
+//! (`vm::Mailbox`). Every bound is the
 //! mailbox's (`vm::MAX_QUEUED_CALLS`, `vm::MAX_TRACKED`) or the queue's
 //! (`batch::MAX_QUEUED_PARTS`).
 
 use ratelimit_config::{OnFailure, LEASE_TICK_MS};
 
+use crate::answer_path::{finish, release};
 use crate::batch::Part;
 use crate::breaker;
 use crate::decision::Compiled;
 use crate::fallback;
 use crate::host::{Host, SharedData};
-use crate::lease::LeaseParams;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
 use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{finish, next_tracked, release};
-use crate::sync::SyncParams;
+use crate::modes::{next_tracked, Due, Owed};
 use crate::vm::Vm;
 use crate::window;
 
@@ -128,9 +130,9 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
 
 /// Sync mode's push period (None: no group syncs).
 pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
-    let mut groups = c.config.limits.all_groups();
-    groups
-        .any(|g| SyncParams::for_group(&c.config, g).is_some())
+    c.group_modes()
+        .iter()
+        .any(|m| m.sync().is_some())
         .then_some(u64::from(c.config.local.sync_interval_ms))
 }
 
@@ -138,8 +140,7 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 /// pushes' (None: no group needs a tick). A response's cost needs none: it
 /// is charged when the response tells it (`cost::charge_response`).
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
-    let mut groups = c.config.limits.all_groups();
-    let leases = groups.any(|g| LeaseParams::for_group(&c.config, g).is_some());
+    let leases = c.group_modes().iter().any(|m| m.lease().is_some());
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),
@@ -151,10 +152,9 @@ pub fn tick_ms(c: &Compiled) -> Option<u64> {
 /// after each of its ends, the root refills the leases of the tenants it
 /// tracks, in one call.
 pub fn lease_window_ms(c: &Compiled) -> Option<u64> {
-    c.config
-        .limits
-        .all_groups()
-        .filter_map(|g| LeaseParams::for_group(&c.config, g))
+    c.group_modes()
+        .iter()
+        .filter_map(|m| m.lease())
         .map(|p| p.window_ms)
         .min()
 }
@@ -196,7 +196,11 @@ impl Root {
         };
         if sync_due || lease_due {
             for tracked in vm.mailbox.tracked() {
-                let (call, idle) = next_tracked(c, host, &tracked, now, sync_due, lease_due);
+                let due = Due {
+                    sync: sync_due,
+                    lease: lease_due,
+                };
+                let Owed { call, idle } = next_tracked(c, host, &tracked, now, due);
                 if idle {
                     vm.mailbox.forget(tracked.at);
                 }

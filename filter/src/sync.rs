@@ -9,37 +9,12 @@ use ratelimit_config::{Group, Mode, PluginConfig};
 
 use crate::answer::Answer;
 use crate::headers::RETRY_AFTER;
+use crate::local::state::SyncState;
 use crate::window;
 
 pub use crate::window::UNITS;
 
-/// One tenant's sync state, in its slot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyncState {
-    /// The fleet's count per unit of the group (shortest first), as the
-    /// service last reported it, valid until `view_until_ms`.
-    pub views: [u32; UNITS],
-    pub view_until_ms: [u64; UNITS],
-    /// Hits this Envoy admitted that no push has taken yet.
-    pub unsynced: u32,
-    /// Hits of the push under way, and of requests that asked the service
-    /// themselves and wait for its answer (0: none).
-    pub in_flight: u32,
-    /// When the last of those hits went out.
-    pub push_at_ms: u64,
-}
-
 impl SyncState {
-    /// Hits the service has not seen: another tenant must not take the slot.
-    pub fn in_use(&self, _now_ms: u64) -> bool {
-        self.unsynced > 0 || self.in_flight > 0
-    }
-
-    /// Hits the service has not counted yet.
-    pub fn pending(&self) -> u32 {
-        self.unsynced.saturating_add(self.in_flight)
-    }
-
     /// Starts the views of ended windows from 0, and takes a push that
     /// was never answered as not sent.
     fn roll(&mut self, p: &SyncParams, now_ms: u64) {
@@ -158,7 +133,7 @@ pub fn take_delta(state: Option<SyncState>, p: &SyncParams, now_ms: u64) -> (Syn
 /// a request whose own call failed followed `failure_mode_deny` and is not
 /// counted, as in exact mode), and every unit whose window has not ended
 /// since learns the fleet's count.
-pub fn settle(
+pub fn after_answer(
     state: Option<SyncState>,
     p: &SyncParams,
     asked_at_ms: u64,

@@ -36,11 +36,16 @@ pub struct Tracked {
     pub at: SlotRef,
 }
 
-/// Work a worker's streams hand to its root context, bounded: calls to send
-/// on the next tick (from the root, so that an HTTP stream that ends cannot
-/// cancel them), and the sync tenants to push. Borrowed only for the length
-/// of one method: a borrow that fails (never, in one thread) drops the work
-/// as a full mailbox would.
+/// Work a worker's streams hand to its root context, bounded: lease
+/// refills to send on the next tick, and the tenants to track. A refill
+/// waits for the tick so that the refills and pushes of a tick go out
+/// together, in the worker's next calls, instead of each as a call of its
+/// own on the request path (the lease still holds tokens: nothing waits
+/// for it). Not to outlive the stream: every call of a VM is made and
+/// answered on its root context, whichever context sends it, so a stream
+/// that ends cancels no call (`root`). Borrowed only for the length of one
+/// method: a borrow that fails (never, in one thread) drops the work as a
+/// full mailbox would.
 #[derive(Debug, Default)]
 pub struct Mailbox {
     queued: RefCell<Vec<TenantCall>>,

@@ -34,7 +34,7 @@ fn a_granted_batch_is_spent_without_calls_and_refilled_at_half() {
         rate_count: 10,
         ..Lease::default()
     };
-    let (l, stranded) = settle(
+    let (l, stranded) = after_answer(
         Some(lease),
         &P,
         NOW,
@@ -67,7 +67,7 @@ fn a_granted_batch_is_spent_without_calls_and_refilled_at_half() {
 
 #[test]
 fn tokens_never_outlive_their_window_and_are_counted_as_stranded() {
-    let (l, _) = settle(None, &P, NOW, NOW + 3, 7, Outcome::Granted { remaining: 9 });
+    let (l, _) = after_answer(None, &P, NOW, NOW + 3, 7, Outcome::Granted { remaining: 9 });
     let (l, step, stranded) = spend(Some(l), &P, MINUTE_END - 1);
     assert_eq!((step, stranded), (Spend::Token { refill: None }, 0));
     assert_eq!(l.tokens, 6);
@@ -82,7 +82,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
     // Two calls under way (two workers): the one asked later is answered
     // first, with the smaller remaining; the earlier one's answer, which
     // the service counted before it, must not raise the estimate again.
-    let (l, _) = settle(
+    let (l, _) = after_answer(
         None,
         &P,
         NOW + 2,
@@ -90,7 +90,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         5,
         Outcome::Granted { remaining: 1_489 },
     );
-    let (l, _) = settle(
+    let (l, _) = after_answer(
         Some(l),
         &P,
         NOW,
@@ -100,7 +100,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
     );
     assert_eq!((l.tokens, l.remaining), (9, 1_489));
     // In the next window the first answer stands as it is.
-    let (l, _) = settle(
+    let (l, _) = after_answer(
         Some(l),
         &P,
         MINUTE_END + 1,
@@ -110,7 +110,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
     );
     assert_eq!(l.remaining, 1_497);
     // A refusal's 0 gives way to a later grant of one hit.
-    let (l, _) = settle(
+    let (l, _) = after_answer(
         Some(l),
         &P,
         MINUTE_END + 4,
@@ -118,7 +118,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         0,
         Outcome::Refused,
     );
-    let (l, _) = settle(
+    let (l, _) = after_answer(
         Some(l),
         &P,
         MINUTE_END + 6,
@@ -132,7 +132,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
 #[test]
 fn a_batch_granted_after_its_window_ended_is_stranded_whole() {
     // Asked 1 ms before the minute ended, answered in the next one.
-    let (l, stranded) = settle(
+    let (l, stranded) = after_answer(
         None,
         &P,
         MINUTE_END - 1,
@@ -161,7 +161,7 @@ fn the_batch_follows_the_rate_within_one_and_max_batch_and_never_above_remaining
     assert_eq!(near.batch(&P, MINUTE_END), 50);
     // A refused batch: the next ask is for one hit, so a refusal at the
     // limit costs the service's counter one.
-    let (l, _) = settle(Some(busy), &P, NOW, NOW + 1, 49, Outcome::Refused);
+    let (l, _) = after_answer(Some(busy), &P, NOW, NOW + 1, 49, Outcome::Refused);
     assert_eq!(l.batch(&P, NOW + 2), 1);
     assert_eq!(Lease::default().batch(&P, NOW), 1);
 }

@@ -34,6 +34,7 @@ pub mod over_limit;
 pub mod placement;
 pub mod secret;
 pub mod slot;
+pub mod state;
 
 use ratelimit_config::{BucketParams, HeaderMode};
 

@@ -6,10 +6,10 @@
 
 use ratelimit_config::Mode;
 
-use crate::lease::Lease;
 use crate::local::bucket::TokenBucket;
 use crate::local::over_limit::{OverLimit, StatusSnapshot, MAX_STATUSES};
-use crate::sync::{SyncState, UNITS};
+use crate::local::state::{Lease, SyncState};
+use crate::window::UNITS;
 
 /// One tenant's state in one shared-data slot.
 #[derive(Clone, Debug, PartialEq, Eq)]

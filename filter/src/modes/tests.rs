@@ -6,8 +6,10 @@ use prost::Message;
 
 use super::*;
 use crate::answer::decode;
+use crate::answer_path::{store_lease_answer, store_sync_answer, Asked, LeaseBatch, SyncHits};
 use crate::flow::{Next, Stream};
-use crate::lease::Lease;
+use crate::lease::Outcome;
+use crate::local::state::Lease;
 use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::testing::{answer, compiled, slot_of, status, Worker};
@@ -79,7 +81,17 @@ mod lease_mode {
         body: Option<&[u8]>,
     ) {
         let outcome = Outcome::of(decode(grpc_status, body).ok().as_ref());
-        store_outcome(c, h, r.group, r.at, asked_at, r.hits, r.hits, outcome);
+        let asked = Asked {
+            group: r.group,
+            at: r.at,
+            asked_at_ms: asked_at,
+            now_ms: h.now_ms(),
+        };
+        let batch = LeaseBatch {
+            asked: r.hits,
+            tokens: r.hits,
+        };
+        store_lease_answer(c, h, asked, batch, outcome);
     }
 
     fn lease_of(c: &Compiled, h: &Worker, tenant: &str) -> Lease {
@@ -285,29 +297,30 @@ mod sync_mode {
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
-        let (push, idle) = next_tracked(&c, &h, &tracked[0], NOW, true, false);
+        let due = Due {
+            sync: true,
+            lease: false,
+        };
+        let Owed { call: push, idle } = next_tracked(&c, &h, &tracked[0], NOW, due);
         let push = push.unwrap();
         assert!(!idle);
         let asked = RateLimitRequest::decode(&push.message(&c).unwrap()[..]).unwrap();
         assert_eq!(asked.hits_addend, 6);
         // Another worker's root finds nothing to push.
-        assert_eq!(next_tracked(&c, &h, &tracked[0], NOW, true, false).0, None);
+        assert_eq!(next_tracked(&c, &h, &tracked[0], NOW, due).call, None);
         // The service counted 1 + 6: 5 remain, and the Envoy admits 5 more.
         let body = answer(
             Code::Ok,
             vec![status(Code::Ok, 12, RateLimitUnit::Minute, 5, 40)],
         );
         let heard = decode(0, Some(&body)).unwrap();
-        store_heard(
-            &c,
-            &h,
-            push.group,
-            push.at,
-            NOW,
-            push.hits,
-            true,
-            Some(&heard),
-        );
+        let asked = Asked {
+            group: push.group,
+            at: push.at,
+            asked_at_ms: NOW,
+            now_ms: h.now_ms(),
+        };
+        store_sync_answer(&c, &h, asked, SyncHits::Pushed(push.hits), Some(&heard));
         // Admitted locally, with headers from the view: 12 - 7 - this hit.
         let (mut first, next) = request(&c, &h, "acme");
         assert_eq!(next, Next::Continue);

@@ -9,7 +9,7 @@ use crate::batch::{CallKind, TenantCall};
 use crate::counters::GroupCounter;
 use crate::flow::{Next, Stream};
 use crate::host::HostCall;
-use crate::lease::Lease;
+use crate::local::state::Lease;
 use crate::local::{ModeState, Slot, SlotRef};
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
 use crate::testing::{answer, compiled, slot_of, status, MemHost, Worker};

@@ -58,13 +58,13 @@ fn admits_while_the_view_and_the_pending_hits_fit_then_asks_then_refuses() {
     let (_, step) = decide(Some(s), &p, NOW);
     assert!(matches!(step, SyncStep::Refuse { .. }), "{step:?}");
     let answered = heard(&[(false, 4), (false, 49)]);
-    let s = settle(Some(s), &p, NOW, NOW + 1, 1, false, Some(&answered));
+    let s = after_answer(Some(s), &p, NOW, NOW + 1, 1, false, Some(&answered));
     assert_eq!((s.views[0], s.views[1], s.in_flight), (6, 51, 0));
     // The root pushes the 4; the service has counted 10 of 10: 429, no call.
     let (pushed, delta) = take_delta(Some(s), &p, NOW + 1);
     assert_eq!(delta, 4);
     let counted = heard(&[(false, 0), (false, 45)]);
-    let s = settle(
+    let s = after_answer(
         Some(pushed),
         &p,
         NOW + 1,
@@ -99,12 +99,12 @@ fn only_one_push_of_a_tenant_is_under_way_and_a_failed_one_is_pushed_again() {
     // Another worker's root, meanwhile: nothing to take.
     let (s, again) = take_delta(Some(s), &p, NOW + 1);
     assert_eq!(again, 0);
-    let s = settle(Some(s), &p, NOW, NOW + 30, 3, true, None);
+    let s = after_answer(Some(s), &p, NOW, NOW + 30, 3, true, None);
     assert_eq!((s.in_flight, s.unsynced), (0, 3));
     // A request's own call that failed is not put back (it followed
     // failure_mode_deny, as in exact mode).
     let asking = SyncState { in_flight: 1, ..s };
-    let after = settle(Some(asking), &p, NOW, NOW + 30, 1, false, None);
+    let after = after_answer(Some(asking), &p, NOW, NOW + 30, 1, false, None);
     assert_eq!((after.in_flight, after.unsynced), (0, 3));
     // A push never answered is taken as not sent after push_lost_ms.
     let (s, delta) = take_delta(Some(s), &p, NOW + 40);
@@ -122,7 +122,7 @@ fn an_answer_from_an_ended_window_teaches_nothing_about_the_new_one() {
         ..SyncState::default()
     };
     let over = heard(&[(true, 0), (false, 10)]);
-    let s = settle(
+    let s = after_answer(
         Some(s),
         &p,
         MINUTE_END - 1,

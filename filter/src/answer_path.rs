@@ -1,0 +1,409 @@
+//! The answer's path, beside the batcher (`batch`) that sends the calls:
+//! what each finished part of a call (`batch::Done`) leaves behind, and
+//! where the answer goes.
+//!
+//! 1. `finish` takes the parts a call (or a failure to send it) finished.
+//! 2. `store_part_answer` stores what each part's answer leaves in its
+//!    tenant's slot and its group's counters: a lease's batch
+//!    (`store_lease_answer`, over the pure `lease::after_answer`), a sync
+//!    view or a push's hits (`store_sync_answer`, over `sync::after_answer`),
+//!    a response's charge (`store_charge_answer`). An over-limit answer is
+//!    remembered in the over-limit cache by `remember`.
+//! 3. A request's answer is handed to its stream: the stream calling gets
+//!    it back from `finish`; any other goes to the batcher's outbox
+//!    (`batch::Batcher::deliver`), which the glue empties acting for each
+//!    stream (`glue::deliver`), into `flow::Stream::on_answer`, where the
+//!    verdict is read (`decision::verdict_of`) and acted on.
+//! 4. Parts dropped before they were sent (their stream ended) are
+//!    released (`release`).
+
+use ratelimit_config::HeaderMode;
+
+use crate::answer::{Answer, RlsError};
+use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
+use crate::counters::GroupCounter;
+use crate::decision::{own_statuses, Compiled};
+use crate::fallback;
+use crate::host::Host;
+use crate::lease::{self, Outcome};
+use crate::local::names::intern;
+use crate::local::over_limit::MAX_STATUSES;
+use crate::local::{remember_refusal, update, Claim, ModeState, Slot, SlotRef, CAS_ATTEMPTS};
+use crate::modes::local_error;
+use crate::proto::{Code, DescriptorStatus};
+use crate::sync;
+use crate::vm::Vm;
+
+/// Who a call asked about: the tenant's slot (`at`) in its group, when
+/// the call was asked, and the time its answer is stored (`now_ms`, the
+/// clock read once in the callback that stores it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Asked {
+    pub group: usize,
+    pub at: SlotRef,
+    pub asked_at_ms: u64,
+    pub now_ms: u64,
+}
+
+/// A lease's batch: the hits the call asked for, and the tokens of them
+/// that become the lease's when granted (a request that asked keeps the
+/// first hit for itself; a refill's are all the lease's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseBatch {
+    pub asked: u32,
+    pub tokens: u32,
+}
+
+/// The sync hits a call carried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncHits {
+    /// A push of this many pending hits (counted in the group).
+    Pushed(u32),
+    /// The one hit of a request that asked the service itself.
+    OwnHit,
+}
+
+/// The ids of the statuses' rule names in the shared name table (0: none);
+/// no host call for a status whose rule has no name.
+fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8; MAX_STATUSES] {
+    let mut ids = [0u8; MAX_STATUSES];
+    for (id, s) in ids.iter_mut().zip(statuses) {
+        if let Some(limit) = s.current_limit.as_ref().filter(|l| !l.name.is_empty()) {
+            *id = intern(host, &limit.name);
+        }
+    }
+    ids
+}
+
+/// Remembers a refusal of the service in the over-limit cache of the slot
+/// at `at` (a tenant's, or its state on a route), for a call sent at
+/// `asked_at_ms`: `statuses` are that slot's part of the answer. Nothing
+/// is written when none of them is over its limit, or for no slot
+/// (fingerprint 0: the local layer was off).
+pub fn remember<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    at: SlotRef,
+    asked_at_ms: u64,
+    statuses: &[DescriptorStatus],
+) {
+    if at.fingerprint == 0 || !statuses.iter().any(|s| s.code() == Code::OverLimit) {
+        return;
+    }
+    let answered_at = host.now_ms();
+    // Only X-RateLimit-Limit repeats rule names.
+    let names = if c.config.headers == HeaderMode::DraftVersion03 {
+        rule_names(host, statuses)
+    } else {
+        [0; MAX_STATUSES]
+    };
+    let remembered = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let slot = remember_refusal(stored, at, asked_at_ms, answered_at, statuses, &names);
+        ((), slot)
+    });
+    if let Err(e) = remembered {
+        local_error(host, &e);
+    }
+}
+
+/// What the answer to a response's charge (None: it failed, or was never
+/// sent) leaves: counted in the group; when the service says the tenant is
+/// now over a limit, remembered in the over-limit cache of its slot and of
+/// its state on the route, so that its next requests are refused without
+/// a call.
+pub fn store_charge_answer<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    call: &TenantCall,
+    asked_at_ms: u64,
+    heard: Option<&Answer>,
+) {
+    let group = call.group;
+    let Some(answer) = heard else {
+        host.count_group(group, GroupCounter::ResponseCostFailed);
+        return;
+    };
+    host.count_group(group, GroupCounter::ResponseCostCharges);
+    host.add_group(group, GroupCounter::ResponseCostHits, u64::from(call.hits));
+    if !answer.over_limit {
+        return;
+    }
+    let statuses = &answer.response.statuses;
+    let (own, on_route) = statuses.split_at(own_statuses(c, group).min(statuses.len()));
+    remember(c, host, call.at, asked_at_ms, own);
+    if let Some(r) = &call.route {
+        remember(c, host, r.at, asked_at_ms, on_route);
+    }
+}
+
+/// Stores the outcome of a call for a lease's batch (`batch`) of the
+/// tenant `asked` names; counted in the group. Nothing is stored once the
+/// group is no longer in lease mode.
+pub fn store_lease_answer<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    asked: Asked,
+    batch: LeaseBatch,
+    outcome: Outcome,
+) {
+    let Asked {
+        group,
+        at,
+        asked_at_ms,
+        now_ms: now,
+    } = asked;
+    let LeaseBatch {
+        asked: batch,
+        tokens,
+    } = batch;
+    let Some(p) = c.mode_params(group).lease() else {
+        return;
+    };
+    match outcome {
+        Outcome::Granted { .. } => {
+            host.count_group(group, GroupCounter::LeasesTaken);
+            host.add_group(group, GroupCounter::LeaseTokens, u64::from(batch));
+        }
+        Outcome::Refused => {
+            host.count_group(group, GroupCounter::LeasesRefused);
+            host.add_group(group, GroupCounter::LeaseRefusedTokens, u64::from(batch));
+        }
+        Outcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
+    }
+    let granted = match outcome {
+        Outcome::Granted { .. } => tokens,
+        _ => 0,
+    };
+    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        match Slot::claim(stored, at.fingerprint, now, Claim::Request) {
+            Some(mut slot) => {
+                let held = match slot.mode {
+                    ModeState::Lease(l) => Some(l),
+                    ModeState::None => None,
+                    // A block of another mode: the tenant's next request
+                    // drops it; the granted tokens are lost to us.
+                    ModeState::Sync(_) => return (granted, None),
+                };
+                let (l, stranded) =
+                    lease::after_answer(held, &p, asked_at_ms, now, tokens, outcome);
+                slot.mode = ModeState::Lease(l);
+                (stranded, Some(slot))
+            }
+            // Another tenant holds the slot: granted tokens are lost to us.
+            None => (granted, None),
+        }
+    });
+    let stranded = match stored {
+        Ok(stranded) => stranded,
+        Err(e) => {
+            log::debug!("lease outcome not stored: {e}");
+            granted
+        }
+    };
+    if stranded > 0 {
+        host.add_group(group, GroupCounter::LeaseStranded, u64::from(stranded));
+    }
+}
+
+/// Counts a push of `hits` sync hits the service answered (`heard`; None:
+/// it failed).
+fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
+    match heard {
+        None => host.count_group(group, GroupCounter::SyncFailed),
+        Some(answer) => {
+            host.count_group(group, GroupCounter::Syncs);
+            host.add_group(group, GroupCounter::SyncHits, u64::from(hits));
+            if answer.any_over_limit() {
+                host.add_group(group, GroupCounter::SyncOverLimitHits, u64::from(hits));
+            }
+        }
+    }
+}
+
+/// Stores what the service said (`heard`; None: the call failed) to a
+/// call about the tenant `asked` names that carried its sync hits (`hits`);
+/// a push is counted in the group.
+pub fn store_sync_answer<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    asked: Asked,
+    hits: SyncHits,
+    heard: Option<&Answer>,
+) {
+    let Asked {
+        group,
+        at,
+        asked_at_ms,
+        now_ms: now,
+    } = asked;
+    let (delta, pushed) = match hits {
+        SyncHits::Pushed(delta) => (delta, true),
+        SyncHits::OwnHit => (1, false),
+    };
+    let Some(p) = c.mode_params(group).sync() else {
+        return;
+    };
+    if pushed {
+        count_push(host, group, delta, heard);
+    }
+    let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
+            return ((), None);
+        };
+        let held = match slot.mode {
+            ModeState::Sync(s) => Some(s),
+            ModeState::None => None,
+            // The tenant's next request drops it.
+            ModeState::Lease(_) => return ((), None),
+        };
+        let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, heard);
+        slot.mode = ModeState::Sync(s);
+        ((), Some(slot))
+    });
+    if let Err(e) = stored {
+        log::debug!("sync answer not stored: {e}");
+    }
+}
+
+/// What the finished parts of calls leave: each part's answer stored in
+/// its tenant's slot (`store_part_answer`), and each request's answer handed to its
+/// stream (`vm.batch`'s outbox, which the glue delivers), except the
+/// answer of `own`, the stream calling, which is returned.
+pub fn finish<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    vm: &Vm,
+    done: Vec<Done>,
+    own: Option<u32>,
+) -> Option<Result<Answer, RlsError>> {
+    let mut mine = None;
+    // The clock, read once, and only when a part is done.
+    let now = if done.is_empty() { 0 } else { host.now_ms() };
+    for Done { part, mut heard } in done {
+        store_part_answer(c, host, &part, heard.as_ref().ok(), now);
+        if let Ok(answer) = &mut heard {
+            with_lease_tokens(c, &part, answer, now);
+        }
+        match part.stream() {
+            Some(id) if Some(id) == own => mine = Some(heard),
+            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
+            None => {}
+        }
+    }
+    mine
+}
+
+/// A request that asked for a lease batch and got it holds the batch's
+/// other tokens: its headers count them as remaining, as those of the
+/// requests that will spend them do (`Left::lease`). Not when the batch was
+/// granted after its window ended (the tokens were stranded).
+fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64) {
+    let Owner::Stream {
+        settle: Settle::Lease { batch, .. },
+        ..
+    } = part.owner
+    else {
+        return;
+    };
+    if answer.over_limit || batch <= 1 {
+        return;
+    }
+    let in_window = c
+        .mode_params(part.group)
+        .lease()
+        .is_some_and(|p| now_ms < p.window_end(part.asked_at_ms));
+    if !in_window {
+        return;
+    }
+    for s in &mut answer.response.statuses {
+        let limit = s
+            .current_limit
+            .as_ref()
+            .map_or(u32::MAX, |l| l.requests_per_unit);
+        s.limit_remaining = s.limit_remaining.saturating_add(batch - 1).min(limit);
+    }
+}
+
+/// What the answer to a part (`heard`; None: the call failed) leaves in
+/// its tenant's slot and its group's counters: a lease's batch, a sync
+/// view, a push's hits.
+pub fn store_part_answer<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    part: &Part,
+    heard: Option<&Answer>,
+    now_ms: u64,
+) {
+    let asked = |at| Asked {
+        group: part.group,
+        at,
+        asked_at_ms: part.asked_at_ms,
+        now_ms,
+    };
+    // A root call's answer teaches the fallback (a request's, its stream).
+    if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
+        fallback::on_answer(c, host, part.group, *at, part.hits, answer);
+    }
+    match part.owner {
+        Owner::Tenant {
+            kind: CallKind::Refill,
+            at,
+            ..
+        } => {
+            // A refill's whole batch becomes the lease's.
+            let batch = LeaseBatch {
+                asked: part.hits,
+                tokens: part.hits,
+            };
+            store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+        }
+        Owner::Tenant {
+            kind: CallKind::Push,
+            at,
+            ..
+        } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), heard),
+        Owner::Tenant {
+            kind: CallKind::Charge,
+            ..
+        } => {
+            if let Some(call) = part.call() {
+                store_charge_answer(c, host, &call, part.asked_at_ms, heard);
+            }
+        }
+        Owner::Stream { settle, .. } => match settle {
+            Settle::Exact => {}
+            // The request asked for a batch: the first hit is its own.
+            Settle::Lease { at, batch } => {
+                let batch = LeaseBatch {
+                    asked: batch,
+                    tokens: batch.saturating_sub(1),
+                };
+                store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+            }
+            Settle::Sync { at } => store_sync_answer(c, host, asked(at), SyncHits::OwnHit, heard),
+        },
+    }
+}
+
+/// Parts dropped before they were sent (their stream ended): a sync
+/// request's pending hit is released, as for a request whose call failed
+/// (it was never admitted). A lease's ask is taken as lost after
+/// `refill_lost_ms`, as any unanswered one.
+pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
+    let now_ms = if dropped.is_empty() { 0 } else { host.now_ms() };
+    for part in dropped {
+        if let Owner::Stream {
+            settle: Settle::Sync { at },
+            ..
+        } = part.owner
+        {
+            let asked = Asked {
+                group: part.group,
+                at,
+                asked_at_ms: part.asked_at_ms,
+                now_ms,
+            };
+            store_sync_answer(c, host, asked, SyncHits::OwnHit, None);
+        }
+    }
+}
