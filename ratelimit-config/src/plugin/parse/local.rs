@@ -7,7 +7,7 @@ use crate::error::{join, Errors};
 use crate::field::{
     boolean, object, positive_u32, positive_u32_at_most, positive_u32_in, FieldError,
 };
-use crate::model::TeamLimits;
+use crate::model::{TeamLimits, Window};
 
 use super::super::defaults::{
     max_unsynced_bound, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_SYNC_INTERVAL_MS,
@@ -72,8 +72,42 @@ pub(super) fn local_config(
     if let (true, Some(limits)) = (explicit, limits) {
         max_unsynced_fits(&local, limits, errors);
     }
+    if let Some(limits) = limits {
+        sliding_needs_exact(&local, limits, errors);
+    }
     local
 }
+
+/// Lease and sync count a group's window locally as a fixed one (a lease's
+/// tokens and a sync view last until it ends), so their bounds do not
+/// hold for a sliding window: a group with `"window": "sliding"` must be
+/// counted in exact mode. Named at the mode that applies to it: its own
+/// (`local.groups.<group>.mode`) or `local.mode`.
+fn sliding_needs_exact(local: &LocalConfig, limits: &TeamLimits, errors: &mut Errors) {
+    for g in limits.all_groups() {
+        let mode = local.mode_for(g);
+        if g.window != Window::Sliding || mode == Mode::Exact {
+            continue;
+        }
+        let own = local.group(&g.name).and_then(|l| l.mode).is_some();
+        let path = if own {
+            join(&join(&join("local", "groups"), &g.name), "mode")
+        } else {
+            join("local", "mode")
+        };
+        errors.push(
+            &path,
+            format!(
+                "{:?} cannot count group {:?}, whose window is \"sliding\": {SLIDING_NEEDS_EXACT}",
+                mode.name(),
+                g.name
+            ),
+        );
+    }
+}
+
+/// Why lease and sync are refused for a sliding window.
+pub const SLIDING_NEEDS_EXACT: &str = "lease and sync count a fixed window locally (a lease's tokens and a sync view last until the window ends), so their overshoot bounds do not hold for a sliding one; count it in \"exact\" mode (local.groups.<group>.mode)";
 
 /// A `local.sync.max_unsynced` set above half of a sync group's smallest
 /// limit makes sync's overshoot bound larger than the limit it bounds.

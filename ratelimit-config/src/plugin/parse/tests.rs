@@ -803,3 +803,36 @@ fn a_window_is_fixed_or_sliding() {
         vec!["limits.x-t.default.window: must be \"fixed\" or \"sliding\", got string \"rolling\""]
     );
 }
+
+#[test]
+fn lease_and_sync_are_refused_for_a_sliding_window_at_the_mode_that_applies() {
+    let limits = r#"{"x-t": {"default": {"perminute": 600, "window": "sliding"},
+        "gold": {"header_value": ["g"], "perminute": 600, "window": "sliding"},
+        "silver": {"header_value": ["s"], "perminute": 600}}}"#;
+    let config = |local: &str| {
+        format!(
+            r#"{{"domain": "d", "limits": {limits}, "local": {local}, "rate_limit_service": {{"cluster": "rl", "service": "counter"}}}}"#
+        )
+    };
+    let why = "lease and sync count a fixed window locally (a lease's tokens and a sync view last until the window ends), so their overshoot bounds do not hold for a sliding one; count it in \"exact\" mode (local.groups.<group>.mode)";
+    assert_eq!(
+        errs(&config(
+            r#"{"mode": "lease", "groups": {"gold": {"mode": "sync"}, "silver": {"mode": "sync"}}}"#
+        )),
+        vec![
+            format!("local.mode: \"lease\" cannot count group \"default\", whose window is \"sliding\": {why}"),
+            format!("local.groups.gold.mode: \"sync\" cannot count group \"gold\", whose window is \"sliding\": {why}"),
+        ]
+    );
+    // Exact for the sliding groups, lease or sync for the fixed one: fine.
+    let ok = config(
+        r#"{"mode": "exact", "groups": {"gold": {"mode": "exact"}, "silver": {"mode": "sync"}}}"#,
+    );
+    assert_eq!(errs(&ok), Vec::<String>::new());
+    let ok = config(
+        r#"{"mode": "lease", "groups": {"default": {"mode": "exact"}, "gold": {"mode": "exact"}}}"#,
+    );
+    assert_eq!(errs(&ok), Vec::<String>::new());
+    // The local layer off: every group is exact.
+    assert_eq!(errs(&config(r#"{"enabled": false}"#)), Vec::<String>::new());
+}
