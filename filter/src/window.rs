@@ -4,8 +4,9 @@
 
 use ratelimit_config::Group;
 
-/// The most units a group limits (second, minute, hour, day).
-pub const UNITS: usize = 4;
+/// The most units a group limits in the filter: the plugin configuration
+/// refuses a group of more (`FILTER_MAX_UNITS`).
+pub const UNITS: usize = ratelimit_config::plugin::FILTER_MAX_UNITS;
 
 /// The window (ms) and the limit of each unit `group` limits, shortest
 /// first, and how many there are.

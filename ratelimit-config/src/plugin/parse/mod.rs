@@ -172,6 +172,9 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             None
         }
     };
+    if let Some(l) = &limits {
+        units_fit(l, &mut errors);
+    }
     errors.0.extend(service_errors.0);
     let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
         one_of(v, "missing_tenant", &mut errors)
@@ -538,4 +541,24 @@ fn batch(v: &Value, path: &str, errors: &mut Errors) -> BatchConfig {
         batch.max_in_flight,
     );
     batch
+}
+
+/// A group limiting more units than the filter keeps per tenant
+/// (`FILTER_MAX_UNITS`) is refused: the units past them would be sent but
+/// not kept (sync views, the fallback, a cached refusal's headers).
+fn units_fit(limits: &TeamLimits, errors: &mut Errors) {
+    for g in limits.all_groups() {
+        let n = g.limits.len();
+        if n > super::defaults::FILTER_MAX_UNITS {
+            let units: Vec<&str> = g.limits.iter().map(|(u, _)| u.json_key()).collect();
+            errors.push(
+                join(&join("limits", &limits.header), &g.name),
+                format!(
+                    "limits {n} units ({}): the filter keeps at most {} windows per tenant and group; limit at most that many units",
+                    units.join(", "),
+                    super::defaults::FILTER_MAX_UNITS
+                ),
+            );
+        }
+    }
 }

@@ -836,3 +836,14 @@ fn lease_and_sync_are_refused_for_a_sliding_window_at_the_mode_that_applies() {
     // The local layer off: every group is exact.
     assert_eq!(errs(&config(r#"{"enabled": false}"#)), Vec::<String>::new());
 }
+
+#[test]
+fn a_group_of_more_units_than_the_filter_keeps_is_refused() {
+    let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl", "service": "counter"},
+        "limits": {"x-t": {"default": {"persecond": 1, "perminute": 2, "perhour": 3, "perday": 4, "permonth": 5},
+            "gold": {"header_value": ["g"], "perminute": 2, "perhour": 3, "perday": 4, "perweek": 5}}}}"#;
+    assert_eq!(
+        errs(text),
+        vec!["limits.x-t.default: limits 5 units (persecond, perminute, perhour, perday, permonth): the filter keeps at most 4 windows per tenant and group; limit at most that many units"]
+    );
+}
