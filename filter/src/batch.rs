@@ -727,12 +727,15 @@ fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
         })
         .collect::<Option<Vec<_>>>()?;
     let marks = marked(c, parts);
+    let mut all: Vec<(&[(&str, &str)], u32)> = Vec::with_capacity(descriptors(parts) + parts.len());
+    for (d, hits) in &sets {
+        if marks {
+            all.push((MARK, 1));
+        }
+        all.extend(d.as_slice().iter().map(|(_, e)| (e.as_ref(), *hits)));
+    }
     Some(encode_batch_request(&c.config.domain, || {
-        sets.iter().flat_map(move |(d, hits)| {
-            let mark = marks.then_some((MARK, 1));
-            let own = d.as_slice().iter().map(move |(_, e)| (e.as_ref(), *hits));
-            mark.into_iter().chain(own)
-        })
+        all.iter().copied()
     }))
 }
 
