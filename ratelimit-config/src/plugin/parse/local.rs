@@ -11,8 +11,8 @@ use crate::model::{TeamLimits, Window};
 
 use super::super::defaults::{
     max_unsynced_bound, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_SYNC_INTERVAL_MS,
-    DEFAULT_SYNC_MAX_UNSYNCED, MAX_LEASE_MAX_BATCH, MAX_LOCAL_SLOTS, MAX_SYNC_INTERVAL_MS,
-    MAX_SYNC_MAX_UNSYNCED, MIN_SYNC_INTERVAL_MS,
+    DEFAULT_SYNC_MAX_UNSYNCED, FILTER_MAX_UNITS, MAX_LEASE_MAX_BATCH, MAX_LOCAL_SLOTS,
+    MAX_SYNC_INTERVAL_MS, MAX_SYNC_MAX_UNSYNCED, MIN_SYNC_INTERVAL_MS,
 };
 use super::super::names::{Mode, Named};
 use super::super::types::{BucketParams, GroupLocal, LocalConfig};
@@ -72,42 +72,34 @@ pub(super) fn local_config(
     if let (true, Some(limits)) = (explicit, limits) {
         max_unsynced_fits(&local, limits, errors);
     }
-    if let Some(limits) = limits {
-        sliding_needs_exact(&local, limits, errors);
-    }
     local
 }
 
-/// Lease and sync count a group's window locally as a fixed one (a lease's
-/// tokens and a sync view last until it ends), so their bounds do not
-/// hold for a sliding window: a group with `"window": "sliding"` must be
-/// counted in exact mode. Named at the mode that applies to it: its own
-/// (`local.groups.<group>.mode`) or `local.mode`.
-fn sliding_needs_exact(local: &LocalConfig, limits: &TeamLimits, errors: &mut Errors) {
+/// What the filter cannot count of a group: more units than it keeps per
+/// tenant (`FILTER_MAX_UNITS`: the rest would be sent but not kept), and a
+/// sliding window in lease or sync mode (they count a fixed window
+/// locally, so their bounds would not hold), named at the mode that
+/// applies: the group's own (`local.groups.<group>.mode`) or `local.mode`.
+const SLIDING_NEEDS_EXACT: &str = "lease and sync count fixed windows locally: their bounds do not hold for a \"sliding\" group; count it in \"exact\" mode";
+
+pub(super) fn groups_fit(local: &LocalConfig, limits: &TeamLimits, errors: &mut Errors) {
     for g in limits.all_groups() {
-        let mode = local.mode_for(g);
-        if g.window != Window::Sliding || mode == Mode::Exact {
-            continue;
+        if g.limits.len() > FILTER_MAX_UNITS {
+            errors.push(
+                join(&join("limits", &limits.header), &g.name),
+                "limits more units than the filter keeps per group (4)",
+            );
         }
-        let own = local.group(&g.name).and_then(|l| l.mode).is_some();
-        let path = if own {
-            join(&join(&join("local", "groups"), &g.name), "mode")
-        } else {
-            join("local", "mode")
-        };
-        errors.push(
-            &path,
-            format!(
-                "{:?} cannot count group {:?}, whose window is \"sliding\": {SLIDING_NEEDS_EXACT}",
-                mode.name(),
-                g.name
-            ),
-        );
+        let mode = local.mode_for(g);
+        if g.window == Window::Sliding && mode != Mode::Exact {
+            let path = match local.group(&g.name).and_then(|l| l.mode) {
+                Some(_) => join(&join(&join("local", "groups"), &g.name), "mode"),
+                None => join("local", "mode"),
+            };
+            errors.push(path, SLIDING_NEEDS_EXACT);
+        }
     }
 }
-
-/// Why lease and sync are refused for a sliding window.
-pub const SLIDING_NEEDS_EXACT: &str = "lease and sync count a fixed window locally (a lease's tokens and a sync view last until the window ends), so their overshoot bounds do not hold for a sliding one; count it in \"exact\" mode (local.groups.<group>.mode)";
 
 /// A `local.sync.max_unsynced` set above half of a sync group's smallest
 /// limit makes sync's overshoot bound larger than the limit it bounds.

@@ -172,9 +172,6 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
             None
         }
     };
-    if let Some(l) = &limits {
-        units_fit(l, &mut errors);
-    }
     errors.0.extend(service_errors.0);
     let missing_tenant = or_default(get("missing_tenant"), DEFAULT_MISSING_TENANT, |v| {
         one_of(v, "missing_tenant", &mut errors)
@@ -216,6 +213,9 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         one_of(v, "headers", &mut errors)
     });
     let local = local::local_config(get("local"), limits.as_ref(), &mut errors);
+    if let Some(l) = &limits {
+        local::groups_fit(&local, l, &mut errors);
+    }
     let failure = failure::failure_policy(obj, local.enabled, &mut errors);
     let shadow = or_default(get("shadow"), DEFAULT_SHADOW, |v| {
         errors.record("shadow", boolean(v))
@@ -541,24 +541,4 @@ fn batch(v: &Value, path: &str, errors: &mut Errors) -> BatchConfig {
         batch.max_in_flight,
     );
     batch
-}
-
-/// A group limiting more units than the filter keeps per tenant
-/// (`FILTER_MAX_UNITS`) is refused: the units past them would be sent but
-/// not kept (sync views, the fallback, a cached refusal's headers).
-fn units_fit(limits: &TeamLimits, errors: &mut Errors) {
-    for g in limits.all_groups() {
-        let n = g.limits.len();
-        if n > super::defaults::FILTER_MAX_UNITS {
-            let units: Vec<&str> = g.limits.iter().map(|(u, _)| u.json_key()).collect();
-            errors.push(
-                join(&join("limits", &limits.header), &g.name),
-                format!(
-                    "limits {n} units ({}): the filter keeps at most {} windows per tenant and group; limit at most that many units",
-                    units.join(", "),
-                    super::defaults::FILTER_MAX_UNITS
-                ),
-            );
-        }
-    }
 }
