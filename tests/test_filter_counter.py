@@ -199,7 +199,7 @@ def test_a_sliding_refusal_is_kept_for_the_counters_wait_not_to_the_fixed_window
 
 
 @pytest.mark.parametrize("mode", ["lease", "sync"])
-def test_lease_and_sync_against_the_counter_admit_the_quota_and_redis_holds_what_was_granted(
+def test_lease_and_sync_against_the_counter_keep_their_bounds_and_redis_holds_what_was_granted(
         stack, mode):
     quota = 600
     limits = {"x-tenant-id": {"default": {"perminute": quota}}}
@@ -219,11 +219,16 @@ def test_lease_and_sync_against_the_counter_admit_the_quota_and_redis_holds_what
         harness.wait_until(lambda: held(redis, tenant, "minute") == quota,
                            "sync: Redis holds the quota", deadline_s=10)
     else:
-        # Never more than the quota; less by at most one batch that
-        # crossed the limit (a twentieth of it): the counter refuses such a
-        # batch whole and counts nothing of it, so Redis holds exactly the
-        # tokens granted, never a refused batch.
-        assert quota - quota // 20 < t[200] <= quota, harness.summary(results)
-        assert g["group.default.lease.tokens"] <= quota, g
-        assert held(redis, tenant, "minute") == g["group.default.lease.tokens"], g
+        # Never more than the quota. The counter refuses a batch that
+        # would cross the limit whole and counts nothing of it: the tokens
+        # granted fall short of the quota by less than one batch (a
+        # twentieth of it), and Redis holds exactly the tokens granted,
+        # never a refused batch. What was admitted falls short of that by
+        # the tokens the Envoy still held when its refusal was cached (at
+        # most 1.5 batches: the lease bound of docs/modes.md).
+        batch = quota // 20
+        tokens = g["group.default.lease.tokens"]
+        assert quota - batch < tokens <= quota, g
+        assert held(redis, tenant, "minute") == tokens, g
+        assert tokens - 3 * batch // 2 <= t[200] <= tokens, harness.summary(results)
         assert g["group.default.lease.spent"] > quota // 2, g
