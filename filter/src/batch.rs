@@ -58,7 +58,7 @@ use crate::health::{self, LogThrottle};
 use crate::host::Host;
 use crate::local::SlotRef;
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
-use ratelimit_config::model::RequestDescriptors;
+use ratelimit_config::model::{RequestDescriptors, Service};
 
 /// The most parts a worker keeps queued; one more fails at once
 /// (`RlsError::QueueFull`). A full call goes as soon as the queue holds
@@ -412,7 +412,7 @@ impl Batcher {
             let heard = decode(grpc_status, body.as_deref());
             // One call, one outcome for the breaker, however many parts.
             breaker::record(c, host, &self.breaker, heard.as_ref().err(), now);
-            let again = self.split(host, flight.parts, heard, &mut done);
+            let again = self.split(c, host, flight.parts, heard, &mut done);
             for part in again {
                 self.send(c, host, vec![part], now, &mut done);
             }
@@ -586,10 +586,13 @@ impl Batcher {
         }
     }
 
-    /// The answer of a call, split back per part; returns the parts to send
-    /// again, one per call (an OVER_LIMIT batch answer without statuses).
+    /// The answer of a call, split back per part (a mark's own status,
+    /// before each part of a call to the counter, skipped); returns the
+    /// parts to send again, one per call (an OVER_LIMIT batch answer
+    /// without statuses).
     fn split<H: Host + ?Sized>(
         &self,
+        c: &Compiled,
         host: &H,
         parts: Vec<Part>,
         heard: Result<Answer, RlsError>,
@@ -609,7 +612,8 @@ impl Batcher {
             }
             Ok(a) => a,
         };
-        let sent: usize = parts.iter().map(|p| p.descriptors).sum();
+        let marks = marked(c, &parts);
+        let sent: usize = descriptors(&parts) + if marks { parts.len() } else { 0 };
         if answer.response.statuses.len() != sent {
             if !self.unsplittable.replace(true) {
                 host.count(Counter::BatchUnsplittable);
@@ -631,6 +635,10 @@ impl Batcher {
         }
         let mut statuses = answer.response.statuses.into_iter();
         for part in parts {
+            if marks {
+                // The mark's own OK.
+                statuses.next();
+            }
             let own: Vec<_> = statuses.by_ref().take(part.descriptors).collect();
             let over = answer.over_limit && own.iter().any(|s| s.code() == Code::OverLimit);
             done.push(Done {
@@ -677,10 +685,27 @@ fn max_descriptors(c: &Compiled) -> usize {
         .max(1)
 }
 
+/// The key of the entry that begins a request in a call to the counter
+/// (`ratelimit-counter`'s `REQUEST_MARK`): it decides each request of a
+/// call as a whole, admitted only if all of its windows admit it, and a
+/// call without marks is one request.
+pub const REQUEST_MARK: &str = "trl.request";
+
+/// The mark, a descriptor of one entry (its value is not read: empty, left
+/// out on the wire).
+const MARK: &[(&str, &str)] = &[(REQUEST_MARK, "")];
+
+/// Whether a call of `parts` marks where each begins: a call of several
+/// parts to the counter. envoyproxy/ratelimit, which has no rule for the
+/// mark and would not decide the requests apart, never gets one.
+fn marked(c: &Compiled, parts: &[Part]) -> bool {
+    parts.len() > 1 && c.config.service == Service::Counter
+}
+
 /// The message of a call of `parts`: one part as every call was before
 /// batching (its hits request-wide, left out for 1), several with each
-/// descriptor's own hits. None if a part's group is not in the
-/// configuration.
+/// descriptor's own hits, and, to the counter, a mark before each part.
+/// None if a part's group is not in the configuration.
 fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
     if let [p] = parts {
         // Left out for 1 (it counts 1), as every call was before batching.
@@ -699,9 +724,16 @@ fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
             Some((RequestDescriptors::new(g, route, key, &p.tenant), p.hits))
         })
         .collect::<Option<Vec<_>>>()?;
+    let marks = marked(c, parts);
+    let mut all: Vec<(&[(&str, &str)], u32)> = Vec::with_capacity(descriptors(parts) + parts.len());
+    for (d, hits) in &sets {
+        if marks {
+            all.push((MARK, 1));
+        }
+        all.extend(d.as_slice().iter().map(|(_, e)| (e.as_ref(), *hits)));
+    }
     Some(encode_batch_request(&c.config.domain, || {
-        sets.iter()
-            .flat_map(|(d, hits)| d.as_slice().iter().map(move |(_, e)| (e, *hits)))
+        all.iter().copied()
     }))
 }
 

@@ -105,7 +105,7 @@ pub fn draft03_headers(statuses: &[DescriptorStatus]) -> Vec<(&'static str, Stri
 }
 
 /// The policy name of a window: the descriptor value the filter sends for
-/// it (`per_second`, `per_minute`, `per_hour`, `per_day`), the same from
+/// it (`per_second`, `per_minute`, `per_hour`, `per_day`, `per_week`), the same from
 /// the service, the over-limit cache and the bucket.
 fn policy_name(unit: RateLimitUnit) -> Option<&'static str> {
     match unit {
@@ -113,6 +113,7 @@ fn policy_name(unit: RateLimitUnit) -> Option<&'static str> {
         RateLimitUnit::Minute => Some("per_minute"),
         RateLimitUnit::Hour => Some("per_hour"),
         RateLimitUnit::Day => Some("per_day"),
+        RateLimitUnit::Week => Some("per_week"),
         _ => None,
     }
 }
@@ -367,6 +368,18 @@ mod tests {
             ..DescriptorStatus::default()
         };
         assert!(ietf_headers(&[no_limit]).is_empty());
+    }
+
+    #[test]
+    fn a_week_has_its_window_and_months_and_years_none() {
+        let h = draft03_headers(&[
+            status(Code::Ok, 9, RateLimitUnit::Month, 8, 100),
+            status(Code::Ok, 7, RateLimitUnit::Week, 3, 100),
+            status(Code::Ok, 99, RateLimitUnit::Year, 50, 100),
+        ]);
+        assert_eq!(h[0].1, "7, 7;w=604800");
+        let h = ietf_headers(&[status(Code::Ok, 7, RateLimitUnit::Week, 3, 100)]);
+        assert_eq!(h[0].1, r#""per_week";q=7;w=604800"#);
     }
 
     #[test]

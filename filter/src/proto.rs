@@ -104,14 +104,16 @@ pub enum RateLimitUnit {
 }
 
 impl RateLimitUnit {
-    /// The window length in seconds, as Envoy's DRAFT_VERSION_03 headers
-    /// count it (0 for units it does not express).
+    /// The window length in seconds, as the headers' `w=` gives it (a
+    /// week is 7 days on the calendar too); 0 for the units whose length
+    /// varies (months, years), which the headers leave out.
     pub fn window_seconds(self) -> u64 {
         match self {
             RateLimitUnit::Second => 1,
             RateLimitUnit::Minute => 60,
             RateLimitUnit::Hour => 3_600,
             RateLimitUnit::Day => 86_400,
+            RateLimitUnit::Week => 7 * 86_400,
             _ => 0,
         }
     }
@@ -136,13 +138,16 @@ pub struct Duration {
     pub nanos: i32,
 }
 
-/// `envoy.config.core.v3.GrpcService`, only its `envoy_grpc` target.
+/// `envoy.config.core.v3.GrpcService`, only its `envoy_grpc` target (the
+/// filter writes it by hand: `grpc_upstream`).
+#[cfg(test)]
 #[derive(Clone, PartialEq, Message)]
 pub struct GrpcService {
     #[prost(message, optional, tag = "1")]
     pub envoy_grpc: Option<EnvoyGrpc>,
 }
 
+#[cfg(test)]
 #[derive(Clone, PartialEq, Message)]
 pub struct EnvoyGrpc {
     #[prost(string, tag = "1")]
@@ -156,14 +161,19 @@ pub struct EnvoyGrpc {
 /// names of up to 125 ASCII bytes every byte of it is below 0x80. Anything
 /// else falls back to the bare name.
 pub fn grpc_upstream(cluster: &str) -> String {
-    let bytes = GrpcService {
-        envoy_grpc: Some(EnvoyGrpc {
-            cluster_name: cluster.to_string(),
-        }),
-    }
-    .encode_to_vec();
+    // GrpcService { envoy_grpc (1): EnvoyGrpc { cluster_name (1) } },
+    // written as prost writes it (no prost encoder linked for it).
+    let inner = string_len(cluster);
+    let mut bytes = Vec::with_capacity(delimited_len(inner));
+    bytes.push(ENVOY_GRPC);
+    put_varint(&mut bytes, inner);
+    put_string(&mut bytes, CLUSTER_NAME, cluster);
     String::from_utf8(bytes).unwrap_or_else(|_| cluster.to_string())
 }
+
+/// Keys of `GrpcService.envoy_grpc` and `EnvoyGrpc.cluster_name`.
+const ENVOY_GRPC: u8 = 1 << 3 | 2;
+const CLUSTER_NAME: u8 = 1 << 3 | 2;
 
 fn varint_len(mut n: usize) -> usize {
     let mut len = 1;
@@ -247,7 +257,11 @@ where
     D: Iterator<Item = E>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
-    encode(domain, hits_addend, || descriptors().map(|d| (d, None)))
+    encode(domain, hits_addend, &|f| {
+        for d in descriptors() {
+            f(d.as_ref(), None);
+        }
+    })
 }
 
 /// The request of a call that carries several requests (or tenants): each
@@ -259,29 +273,28 @@ where
     D: Iterator<Item = (E, u32)>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
-    encode(domain, 0, || {
-        descriptors().map(|(d, hits)| (d, (hits != 1).then_some(hits)))
+    encode(domain, 0, &|f| {
+        for (d, hits) in descriptors() {
+            f(d.as_ref(), (hits != 1).then_some(hits));
+        }
     })
 }
 
-fn encode<'a, F, D, E>(domain: &str, hits_addend: u32, descriptors: F) -> Vec<u8>
-where
-    F: Fn() -> D,
-    D: Iterator<Item = (E, Option<u32>)>,
-    E: AsRef<[(&'a str, &'a str)]>,
-{
+/// Each descriptor's entries and own hits, handed to the callback in
+/// order (called twice: to size, then to write).
+type Descriptors<'f> = &'f dyn Fn(&mut dyn FnMut(&[(&str, &str)], Option<u32>));
+
+/// One body for every message (not one per caller's iterator type: the
+/// .wasm's size counts).
+fn encode(domain: &str, hits_addend: u32, descriptors: Descriptors<'_>) -> Vec<u8> {
     // u32 fits a usize on every target this builds for (32 and 64 bits).
     let hits = usize::try_from(hits_addend).unwrap_or(usize::MAX);
     let hits_len = if hits == 0 { 0 } else { 1 + varint_len(hits) };
-    let len = string_len(domain)
-        + descriptors()
-            .map(|(d, h)| delimited_len(descriptor_len(d.as_ref(), h)))
-            .sum::<usize>()
-        + hits_len;
+    let mut len = string_len(domain) + hits_len;
+    descriptors(&mut |d, h| len += delimited_len(descriptor_len(d, h)));
     let mut out = Vec::with_capacity(len);
     put_string(&mut out, DOMAIN, domain);
-    for (d, own) in descriptors() {
-        let entries = d.as_ref();
+    descriptors(&mut |entries, own| {
         out.push(DESCRIPTORS);
         put_varint(&mut out, descriptor_len(entries, own));
         for &(key, value) in entries {
@@ -297,7 +310,7 @@ where
             out.push(UINT64_VALUE);
             put_varint(&mut out, h);
         }
-    }
+    });
     if hits != 0 {
         out.push(HITS_ADDEND);
         put_varint(&mut out, hits);
@@ -496,5 +509,15 @@ mod tests {
         assert_eq!(up.as_bytes(), expected);
         let long = "c".repeat(200);
         assert_eq!(grpc_upstream(&long), long);
+        // The bytes prost writes, whatever the name.
+        for name in ["", "r", &"n".repeat(125), "ratelimit_cluster.v2"] {
+            let owned = GrpcService {
+                envoy_grpc: Some(EnvoyGrpc {
+                    cluster_name: name.to_string(),
+                }),
+            }
+            .encode_to_vec();
+            assert_eq!(grpc_upstream(name).as_bytes(), owned, "{name}");
+        }
     }
 }

@@ -4,8 +4,9 @@
 
 use ratelimit_config::Group;
 
-/// The most units a group limits (second, minute, hour, day).
-pub const UNITS: usize = 4;
+/// The most units a group limits in the filter: the plugin configuration
+/// refuses a group of more (`FILTER_MAX_UNITS`).
+pub const UNITS: usize = ratelimit_config::plugin::FILTER_MAX_UNITS;
 
 /// The window (ms) and the limit of each unit `group` limits, shortest
 /// first, and how many there are.
@@ -19,17 +20,41 @@ pub fn of_group(group: &Group) -> ([(u64, u32); UNITS], usize) {
     (windows, units)
 }
 
+/// A week's window (`Unit::Week.seconds()`), and how far before a multiple
+/// of it an ISO week starts: 1970-01-01 was a Thursday, so weeks start on
+/// Mondays, 4 days after a multiple of 7 days since the epoch (3 days before
+/// the next one). Weeks follow the UTC calendar; months and years (of
+/// varying length) are still windows of `Unit::seconds()` from the epoch.
+const WEEK_MS: u64 = 604_800_000;
+const MONDAY_SHIFT_MS: u64 = 3 * 86_400_000;
+
+/// `now_ms` moved so that a window of `w` starts at a multiple of it.
+fn shifted(w: u64, now_ms: u64) -> u64 {
+    if w == WEEK_MS {
+        now_ms.saturating_add(MONDAY_SHIFT_MS)
+    } else {
+        now_ms
+    }
+}
+
 /// Whether `a_ms` and `b_ms` fall in the same window of `window_ms`.
+#[inline(never)]
 pub fn same(window_ms: u64, a_ms: u64, b_ms: u64) -> bool {
     let w = window_ms.max(1);
-    a_ms / w == b_ms / w
+    shifted(w, a_ms) / w == shifted(w, b_ms) / w
 }
 
 /// The end of the window of `window_ms` holding `now_ms` (a window of 0
-/// counts as 1 ms).
+/// counts as 1 ms; a week's on Monday 00:00 UTC).
+#[inline(never)]
 pub fn end(window_ms: u64, now_ms: u64) -> u64 {
     let w = window_ms.max(1);
-    (now_ms / w).saturating_add(1).saturating_mul(w)
+    let end = (shifted(w, now_ms) / w).saturating_add(1).saturating_mul(w);
+    if w == WEEK_MS {
+        end.saturating_sub(MONDAY_SHIFT_MS)
+    } else {
+        end
+    }
 }
 
 fn floor_second(ms: u64) -> u64 {
@@ -71,6 +96,21 @@ mod tests {
         assert_eq!(end(1_000, 999), 1_000);
         assert_eq!(end(0, 5), 6);
         assert_eq!(end(60_000, u64::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_week_ends_on_monday_utc() {
+        let day = 86_400_000;
+        // Sunday 6 December 2026 23:00 UTC; the week ends on Monday the 7th.
+        let sunday = 20_793 * day + 23 * 3_600_000;
+        let monday = 20_794 * day;
+        assert_eq!(end(WEEK_MS, sunday), monday);
+        assert_eq!(end(WEEK_MS, monday), monday + 7 * day);
+        assert!(!same(WEEK_MS, sunday, monday));
+        assert!(same(WEEK_MS, monday, monday + 7 * day - 1));
+        // 1970-01-01, a Thursday: its week ended on Monday 5 January.
+        assert_eq!(end(WEEK_MS, 0), 4 * day);
+        assert_eq!(WEEK_MS, ratelimit_config::Unit::Week.seconds() * 1_000);
     }
 
     #[test]

@@ -473,3 +473,165 @@ fn a_tick_sends_the_queue_with_the_roots_calls() {
         ]
     );
 }
+
+/// The batch tests' configuration, calling `service`.
+fn config_for(service: &str) -> Compiled {
+    compiled(&format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "service": "{service}", "timeout_ms": 100, "batch": {ONE_IN_FLIGHT}}},
+            "limits": {{"x-tenant-id": {{
+                "default": {{"perminute": 20, "perhour": 100}},
+                "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}},
+            "local": {{"enabled": false}}}}"#
+    ))
+}
+
+/// Each descriptor of a call, as its entries' keys and values joined.
+fn descriptors_sent(w: &Worker, token: u32) -> Vec<String> {
+    let call = w.calls().into_iter().find(|c| c.token == token).unwrap();
+    let r = RateLimitRequest::decode(&call.message[..]).unwrap();
+    r.descriptors
+        .iter()
+        .map(|d| {
+            d.entries
+                .iter()
+                .map(|e| format!("{}={}", e.key, e.value))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect()
+}
+
+/// A request alone in its call, answered OK; then `a` (tenant-a: minute
+/// and hour) and `b` (tenant-b: minute) queued into one call.
+fn first_then_two(c: &Compiled, w: &Worker) -> (Stream, Stream, u32) {
+    let mut first = ask(c, w, "tenant-a", 1);
+    let a = ask(c, w, "tenant-a", 1);
+    let b = ask(c, w, "tenant-b", 1);
+    let token = w.calls()[0].token;
+    let body = answer(Code::Ok, vec![minute(Code::Ok, 20, 19), hour(Code::Ok, 99)]);
+    respond(c, w, token, body, &mut [&mut first]);
+    assert_eq!((w.call_count(), w.resumed()), (2, 1));
+    (a, b, w.calls()[1].token)
+}
+
+/// The mark's own status: the counter answers it OK, without a limit.
+fn mark_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
+}
+
+#[test]
+fn a_batched_call_to_the_counter_marks_where_each_request_begins_and_only_to_the_counter() {
+    let c = config_for("counter");
+    let w = worker();
+    let (_a, _b, token) = first_then_two(&c, &w);
+    // A call of one request: no mark (a call without marks is one request).
+    assert_eq!(
+        descriptors_sent(&w, w.calls()[0].token),
+        [
+            "generic_key=per_minute,tenant=tenant-a",
+            "generic_key=per_hour,tenant=tenant-a"
+        ]
+    );
+    assert_eq!(
+        descriptors_sent(&w, token),
+        [
+            "trl.request=",
+            "generic_key=per_minute,tenant=tenant-a",
+            "generic_key=per_hour,tenant=tenant-a",
+            "trl.request=",
+            "generic_key=per_minute,tenant=tenant-b",
+        ]
+    );
+    // envoyproxy/ratelimit, named or by default, gets today's messages.
+    for c in [config_for("envoy-ratelimit"), config(ONE_IN_FLIGHT, "")] {
+        let w = worker();
+        let (_a, _b, token) = first_then_two(&c, &w);
+        assert_eq!(
+            descriptors_sent(&w, token),
+            [
+                "generic_key=per_minute,tenant=tenant-a",
+                "generic_key=per_hour,tenant=tenant-a",
+                "generic_key=per_minute,tenant=tenant-b",
+            ]
+        );
+    }
+}
+
+#[test]
+fn the_counters_answer_splits_around_the_marks_one_request_refused_the_other_admitted() {
+    let c = config_for("counter");
+    // tenant-b over its minute: refused; tenant-a admitted, its statuses
+    // its own (not shifted by the marks).
+    let w = worker();
+    let (mut a, mut b, token) = first_then_two(&c, &w);
+    let body = answer_with_headers(
+        Code::OverLimit,
+        vec![
+            mark_status(),
+            minute(Code::Ok, 20, 18),
+            hour(Code::Ok, 98),
+            mark_status(),
+            minute(Code::OverLimit, 70, 0),
+        ],
+        &[],
+        &[],
+    );
+    respond(&c, &w, token, body, &mut [&mut a, &mut b]);
+    assert_eq!((w.resumed(), w.reply_count()), (2, 1));
+    let r = &w.replies()[0];
+    assert_eq!(r.status, 429);
+    assert_eq!(r.header("x-ratelimit-limit"), Some("70, 70;w=60"));
+    a.on_response_headers(&c, &w, &w.vm);
+    let added = w.added_headers();
+    assert!(
+        added.contains(&("x-ratelimit-remaining".into(), "18".into())),
+        "{added:?}"
+    );
+    assert!(!w.vm.batch.unsplittable());
+    // The other way round: tenant-a over its hour, tenant-b admitted.
+    let w = worker();
+    let (mut a, mut b, token) = first_then_two(&c, &w);
+    let body = answer(
+        Code::OverLimit,
+        vec![
+            mark_status(),
+            minute(Code::Ok, 20, 18),
+            hour(Code::OverLimit, 0),
+            mark_status(),
+            minute(Code::Ok, 70, 69),
+        ],
+    );
+    respond(&c, &w, token, body, &mut [&mut a, &mut b]);
+    assert_eq!((w.resumed(), w.reply_count()), (2, 1));
+    let r = &w.replies()[0];
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some("100, 20;w=60, 100;w=3600")
+    );
+    assert_eq!(r.header("retry-after"), Some("2000"));
+    b.on_response_headers(&c, &w, &w.vm);
+    let added = w.added_headers();
+    assert!(
+        added.contains(&("x-ratelimit-remaining".into(), "69".into())),
+        "{added:?}"
+    );
+    assert!(!w.vm.batch.unsplittable());
+    // An answer to a marked call without the marks' statuses cannot be
+    // split: one request per call from then on.
+    let w = worker();
+    let (mut a, mut b, token) = first_then_two(&c, &w);
+    let body = answer(
+        Code::Ok,
+        vec![
+            minute(Code::Ok, 20, 18),
+            hour(Code::Ok, 98),
+            minute(Code::Ok, 70, 69),
+        ],
+    );
+    respond(&c, &w, token, body, &mut [&mut a, &mut b]);
+    assert!(w.vm.batch.unsplittable());
+}

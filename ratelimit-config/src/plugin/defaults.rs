@@ -66,6 +66,10 @@ pub const MAX_SYNC_INTERVAL_MS: u32 = 60_000;
 /// one by one until the next sync. The overshoot bound scales with it.
 pub const DEFAULT_SYNC_MAX_UNSYNCED: u32 = 1_000;
 pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
+/// The most units (windows) one group may limit in the filter: a tenant's
+/// local state (sync views, fallback buckets, a cached refusal's statuses)
+/// has room for this many.
+pub const FILTER_MAX_UNITS: usize = 4;
 /// Batched calls to the service (`rate_limit_service.batch`): on unless
 /// `"batch": false`.
 pub const DEFAULT_BATCH_ENABLED: bool = true;

@@ -213,6 +213,9 @@ pub fn parse_plugin_config(bytes: &[u8]) -> Result<(PluginConfig, Vec<Warning>),
         one_of(v, "headers", &mut errors)
     });
     let local = local::local_config(get("local"), limits.as_ref(), &mut errors);
+    if let Some(l) = &limits {
+        local::groups_fit(&local, l, &mut errors);
+    }
     let failure = failure::failure_policy(obj, local.enabled, &mut errors);
     let shadow = or_default(get("shadow"), DEFAULT_SHADOW, |v| {
         errors.record("shadow", boolean(v))

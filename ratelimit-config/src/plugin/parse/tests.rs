@@ -803,3 +803,47 @@ fn a_window_is_fixed_or_sliding() {
         vec!["limits.x-t.default.window: must be \"fixed\" or \"sliding\", got string \"rolling\""]
     );
 }
+
+#[test]
+fn lease_and_sync_are_refused_for_a_sliding_window_at_the_mode_that_applies() {
+    let limits = r#"{"x-t": {"default": {"perminute": 600, "window": "sliding"},
+        "gold": {"header_value": ["g"], "perminute": 600, "window": "sliding"},
+        "silver": {"header_value": ["s"], "perminute": 600}}}"#;
+    let config = |local: &str| {
+        format!(
+            r#"{{"domain": "d", "limits": {limits}, "local": {local}, "rate_limit_service": {{"cluster": "rl", "service": "counter"}}}}"#
+        )
+    };
+    let why = "lease and sync count fixed windows locally: their bounds do not hold for a \"sliding\" group; count it in \"exact\" mode";
+    assert_eq!(
+        errs(&config(
+            r#"{"mode": "lease", "groups": {"gold": {"mode": "sync"}, "silver": {"mode": "sync"}}}"#
+        )),
+        vec![
+            format!("local.mode: {why}"),
+            format!("local.groups.gold.mode: {why}"),
+        ]
+    );
+    // Exact for the sliding groups, lease or sync for the fixed one: fine.
+    let ok = config(
+        r#"{"mode": "exact", "groups": {"gold": {"mode": "exact"}, "silver": {"mode": "sync"}}}"#,
+    );
+    assert_eq!(errs(&ok), Vec::<String>::new());
+    let ok = config(
+        r#"{"mode": "lease", "groups": {"default": {"mode": "exact"}, "gold": {"mode": "exact"}}}"#,
+    );
+    assert_eq!(errs(&ok), Vec::<String>::new());
+    // The local layer off: every group is exact.
+    assert_eq!(errs(&config(r#"{"enabled": false}"#)), Vec::<String>::new());
+}
+
+#[test]
+fn a_group_of_more_units_than_the_filter_keeps_is_refused() {
+    let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl", "service": "counter"},
+        "limits": {"x-t": {"default": {"persecond": 1, "perminute": 2, "perhour": 3, "perday": 4, "permonth": 5},
+            "gold": {"header_value": ["g"], "perminute": 2, "perhour": 3, "perday": 4, "perweek": 5}}}}"#;
+    assert_eq!(
+        errs(text),
+        vec!["limits.x-t.default: limits more units than the filter keeps per group (4)"]
+    );
+}
