@@ -58,7 +58,7 @@ pub fn call(data: &[u8]) -> (RateLimitRequest, u64, usize) {
             .unwrap_or("a");
         let entries = match kind & 7 {
             0 => vec![entry("trl.request", "")],
-            1 | 2 | 3 => vec![entry("generic_key", unit), entry("tenant", tenant)],
+            1..=3 => vec![entry("generic_key", unit), entry("tenant", tenant)],
             4 => vec![
                 entry("generic_key", unit),
                 entry("tenant", tenant),
