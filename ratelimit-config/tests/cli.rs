@@ -1108,6 +1108,21 @@ fn render_keeps_envoyproxy_ratelimit_the_default_and_names_what_only_the_counter
         "{}",
         stderr(&o)
     );
+    // The filter is told the service render deploys, never another.
+    let o = run_in(
+        &dir,
+        &[
+            &base[..],
+            &["--plugin", "rate_limit_service.service=counter"],
+        ]
+        .concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("--plugin rate_limit_service.service: plugin.rate_limit_service.service: set by render: the service it deploys (service.kind, or --service)"),
+        "{}",
+        stderr(&o)
+    );
     // The counter's own memory: one replica, no Redis.
     let o = run_in(
         &dir,

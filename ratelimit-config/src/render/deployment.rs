@@ -762,6 +762,16 @@ pub fn deployment(
     if plugin
         .get("rate_limit_service")
         .and_then(Value::as_object)
+        .is_some_and(|s| s.contains_key("service"))
+    {
+        r.push(
+            "plugin.rate_limit_service.service",
+            "set by render: the service it deploys (service.kind, or --service)",
+        );
+    }
+    if plugin
+        .get("rate_limit_service")
+        .and_then(Value::as_object)
         .is_some_and(|s| s.contains_key("cluster"))
     {
         r.push(
