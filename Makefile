@@ -578,10 +578,40 @@ oci-push: oci $(GOBIN_DIR)/crane
 	$(GOBIN_DIR)/crane push $(OCI_DIR)/compat $(IMAGE)
 	$(GOBIN_DIR)/crane push $(OCI_DIR)/oci $(IMAGE_OCI)
 
+# ratelimit-counter as a container image, with no container engine
+# (tools/oci-counter, go-containerregistry): FROM scratch, the binary, the
+# shared libraries it loads, busybox's sh and wget (a healthcheck's),
+# user 65532. target/oci/counter/layout (an OCI image layout) and
+# target/oci/counter/image.tar (`docker load -i`), tagged COUNTER_IMAGE;
+# reproducible. `make counter-image-push COUNTER_IMAGE=registry/name:tag`
+# pushes it (crane, with your docker login).
+COUNTER_IMAGE   ?= tenant-ratelimit-counter:$(VERSION)
+COUNTER_OCI_DIR := $(OCI_DIR)/counter
+OCI_COUNTER     := $(CURDIR)/target/tools/oci-counter
+export TRL_COUNTER_IMAGE_DIR := $(COUNTER_OCI_DIR)
+export TRL_OCI_COUNTER       := $(OCI_COUNTER)
+.PHONY: counter-image counter-image-push
+counter-image: build $(OCI_COUNTER)
+	$(OCI_COUNTER) -binary $(TRL_COUNTER) -busybox /bin/busybox -tag $(COUNTER_IMAGE) -out $(COUNTER_OCI_DIR)
+
+counter-image-push: counter-image $(GOBIN_DIR)/crane
+	$(GOBIN_DIR)/crane push $(COUNTER_OCI_DIR)/layout $(COUNTER_IMAGE)
+
+$(OCI_COUNTER): tools/oci-counter/main.go tools/oci-counter/go.mod tools/oci-counter/go.sum
+	@mkdir -p $(dir $@)
+	cd tools/oci-counter && go build -trimpath -o $@ .
+
 # e2e/docker-compose.yml in real containers: dockerd started and stopped by
 # e2e/compose_demo.py, images built FROM scratch from .deps/bin, the seed run.
 compose-demo: deps deps-ship build
 	$(PY) e2e/compose_demo.py
+
+# The same run with ratelimit-counter in the ratelimit container
+# (e2e/docker-compose.counter.yml over the compose file; its image from
+# `make counter-image`, loaded with docker load).
+.PHONY: compose-demo-counter
+compose-demo-counter: deps deps-ship counter-image
+	$(PY) e2e/compose_demo.py --service counter
 
 # deploy/<target>/: what `ratelimit-config render` writes for the example
 # (e2e/limits.json, deploy/deployment.yaml), committed: ratelimit-config's

@@ -18,6 +18,11 @@
 5. `docker-compose down -v`, stops dockerd, and checks that nothing is left:
    no container, no network, no network interface, no iptables rule or chain,
    no change to net.ipv4.ip_forward, no process or file of that dockerd.
+
+`--service counter` (`make compose-demo-counter`): the same run with
+ratelimit-counter in place of envoyproxy/ratelimit (e2e/docker-compose.counter.yml
+over the compose file): its image is the one `make counter-image` builds
+(tools/oci-counter, no container engine), loaded with `docker load`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -35,10 +41,16 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "e2e"))
 
 import harness  # noqa: E402
-from compose_config import render_compose_configs  # noqa: E402
+from compose_config import SERVICES, render_compose_configs  # noqa: E402
 from dockerd import Dockerd, docker_cli, our_processes  # noqa: E402
 
 COMPOSE_FILE = REPO / "e2e" / "docker-compose.yml"
+COUNTER_COMPOSE_FILE = REPO / "e2e" / "docker-compose.counter.yml"
+RATELIMIT_IMAGE = "envoyproxy/ratelimit:3fb70258"
+# The counter's image as `make counter-image` builds it (the Makefile's paths).
+OCI_COUNTER = Path(os.environ.get("TRL_OCI_COUNTER", REPO / "target" / "tools" / "oci-counter"))
+COUNTER_IMAGE_DIR = Path(os.environ.get("TRL_COUNTER_IMAGE_DIR", REPO / "target" / "oci" / "counter"))
+COUNTER_BIN = Path(os.environ.get("TRL_COUNTER", REPO / "target" / "counter" / "ratelimit-counter"))
 PROJECT = "tenant-ratelimit"
 RUN_DIR = REPO / ".run" / "compose"
 IMAGES_DIR = REPO / ".run" / "compose-images"
@@ -78,8 +90,29 @@ def add_binary(rootfs: Path, source: Path, dest: str) -> None:
         add_file(rootfs, lib, str(lib), lib.resolve().stat().st_mode & 0o777)
 
 
-def image_contexts() -> dict[str, tuple[Path, str]]:
-    """name -> (build context, Dockerfile text)."""
+def counter_image(say=print) -> tuple[str, Path]:
+    """The counter's image as `make counter-image` builds it: (tag, docker-archive
+    tarball). tools/oci-counter is built first when missing."""
+    version = tomllib.loads((REPO / "Cargo.toml").read_text())["workspace"]["package"]["version"]
+    tag = f"tenant-ratelimit-counter:{version}"
+    if not OCI_COUNTER.exists():
+        OCI_COUNTER.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["go", "build", "-trimpath", "-o", str(OCI_COUNTER), "."],
+                       cwd=REPO / "tools" / "oci-counter", check=True, timeout=600)
+    if not COUNTER_BIN.exists():
+        raise harness.HarnessError(f"{COUNTER_BIN} is missing: run `make build`")
+    out = subprocess.run([str(OCI_COUNTER), "-binary", str(COUNTER_BIN), "-busybox", "/bin/busybox",
+                          "-tag", tag, "-out", str(COUNTER_IMAGE_DIR)],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise harness.HarnessError(f"oci-counter exited {out.returncode}: {out.stderr}")
+    say(f"  oci-counter: {out.stdout.strip()}")
+    return tag, COUNTER_IMAGE_DIR / "image.tar"
+
+
+def image_contexts(service: str = "envoy-ratelimit") -> dict[str, tuple[Path, str]]:
+    """name -> (build context, Dockerfile text); the rate-limit service's
+    only for envoyproxy/ratelimit (the counter's image is built apart)."""
     shutil.rmtree(IMAGES_DIR, ignore_errors=True)
     which = lambda name: Path(shutil.which(name) or f"/usr/bin/{name}")  # noqa: E731
     contexts = {}
@@ -98,17 +131,28 @@ CMD ["envoy", "-c", "/etc/envoy/envoy.yaml"]
 """)
 
     rl = IMAGES_DIR / "ratelimit"
+    if service == "envoy-ratelimit":
+        add_ratelimit_image(contexts, rl)
+    add_redis_image(contexts, which)
+    for ctx, dockerfile in contexts.values():
+        (ctx / "Dockerfile").write_text(dockerfile)
+    return contexts
+
+
+def add_ratelimit_image(contexts: dict, rl: Path) -> None:
     add_binary(rl / "rootfs", harness.RATELIMIT_BIN, "/bin/ratelimit")
     add_file(rl / "rootfs", Path("/bin/busybox"), "/bin/busybox")
     for applet in ("sh", "wget"):
         (rl / "rootfs" / "bin" / applet).symlink_to("busybox")
     (rl / "rootfs" / "tmp").mkdir(parents=True, exist_ok=True)
-    contexts["envoyproxy/ratelimit:3fb70258"] = (rl, f"""FROM scratch
+    contexts[RATELIMIT_IMAGE] = (rl, f"""FROM scratch
 COPY rootfs/ /
 ENV PATH={PATH_ENV}
 CMD ["/bin/ratelimit"]
 """)
 
+
+def add_redis_image(contexts: dict, which) -> None:
     redis = IMAGES_DIR / "redis"
     add_binary(redis / "rootfs", harness.REDIS_BIN, "/usr/local/bin/redis-server")
     add_binary(redis / "rootfs", which("redis-cli"), "/usr/local/bin/redis-cli")
@@ -120,19 +164,23 @@ ENV PATH={PATH_ENV}
 WORKDIR /data
 CMD ["redis-server"]
 """)
-    for ctx, dockerfile in contexts.values():
-        (ctx / "Dockerfile").write_text(dockerfile)
-    return contexts
 
 
-def build_images(d: Dockerd, say=print) -> dict[str, str]:
+def build_images(d: Dockerd, say=print, service: str = "envoy-ratelimit") -> dict[str, str]:
     """Build and tag every image; return name -> image id."""
     ids = {}
-    for name, (ctx, _) in image_contexts().items():
+    for name, (ctx, _) in image_contexts(service).items():
         t0 = time.monotonic()
         d.docker("build", "--quiet", "--tag", name, str(ctx), timeout=900)
         ids[name] = d.docker("image", "inspect", "--format", "{{.Id}} {{.Size}}", name).stdout.split()
         say(f"  built {name:32s} {ids[name][0][:19]}  {int(ids[name][1]) / 1e6:6.1f} MB"
+            f"  ({time.monotonic() - t0:.0f}s)")
+    if service == "counter":
+        t0 = time.monotonic()
+        name, tarball = counter_image(say)
+        d.docker("load", "--quiet", "--input", str(tarball), timeout=300)
+        ids[name] = d.docker("image", "inspect", "--format", "{{.Id}} {{.Size}}", name).stdout.split()
+        say(f"  loaded {name:31s} {ids[name][0][:19]}  {int(ids[name][1]) / 1e6:6.1f} MB"
             f"  ({time.monotonic() - t0:.0f}s)")
     return {k: v[0] for k, v in ids.items()}
 
@@ -140,18 +188,23 @@ def build_images(d: Dockerd, say=print) -> dict[str, str]:
 # ------------------------------------------------------------------ compose
 
 class Compose:
-    def __init__(self, d: Dockerd, ports: dict[str, int]):
+    def __init__(self, d: Dockerd, ports: dict[str, int], files: list[Path] | None = None,
+                 env: dict[str, str] | None = None):
         self.d = d
         self.ports = ports
+        self.files = files or [COMPOSE_FILE]
+        self.extra_env = env or {}
 
     def env(self) -> dict[str, str]:
         env = self.d.env()
         env.update({k: str(v) for k, v in self.ports.items()})
+        env.update(self.extra_env)
         env["COMPOSE_DOCKER_CLI_BUILD"] = "0"
         return env
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        argv = ["docker-compose", "--ansi", "never", "-f", str(COMPOSE_FILE), "-p", PROJECT, *args]
+        files = [a for f in self.files for a in ("-f", str(f))]
+        argv = ["docker-compose", "--ansi", "never", *files, "-p", PROJECT, *args]
         proc = subprocess.run(argv, capture_output=True, text=True, env=self.env(),
                               timeout=timeout, stdin=subprocess.DEVNULL)
         if check and proc.returncode != 0:
@@ -227,11 +280,12 @@ def seed_run(urls: list[str], say=print) -> list[Counter]:
     return runs
 
 
-def run_demo(say=print) -> dict:
-    """The whole run; returns what the tests assert on. Always cleans up."""
-    report: dict = {"ok": False}
+def run_demo(say=print, service: str = "envoy-ratelimit") -> dict:
+    """The whole run, with `service` as the rate-limit service; returns what
+    the tests assert on. Always cleans up."""
+    report: dict = {"ok": False, "service": service}
     before_ifaces, before_rules, before_forward = interfaces(), iptables_rules(), ip_forward()
-    render_compose_configs(RUN_DIR, timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    render_compose_configs(RUN_DIR, timeout_ms=harness.COUNTING_TIMEOUT_MS, service=service)
     t_start = time.monotonic()
     d = Dockerd(REPO / ".run" / "compose-logs")
     compose = None
@@ -239,9 +293,14 @@ def run_demo(say=print) -> dict:
         d.wait_ready()
         say(f"dockerd (pid {d.pid}) ready in {time.monotonic() - t_start:.1f}s, "
             f"{d.docker('version', '--format', '{{.Server.Version}}').stdout.strip()}")
-        report["images"] = build_images(d, say)
+        report["images"] = build_images(d, say, service)
         ports = free_ports()
-        compose = Compose(d, ports)
+        if service == "counter":
+            (counter_tag,) = [n for n in report["images"] if n.startswith("tenant-ratelimit-counter:")]
+            compose = Compose(d, ports, [COMPOSE_FILE, COUNTER_COMPOSE_FILE],
+                              {"TRL_COUNTER_IMAGE": counter_tag})
+        else:
+            compose = Compose(d, ports)
         t0 = time.monotonic()
         compose.run("up", "-d", "--no-build")
         admin = [f"http://127.0.0.1:{ports[f'TRL_ENVOY_{i}_ADMIN_PORT']}/ready" for i in (1, 2)]
@@ -261,6 +320,10 @@ def run_demo(say=print) -> dict:
         redis = compose.run("exec", "-T", "redis", "redis-cli", "config", "get", "append*").stdout.split()
         report["redis_persistence"] = dict(zip(redis[::2], redis[1::2]))
         say(f"redis persistence: {report['redis_persistence']}")
+        # Which service answered: the counter's keys, or envoyproxy/ratelimit's.
+        keys = compose.run("exec", "-T", "redis", "redis-cli", "--scan").stdout.split()
+        report["redis_keys"] = sorted(keys)
+        say(f"redis keys: {report['redis_keys']}")
     except Exception:
         if compose is not None:
             say("docker-compose logs:\n" + compose.run("logs", "--tail", "30", check=False).stdout)
@@ -280,7 +343,7 @@ def run_demo(say=print) -> dict:
     say(f"after: containers {report.get('containers_after_down')}, networks "
         f"{report.get('networks_after_down')}, left behind {report['leftovers'] or 'nothing'}")
     say(("OK: exactly 100 admitted across two Envoys in containers, none in the second run"
-         if report["ok"] else "FAILED") + f"  (total {time.monotonic() - t_start:.0f}s)")
+         if report["ok"] else "FAILED") + f"  ({service}; total {time.monotonic() - t_start:.0f}s)")
     return report
 
 
@@ -291,8 +354,13 @@ def main() -> int:
     if os.geteuid() != 0:
         print("dockerd needs root", file=sys.stderr)
         return 1
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--service", choices=SERVICES, default="envoy-ratelimit",
+                    help="the rate-limit service in the ratelimit container")
+    args = ap.parse_args()
     print(f"docker client: {docker_cli()}")
-    return 0 if run_demo()["ok"] else 1
+    return 0 if run_demo(service=args.service)["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -195,3 +195,81 @@ for name, stored in slots.items():
     write("slot", name, head(NOW, 5, 10, 0) + stored)
     write("slot", name + "-other", head(NOW, 5, 10, 8) + stored)
     write("slot", name + "-nobucket-off", head(NOW + 10_000, 1, 1, 3) + stored)
+
+
+# ---------------------------------------------------------------- the counter's calls
+# RateLimitRequest (rls.proto): domain 1, descriptors 2 (entries 1: key 1,
+# value 2; hits_addend 3: UInt64Value), hits_addend 3.
+def rls_entry(key, value):
+    return field_bytes(1, field_bytes(1, key.encode()) + field_bytes(2, value.encode()))
+
+
+def rls_descriptor(entries, hits=None):
+    b = b"".join(rls_entry(k, v) for k, v in entries)
+    if hits is not None:
+        b += field_bytes(3, field_varint(1, hits))
+    return b
+
+
+def rls_request(domain, descriptors, hits=0):
+    b = field_bytes(1, domain.encode()) + b"".join(field_bytes(2, d) for d in descriptors)
+    return b + (field_varint(3, hits) if hits else b"")
+
+
+MARK = [("trl.request", "")]
+
+
+def unit(u, tenant, route=None):
+    e = [("generic_key", u), ("tenant", tenant)]
+    return e + ([("route", route)] if route else [])
+
+
+calls = {
+    "one-tenant": rls_request("d", [rls_descriptor(unit(u, "x")) for u in
+                                    ("per_second", "per_minute", "per_hour")]),
+    "gold-sliding-route": rls_request("d", [rls_descriptor(unit("per_minute", "a")),
+                                            rls_descriptor(unit("per_month", "a")),
+                                            rls_descriptor(unit("per_minute", "a", "export"))]),
+    "marked-two": rls_request("d", [rls_descriptor(MARK), rls_descriptor(unit("per_minute", "a")),
+                                    rls_descriptor(MARK), rls_descriptor(unit("per_week", "c")),
+                                    rls_descriptor(unit("per_year", "c"))]),
+    "hits-max": rls_request("d", [rls_descriptor(unit("per_minute", "b"), hits=(1 << 64) - 1),
+                                  rls_descriptor(unit("per_hour", "b"), hits=0)], hits=(1 << 32) - 1),
+    "check-only": rls_request("d", [rls_descriptor(unit("per_second", "z"), hits=0)]),
+    "unknown-domain": rls_request("other", [rls_descriptor(unit("per_minute", "a"))]),
+    "no-rule": rls_request("d", [rls_descriptor([("generic_key", "per_fortnight"), ("tenant", "a")]),
+                                 rls_descriptor([("tenant", "a")]),
+                                 rls_descriptor(unit("per_day", "a"))]),
+    "too-many-entries": rls_request("d", [rls_descriptor([("k", str(i)) for i in range(9)])]),
+    "empty": b"",
+    "twice-one-counter": rls_request("d", [rls_descriptor(unit("per_minute", "a"), hits=2),
+                                           rls_descriptor(unit("per_minute", "a"), hits=2)]),
+    "bad-utf8": field_bytes(1, b"\xff\xfe"),
+    "truncated": rls_request("d", [rls_descriptor(unit("per_minute", "a"))])[:-3],
+}
+for name, data in calls.items():
+    write("rls_request", name, data)
+
+
+# decision: 4 bytes of instant, call hits_addend, repeats, then per
+# descriptor (kind | unit << 3, tenant, hits); see fuzz/src/decision.rs.
+def spec(kind, unit_i=1, tenant=0, hits=0):
+    return bytes([kind | unit_i << 3, tenant, hits])
+
+
+decisions = {
+    "mark-then-gold": bytes([0, 0, 0, 0, 0, 3]) + spec(0) + spec(1, 1, 0) + spec(1, 5, 0),
+    "two-requests": bytes([1, 2, 3, 4, 1, 3]) + spec(0) + spec(1, 1, 0, 3) + spec(0) + spec(1, 1, 1, 4),
+    "route": bytes([9, 0, 0, 0, 0, 3]) + spec(0) + spec(4, 1, 0) + spec(1, 1, 0),
+    "calendar": bytes([0, 0, 0, 0, 2, 2]) + spec(0) + spec(1, 4, 2) + spec(1, 6, 2),
+    "default": bytes([0, 0, 0, 0, 0, 3]) + spec(1, 0, 3) + spec(1, 1, 3) + spec(1, 2, 3),
+    "hits-huge": bytes([0, 0, 0, 0, 0, 1]) + spec(1, 1, 0, 255) + spec(1, 1, 0, 254),
+    "check-only": bytes([0, 0, 0, 0, 0, 3]) + spec(1, 1, 0, 1) + spec(1, 1, 0, 1),
+    "malformed": bytes([5, 5, 5, 5, 5, 5]) + spec(6) + spec(7) + spec(5, 1, 0) + spec(1, 7, 0),
+    "tag-tenant": bytes([0, 0, 0, 0, 0, 3]) + spec(1, 1, 4) + spec(1, 2, 4),
+    "empty": b"",
+    "one-counter-twice": bytes([0, 0, 0, 0, 0, 3]) + spec(0) + spec(1, 1, 0, 2) + spec(1, 1, 0, 3),
+    "year-end": bytes([255, 255, 255, 255, 1, 3]) + spec(0) + spec(1, 6, 2) + spec(1, 4, 2),
+}
+for name, data in decisions.items():
+    write("decision", name, data)

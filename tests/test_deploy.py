@@ -660,3 +660,161 @@ def test_plain_envoys_stats_listener_serves_prometheus_and_nothing_else(stack, t
         assert requests.get(base + path, timeout=5).status_code == 404, path
     assert requests.post(f"{base}/quitquitquit", timeout=5).status_code == 404
     assert proc.alive()
+
+
+# ------------------------------------------------------------------ ratelimit-counter
+
+COUNTER = ("--service", "counter")
+
+
+def counter_pod(docs: list[dict], variant: str) -> dict:
+    name = "my-api" if variant == "envoy" else "ratelimit"
+    return find(docs, "Deployment", name)["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_counter_is_rendered_to_the_real_schema_with_its_team_file_and_check_accepts_it(
+        variant, tmp_path, schemas):
+    """render --service counter: ratelimit-counter instead of
+    envoyproxy/ratelimit, its team file (<domain>.json) in the ConfigMap it
+    mounts, probes on /readyz and /healthz of a named port, the filter told
+    it calls the counter; kustomize builds it, every object passes the real
+    schema, and `check` accepts the pair."""
+    out = render_example(tmp_path, variant, *COUNTER)
+    docs = build(out)
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    assert "ratelimit.yaml" not in {p.name for p in out.iterdir()}
+    pod = counter_pod(docs, variant)
+    c = container(pod, "counter")
+    assert c["image"].startswith("tenant-ratelimit-counter:") and c["command"] == ["/bin/ratelimit-counter"]
+    args = dict(zip(c["args"][::2], c["args"][1::2]))
+    assert args["--store"] == "redis://ratelimit-redis:6379"
+    assert args["--descriptor-key"] == "tenant"
+    host = "127.0.0.1" if variant == "envoy" else "0.0.0.0"
+    assert args["--grpc-addr"] == f"{host}:8081"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        assert c[probe]["httpGet"]["path"] == path
+        assert args["--http-addr"] == f"0.0.0.0:{ports[c[probe]['httpGet']['port']]}"
+    # The mounted ConfigMap holds the team file under the domain's name.
+    (mount,) = c["volumeMounts"]
+    assert mount["mountPath"] == args["--limits"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap"
+                     and d["metadata"]["name"] == volume["configMap"]["name"])
+    assert list(configmap["data"]) == ["internal-api.json"]
+    assert json.loads(configmap["data"]["internal-api.json"]) == \
+        json.loads((harness.REPO / "e2e" / "limits.json").read_text())
+    plugin_file = {"istio": "wasmplugin.yaml", "envoy-gateway": "envoyextensionpolicy.yaml",
+                   "envoy": "envoy.yaml"}[variant]
+    if variant == "istio":
+        config = find(docs, "WasmPlugin")["spec"]["pluginConfig"]
+    elif variant == "envoy-gateway":
+        config = find(docs, "EnvoyExtensionPolicy")["spec"]["wasm"][0]["config"]
+    else:
+        config = json.loads(wasm_config(bootstrap_of(docs))["configuration"]["value"])
+    assert config["rate_limit_service"]["service"] == "counter"
+    proc = harness.run_cli("check", "--plugin-config", out / plugin_file,
+                           "--service-config", out / "internal-api.json")
+    assert proc.stdout.startswith("ok: "), proc.stdout + proc.stderr
+    # envoyproxy/ratelimit's YAML is not the counter's configuration.
+    plain = render_example(tmp_path / "plain", variant)
+    wrong = harness.run_cli("check", "--plugin-config", plain / plugin_file,
+                            "--service-config", out / "internal-api.json", check=False)
+    assert wrong.returncode == 1 and "envoyproxy/ratelimit" in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_only_the_proxies_reach_the_counter_and_only_the_counter_reaches_redis(variant, tmp_path):
+    docs = build(render_example(tmp_path, variant, *COUNTER))
+    policies = {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+    if variant == "envoy":
+        (pod,) = selected(policies["my-api-envoy-only"], docs)
+        assert policies["my-api-envoy-only"]["spec"]["ingress"] == [
+            {"from": [], "ports": [{"protocol": "TCP", "port": 8000}]}]
+        service_pods = {"app": "my-api"}
+    else:
+        policy = policies["ratelimit-from-proxies"]
+        (pod,) = selected(policy, docs)
+        service_pods = {"app.kubernetes.io/name": "ratelimit"}
+        assert pod["labels"] == service_pods
+        assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8081}]
+    redis_policy = policies[next(n for n in policies if n.startswith("ratelimit-redis-from-"))]
+    assert redis_policy["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": service_pods}}]
+
+
+@pytest.mark.parametrize("variant", ("istio", "envoy"))
+def test_the_counters_metrics_are_scraped_from_its_http_port(variant, tmp_path, schemas):
+    docs = monitored(tmp_path, variant, *COUNTER)
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    c = container(counter_pod(docs, variant), "counter")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    monitors = [d for d in docs if d["apiVersion"] == "monitoring.coreos.com/v1"]
+    ((m, e),) = [(m, e) for m in monitors
+                 for e in m["spec"].get("endpoints", []) + m["spec"].get("podMetricsEndpoints", [])
+                 if e["relabelings"][0]["replacement"] == "ratelimit"]
+    assert e["path"] == "/metrics"
+    if m["kind"] == "ServiceMonitor":
+        (sp,) = [p for p in find(docs, "Service", "ratelimit")["spec"]["ports"] if p["name"] == e["port"]]
+        assert ports[sp["targetPort"]] == 9090
+    else:
+        assert ports[e["port"]] == 9090
+    assert args_of(c)["--http-addr"] == "0.0.0.0:9090"
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith(
+        "-metrics-from-prometheus")]
+    assert 9090 in {p["port"] for p in policy["spec"]["ingress"][0]["ports"]}
+
+
+def args_of(c: dict) -> dict[str, str]:
+    return dict(zip(c["args"][::2], c["args"][1::2]))
+
+
+def test_the_counter_with_its_own_memory_is_one_replica_without_redis(tmp_path, schemas):
+    docs = build(render_example(tmp_path, "istio", *COUNTER, "--set", "redis.url=memory"))
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    assert not [d for d in docs if d["kind"] == "StatefulSet"]
+    deployment = find(docs, "Deployment", "ratelimit")
+    assert deployment["spec"]["replicas"] == 1
+    assert args_of(container(deployment["spec"]["template"]["spec"], "counter"))["--store"] == "memory"
+
+
+def test_the_counters_redis_password_comes_from_the_secret(tmp_path):
+    docs = build(render_example(tmp_path, "envoy-gateway", *COUNTER,
+                                "--set", "redis.auth_secret.name=ratelimit-redis"))
+    c = container(counter_pod(docs, "envoy-gateway"), "counter")
+    assert c["env"] == [{"name": "REDIS_AUTH", "valueFrom": {
+        "secretKeyRef": {"name": "ratelimit-redis", "key": "password"}}}]
+
+
+def test_the_plain_envoy_pieces_limit_with_the_counter_on_a_real_stack(stack, tmp_path):
+    """render --target envoy --service counter on loopback: the counter runs
+    the team file render wrote (<domain>.json, in a directory as the
+    ConfigMap mounts it), Envoy the filter and fragment; a sliding window,
+    which only the counter counts, holds."""
+    from counter import Counter as CounterService
+    gold = unique("tenant-gold")
+    limits = {"x-tenant-id": {"default": {"perhour": 100},
+                              "gold": {"perhour": 3, "window": "sliding", "header_value": [gold]}}}
+    domain = unique("internal-api")
+    limits_dir = tmp_path / "limits"
+    limits_dir.mkdir()
+    upstream = stack.upstream()
+    grpc_port = harness.free_port()
+    files = harness.render_target(
+        limits, "envoy", tmp_path / "envoy", "--domain", domain, *COUNTER,
+        "--set", f"service.port={grpc_port}", "--set", f"envoy.wasm_path={harness.WASM}",
+        "--plugin", f"rate_limit_service.timeout_ms={harness.COUNTING_TIMEOUT_MS}")
+    assert "ratelimit.yaml" not in files
+    (limits_dir / f"{domain}.json").write_text(files[f"{domain}.json"])
+    counter = CounterService(stack, {}, limits_dir=limits_dir)
+    http_filter = yaml.safe_load(files["http-filter.yaml"])
+    listen, admin = harness.free_port(), harness.free_port()
+    config = tmp_path / "own.yaml"
+    config.write_text(yaml.safe_dump(listener_bootstrap(listen, admin, upstream.listen_port, http_filter)))
+    fragment = files["bootstrap-fragment.yaml"].replace(f"port_value: {grpc_port}",
+                                                        f"port_value: {counter.grpc_port}")
+    proc = stack.spawn("envoy-plain-counter", harness.envoy_argv(config, 2, extra=["--config-yaml", fragment]))
+    harness.wait_until(lambda: harness.http_ok(f"http://127.0.0.1:{admin}/ready"),
+                       "envoy /ready", process=proc)
+    results = run_sequential([f"http://127.0.0.1:{listen}/"], 6, tenant=gold)
+    assert tally(results) == Counter({200: 3, 429: 3}), harness.summary(results)

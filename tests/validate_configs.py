@@ -77,6 +77,10 @@ def render_all(work: Path) -> list[Path]:
 
     # The compose flavour, with the real .wasm path in place of the container's.
     rendered += compose_config.render_compose_configs(work / "compose", wasm_path=harness.WASM)
+    # And with the counter (e2e/docker-compose.counter.yml): the filter told
+    # it calls ratelimit-counter.
+    rendered += [p for p in compose_config.render_compose_configs(
+        work / "compose-counter", wasm_path=harness.WASM, service="counter") if "envoy-" in p.name]
 
     for plain in sorted((REPO / "envoy").rglob("*.yaml")):
         text = plain.read_text()

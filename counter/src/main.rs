@@ -2,9 +2,7 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` from the
 //! team files themselves, counting in memory or in Redis.
 
-mod decide;
 mod metrics;
-mod proto;
 mod service;
 mod store;
 mod teams;
@@ -15,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use ratelimit_counter::{decide, proto};
 
 /// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
 /// gRPC, from the team files, with fixed, sliding and calendar windows.

@@ -9,7 +9,10 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
-use ratelimit_config::check::{check, parse_service_config, Problem, ServiceConfig};
+use ratelimit_config::check::{
+    check, check_counter, is_counter_team_file, parse_counter_team_file, parse_service_config,
+    Problem, ServiceConfig,
+};
 use ratelimit_config::deployed::{self, Placement};
 use ratelimit_config::envoy_rate_limits::{envoy_rate_limits_yaml, envoy_route_rate_limits_yaml};
 use ratelimit_config::explain::{explain, ExplainOptions};
@@ -116,7 +119,7 @@ struct ServiceArg {
     service: ServiceName,
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ServiceName {
     EnvoyRatelimit,
     Counter,
@@ -226,7 +229,8 @@ struct CheckArgs {
     /// (spec.wasm[].config), an Envoy bootstrap or http_filters entry.
     #[arg(long)]
     plugin_config: PathBuf,
-    /// The service's config YAML, or a ConfigMap of them (repeat for every file the service loads).
+    /// The service's config YAML, or a ConfigMap of them (repeat for every file the service loads);
+    /// for ratelimit-counter, the team file it serves (<domain>.json, as render writes it).
     #[arg(long, required = true)]
     service_config: Vec<PathBuf>,
     /// An Envoy configuration with the routes (a bootstrap, or what the admin
@@ -279,6 +283,10 @@ struct NamedSettings {
     /// When the filter cannot run: open (requests pass, unlimited) or closed (refused).
     #[arg(long)]
     fail_strategy: Option<FailStrategy>,
+    /// The rate-limit service to deploy (service.kind): envoy-ratelimit
+    /// (envoyproxy/ratelimit, the default) or counter (ratelimit-counter).
+    #[arg(long = "service", value_enum)]
+    service: Option<ServiceName>,
 }
 
 impl NamedSettings {
@@ -290,6 +298,11 @@ impl NamedSettings {
             ("image", self.image.clone()),
             ("sha256", self.sha256.clone()),
             ("fail_strategy", self.fail_strategy.map(FailStrategy::name)),
+            (
+                "service.kind",
+                self.service
+                    .map(|s| ServiceArg { service: s }.get().name().to_string()),
+            ),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.map(|v| (k, v)))
@@ -833,7 +846,23 @@ fn check_cmd(a: &CheckArgs) -> ExitCode {
         .flatten();
     let plugin = load_plugin(plugin_config).map_err(|e| errors.push(e)).ok();
     let mut places = BTreeMap::new();
-    let services: Vec<ServiceConfig> = service_configs
+    // ratelimit-counter's team files (<domain>.json), or envoyproxy/ratelimit's YAML.
+    let mut counter_files = Vec::new();
+    let mut yaml_configs = Vec::new();
+    for s in service_configs {
+        if s == Path::new("-") {
+            yaml_configs.push(s);
+            continue;
+        }
+        match read(s) {
+            Ok(text) if is_counter_team_file(&shown(s), &text) => {
+                counter_files.push(parse_counter_team_file(&shown(s), &text));
+            }
+            Ok(_) => yaml_configs.push(s),
+            Err(e) => errors.push(e),
+        }
+    }
+    let services: Vec<ServiceConfig> = yaml_configs
         .iter()
         .filter_map(|s| {
             load_service(s, &mut places)
@@ -842,13 +871,22 @@ fn check_cmd(a: &CheckArgs) -> ExitCode {
         })
         .flatten()
         .collect();
+    if !counter_files.is_empty() && !yaml_configs.is_empty() {
+        errors.push(CliError::Usage(
+            "--service-config: give the counter's team file (<domain>.json) or envoyproxy/ratelimit's YAML, not both".into(),
+        ));
+    }
     let (Some(plugin), true) = (plugin, errors.is_empty()) else {
         for e in &errors {
             eprintln!("{e}");
         }
         return ExitCode::FAILURE;
     };
-    let mut report = check(&plugin, &services);
+    let mut report = if counter_files.is_empty() {
+        check(&plugin, &services)
+    } else {
+        check_counter(&plugin, &counter_files)
+    };
     for p in report.problems.iter_mut().chain(report.warnings.iter_mut()) {
         *p = placed(p.clone(), &places);
     }
@@ -909,7 +947,6 @@ fn check_cmd(a: &CheckArgs) -> ExitCode {
 
 fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
     let target = a.target;
-    let (json, limits) = load_team(&a.file)?;
     let (mut description, mut sources) = match &a.deployment {
         Some(path) => read_description(&shown(path), &read(path)?)
             .map_err(|e| CliError::Description(vec![e]))?,
@@ -920,9 +957,11 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
     }
     for (key, value) in a.named.given() {
         set_path(&mut description, key, Value::String(value));
-        sources
-            .flags
-            .insert(key.to_string(), format!("--{}", key.replace('_', "-")));
+        let flag = match key {
+            "service.kind" => "--service".to_string(),
+            _ => format!("--{}", key.replace('_', "-")),
+        };
+        sources.flags.insert(key.to_string(), flag);
     }
     for arg in &a.set {
         let (path, value) =
@@ -945,6 +984,8 @@ fn render_cmd(a: &RenderArgs) -> Result<(), CliError> {
     }
     sources.flags.extend(flags);
     let dep = deployment(&description, &sources, target).map_err(CliError::Description)?;
+    // The team file as the service that counts it reads it.
+    let (json, limits) = load_team_for(&a.file, dep.service_kind)?;
     let source = source_name(&a.file);
     let team = Team {
         source: &source,

@@ -916,3 +916,260 @@ fn cli_md_names_every_flag_of_every_subcommand() {
         missing.join(", ")
     );
 }
+
+/// A team file only the counter counts: a sliding window and a calendar month.
+const COUNTER_ONLY: &str = r#"{"x-tenant-id": {"default": {"perminute": 20, "permonth": 1000, "window": "sliding"}, "gold": {"perminute": 100, "header_value": ["a"]}}}"#;
+
+#[test]
+fn render_service_counter_writes_the_counter_and_check_accepts_it() {
+    let dir = scratch("render-counter");
+    write(&dir, "limits.json", COUNTER_ONLY);
+    // envoyproxy/ratelimit, the default, cannot count it: render says why.
+    let base = |target: &'static str| {
+        vec![
+            "render",
+            "limits.json",
+            "--target",
+            target,
+            "--domain",
+            "payments",
+            "--namespace",
+            "pay",
+            "--image",
+            "registry.example.com/trl:1",
+            "--fail-strategy",
+            "open",
+            "--set",
+            "workload.name=api",
+            "--set",
+            "workload.image=registry.example.com/api:1",
+            "--set",
+            "envoy_gateway.route=api",
+            "--set",
+            "envoy_gateway.gateway=gw",
+        ]
+    };
+    let o = run_in(&dir, &[&base("istio")[..], &["--out", "r"]].concat());
+    assert_eq!(status(&o), 1, "{}", stderr(&o));
+    assert!(stderr(&o).contains("sliding"), "{}", stderr(&o));
+    for target in ["istio", "envoy-gateway", "envoy"] {
+        let out = format!("r-{target}");
+        let o = run_in(
+            &dir,
+            &[&base(target)[..], &["--service", "counter", "--out", &out]].concat(),
+        );
+        assert_eq!(status(&o), 0, "{target}: {}", stderr(&o));
+        // The team file under its domain's name, not ratelimit.yaml.
+        let team = std::fs::read_to_string(dir.join(&out).join("payments.json")).unwrap();
+        assert!(team.contains("\"permonth\": 1000"), "{team}");
+        assert!(!dir.join(&out).join("ratelimit.yaml").exists(), "{target}");
+        let k = std::fs::read_to_string(dir.join(&out).join("kustomization.yaml")).unwrap();
+        assert!(k.contains("- payments.json\n"), "{target}: {k}");
+        // The service: the counter's image, its flags, its probes.
+        let service_file = if target == "envoy" {
+            "sidecar.yaml"
+        } else {
+            "ratelimit-service.yaml"
+        };
+        let svc = std::fs::read_to_string(dir.join(&out).join(service_file)).unwrap();
+        for want in [
+            "image: tenant-ratelimit-counter:",
+            "- /bin/ratelimit-counter\n",
+            "- '--limits'\n        - /etc/ratelimit-counter\n",
+            "- '--store'\n        - redis://ratelimit-redis:6379\n",
+            "path: /readyz\n",
+            "path: /healthz\n",
+        ] {
+            assert!(svc.contains(want), "{target}: {want:?} not in\n{svc}");
+        }
+        assert!(!svc.contains("envoyproxy/ratelimit"), "{target}: {svc}");
+        // The filter is told which service it calls.
+        let plugin_file = match target {
+            "istio" => "wasmplugin.yaml",
+            "envoy-gateway" => "envoyextensionpolicy.yaml",
+            _ => "envoy.yaml",
+        };
+        let plugin = std::fs::read_to_string(dir.join(&out).join(plugin_file)).unwrap();
+        assert!(
+            plugin.contains("\"service\": \"counter\"") || plugin.contains("service: counter"),
+            "{target}: {plugin}"
+        );
+        // check accepts the pair render wrote.
+        let o = run_in(
+            &dir,
+            &[
+                "check",
+                "--plugin-config",
+                &format!("{out}/{plugin_file}"),
+                "--service-config",
+                &format!("{out}/payments.json"),
+            ],
+        );
+        assert_eq!(status(&o), 0, "{target}: {}", stderr(&o));
+        assert!(
+            stdout(&o).starts_with("ok: 3 descriptors of 2 groups"),
+            "{target}: {}",
+            stdout(&o)
+        );
+    }
+    // check names a counter's file of another domain, or of other limits.
+    write(&dir, "other.json", COUNTER_ONLY);
+    let o = run_in(
+        &dir,
+        &[
+            "check",
+            "--plugin-config",
+            "r-istio/wasmplugin.yaml",
+            "--service-config",
+            "other.json",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("other.json:1:1: serves domain \"other\" (the file's name), not the filter's domain \"payments\""),
+        "{}",
+        stderr(&o)
+    );
+    write(&dir, "payments.json", &COUNTER_ONLY.replace("100", "90"));
+    let o = run_in(
+        &dir,
+        &[
+            "check",
+            "--plugin-config",
+            "r-istio/wasmplugin.yaml",
+            "--service-config",
+            "payments.json",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains(
+            "group \"gold\": the filter sends perminute 100, the counter counts perminute 90"
+        ),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn render_keeps_envoyproxy_ratelimit_the_default_and_names_what_only_the_counter_takes() {
+    let dir = scratch("render-service-kind");
+    write(&dir, "limits.json", LIMITS);
+    let base = [
+        "render",
+        "limits.json",
+        "--target",
+        "envoy",
+        "--domain",
+        "d",
+        "--out",
+        "r",
+    ];
+    let o = run_in(&dir, &base);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(dir.join("r/ratelimit.yaml").exists());
+    let o = run_in(&dir, &[&base[..], &["--set", "redis.url=memory"]].concat());
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains(
+            "--set redis.url: redis.url: \"memory\" is for the counter (service.kind: counter)"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(
+        &dir,
+        &[
+            &base[..],
+            &[
+                "--service",
+                "counter",
+                "--set",
+                "service.image=envoyproxy/ratelimit:3fb70258",
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("--set service.image: service.image: \"envoyproxy/ratelimit:3fb70258\" is envoyproxy/ratelimit's image"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(
+        &dir,
+        &[&base[..], &["--set", "service.kind=ratelimit"]].concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains(
+            "service.kind: must be \"envoy-ratelimit\" (envoyproxy/ratelimit) or \"counter\""
+        ),
+        "{}",
+        stderr(&o)
+    );
+    // The filter is told the service render deploys, never another.
+    let o = run_in(
+        &dir,
+        &[
+            &base[..],
+            &["--plugin", "rate_limit_service.service=counter"],
+        ]
+        .concat(),
+    );
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("--plugin rate_limit_service.service: plugin.rate_limit_service.service: set by render: the service it deploys (service.kind, or --service)"),
+        "{}",
+        stderr(&o)
+    );
+    // The counter's own memory: one replica, no Redis.
+    let o = run_in(
+        &dir,
+        &[
+            "render",
+            "limits.json",
+            "--target",
+            "istio",
+            "--domain",
+            "d",
+            "--namespace",
+            "n",
+            "--image",
+            "i",
+            "--fail-strategy",
+            "open",
+            "--set",
+            "workload.name=w",
+            "--service",
+            "counter",
+            "--set",
+            "redis.url=memory",
+            "--out",
+            "m",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let svc = std::fs::read_to_string(dir.join("m/ratelimit-service.yaml")).unwrap();
+    assert!(svc.contains("replicas: 1\n"), "{svc}");
+    assert!(svc.contains("- '--store'\n        - memory\n"), "{svc}");
+    assert!(!dir.join("m/redis.yaml").exists());
+    // A domain the counter cannot take as a file name.
+    let o = run_in(
+        &dir,
+        &[
+            "render",
+            "limits.json",
+            "--target",
+            "envoy",
+            "--domain",
+            "a/b",
+            "--out",
+            "r",
+            "--service",
+            "counter",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    assert!(stderr(&o).contains("<domain>.json"), "{}", stderr(&o));
+}

@@ -12,12 +12,14 @@
 //!
 //! CLI only (feature `cli`): it needs a YAML parser, the filter does not.
 
+mod counter;
 mod lookup;
 mod service;
 pub mod yaml_tree;
 
 use std::collections::BTreeSet;
 
+pub use counter::{check_counter, is_counter_team_file, parse_counter_team_file, CounterTeamFile};
 pub use lookup::lookup;
 pub use service::{parse_service_config, Problem, Rule, RuleLimit, ServiceConfig};
 

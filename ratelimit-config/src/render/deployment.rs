@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{excerpt, join, ConfigError};
 use crate::field::{describe, unknown_keys};
+use crate::model::Service;
 use crate::span::{Position, SourceMap};
 use crate::yaml_in;
 
@@ -66,7 +67,9 @@ impl FailStrategy {
 /// The Redis the service counts in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Redis {
-    /// `host:port` of a Redis of your own; None: `render` writes one.
+    /// `host:port` of a Redis of your own; None: `render` writes one. For
+    /// the counter also `redis://…`, `redis-cluster://…`, or `memory` (one
+    /// replica counting in its own memory, no Redis).
     pub url: Option<String>,
     /// The Secret (name, key) holding its password: the service's
     /// `REDIS_AUTH`, and `--requirepass` of the Redis `render` writes.
@@ -84,6 +87,9 @@ pub struct Deployment {
     /// Its manifest digest, 64 hex characters.
     pub sha256: Option<String>,
     pub fail_strategy: Option<FailStrategy>,
+    /// `service.kind`: which rate-limit service counts (envoyproxy/ratelimit
+    /// by default, or ratelimit-counter).
+    pub service_kind: Service,
     pub service_name: String,
     pub service_port: u32,
     pub service_image: String,
@@ -141,7 +147,7 @@ const KEYS: &[&str] = &[
     "monitoring",
     "plugin",
 ];
-const SERVICE_KEYS: &[&str] = &["name", "port", "image"];
+const SERVICE_KEYS: &[&str] = &["kind", "name", "port", "image"];
 const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image"];
 const SECRET_KEYS: &[&str] = &["name", "key"];
 const WORKLOAD_KEYS: &[&str] = &["name", "labels", "image"];
@@ -165,6 +171,10 @@ const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
 
 /// The images of the parts `render` writes, as the project runs them.
 pub const RATELIMIT_IMAGE: &str = "envoyproxy/ratelimit:3fb70258";
+/// The counter's image as `make counter-image` tags it (this version).
+pub const COUNTER_IMAGE: &str = concat!("tenant-ratelimit-counter:", env!("CARGO_PKG_VERSION"));
+/// `redis.url` of a counter that counts in its own memory.
+pub const MEMORY_STORE: &str = "memory";
 pub const REDIS_IMAGE: &str = "redis:7-alpine";
 pub const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
 
@@ -500,15 +510,75 @@ pub fn deployment(
             ),
         );
     }
+    let service_kind = match service.and_then(|s| s.get("kind")) {
+        None | Some(Value::Null) => Service::default(),
+        Some(v) => match v.as_str().and_then(Service::from_name) {
+            Some(k) => k,
+            None => {
+                r.push(
+                    "service.kind",
+                    format!(
+                        "must be \"envoy-ratelimit\" (envoyproxy/ratelimit) or \"counter\" (ratelimit-counter), got {}",
+                        describe(v)
+                    ),
+                );
+                Service::default()
+            }
+        },
+    };
     let service_port = r.port(service, "service", "port", 8081);
-    let service_image = r
-        .string(service, "service", "image")
-        .unwrap_or_else(|| RATELIMIT_IMAGE.into());
+    let service_image =
+        r.string(service, "service", "image")
+            .unwrap_or_else(|| match service_kind {
+                Service::EnvoyRatelimit => RATELIMIT_IMAGE.into(),
+                Service::Counter => COUNTER_IMAGE.into(),
+            });
+    if service_kind == Service::Counter && service_image.starts_with("envoyproxy/ratelimit") {
+        r.push(
+            "service.image",
+            format!(
+                "{} is envoyproxy/ratelimit's image, and service.kind is counter: give ratelimit-counter's (make counter-image builds {COUNTER_IMAGE}), or leave service.image out",
+                excerpt(&service_image)
+            ),
+        );
+    }
     let cluster_domain = r
         .string(top, "", "cluster_domain")
         .unwrap_or_else(|| "cluster.local".into());
     let redis_v = r.object(top.and_then(|t| t.get("redis")), "redis", REDIS_KEYS);
     let url = r.string(redis_v, "redis", "url");
+    match (&url, service_kind) {
+        (Some(u), Service::EnvoyRatelimit) if u == MEMORY_STORE || u.contains("://") => r.push(
+            "redis.url",
+            format!(
+                "{} is for the counter (service.kind: counter); envoyproxy/ratelimit takes host:port",
+                excerpt(u)
+            ),
+        ),
+        (Some(u), Service::Counter) if u == MEMORY_STORE && target == Target::Envoy && kube => {
+            r.push(
+                "redis.url",
+                "memory: each replica of the sidecar Deployment would count alone; give a Redis every replica shares",
+            )
+        }
+        _ => {}
+    }
+    // The counter serves a domain from the file <domain>.json of its
+    // ConfigMap: a ConfigMap key.
+    if let (Some(d), Service::Counter) = (&domain, service_kind) {
+        if !d
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            r.push(
+                "domain",
+                format!(
+                    "{}: the counter reads the team file of a domain from <domain>.json in a ConfigMap, whose keys take letters, digits, '-', '_' and '.' only",
+                    excerpt(d)
+                ),
+            );
+        }
+    }
     let secret = r.object(
         redis_v.and_then(|m| m.get("auth_secret")),
         "redis.auth_secret",
@@ -692,6 +762,16 @@ pub fn deployment(
     if plugin
         .get("rate_limit_service")
         .and_then(Value::as_object)
+        .is_some_and(|s| s.contains_key("service"))
+    {
+        r.push(
+            "plugin.rate_limit_service.service",
+            "set by render: the service it deploys (service.kind, or --service)",
+        );
+    }
+    if plugin
+        .get("rate_limit_service")
+        .and_then(Value::as_object)
         .is_some_and(|s| s.contains_key("cluster"))
     {
         r.push(
@@ -707,6 +787,7 @@ pub fn deployment(
             image,
             sha256,
             fail_strategy,
+            service_kind,
             service_name,
             service_port,
             service_image,

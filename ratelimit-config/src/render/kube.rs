@@ -1,12 +1,14 @@
-//! The Kubernetes objects every target shares: envoyproxy/ratelimit as a
-//! Service, its Redis (unless `redis.url` names one of your own), the
+//! The Kubernetes objects every target shares: the rate-limit service
+//! (envoyproxy/ratelimit, or ratelimit-counter with `service.kind: counter`)
+//! as a Service, its Redis (unless `redis.url` names one of your own), the
 //! NetworkPolicies that let only the proxies reach the service and only the
 //! service reach Redis, and the kustomization that puts them together.
 
 use serde_json::{json, Value};
 
-use super::deployment::Deployment;
+use super::deployment::{Deployment, MEMORY_STORE};
 use super::object;
+use crate::model::Service;
 
 /// The label every object of the rate-limit service carries, and its
 /// pods are selected by.
@@ -31,6 +33,83 @@ fn metadata(name: &str, dep: &Deployment, labels: Value) -> Value {
         o.insert("labels".into(), labels);
     }
     m
+}
+
+/// Where the counter finds its team files: the ConfigMap's directory, one
+/// `<domain>.json` in it.
+pub const COUNTER_LIMITS_DIR: &str = "/etc/ratelimit-counter";
+/// The counter's HTTP port (`/readyz`, `/healthz`, `/metrics`): the one the
+/// Prometheus Operator scrapes too.
+pub const COUNTER_HTTP_PORT: u32 = super::monitoring::SERVICE_METRICS_PORT;
+
+/// The team file's name in the counter's ConfigMap: it serves the domain
+/// named so.
+pub fn counter_limits_file(dep: &Deployment) -> String {
+    format!("{}.json", dep.domain)
+}
+
+/// The counter's `--store`: `memory`, the URL given, or the Redis `render`
+/// writes.
+pub fn counter_store(dep: &Deployment) -> String {
+    match dep.redis.url.as_deref() {
+        None => format!("redis://{}:6379", redis_name(dep)),
+        Some(MEMORY_STORE) => MEMORY_STORE.to_string(),
+        Some(u) if u.contains("://") => u.to_string(),
+        Some(u) => format!("redis://{u}"),
+    }
+}
+
+/// The counter's container: its team files from the ConfigMap, its store,
+/// gRPC on `grpc_host`, HTTP (probes, metrics) on every address at
+/// `http_port` (named `http_name`); the Redis password from the Secret.
+pub fn counter_container(
+    dep: &Deployment,
+    descriptor_key: &str,
+    grpc_host: &str,
+    (http_name, http_port): (&str, u32),
+    volume: &str,
+) -> Value {
+    let mut c = json!({
+        "name": "counter",
+        "image": dep.service_image,
+        "command": ["/bin/ratelimit-counter"],
+        "args": [
+            "--limits", COUNTER_LIMITS_DIR,
+            "--store", counter_store(dep),
+            "--descriptor-key", descriptor_key,
+            "--grpc-addr", format!("{grpc_host}:{}", dep.service_port),
+            "--http-addr", format!("0.0.0.0:{http_port}")
+        ],
+    });
+    if let (Some((secret, key)), Value::Object(m)) = (&dep.redis.auth, &mut c) {
+        m.insert(
+            "env".into(),
+            json!([{"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}]),
+        );
+    }
+    if let Value::Object(m) = &mut c {
+        m.insert(
+            "ports".into(),
+            json!([{"name": http_name, "containerPort": http_port}]),
+        );
+        m.insert(
+            "readinessProbe".into(),
+            json!({"httpGet": {"path": "/readyz", "port": http_name}, "periodSeconds": 5}),
+        );
+        m.insert(
+            "livenessProbe".into(),
+            json!({"httpGet": {"path": "/healthz", "port": http_name}, "periodSeconds": 10, "failureThreshold": 3}),
+        );
+        m.insert(
+            "resources".into(),
+            json!({"requests": {"cpu": "100m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}}),
+        );
+        m.insert(
+            "volumeMounts".into(),
+            json!([{"name": volume, "mountPath": COUNTER_LIMITS_DIR, "readOnly": true}]),
+        );
+    }
+    c
 }
 
 /// `{"app.kubernetes.io/name": name}`.
@@ -78,7 +157,10 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
 /// proxies of a mesh or a gateway. Its HTTP port (8080: `/healthcheck`,
 /// and `/json`, which spends quota like a gRPC call) is for the kubelet's
 /// probe only: the NetworkPolicy lets nothing else reach it.
-pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
+pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
+    if dep.service_kind == Service::Counter {
+        return counter_service(dep, descriptor_key);
+    }
     let name = &dep.service_name;
     let labels = name_labels(name);
     let mut deployment = json!({
@@ -121,6 +203,61 @@ pub fn ratelimit_service(dep: &Deployment) -> Vec<Value> {
     if dep.monitoring.is_some() {
         add_metrics_port(&mut deployment, &mut service);
     }
+    vec![deployment, service]
+}
+
+/// ratelimit-counter as a shared Deployment and Service: two replicas
+/// counting in one Redis (one with `redis.url: memory`), its team file
+/// from the ConfigMap the kustomization generates. Its HTTP port serves the
+/// kubelet's probes and `/metrics`, nothing that spends quota.
+fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
+    let name = &dep.service_name;
+    let labels = name_labels(name);
+    let mut container = counter_container(
+        dep,
+        descriptor_key,
+        "0.0.0.0",
+        ("http", COUNTER_HTTP_PORT),
+        "limits",
+    );
+    if let Some(Value::Array(p)) = container.get_mut("ports") {
+        p.push(json!({"name": "grpc", "containerPort": dep.service_port}));
+    }
+    let replicas = if dep.redis.url.as_deref() == Some(MEMORY_STORE) {
+        1
+    } else {
+        2
+    };
+    let deployment = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(name, dep, labels.clone()),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [container],
+                    "volumes": [{"name": "limits", "configMap": {"name": rules_configmap_name(dep)}}]
+                }
+            }
+        }
+    });
+    let mut ports = vec![
+        json!({"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}),
+    ];
+    if dep.monitoring.is_some() {
+        use super::monitoring::SERVICE_METRICS_PORT_NAME;
+        ports.push(json!({"name": SERVICE_METRICS_PORT_NAME, "port": COUNTER_HTTP_PORT, "targetPort": "http"}));
+    }
+    let service = json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(name, dep, labels.clone()),
+        "spec": {"selector": labels, "ports": ports}
+    });
     vec![deployment, service]
 }
 

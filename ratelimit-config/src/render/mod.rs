@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 
 use crate::check::{check, parse_service_config, Problem};
 use crate::error::ConfigError;
-use crate::model::TeamLimits;
+use crate::model::{Service, TeamLimits};
 use crate::plugin::{
     parse_plugin_config, plugin_config_json, PluginConfig, PluginOptions, DEFAULT_DESCRIPTOR_KEY,
     DEFAULT_TIMEOUT_MS,
@@ -134,7 +134,7 @@ pub fn plugin(
         &PluginOptions {
             domain: &dep.domain,
             cluster,
-            service: crate::model::Service::EnvoyRatelimit,
+            service: dep.service_kind,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             descriptor_key: DEFAULT_DESCRIPTOR_KEY,
         },
@@ -161,8 +161,16 @@ pub fn plugin(
 }
 
 /// The service's rules for the plugin configuration, checked against it
-/// as `check` would (so a rendered pair always agrees).
-pub fn service_rules(team: &Team<'_>, config: &PluginConfig) -> Result<String, RenderError> {
+/// as `check` would (so a rendered pair always agrees): envoyproxy/ratelimit's
+/// `ratelimit.yaml`, or the counter's team file, `<domain>.json`.
+pub fn service_rules(
+    team: &Team<'_>,
+    dep: &Deployment,
+    config: &PluginConfig,
+) -> Result<File, RenderError> {
+    if dep.service_kind == Service::Counter {
+        return counter_rules(team, dep, config);
+    }
     let yaml = service_yaml(
         team.limits,
         &config.domain,
@@ -172,7 +180,28 @@ pub fn service_rules(team: &Team<'_>, config: &PluginConfig) -> Result<String, R
     let service = parse_service_config("ratelimit.yaml", &yaml).map_err(RenderError::Disagree)?;
     let report = check(config, &[service]);
     if report.problems.is_empty() {
-        Ok(yaml)
+        Ok(File {
+            name: "ratelimit.yaml".into(),
+            text: yaml,
+        })
+    } else {
+        Err(RenderError::Disagree(report.problems))
+    }
+}
+
+/// The counter's team file: the team file as the counter reads it, checked
+/// as `check` checks a counter's team file against the plugin configuration.
+fn counter_rules(
+    team: &Team<'_>,
+    dep: &Deployment,
+    config: &PluginConfig,
+) -> Result<File, RenderError> {
+    let name = kube::counter_limits_file(dep);
+    let text = serde_json::to_string_pretty(team.json).unwrap_or_default() + "\n";
+    let counter = crate::check::parse_counter_team_file(&name, &text);
+    let report = crate::check::check_counter(config, &[counter]);
+    if report.problems.is_empty() {
+        Ok(File { name, text })
     } else {
         Err(RenderError::Disagree(report.problems))
     }
@@ -190,7 +219,7 @@ pub fn render(
         Target::EnvoyGateway | Target::Envoy => STATIC_CLUSTER.to_string(),
     };
     let p = plugin(team, dep, &cluster, place)?;
-    let rules = service_rules(team, &p.config)?;
+    let rules = service_rules(team, dep, &p.config)?;
     let files = match target {
         Target::Istio => targets::istio(team, dep, &p, &rules),
         Target::EnvoyGateway => targets::envoy_gateway(team, dep, &p, &rules),

@@ -1,6 +1,7 @@
 //! The files of each target. Every Kubernetes target also gets the
 //! rate-limit service (`ratelimit-service.yaml`, its rules in
-//! `ratelimit.yaml`), its Redis (`redis.yaml`, unless `redis.url`),
+//! `ratelimit.yaml`; for ratelimit-counter, the team file `<domain>.json`),
+//! its Redis (`redis.yaml`, unless `redis.url`),
 //! NetworkPolicies (`networkpolicy.yaml`) and a `kustomization.yaml`
 //! (`kubectl apply -k DIR`).
 
@@ -9,8 +10,8 @@ use serde_json::{json, Value};
 use super::deployment::{Deployment, FailStrategy, Target};
 use super::envoy::{bootstrap, bootstrap_fragment, stats_config, wasm_filter, Ports};
 use super::kube::{
-    ingress_policy, kustomization, name_labels, ratelimit_service, redis, redis_policy,
-    rules_configmap_name, service_env,
+    counter_container, ingress_policy, kustomization, name_labels, ratelimit_service, redis,
+    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT,
 };
 use super::monitoring::{
     monitors, prometheus_policy, SERVICE_METRICS_PORT, SIDECAR_ENVOY_PORT_NAME,
@@ -19,6 +20,7 @@ use super::monitoring::{
 use super::{
     header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
 };
+use crate::model::Service;
 
 /// The ConfigMap of Istio's bootstrap override, and its one key (the file
 /// name istio-agent reads: `/etc/istio/custom-bootstrap/custom_bootstrap.json`).
@@ -34,11 +36,21 @@ fn namespace(dep: &Deployment) -> &str {
     dep.namespace.as_deref().unwrap_or("default")
 }
 
-/// The service's rules, as `generate` writes them (its own header).
-fn rules_file(rules: &str) -> File {
-    File {
-        name: "ratelimit.yaml".into(),
-        text: rules.to_string(),
+/// What `ratelimit-service.yaml` says of the service.
+fn service_comment(dep: &Deployment) -> &'static [&'static str] {
+    match dep.service_kind {
+        Service::EnvoyRatelimit => &[
+            "envoyproxy/ratelimit as a Service shared by the proxies, with its rules",
+            "(ratelimit.yaml, in the ConfigMap the kustomization generates). Its HTTP",
+            "port (/healthcheck, and /json, which spends quota as a gRPC call does)",
+            "serves the kubelet's probe only: see networkpolicy.yaml.",
+        ],
+        Service::Counter => &[
+            "ratelimit-counter as a Service shared by the proxies. It reads the team file",
+            "itself (<domain>.json, in the ConfigMap the kustomization generates; a change",
+            "is read again, a bad file keeps the last good one). Its HTTP port serves",
+            "/readyz, /healthz and /metrics, nothing that spends quota.",
+        ],
     }
 }
 
@@ -52,24 +64,15 @@ fn shared(
     target: Target,
     (proxies, proxy_pods): (Vec<Value>, Value),
     own: &[&str],
-    rules: &str,
+    (rules, descriptor_key): (&File, &str),
 ) -> Vec<File> {
     let svc = &dep.service_name;
     let mut files = vec![
-        rules_file(rules),
+        rules.clone(),
         yaml_file(
             "ratelimit-service.yaml",
-            &header(
-                team,
-                target,
-                &[
-                    "envoyproxy/ratelimit as a Service shared by the proxies, with its rules",
-                    "(ratelimit.yaml, in the ConfigMap the kustomization generates). Its HTTP",
-                    "port (/healthcheck, and /json, which spends quota as a gRPC call does)",
-                    "serves the kubelet's probe only: see networkpolicy.yaml.",
-                ],
-            ),
-            &ratelimit_service(dep),
+            &header(team, target, service_comment(dep)),
+            &ratelimit_service(dep, descriptor_key),
         ),
     ];
     let mut resources: Vec<&str> = own.to_vec();
@@ -103,7 +106,10 @@ fn shared(
             m,
             &format!("{svc}-metrics-from-prometheus"),
             name_labels(svc),
-            &[SERVICE_METRICS_PORT],
+            &[match dep.service_kind {
+                Service::EnvoyRatelimit => SERVICE_METRICS_PORT,
+                Service::Counter => COUNTER_HTTP_PORT,
+            }],
         ));
         files.push(monitors(team, dep, target, proxy_pods));
         resources.push("monitors.yaml");
@@ -125,7 +131,7 @@ fn shared(
     let k = kustomization(
         dep,
         &resources,
-        &[(rules_configmap_name(dep), vec!["ratelimit.yaml"])],
+        &[(rules_configmap_name(dep), vec![rules.name.as_str()])],
     );
     files.push(yaml_file(
         "kustomization.yaml",
@@ -169,7 +175,7 @@ fn fail_comment(target: Target) -> [&'static str; 6] {
 /// the rate-limit cluster is Istio's outbound cluster of the Service; the
 /// per-group labels come from a bootstrap override (a ConfigMap the pods
 /// name in an annotation: workload-patch.yaml).
-pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let ns = namespace(dep);
     let mut spec = json!({
         "selector": {"matchLabels": labels(&dep.workload_labels)},
@@ -274,7 +280,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
         Target::Istio,
         (proxies, labels(&dep.workload_labels)),
         &["wasmplugin.yaml", "stats-bootstrap.yaml"],
-        rules,
+        (rules, &p.config.descriptor_key),
     ));
     files.sort_by(|a, b| a.name.cmp(&b.name));
     files
@@ -284,7 +290,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
 /// Gateway pulls the image and hands the module to its proxies), and the
 /// EnvoyProxy whose bootstrap Merge adds the rate-limit cluster and the
 /// labels; the Gateway names that EnvoyProxy (gateway-patch.yaml).
-pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let ns = namespace(dep);
     let route = dep.route.as_deref().unwrap_or_default();
     let gateway = dep.gateway.as_deref().unwrap_or_default();
@@ -387,7 +393,7 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str)
         Target::EnvoyGateway,
         (proxies, proxy_pods),
         &["envoyextensionpolicy.yaml", "envoyproxy.yaml"],
-        rules,
+        (rules, &p.config.descriptor_key),
     ));
     files.sort_by(|a, b| a.name.cmp(&b.name));
     files
@@ -397,7 +403,7 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str)
 /// bootstrap (bootstrap-fragment.yaml: the rate-limit cluster and the
 /// labels), a complete bootstrap that uses both (envoy.yaml), the service's
 /// rules; with a namespace, also the sidecar pattern for Kubernetes.
-pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<File> {
+pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let filter = wasm_filter(&p.json, &dep.envoy_wasm_path, dep.fail_strategy);
     let fragment = bootstrap_fragment(STATIC_CLUSTER, &dep.envoy_service_address, dep.service_port);
     let ports = Ports {
@@ -449,10 +455,10 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
             ),
             &[bootstrap(&filter, &fragment, &ports)],
         ),
-        rules_file(rules),
+        rules.clone(),
     ];
     if dep.namespace.is_some() {
-        files.extend(sidecar(team, dep));
+        files.extend(sidecar(team, dep, rules, &p.config.descriptor_key));
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
     files
@@ -462,7 +468,7 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &str) -> Vec<
 /// in front of the app, and the rate-limit service beside it on 127.0.0.1;
 /// every replica counts in one shared Redis. The filter comes from the OCI
 /// image as an image volume (Kubernetes 1.35+).
-fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
+fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str) -> Vec<File> {
     let t = Target::Envoy;
     let name = dep.workload_name.as_deref().unwrap_or_default();
     let pod_labels = labels(&dep.workload_labels);
@@ -510,16 +516,7 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
                                 {"name": "filter", "mountPath": wasm_dir, "readOnly": true}
                             ]
                         },
-                        {
-                            "name": "ratelimit",
-                            "image": dep.service_image,
-                            "command": ["/bin/ratelimit"],
-                            "env": service_env(dep, "127.0.0.1", 8090),
-                            "ports": [{"name": "rl-health", "containerPort": 8090}],
-                            "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "rl-health"}, "periodSeconds": 5},
-                            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-                            "volumeMounts": [{"name": "ratelimit-config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
-                        }
+                        service_container(dep, descriptor_key)
                     ],
                     "volumes": [
                         {"name": "envoy-config", "configMap": {"name": "envoy-config"}},
@@ -613,7 +610,7 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
         &resources,
         &[
             ("envoy-config".to_string(), vec!["envoy.yaml"]),
-            (rules_configmap_name(dep), vec!["ratelimit.yaml"]),
+            (rules_configmap_name(dep), vec![rules.name.as_str()]),
         ],
     );
     files.push(yaml_file(
@@ -623,7 +620,10 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
             t,
             &[
                 "kubectl apply -k <this directory>: the sidecar Deployment, its ConfigMaps",
-                "(envoy.yaml, ratelimit.yaml), Redis and the NetworkPolicies.",
+                &format!(
+                    "(envoy.yaml, {}), Redis and the NetworkPolicies.",
+                    rules.name
+                ),
             ],
         ),
         &[k],
@@ -631,8 +631,35 @@ fn sidecar(team: &Team<'_>, dep: &Deployment) -> Vec<File> {
     files
 }
 
+/// The rate-limit service's container in the sidecar pod, on 127.0.0.1
+/// beside Envoy; its HTTP port (the kubelet's probes) on the pod's address.
+fn service_container(dep: &Deployment, descriptor_key: &str) -> Value {
+    match dep.service_kind {
+        Service::EnvoyRatelimit => json!({
+            "name": "ratelimit",
+            "image": dep.service_image,
+            "command": ["/bin/ratelimit"],
+            "env": service_env(dep, "127.0.0.1", 8090),
+            "ports": [{"name": "rl-health", "containerPort": 8090}],
+            "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "rl-health"}, "periodSeconds": 5},
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+            "volumeMounts": [{"name": "ratelimit-config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
+        }),
+        // Its one HTTP port serves the probes and /metrics: the port the
+        // PodMonitor names.
+        Service::Counter => counter_container(
+            dep,
+            descriptor_key,
+            "127.0.0.1",
+            (SIDECAR_SERVICE_PORT_NAME, COUNTER_HTTP_PORT),
+            "ratelimit-config",
+        ),
+    }
+}
+
 /// The sidecar pod's metrics ports: Envoy's stats listener, and the
-/// service's Prometheus endpoint (turned on in its env).
+/// service's Prometheus endpoint (turned on in its env; the counter's is
+/// its HTTP port, there already).
 fn sidecar_metrics(deployment: &mut Value, envoy_port: u32) {
     let Some(Value::Array(containers)) = deployment.pointer_mut("/spec/template/spec/containers")
     else {
