@@ -1038,3 +1038,48 @@ fn render_warns_that_a_sidecars_inbound_route_is_always_default() {
     assert_eq!(status(&o), 0, "{}", stderr(&o));
     assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
 }
+
+#[test]
+fn render_help_lists_every_key_and_value_the_description_reader_accepts() {
+    use ratelimit_config::render::deployment::{KEYS, SECTION_KEYS, SETTING_VALUES};
+    let dir = scratch("render-help");
+    let help = stdout(&run_in(&dir, &["render", "--help"]));
+    let deployment = help
+        .split("--deployment <FILE>")
+        .nth(1)
+        .and_then(|h| h.split("--domain").next())
+        .unwrap();
+    assert!(
+        deployment.contains(&KEYS.join(", ")),
+        "{deployment}\nwants {KEYS:?}"
+    );
+    assert!(KEYS.contains(&"monitoring"), "{KEYS:?}");
+    let set = help.split("--set <PATH=VALUE>").nth(1).unwrap();
+    for (section, keys) in SECTION_KEYS {
+        for key in *keys {
+            let path = format!("{section}.{key}");
+            let nested = SECTION_KEYS.iter().any(|(s, _)| *s == path);
+            if !nested {
+                assert!(set.contains(&path), "--set help lacks {path}:\n{set}");
+            }
+        }
+    }
+    for (path, values) in SETTING_VALUES {
+        assert!(
+            set.contains(&format!("{path}: {}", values.join(", "))),
+            "{path}\n{set}"
+        );
+    }
+    // Every section path the help names is one the reader takes.
+    let o = render_istio(
+        &dir,
+        example().to_str().unwrap(),
+        &[
+            "--set",
+            "istio.mode=CLIENT_AND_SERVER",
+            "--set",
+            "istio.priority=-1",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+}
