@@ -563,20 +563,25 @@ compose-config: deps build
 # ---------------------------------------------------------------- ship
 # The filter as OCI images, with no container engine: target/oci/compat and
 # target/oci/oci (OCI image layouts; digests printed). Reproducible.
+# Each manifest carries the project's version (VERSION, the workspace's in
+# Cargo.toml) as the annotation org.opencontainers.image.version.
 # Each variant's manifest digest, then as each control plane takes it: hex
 # only (Istio's WasmPlugin spec.sha256 refuses the sha256: prefix; Envoy
 # Gateway's image.sha256 and `ratelimit-config render --sha256` take it too).
 oci: build $(GOBIN_DIR)/oci-wasm
-	@out=$$($(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR)); echo "$$out"; \
-	  echo "$$out" | sed -n 's|^{"digest":"sha256:\([0-9a-f]\{64\}\)","layout":"\([^"]*\)","size":\([0-9]*\),"variant":"\([a-z]*\)"}$$|\4: \2, \3 bytes\n  sha256 (hex, for Istio spec.sha256, Envoy Gateway image.sha256, render --sha256): \1|p'
+	@out=$$($(GOBIN_DIR)/oci-wasm -wasm $(WASM) -out $(OCI_DIR) -version $(VERSION)); echo "$$out"; \
+	  echo "$$out" | sed -n 's|^{"digest":"sha256:\([0-9a-f]\{64\}\)","layout":"\([^"]*\)","size":\([0-9]*\),"variant":"\([a-z]*\)","version":"\([^"]*\)"}$$|\4 \5: \2, \3 bytes\n  sha256 (hex, for Istio spec.sha256, Envoy Gateway image.sha256, render --sha256): \1|p'
 
-# make oci-push IMAGE=registry.example.com/tenant-ratelimit:0.1.0
+# make oci-push IMAGE=registry.example.com/tenant-ratelimit[:tag]
 # pushes the compat variant as IMAGE and the wasm OCI variant as IMAGE_OCI
-# ($(IMAGE)-oci unless given). crane uses your docker login.
+# ($(IMAGE)-oci unless given). An IMAGE without a tag gets the version:
+# IMAGE=registry.example.com/tenant-ratelimit pushes :$(VERSION) and
+# :$(VERSION)-oci. crane uses your docker login.
+OCI_TAGGED = $(if $(findstring :,$(lastword $(subst /, ,$(IMAGE)))),$(IMAGE),$(IMAGE):$(VERSION))
 oci-push: oci $(GOBIN_DIR)/crane
-	@[ -n "$(IMAGE)" ] || { echo "usage: make oci-push IMAGE=registry/name:tag [IMAGE_OCI=...]" >&2; exit 2; }
-	$(GOBIN_DIR)/crane push $(OCI_DIR)/compat $(IMAGE)
-	$(GOBIN_DIR)/crane push $(OCI_DIR)/oci $(IMAGE_OCI)
+	@[ -n "$(IMAGE)" ] || { echo "usage: make oci-push IMAGE=registry/name[:tag] [IMAGE_OCI=...]" >&2; exit 2; }
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/compat $(OCI_TAGGED)
+	$(GOBIN_DIR)/crane push $(OCI_DIR)/oci $(if $(filter $(IMAGE)-oci,$(IMAGE_OCI)),$(OCI_TAGGED)-oci,$(IMAGE_OCI))
 
 # ratelimit-counter as a container image, with no container engine
 # (tools/oci-counter, go-containerregistry): FROM scratch, the binary, the

@@ -60,7 +60,7 @@ def missing_binaries() -> list[str]:
 
 def _plural(kind: str) -> str:
     k = kind.lower()
-    if k.endswith("y"):
+    if k.endswith("y") and k[-2:-1] not in ("a", "e", "o", "u"):  # policies, gateways
         return k[:-1] + "ies"
     if k.endswith("s"):
         return k + "es"
@@ -290,11 +290,16 @@ class Workload:
     Its Sidecar resource binds the inbound listener on `listen_port` (the
     app behind it: `app_port`) and one outbound HTTP proxy listener, both on
     127.0.0.1: with interception mode NONE nothing else binds a port of a
-    Service (all ports here are the harness's)."""
+    Service (all ports here are the harness's).
+
+    With `gateway=True` it is an ingress gateway instead (`pilot-agent proxy
+    router`, no Sidecar resource): its listener on `listen_port` is the one
+    of a Gateway resource the test applies (`gateway_server` gives it)."""
 
     def __init__(self, cp: ControlPlane, name: str, namespace: str, labels: dict,
                  service_account: str, app_port: int, address: str,
-                 insecure_registries: list[str] = (), wait: bool = True):
+                 insecure_registries: list[str] = (), wait: bool = True,
+                 gateway: bool = False):
         self.cp = cp
         self.name = name
         self.namespace = namespace
@@ -304,25 +309,27 @@ class Workload:
         self.admin_port, self.status_port, self.prom_port = free_port(), free_port(), free_port()
         self.agent_port = free_port()
         self.address = address
+        self.gateway = gateway
         kube = cp.kube
         kube.apply({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
                     "metadata": {"name": name, "namespace": namespace},
                     "spec": {"address": address, "labels": self.labels,
                              "serviceAccount": service_account,
                              "ports": {"http": self.listen_port}}})
-        kube.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
-                    "metadata": {"name": name, "namespace": namespace},
-                    "spec": {
-                        "workloadSelector": {"labels": {"instance": name}},
-                        "ingress": [{"port": {"number": self.listen_port, "protocol": "HTTP",
-                                              "name": "http"},
-                                     "bind": LOOPBACK, "captureMode": "NONE",
-                                     "defaultEndpoint": f"{LOOPBACK}:{app_port}"}],
-                        "egress": [{"port": {"number": self.egress_port, "protocol": "HTTP_PROXY",
-                                             "name": "egress"},
-                                    "bind": LOOPBACK, "captureMode": "NONE",
-                                    "hosts": ["./*"]}],
-                    }})
+        if not gateway:
+            kube.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                        "metadata": {"name": name, "namespace": namespace},
+                        "spec": {
+                            "workloadSelector": {"labels": {"instance": name}},
+                            "ingress": [{"port": {"number": self.listen_port, "protocol": "HTTP",
+                                                  "name": "http"},
+                                         "bind": LOOPBACK, "captureMode": "NONE",
+                                         "defaultEndpoint": f"{LOOPBACK}:{app_port}"}],
+                            "egress": [{"port": {"number": self.egress_port, "protocol": "HTTP_PROXY",
+                                                 "name": "egress"},
+                                        "bind": LOOPBACK, "captureMode": "NONE",
+                                        "hosts": ["./*"]}],
+                        }})
         token = kube.token(namespace, service_account, "istio-ca")
         (self.dir / "var/run/secrets/tokens").mkdir(parents=True, exist_ok=True)
         (self.dir / "var/run/secrets/tokens/istio-token").write_text(token)
@@ -375,7 +382,7 @@ class Workload:
         self.process = cp.stack.spawn(f"agent-{name}", [
             "unshare", "--mount", "--propagation", "private",
             "sh", "-c", 'mount --bind "$0" /var/lib && exec "$@"', self.dir / "var/lib",
-            PILOT_AGENT, "proxy", "sidecar",
+            PILOT_AGENT, "proxy", "router" if gateway else "sidecar",
             "--domain", f"{namespace}.svc.{TRUST_DOMAIN}",
             "--proxyLogLevel", "info",
             "--log_output_level", "default:info",

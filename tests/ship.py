@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import json
 import os
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -49,10 +50,21 @@ def module_dir(module_at_version: str) -> Path:
     return Path(info["Dir"])
 
 
+def project_version() -> str:
+    """The project's version: the workspace's in Cargo.toml (the Makefile's VERSION)."""
+    text = (harness.REPO / "Cargo.toml").read_text()
+    section = text.split("[workspace.package]", 1)[1].split("\n[", 1)[0]
+    found = re.search(r'^version = "([^"]+)"$', section, re.M)
+    if not found:
+        raise harness.HarnessError("Cargo.toml: no version in [workspace.package]")
+    return found.group(1)
+
+
 def build_images(out: Path) -> dict[str, dict]:
-    """Both OCI variants of the built module (`oci-wasm`, as `make oci`), in
-    OCI image layouts under `out`: {variant: {"digest": "sha256:...", "layout": ...}}."""
-    proc = run([OCI_WASM, "-wasm", harness.WASM, "-out", out])
+    """Both OCI variants of the built module (`oci-wasm`, as `make oci`: with
+    the project's version), in OCI image layouts under `out`:
+    {variant: {"digest": "sha256:...", "layout": ..., "version": ...}}."""
+    proc = run([OCI_WASM, "-wasm", harness.WASM, "-out", out, "-version", project_version()])
     return {v["variant"]: v for v in map(json.loads, proc.stdout.splitlines())}
 
 

@@ -344,14 +344,15 @@ def test_a_live_edit_reaches_the_proxies_and_a_bad_one_keeps_the_last_good(mesh)
 
 def test_two_wasmplugins_of_the_filter_on_one_workload_stay_apart(mesh):
     a = mesh.render("apart-a", {"x-tenant-id": {"default": {"perhour": 3}}})
-    b = mesh.render("apart-b", {"x-tenant-id": {"default": {"perhour": 100}}})
+    # A second WasmPlugin in the same namespace needs another name; B runs
+    # first (a higher priority): both from render's settings.
+    b = mesh.render("apart-b", {"x-tenant-id": {"default": {"perhour": 100}}},
+                    "--set", "istio.name=tenant-ratelimit-b", "--set", "istio.priority=10")
+    assert b["plugin"]["metadata"]["name"] == "tenant-ratelimit-b"
+    assert b["plugin"]["spec"]["priority"] == 10
     rls = mesh.limiter(a, b)
     mesh.apply_rendered(a)
-    # Render names its WasmPlugin tenant-ratelimit: a second one in the same
-    # namespace needs another name. B runs first (a higher priority).
-    second = copy.deepcopy(b["plugin"])
-    second["spec"]["priority"] = 10
-    mesh.apply_plugin(second, name="tenant-ratelimit-b")
+    mesh.apply_plugin(b["plugin"])
     try:
         wait_plugin(mesh, a["domain"])
         wait_plugin(mesh, b["domain"], "tenant-ratelimit-b")
@@ -453,3 +454,238 @@ def test_phase_in_the_proxy_is_where_the_docs_say(mesh, phase):
     finally:
         mesh.kube.delete("security.istio.io/v1", "AuthorizationPolicy", NAMESPACE, "deny-marked")
         mesh.delete_plugin()
+
+
+# ------------------------------------------------------------------ where it runs
+
+def listeners_with_plugin(w: istio.Workload, name: str = PLUGIN) -> list[str]:
+    """The names of the workload's listeners whose HTTP filters hold the WasmPlugin `name`."""
+    found = []
+    for ls in w.config_dump("dynamic_listeners").get("configs", []):
+        listener = ls.get("active_state", {}).get("listener", {})
+        chains = listener.get("filter_chains", []) + (
+            [listener["default_filter_chain"]] if "default_filter_chain" in listener else [])
+        for chain in chains:
+            for nf in chain.get("filters", []):
+                if any(is_plugin(f.get("name", ""), name)
+                       for f in nf.get("typed_config", {}).get("http_filters", [])):
+                    found.append(listener.get("name", ""))
+    return sorted(set(found))
+
+
+def inbound_route_names(w: istio.Workload) -> list[str]:
+    """The names of the routes of the workload's inbound listener (Istio
+    writes its route configuration into the listener, not through RDS)."""
+    names = []
+    for ls in w.config_dump("dynamic_listeners").get("configs", []):
+        listener = ls.get("active_state", {}).get("listener", {})
+        if str(w.listen_port) not in listener.get("name", ""):
+            continue
+        for chain in listener.get("filter_chains", []):
+            for nf in chain.get("filters", []):
+                rc = nf.get("typed_config", {}).get("route_config")
+                for vh in (rc or {}).get("virtual_hosts", []):
+                    names += [r.get("name", "") for r in vh.get("routes", [])]
+    assert names, f"{w.name}: no routes on its inbound listener"
+    return sorted(set(names))
+
+
+def outbound_route_names(w: istio.Workload, domain: str) -> list[str]:
+    """The names of the routes of the virtual host serving `domain` in the
+    workload's route configurations (RDS: its outbound listeners')."""
+    names = []
+    for rc in w.config_dump("dynamic_route_configs").get("configs", []):
+        for vh in rc.get("route_config", {}).get("virtual_hosts", []):
+            if any(d.split(":")[0] == domain for d in vh.get("domains", [])):
+                names += [r.get("name", "") for r in vh.get("routes", [])]
+    return names
+
+
+VIA = "via-w2"  # a Service whose one endpoint is the second workload's inbound listener
+VIA_HOST = f"{VIA}.{NAMESPACE}.svc.{istio.TRUST_DOMAIN}"
+
+
+def via_second_workload(mesh: Mesh) -> str:
+    """A Service `via-w2` (port 80) whose endpoint is w2's inbound listener, so
+    that a call out of w1 (through its outbound listener, plain HTTP: the
+    endpoint is not marked as a mesh workload's) goes into w2 as a call between
+    two services of the mesh does; waits until w1's Envoy has that endpoint.
+    Its outbound cluster."""
+    w2 = mesh.workloads[1]
+    mesh.kube.apply({"apiVersion": "v1", "kind": "Service",
+                     "metadata": {"name": VIA, "namespace": NAMESPACE},
+                     "spec": {"selector": {"app": VIA},
+                              "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    mesh.kube.apply({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
+                     "metadata": {"name": VIA, "namespace": NAMESPACE},
+                     "spec": {"address": harness.LOOPBACK, "labels": {"app": VIA},
+                              "ports": {"http": w2.listen_port}}})
+    cluster = f"outbound|80||{VIA_HOST}"
+    w1 = mesh.workloads[0]
+    wait_until(lambda: f"{harness.LOOPBACK}:{w2.listen_port}" in endpoints(w1, cluster),
+               f"{w1.name}: {cluster} has w2's inbound listener", APPLY_DEADLINE_S,
+               process=w1.process)
+    return cluster
+
+
+def call_out(w: istio.Workload, n: int, tenant: str, path: str = "/") -> list[int]:
+    """n calls out of workload `w`, one after another, through its outbound
+    HTTP proxy listener to the Service via-w2 (the app's own outgoing calls,
+    carrying the tenant header they were given): the statuses."""
+    s = requests.Session()
+    s.trust_env = False
+    proxies = {"http": f"http://{harness.LOOPBACK}:{w.egress_port}"}
+    return [s.get(f"http://{VIA_HOST}{path}", headers={"x-tenant-id": tenant}, proxies=proxies,
+                  timeout=10).status_code for _ in range(n)]
+
+
+@pytest.mark.parametrize("plugin_match", ["rendered", "none"])
+def test_the_filter_runs_on_the_sidecars_inbound_only(mesh, plugin_match):
+    """What render writes runs on the inbound listener only (match mode SERVER).
+    Without a match (Istio's default: inbound and outbound), it runs on the
+    workload's outbound listener too: a call out of w1 into w2 is counted by
+    both, and the tenant gets half its quota."""
+    r = mesh.render(f"match-{plugin_match}", {"x-tenant-id": {"default": {"perhour": 4}}})
+    assert r["plugin"]["spec"]["match"] == [{"mode": "SERVER"}]
+    plugin = copy.deepcopy(r["plugin"])
+    if plugin_match == "none":
+        del plugin["spec"]["match"]
+    mesh.limiter(r)
+    mesh.apply_rendered(r, with_plugin=False)
+    mesh.apply_plugin(plugin)
+    via_second_workload(mesh)
+    try:
+        wait_plugin(mesh, r["domain"])
+        w1, w2 = mesh.workloads
+        for w in mesh.workloads:
+            on = listeners_with_plugin(w)
+            inbound = [n for n in on if str(w.listen_port) in n]
+            outbound = [n for n in on if str(w.egress_port) in n]
+            print(f"{plugin_match}: {w.name}: the filter is on {on} "
+                  f"(inbound port {w.listen_port}, outbound {w.egress_port})")
+            assert len(inbound) == 1, on
+            if plugin_match == "rendered":
+                assert on == inbound, on
+            else:
+                assert len(outbound) == 1 and set(on) == set(inbound + outbound), on
+        ensure_window_room(3600, 120)
+        # The app in w1 calls w2 with the tenant's header: w2's inbound counts
+        # each call; without the match w1's outbound counts it first.
+        statuses = call_out(w1, 6, unique("out"))
+        print(f"{plugin_match}: 6 calls out of w1 into w2 at 4 per hour: {statuses}")
+        if plugin_match == "rendered":
+            assert statuses == [200] * 4 + [429] * 2
+        else:
+            assert statuses == [200] * 2 + [429] * 4
+        # Requests into the workloads are limited either way.
+        quota_of(mesh, 4)
+    finally:
+        mesh.delete_plugin()
+
+
+def test_a_sidecars_inbound_route_is_named_default_whatever_the_virtualservice_says(mesh):
+    """A VirtualService names the routes of the callers' outbound listeners
+    (`http[].name`); the sidecar's inbound listener, where the WasmPlugin runs,
+    has one route named "default". A team-file route "export" never applies
+    there; one named "default" applies to every request."""
+    limits = {"x-tenant-id": {"default": {"perhour": 100,
+                                          "routes": {"export": {"perhour": 2},
+                                                     "default": {"perhour": 3}}}}}
+    r = mesh.render("routes", limits)
+    mesh.limiter(r)
+    mesh.apply_rendered(r)
+    via_second_workload(mesh)
+    vs = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+          "metadata": {"name": VIA, "namespace": NAMESPACE},
+          "spec": {"hosts": [VIA_HOST],
+                   "http": [{"name": "export", "match": [{"uri": {"prefix": "/export"}}],
+                             "route": [{"destination": {"host": VIA_HOST}}]},
+                            {"name": "rest", "route": [{"destination": {"host": VIA_HOST}}]}]}}
+    mesh.kube.apply(vs)
+    try:
+        wait_plugin(mesh, r["domain"])
+        w1, w2 = mesh.workloads
+        wait_until(lambda: "export" in outbound_route_names(w1, VIA_HOST),
+                   f"{w1.name}: the VirtualService's routes on its outbound", APPLY_DEADLINE_S,
+                   process=w1.process)
+        print(f"w1's outbound routes for {VIA_HOST}: {outbound_route_names(w1, VIA_HOST)}")
+        for w in mesh.workloads:
+            print(f"{w.name}'s inbound routes: {inbound_route_names(w)}")
+            assert inbound_route_names(w) == ["default"]
+        assert outbound_route_names(w1, VIA_HOST) == ["export", "rest"]
+        ensure_window_room(3600, 120)
+        # Into w2 on /export, directly and through w1's outbound route "export":
+        # the limit of route "default" (3) applies, never "export"'s (2).
+        direct = run_sequential([w2.url + "export/report"], 4, tenant=unique("route"))
+        assert [x.status for x in direct] == [200] * 3 + [429], harness.summary(direct)
+        assert direct[0].headers.get("x-ratelimit-limit", "").startswith("3"), direct[0].headers
+        statuses = call_out(w1, 4, unique("route"), "/export/report")
+        print(f"4 calls of /export into w2 through w1's route 'export': {statuses}")
+        assert statuses == [200] * 3 + [429]
+    finally:
+        mesh.kube.delete("networking.istio.io/v1", "VirtualService", NAMESPACE, VIA)
+        mesh.delete_plugin()
+
+
+def route_names(w: istio.Workload) -> list[str]:
+    """The names of every route of the workload's route configurations (RDS)."""
+    return sorted({r.get("name", "")
+                   for rc in w.config_dump("dynamic_route_configs").get("configs", [])
+                   for vh in rc.get("route_config", {}).get("virtual_hosts", [])
+                   for r in vh.get("routes", [])})
+
+
+def test_on_an_ingress_gateway_the_routes_carry_the_virtualservices_names(mesh):
+    """An ingress gateway (`pilot-agent proxy router`, a Gateway resource on
+    its port) with the filter rendered for it (`istio.mode=CLIENT`, the
+    gateway's labels): the filter is on the gateway's listener, and a
+    team-file route limit on the VirtualService's `http[].name` applies."""
+    gw = istio.Workload(mesh.cp, "gw", NAMESPACE, {"istio": "ingressgateway"}, SERVICE_ACCOUNT,
+                        app_port=mesh.upstream.listen_port, address="127.0.0.4",
+                        insecure_registries=[mesh.registry.address], wait=False, gateway=True)
+    gateway = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+               "metadata": {"name": "gw", "namespace": NAMESPACE},
+               "spec": {"selector": {"istio": "ingressgateway"},
+                        "servers": [{"port": {"number": gw.listen_port, "name": "http",
+                                              "protocol": "HTTP"},
+                                     "bind": harness.LOOPBACK, "hosts": ["*"]}]}}
+    route = [{"destination": {"host": VIA_HOST, "port": {"number": 80}}}]
+    vs = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+          "metadata": {"name": "gw", "namespace": NAMESPACE},
+          "spec": {"hosts": ["*"], "gateways": ["gw"],
+                   "http": [{"name": "export", "match": [{"uri": {"prefix": "/export"}}],
+                             "route": route},
+                            {"name": "rest", "route": route}]}}
+    limits = {"x-tenant-id": {"default": {"perhour": 100, "routes": {"export": {"perhour": 2}}}}}
+    r = mesh.render("gateway", limits, "--set", "workload.name=gw",
+                    "--set", "workload.labels={istio: ingressgateway}",
+                    "--set", "istio.mode=CLIENT")
+    assert r["plugin"]["spec"]["match"] == [{"mode": "CLIENT"}]
+    mesh.kube.apply(gateway)
+    mesh.kube.apply(vs)
+    via_second_workload(mesh)
+    try:
+        gw.wait_listening()
+        mesh.limiter(r)
+        mesh.apply_rendered(r)
+        wait_until(lambda: (plugin_json(gw) or {}).get("domain") == r["domain"],
+                   "gw: the WasmPlugin", APPLY_DEADLINE_S, process=gw.process)
+        cluster = r["plugin"]["spec"]["pluginConfig"]["rate_limit_service"]["cluster"]
+        wait_until(lambda: harness.LOOPBACK in endpoints(gw, cluster),
+                   f"gw: {cluster} has the service's endpoint", APPLY_DEADLINE_S,
+                   process=gw.process)
+        on = listeners_with_plugin(gw)
+        print(f"gateway: the filter is on {on}; its routes: {route_names(gw)}")
+        assert len(on) == 1 and str(gw.listen_port) in on[0], on
+        assert {"export", "rest"} <= set(route_names(gw)), route_names(gw)
+        ensure_window_room(3600, 120)
+        tenant = unique("gw")
+        export = run_sequential([gw.url + "export/report"], 3, tenant=tenant)
+        other = run_sequential([gw.url + "search"], 3, tenant=tenant)
+        assert [x.status for x in export] == [200, 200, 429], harness.summary(export)
+        assert [x.status for x in other] == [200] * 3, harness.summary(other)
+    finally:
+        mesh.kube.delete("networking.istio.io/v1", "VirtualService", NAMESPACE, "gw")
+        mesh.kube.delete("networking.istio.io/v1", "Gateway", NAMESPACE, "gw")
+        mesh.kube.delete("extensions.istio.io/v1alpha1", "WasmPlugin", NAMESPACE, PLUGIN)
+        gw.stop()

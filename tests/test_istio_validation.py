@@ -83,6 +83,24 @@ def test_both_fail_strategies_are_valid(crds, plugin, tmp_path, strategy):
     assert errors_of(crds, tmp_path, doc) == []
 
 
+@pytest.mark.parametrize("mode", ["SERVER", "CLIENT", "CLIENT_AND_SERVER"])
+def test_every_istio_mode_and_a_priority_render_is_valid(crds, tmp_path, mode):
+    """`--set istio.mode=…` (the WasmPlugin's match), `istio.name` and
+    `istio.priority`, as render writes them, pass Istio's validation."""
+    harness.run_cli("render", harness.REPO / "e2e" / "limits.json",
+                    "--deployment", harness.REPO / "deploy" / "deployment.yaml",
+                    "--target", "istio", "--sha256", HEX, "--set", f"istio.mode={mode}",
+                    "--set", "istio.name=tenant-ratelimit-b", "--set", "istio.priority=10",
+                    "--out", tmp_path / "out")
+    path = tmp_path / "out" / "wasmplugin.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert doc["spec"]["match"] == [{"mode": mode}]
+    assert (doc["metadata"]["name"], doc["spec"]["priority"]) == ("tenant-ratelimit-b", 10)
+    code, results = validate(crds, path)
+    assert [(r["kind"], r["errors"]) for r in results] == [("WasmPlugin", [])]
+    assert code == 0
+
+
 @pytest.mark.parametrize("value, message", [
     # The digest as `make oci` and registries print it: refused.
     ("sha256:" + HEX, "sha256 field must be 64 characters long"),

@@ -54,7 +54,8 @@ def test_compat_variant_is_one_tar_gzip_layer_holding_plugin_wasm(images):
     digest, m = manifest(layout)
     assert digest == images["compat"]["digest"]
     assert m["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
-    assert m["annotations"] == {"module.wasm.image/variant": "compat"}
+    assert m["annotations"] == {"module.wasm.image/variant": "compat",
+                                "org.opencontainers.image.version": ship.project_version()}
     assert [layer["mediaType"] for layer in m["layers"]] == [OCI_LAYER]
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob(layout, m["layers"][0]["digest"])))) as tf:
         assert tf.getnames() == ["plugin.wasm"]
@@ -95,6 +96,19 @@ def pushed(registry, images) -> dict[str, str]:
         assert ship.run([ship.CRANE, "digest", ref]).stdout.strip() == images[variant]["digest"]
         refs[variant] = ref
     return refs
+
+
+@pytest.mark.parametrize("variant", ["compat", "oci"])
+def test_the_image_in_the_registry_carries_the_projects_version(variant, pushed, images):
+    """What `make oci` stamps, as a registry client reads it back: the
+    manifest's org.opencontainers.image.version is the workspace's version
+    (the CLI's --version, the CHANGELOG's section)."""
+    version = ship.project_version()
+    assert images[variant]["version"] == version
+    m = json.loads(ship.run([ship.CRANE, "manifest", pushed[variant]]).stdout)
+    assert m["annotations"]["org.opencontainers.image.version"] == version, m
+    cli = ship.run([harness.CLI, "--version"])
+    assert cli.stdout.split() == ["ratelimit-config", version]
 
 
 def fetch(ref: str, registry: str, out: Path, checksum: str | None = None,

@@ -22,7 +22,8 @@ use ratelimit_config::plugin::{
     plugin_config_json, PluginOptions, DEFAULT_DESCRIPTOR_KEY, DEFAULT_TIMEOUT_MS,
 };
 use ratelimit_config::render::deployment::{
-    deployment, parse_assignment, read_description, set_path, DescriptionError, Sources,
+    self as render_keys, deployment, parse_assignment, read_description, set_path,
+    DescriptionError, Sources,
 };
 use ratelimit_config::render::{
     merge, render, route_notes, team_routes, FailStrategy, RenderError, Target, Team,
@@ -250,18 +251,59 @@ struct RenderArgs {
     /// Output directory (created when missing; files an earlier render wrote there and this one does not are removed).
     #[arg(long)]
     out: PathBuf,
-    /// A deployment description (YAML or JSON): domain, namespace, image, sha256,
-    /// fail_strategy, service, cluster_domain, redis, workload, istio, envoy_gateway,
-    /// envoy, plugin. See docs/deploying.md.
-    #[arg(long, value_name = "FILE")]
+    // The help lists the keys the description reader accepts (one list).
+    #[arg(long, value_name = "FILE", help = deployment_help())]
     deployment: Option<PathBuf>,
     #[command(flatten)]
     named: NamedSettings,
-    /// A description setting, PATH=VALUE (VALUE read as YAML; only true and false are booleans).
-    #[arg(long = "set", value_name = "PATH=VALUE")]
+    // Short help, and the paths and values the reader accepts in the long one.
+    #[arg(long = "set", value_name = "PATH=VALUE", help = SET_HELP, long_help = set_long_help())]
     set: Vec<String>,
     #[command(flatten)]
     plugin: PluginSettings,
+}
+
+/// `render --deployment`'s help: the description's keys, as the reader
+/// accepts them (`render::deployment::KEYS`).
+fn deployment_help() -> String {
+    format!(
+        "A deployment description (YAML or JSON): {}. See docs/deploying.md.",
+        render_keys::KEYS.join(", ")
+    )
+}
+
+const SET_HELP: &str =
+    "A description setting, PATH=VALUE (VALUE read as YAML; only true and false are booleans).";
+
+/// `render --set`'s long help: every path of a section with fixed keys,
+/// and the names a setting takes, as the reader accepts them.
+fn set_long_help() -> String {
+    fn paths(path: &str) -> Vec<String> {
+        match render_keys::SECTION_KEYS.iter().find(|(s, _)| *s == path) {
+            Some((_, keys)) => keys
+                .iter()
+                .flat_map(|k| paths(&format!("{path}.{k}")))
+                .collect(),
+            None => vec![path.to_string()],
+        }
+    }
+    let (sections, scalars): (Vec<&str>, Vec<&str>) = render_keys::KEYS
+        .iter()
+        .partition(|k| **k == "plugin" || render_keys::SECTION_KEYS.iter().any(|(s, _)| s == *k));
+    let mut out = format!(
+        "{SET_HELP}\nE.g. --set service.port=9000 --set istio.mode=CLIENT.\nPaths:\n  {}",
+        scalars.join(", ")
+    );
+    for section in sections {
+        match section {
+            "plugin" => out += "\n  plugin.PATH (or --plugin PATH=VALUE)",
+            _ => out += &format!("\n  {}", paths(section).join(", ")),
+        }
+    }
+    for (path, values) in render_keys::SETTING_VALUES {
+        out += &format!("\n{path}: {}", values.join(", "));
+    }
+    out
 }
 
 /// The description's settings that have a flag of their own; each flag is

@@ -1173,3 +1173,170 @@ fn render_keeps_envoyproxy_ratelimit_the_default_and_names_what_only_the_counter
     assert_eq!(status(&o), 1);
     assert!(stderr(&o).contains("<domain>.json"), "{}", stderr(&o));
 }
+
+/// `render --target istio` with the deployment example, and `extra` flags.
+fn render_istio(dir: &Path, limits: &str, extra: &[&str]) -> Output {
+    let dep = deployment_yaml();
+    let base = [
+        "render",
+        limits,
+        "--target",
+        "istio",
+        "--out",
+        "r",
+        "--deployment",
+        dep.to_str().unwrap(),
+    ];
+    run_in(dir, &[&base[..], extra].concat())
+}
+
+#[test]
+fn render_names_and_orders_a_second_wasmplugin_by_settings() {
+    let dir = scratch("istio-second");
+    let ex = example();
+    let o = render_istio(&dir, ex.to_str().unwrap(), &[]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let plugin = std::fs::read_to_string(dir.join("r/wasmplugin.yaml")).unwrap();
+    assert!(plugin.contains("\n  name: tenant-ratelimit\n"), "{plugin}");
+    assert!(!plugin.contains("priority"), "{plugin}");
+    let o = render_istio(
+        &dir,
+        ex.to_str().unwrap(),
+        &[
+            "--set",
+            "istio.name=tenant-ratelimit-b",
+            "--set",
+            "istio.priority=10",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let plugin = std::fs::read_to_string(dir.join("r/wasmplugin.yaml")).unwrap();
+    assert!(
+        plugin.contains("\n  name: tenant-ratelimit-b\n"),
+        "{plugin}"
+    );
+    assert!(plugin.contains("\n  priority: 10\n"), "{plugin}");
+    // A bad one is named at its flag, with what it takes.
+    let o = render_istio(
+        &dir,
+        ex.to_str().unwrap(),
+        &[
+            "--set",
+            "istio.name=Second_Plugin",
+            "--set",
+            "istio.priority=high",
+        ],
+    );
+    assert_eq!(status(&o), 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains("--set istio.name: istio.name: \"Second_Plugin\" is not a Kubernetes name (lowercase letters, digits, '-')"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--set istio.priority: istio.priority: must be an integer from -2147483648 to 2147483647 (of two WasmPlugins in one phase, the higher runs first), got string \"high\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn render_runs_the_wasmplugin_on_the_sidecars_inbound_unless_told() {
+    let dir = scratch("istio-mode");
+    let ex = example();
+    let o = render_istio(&dir, ex.to_str().unwrap(), &[]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let plugin = std::fs::read_to_string(dir.join("r/wasmplugin.yaml")).unwrap();
+    assert!(
+        plugin.contains("\n  match:\n  - mode: SERVER\n"),
+        "{plugin}"
+    );
+    let o = render_istio(&dir, ex.to_str().unwrap(), &["--set", "istio.mode=CLIENT"]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    let plugin = std::fs::read_to_string(dir.join("r/wasmplugin.yaml")).unwrap();
+    assert!(
+        plugin.contains("\n  match:\n  - mode: CLIENT\n"),
+        "{plugin}"
+    );
+    let o = render_istio(&dir, ex.to_str().unwrap(), &["--set", "istio.mode=INBOUND"]);
+    assert_eq!(status(&o), 1);
+    assert!(
+        stderr(&o).contains("--set istio.mode: istio.mode: must be one of SERVER, CLIENT, CLIENT_AND_SERVER (SERVER: a sidecar's inbound; CLIENT: an ingress gateway), got \"INBOUND\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn render_warns_that_a_sidecars_inbound_route_is_always_default() {
+    let dir = scratch("istio-routes");
+    write(&dir, "limits.json", ROUTED);
+    let o = render_istio(&dir, "limits.json", &[]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning: istio.mode: the team file limits route \"export\" (default) but a sidecar's inbound route is always named \"default\" under Istio, whatever the VirtualServices say: the limit never applies there"),
+        "{}",
+        stderr(&o)
+    );
+    // On a gateway, the VirtualService names the routes.
+    let o = render_istio(&dir, "limits.json", &["--set", "istio.mode=CLIENT"]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("note: the team file limits route \"export\": on an Istio gateway, Envoy's route name is the VirtualService's http[].name"),
+        "{}",
+        stderr(&o)
+    );
+    // A route named "default" is the one a sidecar's inbound has: no warning.
+    write(
+        &dir,
+        "default-route.json",
+        r#"{"x-tenant-id": {"default": {"perminute": 10, "routes": {"default": {"perminute": 2}}}}}"#,
+    );
+    let o = render_istio(&dir, "default-route.json", &[]);
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+}
+
+#[test]
+fn render_help_lists_every_key_and_value_the_description_reader_accepts() {
+    use ratelimit_config::render::deployment::{KEYS, SECTION_KEYS, SETTING_VALUES};
+    let dir = scratch("render-help");
+    let help = stdout(&run_in(&dir, &["render", "--help"]));
+    let deployment = help
+        .split("--deployment <FILE>")
+        .nth(1)
+        .and_then(|h| h.split("--domain").next())
+        .unwrap();
+    assert!(
+        deployment.contains(&KEYS.join(", ")),
+        "{deployment}\nwants {KEYS:?}"
+    );
+    assert!(KEYS.contains(&"monitoring"), "{KEYS:?}");
+    let set = help.split("--set <PATH=VALUE>").nth(1).unwrap();
+    for (section, keys) in SECTION_KEYS {
+        for key in *keys {
+            let path = format!("{section}.{key}");
+            let nested = SECTION_KEYS.iter().any(|(s, _)| *s == path);
+            if !nested {
+                assert!(set.contains(&path), "--set help lacks {path}:\n{set}");
+            }
+        }
+    }
+    for (path, values) in SETTING_VALUES {
+        assert!(
+            set.contains(&format!("{path}: {}", values.join(", "))),
+            "{path}\n{set}"
+        );
+    }
+    // Every section path the help names is one the reader takes.
+    let o = render_istio(
+        &dir,
+        example().to_str().unwrap(),
+        &[
+            "--set",
+            "istio.mode=CLIENT_AND_SERVER",
+            "--set",
+            "istio.priority=-1",
+        ],
+    );
+    assert_eq!(status(&o), 0, "{}", stderr(&o));
+}

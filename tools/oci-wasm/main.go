@@ -15,11 +15,14 @@
 // Every byte is a function of the .wasm and the flags (no time stamps, fixed
 // tar headers, fixed gzip header), so two builds give the same digests.
 //
-//	oci-wasm -wasm FILE -out DIR [-root-id ID]
+//	oci-wasm -wasm FILE -out DIR [-root-id ID] [-version V]
 //
 // writes DIR/compat and DIR/oci, each an OCI image layout holding one image
 // (`crane push DIR/compat REF` pushes it), and prints one JSON object per
-// variant: variant, digest, size (manifest + config + layers, bytes).
+// variant: variant, digest, size (manifest + config + layers, bytes), and
+// version when given. With -version, each manifest carries the annotation
+// org.opencontainers.image.version=V (`crane manifest REF` shows it), so the
+// version is part of the digest.
 package main
 
 import (
@@ -50,24 +53,26 @@ const (
 	variantAnnotation                    = "module.wasm.image/variant"
 	titleAnnotation                      = "org.opencontainers.image.title"
 	refNameAnnotation                    = "org.opencontainers.image.ref.name"
+	versionAnnotation                    = "org.opencontainers.image.version"
 )
 
 func main() {
 	wasmPath := flag.String("wasm", "", "the .wasm to package (required)")
 	outDir := flag.String("out", "", "output directory, replaced (required)")
 	rootID := flag.String("root-id", "tenant_ratelimit", "root_id recorded in the oci variant's runtime configuration")
+	version := flag.String("version", "", "the project's version, as each manifest's "+versionAnnotation+" annotation (none when empty)")
 	flag.Parse()
 	if *wasmPath == "" || *outDir == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: oci-wasm -wasm FILE -out DIR [-root-id ID]")
+		fmt.Fprintln(os.Stderr, "usage: oci-wasm -wasm FILE -out DIR [-root-id ID] [-version V]")
 		os.Exit(2)
 	}
-	if err := run(*wasmPath, *outDir, *rootID); err != nil {
+	if err := run(*wasmPath, *outDir, *rootID, *version); err != nil {
 		fmt.Fprintln(os.Stderr, "oci-wasm:", err)
 		os.Exit(1)
 	}
 }
 
-func run(wasmPath, outDir, rootID string) error {
+func run(wasmPath, outDir, rootID, version string) error {
 	module, err := os.ReadFile(wasmPath)
 	if err != nil {
 		return err
@@ -75,11 +80,11 @@ func run(wasmPath, outDir, rootID string) error {
 	if len(module) < 8 || !bytes.Equal(module[:4], []byte("\x00asm")) {
 		return fmt.Errorf("%s: not a wasm module (no \\0asm magic)", wasmPath)
 	}
-	compat, err := compatImage(module)
+	compat, err := compatImage(module, version)
 	if err != nil {
 		return fmt.Errorf("compat variant: %w", err)
 	}
-	oci, err := ociImage(module, rootID)
+	oci, err := ociImage(module, rootID, version)
 	if err != nil {
 		return fmt.Errorf("oci variant: %w", err)
 	}
@@ -103,7 +108,11 @@ func run(wasmPath, outDir, rootID string) error {
 		if err != nil {
 			return err
 		}
-		if err := enc.Encode(map[string]any{"variant": v.name, "layout": dir, "digest": digest.String(), "size": size}); err != nil {
+		out := map[string]any{"variant": v.name, "layout": dir, "digest": digest.String(), "size": size}
+		if version != "" {
+			out["version"] = version
+		}
+		if err := enc.Encode(out); err != nil {
 			return err
 		}
 	}
@@ -112,7 +121,7 @@ func run(wasmPath, outDir, rootID string) error {
 
 // compatImage: one tar+gzip layer with plugin.wasm; the config is an
 // ordinary (empty) OCI image configuration.
-func compatImage(module []byte) (v1.Image, error) {
+func compatImage(module []byte, version string) (v1.Image, error) {
 	var tarBuf bytes.Buffer
 	tw := tar.NewWriter(&tarBuf)
 	hdr := &tar.Header{
@@ -160,7 +169,11 @@ func compatImage(module []byte) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	annotated, ok := mutate.Annotations(img, map[string]string{variantAnnotation: "compat"}).(v1.Image)
+	annotations := map[string]string{variantAnnotation: "compat"}
+	if version != "" {
+		annotations[versionAnnotation] = version
+	}
+	annotated, ok := mutate.Annotations(img, annotations).(v1.Image)
 	if !ok {
 		return nil, fmt.Errorf("annotating the image did not give an image")
 	}
@@ -169,7 +182,7 @@ func compatImage(module []byte) (v1.Image, error) {
 
 // ociImage: the wasm artifact variant, built from its raw parts because its
 // config is not an image configuration.
-func ociImage(module []byte, rootID string) (v1.Image, error) {
+func ociImage(module []byte, rootID, version string) (v1.Image, error) {
 	runtimeConfig, err := json.Marshal(map[string]any{
 		"type":        "envoy_proxy",
 		"abiVersions": []string{"proxy_abi_version_0_2_1"},
@@ -199,6 +212,9 @@ func ociImage(module []byte, rootID string) (v1.Image, error) {
 			Digest:    cfgDesc.Digest,
 		},
 		Layers: []v1.Descriptor{*cfgDesc, *wasmDesc},
+	}
+	if version != "" {
+		manifest.Annotations = map[string]string{versionAnnotation: version}
 	}
 	raw, err := json.Marshal(manifest)
 	if err != nil {

@@ -100,6 +100,16 @@ pub struct Deployment {
     pub workload_labels: Vec<(String, String)>,
     pub workload_image: Option<String>,
     pub istio_phase: String,
+    /// `istio.mode`: the traffic the WasmPlugin runs on (its `match[].mode`):
+    /// `SERVER`, a sidecar's inbound (the default); `CLIENT`, an ingress
+    /// gateway's (Istio counts a gateway's listeners as CLIENT) or a
+    /// sidecar's outbound; `CLIENT_AND_SERVER`, both.
+    pub istio_mode: String,
+    /// `istio.name`: the WasmPlugin's `metadata.name` (`tenant-ratelimit`).
+    pub istio_name: String,
+    /// `istio.priority`: its `priority` (none: Istio's default, 0); of two
+    /// WasmPlugins in one phase, the higher runs first.
+    pub istio_priority: Option<i32>,
     pub route: Option<String>,
     pub gateway: Option<String>,
     pub proxy_namespace: String,
@@ -131,7 +141,7 @@ pub struct Monitoring {
 }
 
 /// The keys of a description, with what each takes.
-const KEYS: &[&str] = &[
+pub const KEYS: &[&str] = &[
     "domain",
     "namespace",
     "image",
@@ -151,7 +161,7 @@ const SERVICE_KEYS: &[&str] = &["kind", "name", "port", "image"];
 const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image"];
 const SECRET_KEYS: &[&str] = &["name", "key"];
 const WORKLOAD_KEYS: &[&str] = &["name", "labels", "image"];
-const ISTIO_KEYS: &[&str] = &["phase"];
+const ISTIO_KEYS: &[&str] = &["phase", "mode", "name", "priority"];
 const GATEWAY_KEYS: &[&str] = &["route", "gateway", "proxy_namespace"];
 const ENVOY_KEYS: &[&str] = &[
     "listen_port",
@@ -167,7 +177,24 @@ const MONITORING_KEYS: &[&str] = &[
     "prometheus_namespace",
     "envoy_metrics_port",
 ];
-const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
+/// The keys of each section of a description that takes a fixed set (the
+/// ones `render --help` lists; `plugin` takes the filter's configuration).
+pub const SECTION_KEYS: &[(&str, &[&str])] = &[
+    ("service", SERVICE_KEYS),
+    ("redis", REDIS_KEYS),
+    ("redis.auth_secret", SECRET_KEYS),
+    ("workload", WORKLOAD_KEYS),
+    ("istio", ISTIO_KEYS),
+    ("envoy_gateway", GATEWAY_KEYS),
+    ("envoy", ENVOY_KEYS),
+    ("monitoring", MONITORING_KEYS),
+];
+/// The settings that take one of a fixed set of names, with those names.
+pub const SETTING_VALUES: &[(&str, &[&str])] =
+    &[("istio.phase", PHASES), ("istio.mode", ISTIO_MODES)];
+pub const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
+/// `istio.mode`: Istio's WorkloadMode of the WasmPlugin's `match`.
+pub const ISTIO_MODES: &[&str] = &["SERVER", "CLIENT", "CLIENT_AND_SERVER"];
 
 /// The images of the parts `render` writes, as the project runs them.
 pub const RATELIMIT_IMAGE: &str = "envoyproxy/ratelimit:3fb70258";
@@ -671,6 +698,51 @@ pub fn deployment(
             ),
         );
     }
+    let istio_mode = r
+        .string(istio, "istio", "mode")
+        // A sidecar's inbound only: with no match Istio runs the filter on the
+        // workload's outbound listeners too, limiting its own calls.
+        .unwrap_or_else(|| "SERVER".into());
+    if !ISTIO_MODES.contains(&istio_mode.as_str()) {
+        r.push(
+            "istio.mode",
+            format!(
+                "must be one of {} (SERVER: a sidecar's inbound; CLIENT: an ingress gateway), got {}",
+                ISTIO_MODES.join(", "),
+                excerpt(&istio_mode)
+            ),
+        );
+    }
+    let istio_name = r
+        .string(istio, "istio", "name")
+        .unwrap_or_else(|| super::RESOURCE_NAME.into());
+    if !dns_label(&istio_name) {
+        r.push(
+            "istio.name",
+            format!(
+                "{} is not a Kubernetes name (lowercase letters, digits, '-')",
+                excerpt(&istio_name)
+            ),
+        );
+    }
+    let istio_priority = match istio.and_then(|m| m.get("priority")) {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
+            Some(n) => Some(n),
+            None => {
+                r.push(
+                    "istio.priority",
+                    format!(
+                        "must be an integer from {} to {} (of two WasmPlugins in one phase, the higher runs first), got {}",
+                        i32::MIN,
+                        i32::MAX,
+                        describe(v)
+                    ),
+                );
+                None
+            }
+        },
+    };
     let eg = r.object(
         top.and_then(|t| t.get("envoy_gateway")),
         "envoy_gateway",
@@ -798,6 +870,9 @@ pub fn deployment(
             workload_labels,
             workload_image,
             istio_phase,
+            istio_mode,
+            istio_name,
+            istio_priority,
             route,
             gateway,
             proxy_namespace,

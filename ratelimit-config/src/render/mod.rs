@@ -36,6 +36,9 @@ pub use deployment::{Deployment, FailStrategy, Target};
 pub const ROOT_ID: &str = "tenant_ratelimit";
 /// The name of the resources `render` writes for the filter.
 pub const RESOURCE_NAME: &str = "tenant-ratelimit";
+/// The name of the one route of an Istio sidecar's inbound listener
+/// (Istio's `DefaultRouteName`), whatever the VirtualServices say.
+pub const ISTIO_INBOUND_ROUTE: &str = "default";
 /// The static cluster of the rate-limit service (Envoy Gateway, plain Envoy).
 pub const STATIC_CLUSTER: &str = "tenant_ratelimit";
 
@@ -320,8 +323,21 @@ pub fn route_notes(limits: &TeamLimits, dep: &Deployment, target: Target) -> Vec
                 )
             })
             .collect(),
+        // A sidecar's inbound listener has one route, always named
+        // "default" (Istio's BuildDefaultHTTPInboundRoute): a VirtualService
+        // names the routes of outbound and gateway listeners only.
+        Target::Istio if dep.istio_mode == "SERVER" => routes
+            .iter()
+            .filter(|(name, _)| name != ISTIO_INBOUND_ROUTE)
+            .map(|(name, groups)| {
+                format!(
+                    "warning: istio.mode: the team file limits route {name:?} ({}) but a sidecar's inbound route is always named \"{ISTIO_INBOUND_ROUTE}\" under Istio, whatever the VirtualServices say: the limit never applies there; run the filter on an ingress gateway (--set istio.mode=CLIENT, workload: the gateway), where routes carry the VirtualService's http[].name (docs/deploying.md#route-names)",
+                    groups.join(", ")
+                )
+            })
+            .collect(),
         Target::Istio => vec![format!(
-            "note: the team file limits route {}: under Istio, Envoy's route name is the VirtualService's http[].name; give each HTTP route that name (docs/deploying.md#route-names)",
+            "note: the team file limits route {}: on an Istio gateway, Envoy's route name is the VirtualService's http[].name (\"<http name>.<match name>\" when the match is named); give each HTTP route that name (docs/deploying.md#route-names)",
             quoted(&names)
         )],
         Target::EnvoyGateway => vec![format!(

@@ -187,6 +187,12 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
     if let Value::Object(m) = &mut spec {
         m.insert("imagePullPolicy".into(), json!("IfNotPresent"));
         m.insert("phase".into(), json!(dep.istio_phase));
+        if let Some(priority) = dep.istio_priority {
+            m.insert("priority".into(), json!(priority));
+        }
+        // Without a match Istio runs it on inbound and outbound listeners
+        // alike: a sidecar would limit its workload's own calls too.
+        m.insert("match".into(), json!([{"mode": dep.istio_mode}]));
         m.insert("pluginName".into(), json!(ROOT_ID));
         m.insert(
             "failStrategy".into(),
@@ -200,7 +206,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
     let plugin = json!({
         "apiVersion": "extensions.istio.io/v1alpha1",
         "kind": "WasmPlugin",
-        "metadata": {"name": RESOURCE_NAME, "namespace": ns},
+        "metadata": {"name": dep.istio_name, "namespace": ns},
         "spec": spec,
     });
     let mut comment: Vec<&str> = vec![
@@ -214,6 +220,14 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
         "is the verified claim's, not the client's own. In AUTHZ or AUTHN the filter runs",
         "before the AuthorizationPolicy: see docs/security.md, \"The tenant must come",
         "from something the client cannot forge\".",
+        "",
+        "match: SERVER by default (istio.mode), the sidecar's inbound traffic only:",
+        "without a match Istio runs it on the workload's outbound listeners too, and",
+        "its own calls carrying the tenant header would be limited (and counted again",
+        "by the callee's sidecar). On an ingress gateway use CLIENT (istio.mode=CLIENT).",
+        "A sidecar's inbound route is always named \"default\": per-route limits need",
+        "the gateway, where routes carry the VirtualService's http[].name",
+        "(docs/deploying.md#route-names).",
         "",
         "rate_limit_service.cluster is Istio's outbound cluster of the rate-limit Service:",
         "outbound|<port>||<service>.<namespace>.svc.<cluster domain>. A Sidecar resource",
