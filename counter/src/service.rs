@@ -42,7 +42,11 @@ impl State {
         let started = std::time::Instant::now();
         let decided = self.store.decide(&planned.requests, now).await;
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.metrics.latency(us);
+        // A call the over-limit cache answered whole did no store work.
+        if !matches!(&decided, Ok(d) if d.from_cache > 0 && d.from_cache == planned.requests.len())
+        {
+            self.metrics.latency(us);
+        }
         let decided = decided.map_err(|e| {
             self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
             tonic::Status::unavailable(e.to_string())
