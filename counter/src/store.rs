@@ -242,28 +242,45 @@ impl Store {
             return Ok(chosen.iter().map(|_| (Vec::new(), true)).collect());
         }
         let layout = Layout::of(&chosen);
-        let mut inv = self.script.prepare_invoke();
+        // EVALSHA written straight into one command buffer (no argument
+        // vectors of a ScriptInvocation to copy).
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(layout.keys.len());
         for k in &layout.keys {
-            inv.key(*k);
+            cmd.arg(*k);
         }
-        inv.arg(layout.keys.len()).arg(chosen.len());
+        cmd.arg(layout.keys.len()).arg(chosen.len());
         for t in &layout.ttl_ms {
-            inv.arg(*t);
+            cmd.arg(*t);
         }
         for (r, (checks, adds)) in chosen.iter().zip(&layout.requests) {
-            inv.arg(checks.len()).arg(adds.len());
+            cmd.arg(checks.len()).arg(adds.len());
             for (c, &(k, pk)) in r.checks.iter().zip(checks) {
-                inv.arg(c.limit)
+                cmd.arg(c.limit)
                     .arg(c.key_hits)
                     .arg(k + 1)
                     .arg(pk.map_or(0, |p| p + 1))
                     .arg(c.weight_ppm);
             }
             for &(k, hits) in adds {
-                inv.arg(k + 1).arg(hits);
+                cmd.arg(k + 1).arg(hits);
             }
         }
-        let answer: Vec<i64> = tokio::time::timeout(self.deadline, inv.invoke_async(con))
+        let call = async {
+            match cmd.query_async::<Vec<i64>>(con).await {
+                Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                    // Redis restarted or flushed its scripts: loaded again.
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(SCRIPT)
+                        .exec_async(con)
+                        .await?;
+                    cmd.query_async::<Vec<i64>>(con).await
+                }
+                other => other,
+            }
+        };
+        let answer: Vec<i64> = tokio::time::timeout(self.deadline, call)
             .await
             .map_err(|_| StoreError::Timeout)?
             .map_err(StoreError::Redis)?;
