@@ -14,10 +14,11 @@ use ratelimit_config::window::sliding_wait_ms;
 use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
 
 /// The script: reads every distinct key of the call once (MGET), decides
-/// each request in order on those values as a whole and, when admitted,
-/// adds its hits to each of its keys once: `SET key hits PX ttl` on a key
-/// that does not exist yet (its window's first hit, which also sets its
-/// expiry), else `INCRBY`. A refused request writes nothing.
+/// each request in order on those values as a whole (an admitted one's
+/// hits count for the requests after it), then writes each key the
+/// admitted requests add to once, their hits summed: `SET key hits PX ttl`
+/// on a key that did not exist (its window's first hits, which also sets
+/// its expiry), else `INCRBY`. A refused request writes nothing.
 /// KEYS: the call's distinct keys. ARGV: the number of keys and of
 /// requests; per key its ttl (ms); then per request the number of its
 /// checks and of its keys to add to; per check: limit, hits (the
@@ -34,6 +35,7 @@ for i = 1, nk, 1000 do
   for j = 1, #got do v[i + j - 1] = tonumber(got[j]) or 0 end
 end
 local out = {}
+local add = {}
 for i = 1, nk do out[i] = v[i] end
 local a = 3 + nk
 for q = 1, tonumber(ARGV[2]) do
@@ -52,18 +54,24 @@ for q = 1, tonumber(ARGV[2]) do
   if ok == 1 then
     for i = 1, m do
       local k = tonumber(ARGV[a]); local hits = tonumber(ARGV[a + 1])
-      if v[k] == 0 then
-        redis.call('SET', KEYS[k], hits, 'PX', ARGV[2 + k])
-        v[k] = hits
-      else
-        v[k] = redis.call('INCRBY', KEYS[k], hits)
-      end
+      v[k] = v[k] + hits
+      add[k] = (add[k] or 0) + hits
       a = a + 2
     end
   else
     a = a + 2 * m
   end
   out[nk + q] = ok
+end
+for k = 1, nk do
+  local hits = add[k]
+  if hits then
+    if out[k] == 0 then
+      redis.call('SET', KEYS[k], hits, 'PX', ARGV[2 + k])
+    else
+      redis.call('INCRBY', KEYS[k], hits)
+    end
+  end
 end
 return out
 ";
