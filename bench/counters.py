@@ -35,7 +35,7 @@ DATA_COMMANDS = ("incrby", "expire", "evalsha", "eval")
 # The commands the counter's script runs inside Redis (counter/src/store.rs).
 # INFO commandstats counts them as it counts those a client sends: what the
 # counter sends is the rest (EVALSHA, a SCRIPT LOAD, PING).
-COUNTER_SCRIPT_COMMANDS = ("get", "incrby", "pexpire")
+COUNTER_SCRIPT_COMMANDS = ("get", "mget", "set", "incrby", "pexpire")
 
 
 class BenchCounter(tc.Counter):

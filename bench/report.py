@@ -311,7 +311,7 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
         "worst); CPU is each process's user + system time over the runs (the pinned "
         "scenario: its whole fleet of Envoys) over the requests they served; Redis "
         "commands are INFO commandstats over the runs, every Envoy's calls, the "
-        "commands the counter's script runs inside Redis (GET, INCRBY, PEXPIRE) "
+        "commands the counter's script runs inside Redis (MGET, SET, INCRBY) "
         "included; commands sent leave those out (the counter sends EVALSHA; "
         "envoyproxy/ratelimit INCRBY and EXPIRE).",
         "",

@@ -4,9 +4,11 @@ envoyproxy/ratelimit has them, marks, and nothing counted wrongly."""
 
 from __future__ import annotations
 
+import pytest
+
 from counter import Counter
 from grpc_rls import call, request_bytes
-from harness import ensure_window_room, unique
+from harness import LOOPBACK, ensure_window_room, unique
 
 OK, OVER = 1, 2
 LIMITS = {"x-tenant-id": {"default": {"perminute": 3},
@@ -50,8 +52,11 @@ def test_drop_in_answers_and_bad_input(stack):
     assert m["trl_counter_bad_calls_total"] == 1
 
 
-def test_marks_split_a_call_into_requests_decided_apart(stack):
-    counter = Counter(stack, {"d": LIMITS}, store="memory")
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_marks_split_a_call_into_requests_decided_apart(stack, store):
+    redis = stack.redis() if store == "redis" else None
+    counter = Counter(stack, {"d": LIMITS},
+                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
     ensure_window_room(60, 15)
     t = unique("tenant")
     mark = [("trl.request", "")]
@@ -64,3 +69,14 @@ def test_marks_split_a_call_into_requests_decided_apart(stack):
     assert codes == [OK, OK, OK, OK, OK, OVER], r
     assert r["overall_code"] == OVER
     assert r["statuses"][3]["remaining"] == 0
+    if redis is not None:
+        # Redis holds what was admitted, 2 + 1, with its window's expiry.
+        keys = [k for k in redis.keys("trl:*") if t in k]
+        assert len(keys) == 1 and redis.get_int(keys[0]) == 3, keys
+        assert 0 < redis.ttl(keys[0]) <= 60
+        # The minute is full: a check of 0 hits is refused, by the counter's
+        # over-limit cache, and nothing is added.
+        status, r, _ = call(counter.grpc_port, request_bytes("d", [minute(t, 0)]))
+        assert status == 0 and [s["code"] for s in r["statuses"]] == [OVER], r
+        assert counter.metrics().get("trl_counter_cache_refused_total", 0) == 1
+        assert redis.get_int(keys[0]) == 3

@@ -52,11 +52,17 @@ def test_redis_killed_then_restarted(stack):
     tenant = unique("tenant")
     assert tally(run_sequential([envoy.url], 7, tenant=tenant)) == Tally({200: 5, 429: 2})
 
-    # Redis killed: every call fails (Envoy's filter fails open here), none
-    # hangs, and the counter is no longer ready.
+    # Redis killed: the full tenant is still refused, from the counter's
+    # over-limit cache (its minute is full until it ends); every call that
+    # needs Redis fails (Envoy's filter fails open here), none hangs, and
+    # the counter is no longer ready.
     redis.kill()
     before = _store_errors(counter)
-    down = run_concurrent([envoy.url], 20, clients=8, tenant=tenant)
+    cached = counter.metrics().get("trl_counter_cache_refused_total", 0)
+    assert tally(run_sequential([envoy.url], 3, tenant=tenant)) == Tally({429: 3})
+    assert counter.metrics().get("trl_counter_cache_refused_total", 0) == cached + 3
+    assert _store_errors(counter) == before
+    down = run_concurrent([envoy.url], 20, clients=8, tenant=unique("tenant"))
     assert tally(down) == Tally({200: 20}), harness.summary(down)
     assert _store_errors(counter) >= before + 20
     assert counter.readyz() == 503

@@ -113,20 +113,46 @@ fn hits_of(own: Option<u64>, request: u32) -> u64 {
 /// The counter key of one window: the hash tag, the unit, the window's
 /// start, and on a route the route's name.
 fn counter_key(tag: &str, unit: Unit, start: u64, route: Option<&str>) -> String {
-    match route {
-        Some(r) => format!("trl:{tag}:{}:{start}:r:{r}", unit.descriptor_value()),
-        None => format!("trl:{tag}:{}:{start}", unit.descriptor_value()),
+    use std::fmt::Write;
+    let unit = unit.descriptor_value();
+    let mut k =
+        String::with_capacity(tag.len() + unit.len() + 28 + route.map_or(0, |r| r.len() + 3));
+    k.push_str("trl:");
+    k.push_str(tag);
+    k.push(':');
+    k.push_str(unit);
+    let _ = write!(k, ":{start}");
+    if let Some(r) = route {
+        k.push_str(":r:");
+        k.push_str(r);
     }
+    k
 }
 
 /// `{<len>:<domain>:<tenant>}`: one slot per tenant, and no two domains
 /// or tenants share a tag.
 fn hash_tag(domain: &str, tenant: &str) -> String {
+    use std::fmt::Write;
     // A '}' would end the tag early: the key stays the tenant's own, but
     // could share a slot with another tenant's. Written as %7D.
-    let tenant = tenant.replace('%', "%25").replace('}', "%7D");
-    let domain = domain.replace('}', "%7D");
-    format!("{{{}:{domain}:{tenant}}}", domain.len())
+    let mut t = String::with_capacity(domain.len() + tenant.len() + 8);
+    let _ = write!(t, "{{{}:", domain.len());
+    for ch in domain.chars() {
+        match ch {
+            '}' => t.push_str("%7D"),
+            c => t.push(c),
+        }
+    }
+    t.push(':');
+    for ch in tenant.chars() {
+        match ch {
+            '%' => t.push_str("%25"),
+            '}' => t.push_str("%7D"),
+            c => t.push(c),
+        }
+    }
+    t.push('}');
+    t
 }
 
 /// Splits a call into requests and resolves each descriptor's rule at
@@ -175,18 +201,35 @@ pub fn plan(domain: Option<&Domain>, req: &RateLimitRequest, now_ms: u64) -> Res
 /// A request that names one counter twice adds both checks' hits to it:
 /// each is decided on their sum.
 fn sum_hits_per_key(r: &mut Request) {
-    let mut totals: HashMap<&str, u64> = HashMap::new();
-    for c in &r.checks {
-        let t = totals.entry(c.key.as_str()).or_default();
-        *t = t.saturating_add(c.hits);
+    if r.checks.len() > 16 {
+        let mut totals: HashMap<&str, u64> = HashMap::new();
+        for c in &r.checks {
+            let t = totals.entry(c.key.as_str()).or_default();
+            *t = t.saturating_add(c.hits);
+        }
+        let totals: Vec<u64> = r
+            .checks
+            .iter()
+            .map(|c| totals.get(c.key.as_str()).copied().unwrap_or(c.hits))
+            .collect();
+        for (c, t) in r.checks.iter_mut().zip(totals) {
+            c.key_hits = t;
+        }
+        return;
     }
-    let totals: Vec<u64> = r
-        .checks
-        .iter()
-        .map(|c| totals.get(c.key.as_str()).copied().unwrap_or(c.hits))
-        .collect();
-    for (c, t) in r.checks.iter_mut().zip(totals) {
-        c.key_hits = t;
+    // Few checks: compared pairwise, nothing allocated.
+    for i in 0..r.checks.len() {
+        let Some(key) = r.checks.get(i).map(|c| c.key.as_str()) else {
+            continue;
+        };
+        let total = r
+            .checks
+            .iter()
+            .filter(|c| c.key == key)
+            .fold(0u64, |t, c| t.saturating_add(c.hits));
+        if let Some(c) = r.checks.get_mut(i) {
+            c.key_hits = total;
+        }
     }
 }
 

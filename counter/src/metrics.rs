@@ -10,17 +10,40 @@ const BUCKETS_US: [u64; 12] = [
     100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
 ];
 
-#[derive(Default, Clone, Copy)]
-struct GroupCounts {
-    admitted: u64,
-    refused: u64,
-    near_limit: u64,
-    shadow_refused: u64,
+/// One group's request counts (a call's, or since the start).
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupCounts {
+    pub admitted: u64,
+    pub refused: u64,
+    pub near_limit: u64,
+    pub shadow_refused: u64,
+}
+
+impl GroupCounts {
+    /// Counts one request.
+    pub fn add(&mut self, admitted: bool, shadow: bool, near: bool) {
+        match (admitted, shadow) {
+            (true, _) => self.admitted += 1,
+            (false, true) => self.shadow_refused += 1,
+            (false, false) => self.refused += 1,
+        }
+        if near {
+            self.near_limit += 1;
+        }
+    }
+
+    fn merge(&mut self, o: &GroupCounts) {
+        self.admitted += o.admitted;
+        self.refused += o.refused;
+        self.near_limit += o.near_limit;
+        self.shadow_refused += o.shadow_refused;
+    }
 }
 
 #[derive(Default)]
 pub struct Metrics {
-    groups: Mutex<BTreeMap<(String, String), GroupCounts>>,
+    /// Per domain, per group.
+    groups: Mutex<BTreeMap<String, BTreeMap<String, GroupCounts>>>,
     reloads: Mutex<BTreeMap<(String, &'static str), u64>>,
     buckets: [AtomicU64; BUCKETS_US.len()],
     latency_count: AtomicU64,
@@ -28,6 +51,7 @@ pub struct Metrics {
     pub store_errors: AtomicU64,
     pub bad_calls: AtomicU64,
     pub calls: AtomicU64,
+    pub cache_refused: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -42,18 +66,25 @@ fn label(v: &str) -> String {
 }
 
 impl Metrics {
-    pub fn request(&self, domain: &str, group: &str, admitted: bool, shadow: bool, near: bool) {
+    /// Adds a call's counts per group, under one lock; names are copied
+    /// only the first time they are seen.
+    pub fn requests<'a>(
+        &self,
+        domain: &str,
+        counts: impl IntoIterator<Item = (&'a str, GroupCounts)>,
+    ) {
         let mut g = lock(&self.groups);
-        let c = g
-            .entry((domain.to_string(), group.to_string()))
-            .or_default();
-        match (admitted, shadow) {
-            (true, _) => c.admitted += 1,
-            (false, true) => c.shadow_refused += 1,
-            (false, false) => c.refused += 1,
-        }
-        if near {
-            c.near_limit += 1;
+        let d = match g.get_mut(domain) {
+            Some(d) => d,
+            None => g.entry(domain.to_string()).or_default(),
+        };
+        for (group, c) in counts {
+            match d.get_mut(group) {
+                Some(t) => t.merge(&c),
+                None => {
+                    d.insert(group.to_string(), c);
+                }
+            }
         }
     }
 
@@ -98,7 +129,10 @@ impl Metrics {
         ] {
             let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
             let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
-            for ((d, g), c) in &groups {
+            for (d, g, c) in groups
+                .iter()
+                .flat_map(|(d, gs)| gs.iter().map(move |(g, c)| (d, g, c)))
+            {
                 let _ = writeln!(
                     out,
                     "trl_counter_{name}_total{{domain=\"{}\",group=\"{}\"}} {}",
@@ -156,6 +190,11 @@ impl Metrics {
                 &self.bad_calls,
             ),
             ("calls", "ShouldRateLimit calls.", &self.calls),
+            (
+                "cache_refused",
+                "Requests refused from the over-limit cache, without asking the store.",
+                &self.cache_refused,
+            ),
         ] {
             let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
             let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
 
 use crate::decide::{answer, plan};
-use crate::metrics::Metrics;
+use crate::metrics::{GroupCounts, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse, PATH, SERVICE};
 use crate::store::Store;
 use crate::teams::Teams;
@@ -42,22 +42,44 @@ impl State {
         let started = std::time::Instant::now();
         let decided = self.store.decide(&planned.requests, now).await;
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.metrics.latency(us);
-        let (counts, admitted) = decided.map_err(|e| {
+        // A call the over-limit cache answered whole did no store work.
+        if !matches!(&decided, Ok(d) if d.from_cache > 0 && d.from_cache == planned.requests.len())
+        {
+            self.metrics.latency(us);
+        }
+        let decided = decided.map_err(|e| {
             self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
             tonic::Status::unavailable(e.to_string())
         })?;
-        let (response, outcomes) = answer(&planned, &counts, &admitted, now);
+        if decided.from_cache > 0 {
+            self.metrics
+                .cache_refused
+                .fetch_add(decided.from_cache as u64, Ordering::Relaxed);
+        }
+        let (response, outcomes) = answer(&planned, &decided.counts, &decided.admitted, now);
         if let Some(d) = &domain {
-            for o in outcomes.iter() {
-                let group = d
-                    .limits
-                    .all_groups()
-                    .nth(o.group)
-                    .map_or("", |g| g.name.as_str());
-                self.metrics
-                    .request(&req.domain, group, o.admitted, o.shadow, o.near_limit);
+            // Per group first (a call's requests are mostly of a few
+            // groups), then each group's name once.
+            let mut per_group: Vec<(usize, GroupCounts)> = Vec::new();
+            for o in &outcomes {
+                match per_group.iter_mut().find(|(g, _)| *g == o.group) {
+                    Some((_, c)) => c.add(o.admitted, o.shadow, o.near_limit),
+                    None => {
+                        let mut c = GroupCounts::default();
+                        c.add(o.admitted, o.shadow, o.near_limit);
+                        per_group.push((o.group, c));
+                    }
+                }
             }
+            per_group.sort_unstable_by_key(|(g, _)| *g);
+            let mut groups = d.limits.all_groups().enumerate();
+            let named = per_group.into_iter().map(|(i, c)| {
+                let name = groups
+                    .find(|(j, _)| *j == i)
+                    .map_or("", |(_, g)| g.name.as_str());
+                (name, c)
+            });
+            self.metrics.requests(&req.domain, named);
         }
         Ok(response)
     }

@@ -2,57 +2,74 @@
 //! server or a Cluster), where one Lua script decides all of a call's
 //! requests that share a slot, atomically.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
 
-use crate::decide::{Counts, MemoryCounts, Request};
+use ratelimit_config::window::sliding_wait_ms;
 
-/// The script: for each request, reads its windows, decides it as a whole
-/// and, when admitted, adds its hits (PEXPIRE on a counter's first hit).
-/// ARGV: the number of requests, then per request the number of its
-/// checks and per check: sliding (0/1), limit, hits, weight (millionths),
-/// ttl (ms), the index of its key, the index of the previous window's key
-/// (0: none), and the hits of every check of the request on that key.
-/// Returns per request: admitted (0/1), then per check the
-/// current count and the previous one, as read before adding.
+use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
+
+/// The script: reads every distinct key of the call once (MGET), decides
+/// each request in order on those values as a whole (an admitted one's
+/// hits count for the requests after it), then writes each key the
+/// admitted requests add to once, their hits summed: `SET key hits PX ttl`
+/// on a key that did not exist (its window's first hits, which also sets
+/// its expiry), else `INCRBY`. A refused request writes nothing.
+/// KEYS: the call's distinct keys. ARGV: the number of keys and of
+/// requests; per key its ttl (ms); then per request the number of its
+/// checks and of its keys to add to; per check: limit, hits (the
+/// request's hits on that key), the index of its key, the index of the
+/// previous window's key (0: none), the previous window's weight
+/// (millionths); per key to add to: its index and hits.
+/// Returns each key's value as read, then per request admitted (0/1): the
+/// caller replays the adds to know the counts each request was decided on.
 pub const SCRIPT: &str = r"
+local nk = tonumber(ARGV[1])
+local v = {}
+for i = 1, nk, 1000 do
+  local got = redis.call('MGET', unpack(KEYS, i, math.min(i + 999, nk)))
+  for j = 1, #got do v[i + j - 1] = tonumber(got[j]) or 0 end
+end
 local out = {}
-local a = 2
-for q = 1, tonumber(ARGV[1]) do
-  local n = tonumber(ARGV[a]); a = a + 1
-  local first = a
+local add = {}
+for i = 1, nk do out[i] = v[i] end
+local a = 3 + nk
+for q = 1, tonumber(ARGV[2]) do
+  local n = tonumber(ARGV[a]); local m = tonumber(ARGV[a + 1]); a = a + 2
   local ok = 1
-  local at = #out + 1
-  out[at] = 0
   for i = 1, n do
-    local limit = tonumber(ARGV[a + 1]); local hits = tonumber(ARGV[a + 7])
-    local w = tonumber(ARGV[a + 3]); local k = tonumber(ARGV[a + 5]); local pk = tonumber(ARGV[a + 6])
-    local cur = tonumber(redis.call('GET', KEYS[k]) or '0')
-    local prev = 0
-    if pk > 0 then prev = tonumber(redis.call('GET', KEYS[pk]) or '0') end
-    local est = cur
-    if prev > 0 then est = cur + math.floor((prev * w + 999999) / 1000000) end
+    local limit = tonumber(ARGV[a]); local hits = tonumber(ARGV[a + 1])
+    local est = v[tonumber(ARGV[a + 2])]
+    local pk = tonumber(ARGV[a + 3])
+    if pk > 0 and v[pk] > 0 then
+      est = est + math.floor((v[pk] * tonumber(ARGV[a + 4]) + 999999) / 1000000)
+    end
     if (hits == 0 and est >= limit) or (hits > 0 and est + hits > limit) then ok = 0 end
-    out[#out + 1] = cur
-    out[#out + 1] = prev
-    a = a + 8
+    a = a + 5
   end
-  out[at] = ok
   if ok == 1 then
-    local b = first
-    for i = 1, n do
-      local hits = tonumber(ARGV[b + 2])
-      if hits > 0 then
-        local k = KEYS[tonumber(ARGV[b + 5])]
-        if redis.call('INCRBY', k, ARGV[b + 2]) == hits then
-          redis.call('PEXPIRE', k, ARGV[b + 4])
-        end
-      end
-      b = b + 8
+    for i = 1, m do
+      local k = tonumber(ARGV[a]); local hits = tonumber(ARGV[a + 1])
+      v[k] = v[k] + hits
+      add[k] = (add[k] or 0) + hits
+      a = a + 2
+    end
+  else
+    a = a + 2 * m
+  end
+  out[nk + q] = ok
+end
+for k = 1, nk do
+  local hits = add[k]
+  if hits then
+    if out[k] == 0 then
+      redis.call('SET', KEYS[k], hits, 'PX', ARGV[2 + k])
+    else
+      redis.call('INCRBY', KEYS[k], hits)
     end
   end
 end
@@ -68,6 +85,9 @@ pub enum Backend {
 pub struct Store {
     pub backend: Backend,
     pub script: redis::Script,
+    /// The over-limit cache (Redis stores only: the memory store is as
+    /// cheap to ask).
+    pub cache: Option<FullCache>,
     /// Every Redis call is bounded by this.
     pub deadline: Duration,
 }
@@ -90,14 +110,21 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-/// Each request's counts and whether it was admitted, in the plan's order.
-pub type Decided = (Vec<Vec<Counts>>, Vec<bool>);
+/// Each request's counts and whether it was admitted, in the plan's order,
+/// and how many requests the over-limit cache refused.
+#[derive(Debug)]
+pub struct Decided {
+    pub counts: Vec<Vec<Counts>>,
+    pub admitted: Vec<bool>,
+    pub from_cache: usize,
+}
 
 impl Store {
     pub fn memory(deadline: Duration) -> Store {
         Store {
             backend: Backend::Memory(Mutex::new(MemoryCounts::default())),
             script: redis::Script::new(SCRIPT),
+            cache: None,
             deadline,
         }
     }
@@ -110,8 +137,69 @@ impl Store {
         }
     }
 
-    /// Decides every request of a call at `now_ms`.
+    /// Decides every request of a call at `now_ms`: the over-limit cache
+    /// first (Redis stores), the store for the rest.
     pub async fn decide(&self, requests: &[Request], now_ms: u64) -> Result<Decided, StoreError> {
+        let Some(cache) = &self.cache else {
+            let (counts, admitted) = self.decide_in_store(requests, now_ms).await?;
+            return Ok(Decided {
+                counts,
+                admitted,
+                from_cache: 0,
+            });
+        };
+        let refused = cache.refuse(requests, now_ms);
+        let from_cache = refused.iter().filter(|r| r.is_some()).count();
+        if from_cache == 0 {
+            let (counts, admitted) = self.decide_in_store(requests, now_ms).await?;
+            cache.learn(requests, &counts, &admitted, now_ms);
+            return Ok(Decided {
+                counts,
+                admitted,
+                from_cache,
+            });
+        }
+        let rest: Vec<Request> = requests
+            .iter()
+            .zip(&refused)
+            .filter(|(_, r)| r.is_none())
+            .map(|(q, _)| q.clone())
+            .collect();
+        let (mut rest_counts, mut rest_admitted) = if rest.is_empty() {
+            (Vec::new(), Vec::new())
+        } else {
+            self.decide_in_store(&rest, now_ms).await?
+        };
+        cache.learn(&rest, &rest_counts, &rest_admitted, now_ms);
+        rest_counts.reverse();
+        rest_admitted.reverse();
+        let mut counts = Vec::with_capacity(requests.len());
+        let mut admitted = Vec::with_capacity(requests.len());
+        for r in refused {
+            match r {
+                Some(c) => {
+                    counts.push(c);
+                    admitted.push(false);
+                }
+                None => {
+                    counts.push(rest_counts.pop().unwrap_or_default());
+                    admitted.push(rest_admitted.pop().unwrap_or(false));
+                }
+            }
+        }
+        Ok(Decided {
+            counts,
+            admitted,
+            from_cache,
+        })
+    }
+
+    /// Decides every request in the store itself.
+    async fn decide_in_store(
+        &self,
+        requests: &[Request],
+        now_ms: u64,
+    ) -> Result<(Vec<Vec<Counts>>, Vec<bool>), StoreError> {
         match &self.backend {
             Backend::Memory(m) => {
                 let mut m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -161,55 +249,50 @@ impl Store {
         if chosen.iter().all(|r| r.checks.is_empty()) {
             return Ok(chosen.iter().map(|_| (Vec::new(), true)).collect());
         }
-        let mut inv = self.script.prepare_invoke();
-        inv.arg(chosen.len());
-        let mut keys = 0usize;
-        for r in &chosen {
-            inv.arg(r.checks.len());
-            for c in &r.checks {
-                keys += 1;
-                let k = keys;
-                inv.key(&c.key);
-                let pk = match &c.prev_key {
-                    Some(p) => {
-                        keys += 1;
-                        inv.key(p);
-                        keys
-                    }
-                    None => 0,
-                };
-                inv.arg(u8::from(c.sliding))
-                    .arg(c.limit)
-                    .arg(c.hits)
-                    .arg(c.weight_ppm)
-                    .arg(c.ttl_ms)
-                    .arg(k)
-                    .arg(pk)
-                    .arg(c.key_hits);
+        let layout = Layout::of(&chosen);
+        // EVALSHA written straight into one command buffer (no argument
+        // vectors of a ScriptInvocation to copy).
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(layout.keys.len());
+        for k in &layout.keys {
+            cmd.arg(*k);
+        }
+        cmd.arg(layout.keys.len()).arg(chosen.len());
+        for t in &layout.ttl_ms {
+            cmd.arg(*t);
+        }
+        for (r, (checks, adds)) in chosen.iter().zip(&layout.requests) {
+            cmd.arg(checks.len()).arg(adds.len());
+            for (c, &(k, pk)) in r.checks.iter().zip(checks) {
+                cmd.arg(c.limit)
+                    .arg(c.key_hits)
+                    .arg(k + 1)
+                    .arg(pk.map_or(0, |p| p + 1))
+                    .arg(c.weight_ppm);
+            }
+            for &(k, hits) in adds {
+                cmd.arg(k + 1).arg(hits);
             }
         }
-        let answer: Vec<i64> = tokio::time::timeout(self.deadline, inv.invoke_async(con))
+        let call = async {
+            match cmd.query_async::<Vec<i64>>(con).await {
+                Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                    // Redis restarted or flushed its scripts: loaded again.
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(SCRIPT)
+                        .exec_async(con)
+                        .await?;
+                    cmd.query_async::<Vec<i64>>(con).await
+                }
+                other => other,
+            }
+        };
+        let answer: Vec<i64> = tokio::time::timeout(self.deadline, call)
             .await
             .map_err(|_| StoreError::Timeout)?
             .map_err(StoreError::Redis)?;
-        let mut it = answer.into_iter();
-        let count = |v: Option<i64>| {
-            v.and_then(|n| u64::try_from(n).ok())
-                .ok_or(StoreError::Shape)
-        };
-        let mut out = Vec::with_capacity(chosen.len());
-        for r in &chosen {
-            let admitted = count(it.next())? == 1;
-            let mut counts = Vec::with_capacity(r.checks.len());
-            for _ in &r.checks {
-                counts.push(Counts {
-                    current: count(it.next())?,
-                    previous: count(it.next())?,
-                });
-            }
-            out.push((counts, admitted));
-        }
-        Ok(out)
+        layout.replay(&answer).ok_or(StoreError::Shape)
     }
 
     /// Whether the store answers (PING within the deadline).
@@ -236,11 +319,244 @@ impl Store {
 
     /// Drops expired counters of the memory store.
     pub fn sweep(&self, now_ms: u64) {
+        if let Some(c) = &self.cache {
+            c.sweep(now_ms);
+        }
         if let Backend::Memory(m) = &self.backend {
             m.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .sweep(now_ms);
         }
+    }
+}
+
+/// The most keys the over-limit cache remembers.
+pub const FULL_CACHE_ENTRIES: usize = 65_536;
+
+/// The over-limit cache: keys this process saw full (not even one more hit
+/// fits), with the counts it saw, until the window ends (a sliding
+/// window's: until its estimate admits one more). A count never falls
+/// inside its window, so a request that one of these counts refuses is
+/// refused without asking the store: the same decision, nothing counted.
+/// Bounded: past `capacity`, expired entries go, then arbitrary ones.
+#[derive(Debug)]
+pub struct FullCache {
+    entries: Mutex<HashMap<String, (Counts, u64)>>,
+    capacity: usize,
+}
+
+impl FullCache {
+    pub fn new(capacity: usize) -> FullCache {
+        FullCache {
+            entries: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Counts, u64)>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Per request, the counts it is refused on when the cache refuses it
+    /// (a check of a key not remembered: 0), else None.
+    pub fn refuse(&self, requests: &[Request], now_ms: u64) -> Vec<Option<Vec<Counts>>> {
+        let m = self.lock();
+        if m.is_empty() {
+            return vec![None; requests.len()];
+        }
+        let seen = |key: &str| match m.get(key) {
+            Some(&(n, until)) if until > now_ms => Some(n),
+            _ => None,
+        };
+        requests
+            .iter()
+            .map(|r| {
+                let refused = r
+                    .checks
+                    .iter()
+                    .any(|c| seen(&c.key).is_some_and(|n| over(c, n)));
+                refused.then(|| {
+                    r.checks
+                        .iter()
+                        .map(|c| seen(&c.key).unwrap_or_default())
+                        .collect()
+                })
+            })
+            .collect()
+    }
+
+    /// Remembers the keys the store's answer shows full: each request's
+    /// counts, with its hits when admitted. A request with a full key has
+    /// its other keys' counts remembered too (what the cache's refusals
+    /// report for them).
+    pub fn learn(
+        &self,
+        requests: &[Request],
+        counts: &[Vec<Counts>],
+        admitted: &[bool],
+        now_ms: u64,
+    ) {
+        let mut m: Option<std::sync::MutexGuard<'_, _>> = None;
+        for ((r, counts), &ok) in requests.iter().zip(counts).zip(admitted) {
+            let after = |c: &Check, n: Counts| Counts {
+                current: n.current.saturating_add(if ok { c.key_hits } else { 0 }),
+                previous: n.previous,
+            };
+            let full = r
+                .checks
+                .iter()
+                .zip(counts)
+                .any(|(c, &n)| estimate(c, after(c, n)) >= c.limit);
+            if !full {
+                continue;
+            }
+            let m = m.get_or_insert_with(|| self.lock());
+            for (c, &n) in r.checks.iter().zip(counts) {
+                let n = after(c, n);
+                let until = if c.sliding {
+                    let wait = sliding_wait_ms(
+                        c.limit, 1, n.previous, n.current, c.window, c.next_end, now_ms,
+                    )
+                    .unwrap_or(c.next_end.saturating_sub(now_ms));
+                    now_ms.saturating_add(wait)
+                } else {
+                    c.window.1
+                };
+                if until <= now_ms {
+                    continue;
+                }
+                if m.len() >= self.capacity && !m.contains_key(&c.key) {
+                    m.retain(|_, (_, u)| *u > now_ms);
+                    if m.len() >= self.capacity {
+                        let drop: Vec<String> =
+                            m.keys().take(self.capacity / 8 + 1).cloned().collect();
+                        for k in drop {
+                            m.remove(&k);
+                        }
+                    }
+                }
+                let e = m.entry(c.key.clone()).or_insert((n, until));
+                e.0.current = e.0.current.max(n.current);
+                e.0.previous = e.0.previous.max(n.previous);
+                e.1 = e.1.max(until);
+            }
+        }
+    }
+
+    /// Drops the entries that have expired.
+    pub fn sweep(&self, now_ms: u64) {
+        self.lock().retain(|_, (_, u)| *u > now_ms);
+    }
+
+    /// How many keys it remembers.
+    #[cfg(test)]
+    pub fn remembered(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// A script call's arguments: the distinct keys of the chosen requests,
+/// and per request its checks' keys (current, previous) and the keys it
+/// adds to, as indexes into `keys`.
+struct Layout<'a> {
+    keys: Vec<&'a str>,
+    ttl_ms: Vec<u64>,
+    #[allow(clippy::type_complexity)]
+    requests: Vec<(Vec<(usize, Option<usize>)>, Vec<(usize, u64)>)>,
+}
+
+impl<'a> Layout<'a> {
+    fn of(chosen: &[&'a Request]) -> Layout<'a> {
+        let mut index: HashMap<&'a str, usize> = HashMap::new();
+        let mut keys: Vec<&'a str> = Vec::new();
+        let mut ttl_ms: Vec<u64> = Vec::new();
+        let mut at = |k: &'a str, ttl: u64, keys: &mut Vec<&'a str>, ttl_ms: &mut Vec<u64>| {
+            let i = *index.entry(k).or_insert_with(|| {
+                keys.push(k);
+                ttl_ms.push(1);
+                keys.len() - 1
+            });
+            if let Some(t) = ttl_ms.get_mut(i) {
+                *t = (*t).max(ttl);
+            }
+            i
+        };
+        let mut requests = Vec::with_capacity(chosen.len());
+        // Per key, the last request (numbered from 1) that adds to it.
+        let mut added_by: Vec<usize> = Vec::new();
+        for (q, r) in chosen.iter().enumerate() {
+            let mut checks = Vec::with_capacity(r.checks.len());
+            let mut adds: Vec<(usize, u64)> = Vec::new();
+            for c in &r.checks {
+                let k = at(&c.key, c.ttl_ms, &mut keys, &mut ttl_ms);
+                let pk = c
+                    .prev_key
+                    .as_deref()
+                    .map(|p| at(p, 1, &mut keys, &mut ttl_ms));
+                checks.push((k, pk));
+                // key_hits: the request's hits on that key, added once.
+                if added_by.len() < keys.len() {
+                    added_by.resize(keys.len(), 0);
+                }
+                if c.key_hits > 0 {
+                    if let Some(a) = added_by.get_mut(k).filter(|a| **a != q + 1) {
+                        *a = q + 1;
+                        adds.push((k, c.key_hits));
+                    }
+                }
+            }
+            requests.push((checks, adds));
+        }
+        Layout {
+            keys,
+            ttl_ms,
+            requests,
+        }
+    }
+
+    /// Each request's counts as the script decided it on, from the keys'
+    /// values as read and which requests were admitted: the adds of the
+    /// admitted ones replayed in order.
+    fn replay(&self, answer: &[i64]) -> Option<Vec<(Vec<Counts>, bool)>> {
+        let nk = self.keys.len();
+        if answer.len() != nk + self.requests.len() {
+            return None;
+        }
+        let mut values: Vec<u64> = answer
+            .get(..nk)?
+            .iter()
+            .map(|&n| u64::try_from(n).ok())
+            .collect::<Option<_>>()?;
+        let mut out = Vec::with_capacity(self.requests.len());
+        for ((checks, adds), &ok) in self.requests.iter().zip(answer.get(nk..)?) {
+            let counts = checks
+                .iter()
+                .map(|&(k, pk)| {
+                    Some(Counts {
+                        current: *values.get(k)?,
+                        previous: match pk {
+                            Some(p) => *values.get(p)?,
+                            None => 0,
+                        },
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let admitted = match ok {
+                1 => true,
+                0 => false,
+                _ => return None,
+            };
+            if admitted {
+                for &(k, hits) in adds {
+                    let v = values.get_mut(k)?;
+                    *v = v.saturating_add(hits);
+                }
+            }
+            out.push((counts, admitted));
+        }
+        Some(out)
     }
 }
 
@@ -272,6 +588,7 @@ pub async fn connect(
         return Ok(Store {
             backend: Backend::Cluster(con),
             script,
+            cache: Some(FullCache::new(FULL_CACHE_ENTRIES)),
             deadline,
         });
     }
@@ -292,6 +609,105 @@ pub async fn connect(
     Ok(Store {
         backend: Backend::Redis(con),
         script,
+        cache: Some(FullCache::new(FULL_CACHE_ENTRIES)),
         deadline,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(key: &str, prev: Option<&str>, limit: u64, hits: u64) -> Check {
+        Check {
+            index: 0,
+            unit: ratelimit_config::Unit::Minute,
+            limit,
+            hits,
+            key_hits: hits,
+            sliding: prev.is_some(),
+            shadow: false,
+            group: 0,
+            name: "g".into(),
+            tag: "{1:d:a}".into(),
+            key: key.into(),
+            prev_key: prev.map(Into::into),
+            window: (0, 60_000),
+            next_end: 120_000,
+            weight_ppm: 500_000,
+            ttl_ms: 60_000,
+        }
+    }
+
+    #[test]
+    fn a_call_sends_each_key_once_and_adds_a_request_s_hits_to_a_key_once() {
+        let mut twice = Request {
+            checks: vec![check("k1", None, 5, 1), check("k1", None, 9, 2)],
+        };
+        for c in &mut twice.checks {
+            c.key_hits = 3;
+        }
+        let other = Request {
+            checks: vec![check("k1", None, 5, 1), check("k2", Some("k0"), 5, 1)],
+        };
+        let chosen = [&twice, &other];
+        let l = Layout::of(&chosen);
+        assert_eq!(l.keys, ["k1", "k2", "k0"]);
+        assert_eq!(l.ttl_ms, [60_000, 60_000, 1]);
+        assert_eq!(l.requests[0].1, [(0, 3)]);
+        assert_eq!(l.requests[1].0, [(0, None), (1, Some(2))]);
+        assert_eq!(l.requests[1].1, [(0, 1), (1, 1)]);
+        // Read 1, 0, 4; the first request admitted: the second is decided on
+        // k1 = 4.
+        let got = l.replay(&[1, 0, 4, 1, 0]).unwrap();
+        assert_eq!(
+            got[0].0[0],
+            Counts {
+                current: 1,
+                previous: 0
+            }
+        );
+        assert_eq!(
+            got[1].0[0],
+            Counts {
+                current: 4,
+                previous: 0
+            }
+        );
+        assert_eq!(
+            got[1].0[1],
+            Counts {
+                current: 0,
+                previous: 4
+            }
+        );
+        assert_eq!((got[0].1, got[1].1), (true, false));
+        assert!(l.replay(&[1, 0, 4, 1]).is_none());
+        assert!(l.replay(&[1, 0, 4, 1, 2]).is_none());
+    }
+
+    #[test]
+    fn the_over_limit_cache_stays_within_its_bound_under_a_flood_of_keys() {
+        let cache = FullCache::new(100);
+        for i in 0..10_000 {
+            let r = Request {
+                checks: vec![check(&format!("k{i}"), None, 1, 1)],
+            };
+            cache.learn(
+                std::slice::from_ref(&r),
+                &[vec![Counts::default()]],
+                &[true],
+                1_000,
+            );
+            assert!(cache.remembered() <= 100);
+        }
+        // A full key refuses until its window ends, then no longer.
+        let r = Request {
+            checks: vec![check("k9999", None, 1, 1)],
+        };
+        assert!(cache.refuse(std::slice::from_ref(&r), 59_999)[0].is_some());
+        assert!(cache.refuse(std::slice::from_ref(&r), 60_000)[0].is_none());
+        cache.sweep(60_000);
+        assert_eq!(cache.remembered(), 0);
+    }
 }

@@ -318,3 +318,79 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// The over-limit cache in front of a store decides as the store alone:
+    /// the same requests admitted, the same overall codes, the same counts
+    /// held; a window it answers over is over without it too.
+    #[test]
+    fn the_over_limit_cache_answers_as_the_store_does(
+        sliding in proptest::prelude::any::<bool>(),
+        calls in proptest::collection::vec((0u64..9_000, proptest::collection::vec((0usize..3, 0u64..3, proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()), 1..6)), 1..40),
+    ) {
+        use crate::store::FullCache;
+        let window = if sliding { "sliding" } else { "fixed" };
+        let d = domain(&format!(r#"{{"x-t": {{"default": {{"persecond": 3, "perminute": 5, "permonth": 9, "window": "{window}"}}}}}}"#));
+        let mut plain = MemoryCounts::default();
+        let mut cached = MemoryCounts::default();
+        let cache = FullCache::new(4);
+        let mut now = T0;
+        let mut keys = Vec::new();
+        for (dt, c) in calls {
+            now += dt;
+            let mut descriptors = Vec::new();
+            for (tenant, hits, mark, month) in c {
+                if mark {
+                    descriptors.push(desc(&[(REQUEST_MARK, "")], None));
+                }
+                let t = ["a", "b", "c"][tenant];
+                descriptors.push(desc(&[("generic_key", "per_second"), ("tenant", t)], Some(hits)));
+                descriptors.push(desc(&[("generic_key", "per_minute"), ("tenant", t)], Some(hits)));
+                if month {
+                    descriptors.push(desc(&[("generic_key", "per_month"), ("tenant", t)], None));
+                }
+            }
+            let req = call(descriptors);
+            let p = plan(Some(&d), &req, now).unwrap();
+            let (c1, a1): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| plain.apply(r, now)).unzip();
+            let refused = cache.refuse(&p.requests, now);
+            let mut c2 = Vec::new();
+            let mut a2 = Vec::new();
+            let mut rest = Vec::new();
+            let (mut rc, mut ra) = (Vec::new(), Vec::new());
+            for (r, f) in p.requests.iter().zip(&refused) {
+                match f {
+                    Some(counts) => {
+                        c2.push(counts.clone());
+                        a2.push(false);
+                    }
+                    None => {
+                        let (c, a) = cached.apply(r, now);
+                        rest.push(r.clone());
+                        rc.push(c.clone());
+                        ra.push(a);
+                        c2.push(c);
+                        a2.push(a);
+                    }
+                }
+            }
+            cache.learn(&rest, &rc, &ra, now);
+            proptest::prop_assert_eq!(&a1, &a2);
+            let (r1, _) = answer(&p, &c1, &a1, now);
+            let (r2, _) = answer(&p, &c2, &a2, now);
+            proptest::prop_assert_eq!(r1.overall_code, r2.overall_code);
+            for (s1, s2) in r1.statuses.iter().zip(&r2.statuses) {
+                if s2.code == Code::OverLimit as i32 {
+                    proptest::prop_assert_eq!(s1.code, Code::OverLimit as i32);
+                }
+            }
+            for r in &p.requests {
+                keys.extend(r.checks.iter().map(|c| c.key.clone()));
+            }
+            proptest::prop_assert!(cache.remembered() <= 4);
+        }
+        for k in keys {
+            proptest::prop_assert_eq!(plain.value(&k, now), cached.value(&k, now));
+        }
+    }
+}
