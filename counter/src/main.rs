@@ -4,7 +4,6 @@
 
 mod metrics;
 mod service;
-mod store;
 mod teams;
 
 use std::net::SocketAddr;
@@ -13,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ratelimit_counter::{decide, proto};
+use ratelimit_counter::{decide, proto, store};
 
 /// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
 /// gRPC, from the team files, with fixed, sliding and calendar windows.
