@@ -222,14 +222,15 @@ fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option
 
 /// Stores what the service said (`heard`; None: the call failed) to a
 /// call about the tenant `asked` names that carried its sync hits (`hits`);
-/// a push is counted in the group.
+/// a push is counted in the group. Returns whether the slot, as stored,
+/// holds no pending hit of the tenant (nothing left for a push).
 pub fn store_sync_answer<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     asked: Asked,
     hits: SyncHits,
     heard: Option<&Answer>,
-) {
+) -> bool {
     let Asked {
         group,
         at,
@@ -241,28 +242,29 @@ pub fn store_sync_answer<H: Host + ?Sized>(
         SyncHits::OwnHit => (1, false),
     };
     let Some(p) = c.mode_params(group).sync() else {
-        return;
+        return false;
     };
     if pushed {
         count_push(host, group, delta, heard);
     }
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return ((), None);
+            return (false, None);
         };
         let held = match slot.mode {
             ModeState::Sync(s) => Some(s),
             ModeState::None => None,
             // The tenant's next request drops it.
-            ModeState::Lease(_) => return ((), None),
+            ModeState::Lease(_) => return (false, None),
         };
         let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, heard);
         slot.mode = ModeState::Sync(s);
-        ((), Some(slot))
+        (s.pending() == 0, Some(slot))
     });
-    if let Err(e) = stored {
+    stored.unwrap_or_else(|e| {
         log::debug!("sync answer not stored: {e}");
-    }
+        false
+    })
 }
 
 /// What the finished parts of calls leave: each part's answer stored in
@@ -280,7 +282,13 @@ pub fn finish<H: Host + ?Sized>(
     // The clock, read once, and only when a part is done.
     let now = if done.is_empty() { 0 } else { host.now_ms() };
     for Done { part, mut heard } in done {
-        store_part_answer(c, host, &part, heard.as_ref().ok(), now);
+        if store_part_answer(c, host, &part, heard.as_ref().ok(), now) {
+            if let Owner::Tenant { at, .. } = part.owner {
+                // Nothing left to push: the root's next pass would read
+                // the slot only to forget the tenant (`next_tracked`).
+                vm.mailbox.forget(at);
+            }
+        }
         if let Ok(answer) = &mut heard {
             with_lease_tokens(c, &part, answer, now);
         }
@@ -326,14 +334,15 @@ fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64
 
 /// What the answer to a part (`heard`; None: the call failed) leaves in
 /// its tenant's slot and its group's counters: a lease's batch, a sync
-/// view, a push's hits.
+/// view, a push's hits. Returns true for a push whose tenant has no hit
+/// left pending once its answer is stored.
 pub fn store_part_answer<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     part: &Part,
     heard: Option<&Answer>,
     now_ms: u64,
-) {
+) -> bool {
     let asked = |at| Asked {
         group: part.group,
         at,
@@ -356,6 +365,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
                 tokens: part.hits,
             };
             store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+            false
         }
         Owner::Tenant {
             kind: CallKind::Push,
@@ -369,9 +379,10 @@ pub fn store_part_answer<H: Host + ?Sized>(
             if let Some(call) = part.call() {
                 store_charge_answer(c, host, &call, part.asked_at_ms, heard);
             }
+            false
         }
         Owner::Stream { settle, .. } => match settle {
-            Settle::Exact => {}
+            Settle::Exact => false,
             // The request asked for a batch: the first hit is its own.
             Settle::Lease { at, batch } => {
                 let batch = LeaseBatch {
@@ -379,8 +390,12 @@ pub fn store_part_answer<H: Host + ?Sized>(
                     tokens: batch.saturating_sub(1),
                 };
                 store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+                false
             }
-            Settle::Sync { at } => store_sync_answer(c, host, asked(at), SyncHits::OwnHit, heard),
+            Settle::Sync { at } => {
+                store_sync_answer(c, host, asked(at), SyncHits::OwnHit, heard);
+                false
+            }
         },
     }
 }

@@ -425,7 +425,7 @@ fn tenant_outcome<H: Host + ?Sized>(
             admitted_locally(c, host, vm, req, slots, GroupCounter::LeaseSpent, left)
         }
         ModeStep::LeaseAsk { batch } => {
-            track(vm, limited, at);
+            track(vm, limited, at, req.now_ms);
             LocalOutcome::Ask {
                 slots,
                 settle: Settle::Lease { at, batch },
@@ -461,7 +461,7 @@ fn admitted_locally<H: Host + ?Sized>(
     left: Left,
 ) -> LocalOutcome {
     let limited = req.limited;
-    track(vm, limited, slots.at);
+    track(vm, limited, slots.at, req.now_ms);
     host.count_group(limited.group_index, GroupCounter::Admitted);
     host.count_group(limited.group_index, counter);
     let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
@@ -560,8 +560,11 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
 /// The root pushes the tenant's sync hits, or refills its lease after each
 /// window, from now on.
 #[inline(never)]
-fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef) {
-    if !vm.mailbox.track(limited.group_index, &limited.tenant, at) {
+fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef, now_ms: u64) {
+    if !vm
+        .mailbox
+        .track_at(limited.group_index, &limited.tenant, at, now_ms)
+    {
         log::debug!("tenant not tracked: the root tracks the most it may");
     }
 }
@@ -618,6 +621,16 @@ pub fn next_tracked<H: Host + ?Sized>(
     let lease = lease.filter(|_| due.lease);
     if sync.is_none() && lease.is_none() {
         return nothing(false);
+    }
+    // A lease this worker has not served in this second or the one before
+    // is idle to it (`lease::window_refill`'s rule; the slot may say
+    // otherwise only when another worker served it since, which tracks it
+    // and refills it): forgotten without reading its slot.
+    let unseen = t
+        .seen_s
+        .is_some_and(|s| s.saturating_add(1) < now_ms / 1_000);
+    if sync.is_none() && unseen {
+        return nothing(true);
     }
     let at = t.at;
     let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {

@@ -34,6 +34,11 @@ pub struct Tracked {
     pub group: usize,
     pub tenant: String,
     pub at: SlotRef,
+    /// The second of this worker's last request of the tenant (None: not
+    /// known). A lease tenant this worker has not served in this second or
+    /// the one before is forgotten without reading its slot
+    /// (`modes::next_tracked`): a worker that served it since tracks it.
+    pub seen_s: Option<u64>,
 }
 
 /// Work a worker's streams hand to its root context, bounded: lease
@@ -80,10 +85,23 @@ impl Mailbox {
     /// holds `MAX_TRACKED` others); a tenant tracked already stays as it is
     /// (no allocation).
     pub fn track(&self, group: usize, tenant: &str, at: SlotRef) -> bool {
+        self.track_seen(group, tenant, at, None)
+    }
+
+    /// `track`, for a request of the tenant at `now_ms` (the tenant's
+    /// `seen_s`).
+    pub fn track_at(&self, group: usize, tenant: &str, at: SlotRef, now_ms: u64) -> bool {
+        self.track_seen(group, tenant, at, Some(now_ms / 1_000))
+    }
+
+    fn track_seen(&self, group: usize, tenant: &str, at: SlotRef, seen_s: Option<u64>) -> bool {
         let Ok(mut t) = self.tracked.try_borrow_mut() else {
             return false;
         };
-        if t.contains_key(&at.fingerprint) {
+        if let Some(known) = t.get_mut(&at.fingerprint) {
+            if seen_s.is_some() {
+                known.seen_s = seen_s;
+            }
             return true;
         }
         if t.len() >= MAX_TRACKED {
@@ -95,6 +113,7 @@ impl Mailbox {
                 group,
                 tenant: tenant.to_string(),
                 at,
+                seen_s,
             },
         );
         true

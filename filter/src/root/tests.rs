@@ -336,7 +336,9 @@ fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
     // A push under way: still tracked.
     assert_eq!(h.vm.mailbox.tracked().len(), 1);
     answer_root(&c, &h, &mut root, h.calls()[0].token, minute(4));
-    // The next push finds nothing pending: forgotten, no call.
+    // Its push answered with nothing pending: forgotten then, and the next
+    // pass neither reads its slot nor calls.
+    assert!(h.vm.mailbox.tracked().is_empty());
     h.set_now_ms(NOW + 50);
     root.on_tick(&c, &h, &h.vm);
     assert!(h.vm.mailbox.tracked().is_empty());
@@ -427,9 +429,13 @@ fn after_a_window_ends_the_root_refills_its_tenants_leases_in_one_call() {
     let queued = descriptor_hits(h.calls().last().unwrap()).len();
     assert!(queued >= 1, "{queued}");
     let calls = h.call_count();
-    // A window later, with no request since: no refill, both forgotten.
+    // A window later, with no request since: no refill, both forgotten,
+    // without reading their slots (this worker served neither in this
+    // second or the one before).
     h.set_now_ms(window_end + 60_000 + 5);
+    h.fail(HostCall::GetShared);
     root.on_tick(&c, &h, &h.vm);
+    h.heal(HostCall::GetShared);
     assert_eq!(h.call_count(), calls);
     assert!(h.vm.mailbox.tracked().is_empty());
 }
