@@ -294,6 +294,14 @@ group_counters! {
     ResponseCostFailed => "response_cost.failed",
 }
 
+/// The stat of a team-file route's counter (after `wasmcustom.`): the
+/// requests a group's route limits applied to (their Envoy route carried
+/// that name). A route of several groups is one stat: the host gives each
+/// definition of a name the same counter.
+pub fn route_stat_name(route: &str) -> String {
+    format!("tenant_ratelimit.route.{route}.requests")
+}
+
 /// How many counters each group has.
 pub const GROUP_COUNTERS: usize = GroupCounter::ALL.len();
 
@@ -319,6 +327,10 @@ pub struct MetricIds {
     series_of: Vec<u32>,
     histograms: [Option<u32>; HISTOGRAMS],
     gauges: [Option<u32>; GAUGES],
+    /// Each team-file route's `tenant_ratelimit.route.<route>.requests`,
+    /// the routes of every group in `limits.all_groups()` order (set once
+    /// the others are defined: `route_stat_name`).
+    pub routes: Vec<Option<u32>>,
 }
 
 impl MetricIds {
@@ -370,7 +382,14 @@ impl MetricIds {
             series_of,
             histograms,
             gauges,
+            routes: Vec::new(),
         }
+    }
+
+    /// The requests counter of the route with index `route` (its position
+    /// in the routes of every group, `limits.all_groups()` order).
+    pub fn route(&self, route: usize) -> Option<u32> {
+        self.routes.get(route).copied().flatten()
     }
 
     pub fn counter(&self, c: Counter) -> Option<u32> {
@@ -515,6 +534,21 @@ mod tests {
             .iter()
             .any(|n| n.contains(".silver.") || n.contains(".default.")));
         assert_eq!(ids.group(4, GroupCounter::Admitted), None);
+    }
+
+    #[test]
+    fn each_route_has_a_requests_counter_by_its_index() {
+        assert_eq!(
+            route_stat_name("export"),
+            "tenant_ratelimit.route.export.requests"
+        );
+        let mut ids = MetricIds::define([("default", true)].into_iter(), |_, _| None);
+        assert_eq!(ids.route(0), None);
+        ids.routes = vec![Some(7), None];
+        assert_eq!(
+            (ids.route(0), ids.route(1), ids.route(2)),
+            (Some(7), None, None)
+        );
     }
 
     #[test]

@@ -207,7 +207,15 @@ impl Stream {
         // A hostcall per request only for the tenants of groups with routes.
         if !limited.group.routes.is_empty() {
             match host.route_name() {
-                Ok(Some(name)) => limited.route = limited.group.route(&name),
+                Ok(Some(name)) => {
+                    let routes = &limited.group.routes;
+                    if let Some(i) = routes.iter().position(|r| r.name.as_bytes() == name) {
+                        // Its index among every group's routes.
+                        let groups = c.config.limits.all_groups().take(limited.group_index);
+                        host.count_route(groups.map(|g| g.routes.len()).sum::<usize>() + i);
+                        limited.route = routes.get(i);
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => log::debug!("the route's name not read: {e}"),
             }

@@ -18,7 +18,9 @@ use std::rc::Rc;
 use ratelimit_config::parse_plugin_config;
 
 use crate::abi::{self, Level};
-use crate::counters::{Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind};
+use crate::counters::{
+    route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
+};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
@@ -206,6 +208,10 @@ impl Host for Envoy<'_> {
         add_metric(self.0.group(group, counter), n);
     }
 
+    fn count_route(&self, route: usize) {
+        add_metric(self.0.route(route), 1);
+    }
+
     fn record(&self, histogram: Histogram, value: u64) {
         record_metric(self.0.histogram(histogram), value);
     }
@@ -378,7 +384,7 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
     };
     let groups =
         (config.limits.all_groups()).map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
-    let metrics = MetricIds::define(groups, |kind, name| {
+    let mut metrics = MetricIds::define(groups, |kind, name| {
         let kind = match kind {
             MetricKind::Counter => abi::COUNTER,
             MetricKind::Histogram => abi::HISTOGRAM,
@@ -388,6 +394,14 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
             .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
             .ok()
     });
+    // Each team-file route's counter (one that cannot be defined is not
+    // counted).
+    for g in config.limits.all_groups() {
+        for r in &g.routes {
+            let id = abi::define_metric(abi::COUNTER, &route_stat_name(&r.name));
+            metrics.routes.push(id.ok());
+        }
+    }
     let host = Envoy(&metrics);
     let slot_secret = if config.local.enabled {
         root::prepare_local(&host, config.local.slots, || draw_secret(&host))

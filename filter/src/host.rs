@@ -190,6 +190,11 @@ pub trait Host: SharedData {
         self.add_group(group, counter, 1);
     }
 
+    /// Adds one to the requests counter of the team-file route with index
+    /// `route` (its position in the routes of every group, in
+    /// `limits.all_groups()` order): `tenant_ratelimit.route.<route>.requests`.
+    fn count_route(&self, route: usize);
+
     /// Records a value in a histogram (a failure to record is the host's to
     /// log).
     fn record(&self, histogram: Histogram, value: u64);
