@@ -43,6 +43,7 @@ use crate::decision::{
 use crate::fallback::{self, Decided};
 use crate::health;
 use crate::host::{Host, HostError};
+use crate::lease::smaller_may_fit;
 use crate::local::SlotRef;
 use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
 use crate::tenant;
@@ -343,13 +344,17 @@ impl Stream {
                 // (and counts) what it would have refused, as enforcing
                 // would, and spares the service the same calls. Each slot
                 // keeps its part of the answer (`own_statuses`).
+                // Not a batch the counter refused whole while one hit
+                // still fits (`lease::smaller_may_fit`).
                 let own = self.own_statuses.min(statuses.len());
                 let (own, on_route) = statuses.split_at(own);
-                if let Some(at) = self.slot {
-                    remember(c, host, at, self.asked_at_ms, own);
-                }
-                if let Some(at) = self.route_slot {
-                    remember(c, host, at, self.asked_at_ms, on_route);
+                let slots = [(self.slot, own), (self.route_slot, on_route)];
+                if !smaller_may_fit(self.hits, &statuses) {
+                    for (at, part) in slots {
+                        if let Some(at) = at {
+                            remember(c, host, at, self.asked_at_ms, part);
+                        }
+                    }
                 }
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;
