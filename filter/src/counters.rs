@@ -331,6 +331,8 @@ pub struct MetricIds {
     /// the routes of every group in `limits.all_groups()` order (set once
     /// the others are defined: `route_stat_name`).
     pub routes: Vec<Option<u32>>,
+    /// By group index: the index in `routes` of its first route.
+    pub route_base: Vec<usize>,
 }
 
 impl MetricIds {
@@ -383,13 +385,15 @@ impl MetricIds {
             histograms,
             gauges,
             routes: Vec::new(),
+            route_base: Vec::new(),
         }
     }
 
-    /// The requests counter of the route with index `route` (its position
-    /// in the routes of every group, `limits.all_groups()` order).
-    pub fn route(&self, route: usize) -> Option<u32> {
-        self.routes.get(route).copied().flatten()
+    /// The requests counter of the route at `route` in the routes of the
+    /// group with index `group`.
+    pub fn route(&self, group: usize, route: usize) -> Option<u32> {
+        let at = self.route_base.get(group)? + route;
+        self.routes.get(at).copied().flatten()
     }
 
     pub fn counter(&self, c: Counter) -> Option<u32> {
@@ -543,11 +547,14 @@ mod tests {
             "tenant_ratelimit.route.export.requests"
         );
         let mut ids = MetricIds::define([("default", true)].into_iter(), |_, _| None);
-        assert_eq!(ids.route(0), None);
-        ids.routes = vec![Some(7), None];
+        assert_eq!(ids.route(0, 0), None);
+        // Routes 7 and 8 of group 0, none of group 1, 9 of group 2.
+        ids.routes = vec![Some(7), Some(8), Some(9)];
+        ids.route_base = vec![0, 2, 2];
+        assert_eq!((ids.route(0, 0), ids.route(0, 1)), (Some(7), Some(8)));
         assert_eq!(
-            (ids.route(0), ids.route(1), ids.route(2)),
-            (Some(7), None, None)
+            (ids.route(2, 0), ids.route(2, 1), ids.route(3, 0)),
+            (Some(9), None, None)
         );
     }
 

@@ -211,9 +211,7 @@ impl Stream {
                 Ok(Some(name)) => {
                     let routes = &limited.group.routes;
                     if let Some(i) = routes.iter().position(|r| r.name.as_bytes() == name) {
-                        // Its index among every group's routes.
-                        let groups = c.config.limits.all_groups().take(limited.group_index);
-                        host.count_route(groups.map(|g| g.routes.len()).sum::<usize>() + i);
+                        host.count_route(limited.group_index, i);
                         limited.route = routes.get(i);
                     }
                 }
@@ -348,12 +346,12 @@ impl Stream {
                 // still fits (`lease::smaller_may_fit`).
                 let own = self.own_statuses.min(statuses.len());
                 let (own, on_route) = statuses.split_at(own);
-                let slots = [(self.slot, own), (self.route_slot, on_route)];
                 if !smaller_may_fit(self.hits, &statuses) {
-                    for (at, part) in slots {
-                        if let Some(at) = at {
-                            remember(c, host, at, self.asked_at_ms, part);
-                        }
+                    if let Some(at) = self.slot {
+                        remember(c, host, at, self.asked_at_ms, own);
+                    }
+                    if let Some(at) = self.route_slot {
+                        remember(c, host, at, self.asked_at_ms, on_route);
                     }
                 }
                 // In shadow the request goes upstream, counted.

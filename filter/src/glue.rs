@@ -82,6 +82,18 @@ fn failed(call: HostCall) -> impl Fn(abi::Status) -> HostError {
 
 /// A metric that cannot be updated is logged at debug, not counted: there
 /// is no other metric to count it in.
+/// Defines a metric; None (logged) when the host refuses it.
+fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
+    let kind = match kind {
+        MetricKind::Counter => abi::COUNTER,
+        MetricKind::Histogram => abi::HISTOGRAM,
+        MetricKind::Gauge => abi::GAUGE,
+    };
+    abi::define_metric(kind, name)
+        .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
+        .ok()
+}
+
 fn add_metric(id: Option<u32>, n: u64) {
     if let Some(id) = id {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
@@ -208,8 +220,8 @@ impl Host for Envoy<'_> {
         add_metric(self.0.group(group, counter), n);
     }
 
-    fn count_route(&self, route: usize) {
-        add_metric(self.0.route(route), 1);
+    fn count_route(&self, group: usize, route: usize) {
+        add_metric(self.0.route(group, route), 1);
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
@@ -384,22 +396,13 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
     };
     let groups =
         (config.limits.all_groups()).map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
-    let mut metrics = MetricIds::define(groups, |kind, name| {
-        let kind = match kind {
-            MetricKind::Counter => abi::COUNTER,
-            MetricKind::Histogram => abi::HISTOGRAM,
-            MetricKind::Gauge => abi::GAUGE,
-        };
-        abi::define_metric(kind, name)
-            .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
-            .ok()
-    });
-    // Each team-file route's counter (one that cannot be defined is not
-    // counted).
+    let mut metrics = MetricIds::define(groups, define_metric);
+    // Each team-file route's counter.
     for g in config.limits.all_groups() {
+        metrics.route_base.push(metrics.routes.len());
         for r in &g.routes {
-            let id = abi::define_metric(abi::COUNTER, &route_stat_name(&r.name));
-            metrics.routes.push(id.ok());
+            let id = define_metric(MetricKind::Counter, &route_stat_name(&r.name));
+            metrics.routes.push(id);
         }
     }
     let host = Envoy(&metrics);

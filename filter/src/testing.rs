@@ -193,8 +193,8 @@ pub struct MemHost {
     counters: [Cell<u64>; COUNTERS],
     /// Group counters, by (group index, counter).
     group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
-    /// `count_route`'s route indexes, once per count.
-    pub routes_counted: RefCell<Vec<usize>>,
+    /// `count_route`'s (group index, route index), once per count.
+    pub routes_counted: RefCell<Vec<(usize, usize)>>,
     /// Values recorded per histogram (only their count for a `counting`
     /// host).
     recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
@@ -711,8 +711,8 @@ impl Host for MemHost {
         }
     }
 
-    fn count_route(&self, route: usize) {
-        self.routes_counted.borrow_mut().push(route);
+    fn count_route(&self, group: usize, route: usize) {
+        self.routes_counted.borrow_mut().push((group, route));
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
@@ -971,8 +971,8 @@ impl Host for Worker {
         self.host.add_group(group, counter, n);
     }
 
-    fn count_route(&self, route: usize) {
-        self.host.count_route(route);
+    fn count_route(&self, group: usize, route: usize) {
+        self.host.count_route(group, route);
     }
 
     fn record(&self, histogram: Histogram, value: u64) {

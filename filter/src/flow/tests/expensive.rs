@@ -513,7 +513,7 @@ fn requests_on_a_limited_route_count_on_that_route_and_no_other() {
     let _ = request(&c, &h, "acme", Some("reports"));
     assert_eq!(
         *h.host.routes_counted.borrow(),
-        [0, 1, 0],
-        "the route of each request a route limit applied to"
+        [(0, 0), (0, 1), (0, 0)],
+        "(group, route) of each request a route limit applied to"
     );
 }
