@@ -209,10 +209,10 @@ impl Stream {
         if !limited.group.routes.is_empty() {
             match host.route_name() {
                 Ok(Some(name)) => {
-                    let routes = &limited.group.routes;
-                    if let Some(i) = routes.iter().position(|r| r.name.as_bytes() == name) {
+                    let mut routes = limited.group.routes.iter().enumerate();
+                    if let Some((i, r)) = routes.find(|(_, r)| r.name.as_bytes() == name) {
                         host.count_route(limited.group_index, i);
-                        limited.route = routes.get(i);
+                        limited.route = Some(r);
                     }
                 }
                 Ok(None) => {}
