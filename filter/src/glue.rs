@@ -80,8 +80,6 @@ fn failed(call: HostCall) -> impl Fn(abi::Status) -> HostError {
     move |status| HostError::new(call, status)
 }
 
-/// A metric that cannot be updated is logged at debug, not counted: there
-/// is no other metric to count it in.
 /// Defines a metric; None (logged) when the host refuses it.
 fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
     let kind = match kind {
@@ -94,6 +92,8 @@ fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
         .ok()
 }
 
+/// A metric that cannot be updated is logged at debug, not counted: there
+/// is no other metric to count it in.
 fn add_metric(id: Option<u32>, n: u64) {
     if let Some(id) = id {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
