@@ -1,19 +1,23 @@
 """Per-route limits on the bootstrap `render --target envoy` writes: its
 routes carry names, so a team file's `routes` limit applies where named and
-nowhere else, through a real Envoy, the real service and Redis."""
+nowhere else, through a real Envoy, the real service and Redis; each
+team-file route's `route.<name>.requests` counter shows whether it applies."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import requests
 import yaml
 
 import harness
 from harness import ensure_window_room, run_sequential, tally, unique
 
 
-def test_a_route_limit_applies_on_the_route_render_names(stack, tmp_path):
-    limits = {"x-tenant-id": {"default": {"perhour": 100, "routes": {"export": {"perhour": 2}}}}}
+def test_a_route_limit_applies_on_the_route_render_names_and_is_counted_there(stack, tmp_path):
+    # `archive`: a team-file route no Envoy route carries.
+    routes = {"export": {"perhour": 2}, "archive": {"perhour": 5}}
+    limits = {"x-tenant-id": {"default": {"perhour": 100, "routes": routes}}}
     domain = unique("internal-api")
     gen = stack.generate(limits, domain)
     rls = stack.ratelimit(stack.redis(), gen)
@@ -46,3 +50,13 @@ def test_a_route_limit_applies_on_the_route_render_names(stack, tmp_path):
     # Elsewhere only the group's own limit applies.
     elsewhere = run_sequential([f"{base}/orders"], 4, tenant=tenant)
     assert tally(elsewhere) == Counter({200: 4}), harness.summary(elsewhere)
+    # Every request on the limited route counts there, refused or not; the
+    # others nowhere; a route no Envoy route carries stays at 0 under
+    # traffic: its limit never applies.
+    stats = harness.parse_stats(requests.get(
+        f"http://127.0.0.1:{admin}/stats", params={"filter": r"tenant_ratelimit\.route\."},
+        timeout=2).text)
+    assert stats == {
+        "wasmcustom.tenant_ratelimit.route.export.requests": 4,
+        "wasmcustom.tenant_ratelimit.route.archive.requests": 0,
+    }, stats

@@ -294,6 +294,14 @@ group_counters! {
     ResponseCostFailed => "response_cost.failed",
 }
 
+/// The stat of a team-file route's counter (after `wasmcustom.`): the
+/// requests a group's route limits applied to (their Envoy route carried
+/// that name). A route of several groups is one stat: the host gives each
+/// definition of a name the same counter.
+pub fn route_stat_name(route: &str) -> String {
+    format!("tenant_ratelimit.route.{route}.requests")
+}
+
 /// How many counters each group has.
 pub const GROUP_COUNTERS: usize = GroupCounter::ALL.len();
 
@@ -319,6 +327,12 @@ pub struct MetricIds {
     series_of: Vec<u32>,
     histograms: [Option<u32>; HISTOGRAMS],
     gauges: [Option<u32>; GAUGES],
+    /// Each team-file route's `tenant_ratelimit.route.<route>.requests`,
+    /// the routes of every group in `limits.all_groups()` order (set once
+    /// the others are defined: `route_stat_name`).
+    pub routes: Vec<Option<u32>>,
+    /// By group index: the index in `routes` of its first route.
+    pub route_base: Vec<usize>,
 }
 
 impl MetricIds {
@@ -370,7 +384,16 @@ impl MetricIds {
             series_of,
             histograms,
             gauges,
+            routes: Vec::new(),
+            route_base: Vec::new(),
         }
+    }
+
+    /// The requests counter of the route at `route` in the routes of the
+    /// group with index `group`.
+    pub fn route(&self, group: usize, route: usize) -> Option<u32> {
+        let at = self.route_base.get(group)? + route;
+        self.routes.get(at).copied().flatten()
     }
 
     pub fn counter(&self, c: Counter) -> Option<u32> {
@@ -515,6 +538,24 @@ mod tests {
             .iter()
             .any(|n| n.contains(".silver.") || n.contains(".default.")));
         assert_eq!(ids.group(4, GroupCounter::Admitted), None);
+    }
+
+    #[test]
+    fn each_route_has_a_requests_counter_by_its_index() {
+        assert_eq!(
+            route_stat_name("export"),
+            "tenant_ratelimit.route.export.requests"
+        );
+        let mut ids = MetricIds::define([("default", true)].into_iter(), |_, _| None);
+        assert_eq!(ids.route(0, 0), None);
+        // Routes 7 and 8 of group 0, none of group 1, 9 of group 2.
+        ids.routes = vec![Some(7), Some(8), Some(9)];
+        ids.route_base = vec![0, 2, 2];
+        assert_eq!((ids.route(0, 0), ids.route(0, 1)), (Some(7), Some(8)));
+        assert_eq!(
+            (ids.route(2, 0), ids.route(2, 1), ids.route(3, 0)),
+            (Some(9), None, None)
+        );
     }
 
     #[test]

@@ -43,6 +43,7 @@ use crate::decision::{
 use crate::fallback::{self, Decided};
 use crate::health;
 use crate::host::{Host, HostError};
+use crate::lease::smaller_may_fit;
 use crate::local::SlotRef;
 use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
 use crate::tenant;
@@ -207,7 +208,13 @@ impl Stream {
         // A hostcall per request only for the tenants of groups with routes.
         if !limited.group.routes.is_empty() {
             match host.route_name() {
-                Ok(Some(name)) => limited.route = limited.group.route(&name),
+                Ok(Some(name)) => {
+                    let mut routes = limited.group.routes.iter().enumerate();
+                    if let Some((i, r)) = routes.find(|(_, r)| r.name.as_bytes() == name) {
+                        host.count_route(limited.group_index, i);
+                        limited.route = Some(r);
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => log::debug!("the route's name not read: {e}"),
             }
@@ -335,13 +342,17 @@ impl Stream {
                 // (and counts) what it would have refused, as enforcing
                 // would, and spares the service the same calls. Each slot
                 // keeps its part of the answer (`own_statuses`).
+                // Not a batch the counter refused whole while one hit
+                // still fits (`lease::smaller_may_fit`).
                 let own = self.own_statuses.min(statuses.len());
                 let (own, on_route) = statuses.split_at(own);
-                if let Some(at) = self.slot {
-                    remember(c, host, at, self.asked_at_ms, own);
-                }
-                if let Some(at) = self.route_slot {
-                    remember(c, host, at, self.asked_at_ms, on_route);
+                if !smaller_may_fit(self.hits, &statuses) {
+                    if let Some(at) = self.slot {
+                        remember(c, host, at, self.asked_at_ms, own);
+                    }
+                    if let Some(at) = self.route_slot {
+                        remember(c, host, at, self.asked_at_ms, on_route);
+                    }
                 }
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;

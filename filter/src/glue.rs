@@ -18,7 +18,9 @@ use std::rc::Rc;
 use ratelimit_config::parse_plugin_config;
 
 use crate::abi::{self, Level};
-use crate::counters::{Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind};
+use crate::counters::{
+    route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
+};
 use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
@@ -76,6 +78,18 @@ fn init_logging() {
 /// A failed host call, as the ports say it.
 fn failed(call: HostCall) -> impl Fn(abi::Status) -> HostError {
     move |status| HostError::new(call, status)
+}
+
+/// Defines a metric; None (logged) when the host refuses it.
+fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
+    let kind = match kind {
+        MetricKind::Counter => abi::COUNTER,
+        MetricKind::Histogram => abi::HISTOGRAM,
+        MetricKind::Gauge => abi::GAUGE,
+    };
+    abi::define_metric(kind, name)
+        .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
+        .ok()
 }
 
 /// A metric that cannot be updated is logged at debug, not counted: there
@@ -204,6 +218,10 @@ impl Host for Envoy<'_> {
 
     fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
         add_metric(self.0.group(group, counter), n);
+    }
+
+    fn count_route(&self, group: usize, route: usize) {
+        add_metric(self.0.route(group, route), 1);
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
@@ -378,16 +396,15 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
     };
     let groups =
         (config.limits.all_groups()).map(|g| (g.name.as_str(), config.metrics.exported(&g.name)));
-    let metrics = MetricIds::define(groups, |kind, name| {
-        let kind = match kind {
-            MetricKind::Counter => abi::COUNTER,
-            MetricKind::Histogram => abi::HISTOGRAM,
-            MetricKind::Gauge => abi::GAUGE,
-        };
-        abi::define_metric(kind, name)
-            .map_err(|e| log::warn!("cannot define metric {name}: status {e}"))
-            .ok()
-    });
+    let mut metrics = MetricIds::define(groups, define_metric);
+    // Each team-file route's counter.
+    for g in config.limits.all_groups() {
+        metrics.route_base.push(metrics.routes.len());
+        for r in &g.routes {
+            let id = define_metric(MetricKind::Counter, &route_stat_name(&r.name));
+            metrics.routes.push(id);
+        }
+    }
     let host = Envoy(&metrics);
     let slot_secret = if config.local.enabled {
         root::prepare_local(&host, config.local.slots, || draw_secret(&host))

@@ -190,6 +190,11 @@ pub trait Host: SharedData {
         self.add_group(group, counter, 1);
     }
 
+    /// Adds one to the requests counter of the route at `route` in the
+    /// routes of the group with index `group`:
+    /// `tenant_ratelimit.route.<route>.requests`.
+    fn count_route(&self, group: usize, route: usize);
+
     /// Records a value in a histogram (a failure to record is the host's to
     /// log).
     fn record(&self, histogram: Histogram, value: u64);

@@ -9,6 +9,7 @@ use ratelimit_config::{Group, Mode, PluginConfig};
 
 use crate::answer::Answer;
 use crate::local::state::Lease;
+use crate::proto::DescriptorStatus;
 use crate::window;
 
 impl Lease {
@@ -219,6 +220,17 @@ pub fn after_answer(
         Outcome::Failed => {}
     }
     (l, stranded)
+}
+
+/// Whether a refusal of a call for `hits` hits leaves room for a smaller
+/// one: every window of the answer still has some left. The counter
+/// refuses a request that would cross a limit whole, counts none of it and
+/// says what remains; envoyproxy/ratelimit counts refused hits and answers
+/// 0 left on a refusal. Such a refusal is not kept in the over-limit cache:
+/// the tenant's next requests spend the tokens this Envoy holds, then ask
+/// for one hit (`after_answer`), until the limit is spent exactly.
+pub fn smaller_may_fit(hits: u32, statuses: &[DescriptorStatus]) -> bool {
+    hits > 1 && statuses.iter().all(|s| s.limit_remaining > 0)
 }
 
 #[cfg(test)]

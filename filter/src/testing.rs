@@ -193,6 +193,8 @@ pub struct MemHost {
     counters: [Cell<u64>; COUNTERS],
     /// Group counters, by (group index, counter).
     group_counters: RefCell<Vec<((usize, GroupCounter), u64)>>,
+    /// `count_route`'s (group index, route index), once per count.
+    pub routes_counted: RefCell<Vec<(usize, usize)>>,
     /// Values recorded per histogram (only their count for a `counting`
     /// host).
     recorded: [RefCell<Vec<u64>>; HISTOGRAMS],
@@ -234,6 +236,7 @@ impl MemHost {
             resumed: Cell::new(0),
             counters: Default::default(),
             group_counters: RefCell::new(Vec::new()),
+            routes_counted: RefCell::new(Vec::new()),
             recorded: Default::default(),
             recorded_count: Cell::new(0),
             gauges: Default::default(),
@@ -708,6 +711,10 @@ impl Host for MemHost {
         }
     }
 
+    fn count_route(&self, group: usize, route: usize) {
+        self.routes_counted.borrow_mut().push((group, route));
+    }
+
     fn record(&self, histogram: Histogram, value: u64) {
         self.recorded_count.set(self.recorded_count.get() + 1);
         if self.keep {
@@ -962,6 +969,10 @@ impl Host for Worker {
 
     fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
         self.host.add_group(group, counter, n);
+    }
+
+    fn count_route(&self, group: usize, route: usize) {
+        self.host.count_route(group, route);
     }
 
     fn record(&self, histogram: Histogram, value: u64) {

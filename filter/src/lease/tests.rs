@@ -199,3 +199,35 @@ fn a_window_refill_goes_for_a_tenant_served_last_second_whose_lease_ended() {
     let (_, batch, _, _) = window_refill(busy, &P, MINUTE_END + 5);
     assert_eq!(batch, Some(P.max_batch));
 }
+
+#[test]
+fn a_batch_refused_with_room_left_may_be_followed_by_a_smaller_ask() {
+    use crate::proto::{Code, RateLimitUnit};
+    use crate::testing::status;
+    let minute = |code, left| status(code, 600, RateLimitUnit::Minute, left, 40);
+    let hour = status(Code::Ok, 6_000, RateLimitUnit::Hour, 3_000, 40);
+    // The counter: a batch of 30 refused, 12 left in the minute.
+    let counter = [minute(Code::OverLimit, 12), hour.clone()];
+    assert!(smaller_may_fit(30, &counter));
+    // envoyproxy/ratelimit answers 0 left, and one hit refused is refused.
+    let counted = [minute(Code::OverLimit, 0), hour];
+    assert!(!smaller_may_fit(30, &counted));
+    assert!(!smaller_may_fit(1, &counter));
+    // After the refusal the next ask is for one hit, then a grant's
+    // remaining bounds the batches again.
+    let (l, _) = after_answer(None, &P, NOW, NOW + 2, 0, Outcome::Refused);
+    let (l, step, _) = spend(Some(l), &P, NOW + 3);
+    assert_eq!(step, Spend::Ask { batch: 1 });
+    let (l, _) = after_answer(
+        Some(l),
+        &P,
+        NOW + 3,
+        NOW + 4,
+        0,
+        Outcome::Granted { remaining: 11 },
+    );
+    assert_eq!(
+        l.batch(&P, NOW + 5),
+        1.max(l.rate_count.max(l.rate_prev)).min(11)
+    );
+}

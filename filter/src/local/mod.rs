@@ -178,6 +178,11 @@ pub fn remember_refusal(
         return None;
     }
     let mut slot = Slot::claim(stored, at.fingerprint, now_ms, Claim::Refusal)?;
+    // Tokens of a lease the service granted are this Envoy's to spend: a
+    // refusal (of a call answered after that grant) does not hide them.
+    if matches!(slot.mode, ModeState::Lease(l) if l.tokens > 0 && now_ms < l.until_ms) {
+        return None;
+    }
     slot.over_limit = Some(refusal);
     Some(slot)
 }
@@ -277,6 +282,29 @@ mod tests {
         // After it ends, the next refusal takes the slot.
         let later = remember_over_limit(Some(&refusal_held), AT, 31_000, &statuses).unwrap();
         assert_eq!(later.fingerprint, AT.fingerprint);
+    }
+
+    #[test]
+    fn a_refusal_does_not_hide_the_tokens_of_a_lease_still_held() {
+        let statuses = [status(Code::OverLimit, 5, RateLimitUnit::Minute, 0, 30)];
+        let held = |tokens| {
+            let mut slot = Slot::claim(None, AT.fingerprint, 1_000, Claim::Request).unwrap();
+            slot.mode = ModeState::Lease(crate::local::state::Lease {
+                tokens,
+                until_ms: 60_000,
+                ..Default::default()
+            });
+            slot.encode()
+        };
+        // Granted tokens are spent first: the refusal is not cached.
+        assert_eq!(
+            remember_over_limit(Some(&held(3)), AT, 2_000, &statuses),
+            None
+        );
+        // Without tokens, or once their window ended, it is.
+        assert!(remember_over_limit(Some(&held(0)), AT, 2_000, &statuses).is_some());
+        let later = [status(Code::OverLimit, 5, RateLimitUnit::Minute, 0, 90)];
+        assert!(remember_over_limit(Some(&held(3)), AT, 61_000, &later).is_some());
     }
 
     #[test]

@@ -499,3 +499,21 @@ fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
     assert_eq!(h.shared_snapshot(), before);
     assert_eq!(h.group_counter(0, GroupCounter::ResponseCostHits), 9);
 }
+
+#[test]
+fn requests_on_a_limited_route_count_on_that_route_and_no_other() {
+    let c = config("");
+    let h = host(&c);
+    let _ = request(&c, &h, "t1", Some("reports"));
+    let _ = request(&c, &h, "t2", Some("burst"));
+    let _ = request(&c, &h, "t3", Some("reports"));
+    // Another route, no route, a tenant whose group has no routes.
+    let _ = request(&c, &h, "t4", Some("other"));
+    let _ = request(&c, &h, "t5", None);
+    let _ = request(&c, &h, "acme", Some("reports"));
+    assert_eq!(
+        *h.host.routes_counted.borrow(),
+        [(0, 0), (0, 1), (0, 0)],
+        "(group, route) of each request a route limit applied to"
+    );
+}
