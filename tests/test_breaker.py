@@ -40,7 +40,10 @@ def assert_exact(fleet: harness.Fleet, quota: int) -> None:
     """A fresh tenant gets exactly `quota` 200s, then 429s, from the service."""
     results = run_sequential(fleet.urls, quota + 3, tenant=unique("exact"))
     assert [r.status for r in results] == [200] * quota + [429] * 3, harness.summary(results)
-    assert all(answered(r) for r in results), harness.summary(results)
+    assert all(answered(r) for r in results), (
+        harness.summary(results),
+        [(i, r.status, round(r.latency_s * 1000, 1), r.headers)
+         for i, r in enumerate(results) if not answered(r)])
 
 
 def breaker_closed_everywhere(fleet: harness.Fleet) -> bool:
