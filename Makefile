@@ -151,6 +151,9 @@ PYTEST_ARGS ?=
 COUNTER_TESTS ?= test_exactly_100.py $(notdir $(wildcard tests/test_headers_*.py)) \
                  test_batch.py test_modes.py test_routes.py test_faults.py \
                  test_limiter_down.py test_breaker.py
+# What that second pass runs: COUNTER_TESTS; when PYTEST_ARGS selects tests,
+# nothing unless given (e.g. COUNTER_PYTEST_ARGS="-s test_modes.py").
+COUNTER_PYTEST_ARGS ?= $(if $(strip $(PYTEST_ARGS)),,$(COUNTER_TESTS))
 BENCH_ARGS  ?=
 # e.g. DEMO_ARGS=--hold: keep the demo's stack up for your own requests.
 DEMO_ARGS   ?=
@@ -452,10 +455,12 @@ validate: deps
 	$(PY) tests/validate_configs.py
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
-# any other non-zero code. Then COUNTER_TESTS again against ratelimit-counter.
+# any other non-zero code. Then COUNTER_PYTEST_ARGS against ratelimit-counter.
 integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio previous-build
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
-	cd tests && $(PY) -m pytest -ra --service counter $(COUNTER_TESTS) $(PYTEST_ARGS)
+ifneq ($(strip $(COUNTER_PYTEST_ARGS)),)
+	cd tests && $(PY) -m pytest -ra --service counter $(COUNTER_PYTEST_ARGS)
+endif
 
 test: deps deps-ship build lint unit validate integration
 

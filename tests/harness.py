@@ -38,9 +38,12 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import requests
+
+if TYPE_CHECKING:
+    import counter  # tests/counter.py, which imports this module
 
 REPO = Path(__file__).resolve().parent.parent
 
