@@ -117,6 +117,9 @@ def _redis_down(stack, timeout_ms: int, breaker: bool) -> dict:
         results = traffic.stop()
     counted = delta(fleet.counters(), before)
     figures = check_accounting(results, counted)
+    if stack.service == "counter":
+        # The counter counted the calls Redis failed.
+        assert fleet.ratelimit.metrics()["trl_counter_store_errors_total"] >= 1
     fleet.redis.start()
     wait_until(lambda: answered_by_service(fleet), "the service answers again", RECOVERY_S)
     if breaker:
