@@ -150,6 +150,17 @@ export TRL_PROM_OPERATOR_MODULE := github.com/prometheus-operator/prometheus-ope
 VERSION := $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)
 
 PYTEST_ARGS ?=
+# The integration tests `make integration` runs a second time against the
+# project's own rate-limit service (`pytest --service counter`: each stack
+# starts ratelimit-counter on the same Redis instead of envoyproxy/ratelimit):
+# exactness, headers, batching, modes, routes, faults, the service down and
+# the breaker.
+COUNTER_TESTS ?= test_exactly_100.py $(notdir $(wildcard tests/test_headers_*.py)) \
+                 test_batch.py test_modes.py test_routes.py test_faults.py \
+                 test_limiter_down.py test_breaker.py
+# What that second pass runs: COUNTER_TESTS; when PYTEST_ARGS selects tests,
+# nothing unless given (e.g. COUNTER_PYTEST_ARGS="-s test_modes.py").
+COUNTER_PYTEST_ARGS ?= $(if $(strip $(PYTEST_ARGS)),,$(COUNTER_TESTS))
 BENCH_ARGS  ?=
 # e.g. DEMO_ARGS=--hold: keep the demo's stack up for your own requests.
 DEMO_ARGS   ?=
@@ -451,9 +462,12 @@ validate: deps
 	$(PY) tests/validate_configs.py
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
-# any other non-zero code.
+# any other non-zero code. Then COUNTER_PYTEST_ARGS against ratelimit-counter.
 integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio previous-build
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
+ifneq ($(strip $(COUNTER_PYTEST_ARGS)),)
+	cd tests && $(PY) -m pytest -ra --service counter $(COUNTER_PYTEST_ARGS)
+endif
 
 test: deps deps-ship build lint unit validate integration
 

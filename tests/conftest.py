@@ -8,7 +8,15 @@ import pytest
 import harness
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--service", choices=harness.SERVICES, default=harness.SERVICE,
+        help="the rate-limit service the stacks start: envoyproxy/ratelimit "
+             "(envoy-ratelimit, the default; or $TRL_SERVICE) or ratelimit-counter (counter)")
+
+
 def pytest_configure(config):
+    harness.SERVICE = config.getoption("service")
     missing = harness.missing_binaries()
     if missing:
         # An error, not a skip: a run that tests nothing must not look green.
@@ -25,6 +33,10 @@ def pytest_runtest_makereport(item, call):
     if report.failed and stack is not None:
         report.sections.append(
             ("process logs", f"work dir: {stack.workdir}\n\n{stack.log_tails(60)}"))
+
+
+def pytest_report_header(config):
+    return f"rate-limit service: {harness.SERVICE}"
 
 
 @pytest.fixture

@@ -16,8 +16,7 @@ import requests
 import harness
 from harness import LOOPBACK, HarnessError, free_port, wait_until
 
-COUNTER_BIN = Path(os.environ.get(
-    "TRL_COUNTER", harness.REPO / "target" / "counter" / "ratelimit-counter"))
+COUNTER_BIN = harness.COUNTER_BIN
 
 
 class Counter:
@@ -92,8 +91,22 @@ class Counter:
         return harness.parse_prometheus(
             requests.get(f"{self.http_url}/metrics", timeout=2).text)
 
+    def group_total(self, name: str, domain: str, group: str = "default") -> int:
+        """e.g. group_total("admitted", domain): trl_counter_admitted_total of a group."""
+        key = f'trl_counter_{name}_total{{domain="{domain}",group="{group}"}}'
+        return int(self.metrics().get(key, 0))
+
     def stop(self) -> int | None:
         return self.process.stop() if self.process is not None else None
+
+    def freeze(self) -> None:
+        """SIGSTOP: its sockets stay open, nothing answers."""
+        if self.process is not None:
+            self.process.freeze()
+
+    def thaw(self) -> None:
+        if self.process is not None:
+            self.process.thaw()
 
     def kill(self) -> None:
         if self.process is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import harness
 from harness import RateLimitHeaders, Result, parse_ratelimit_headers
 
 UNIT_WINDOW = {"persecond": 1, "perminute": 60, "perhour": 3600, "perday": 86400}
@@ -75,9 +76,16 @@ def _reset_is_the_window_end(h: RateLimitHeaders, r: Result, window: int) -> Non
 
 def _parse(r: Result) -> RateLimitHeaders:
     try:
-        return parse_ratelimit_headers(r.headers)
+        h = parse_ratelimit_headers(r.headers)
     except ValueError as e:
         raise AssertionError(f"{e}: {describe(r)}") from None
+    if harness.SERVICE == "counter":
+        # The counter names each limit after its group (docs/counter.md).
+        assert all(h.names), f"a window without the counter's name: {describe(r)}"
+    else:
+        # The generated ratelimit.yaml names no rule.
+        assert not any(h.names), f"a named window: {describe(r)}"
+    return h
 
 
 def _tightest(h: RateLimitHeaders, r: Result, tightest_window: int | None) -> int:

@@ -1,4 +1,5 @@
-"""Integration harness: real Redis, real envoyproxy/ratelimit, real Envoy.
+"""Integration harness: real Redis, real envoyproxy/ratelimit (or the
+project's own ratelimit-counter), real Envoy.
 
 Every process is started here with subprocess.Popen in its own session (so a
 shell exiting never signals it), logged to a file in a per-test directory,
@@ -12,6 +13,12 @@ Used by tests/conftest.py (pytest fixtures) and e2e/demo.py.
     results = run_sequential(fleet.urls, 1000, tenant="tenant-a")
     tally(results)            # Counter({200: 100, 429: 900})
     stack.close()
+
+The rate-limit service a Stack starts is envoyproxy/ratelimit, or with
+`pytest --service counter` (TRL_SERVICE=counter) ratelimit-counter on the
+same Redis: `Stack.generate` then writes the filter's configuration for it
+(`generate --service counter`) and `Stack.ratelimit` starts it
+(tests/counter.py) from the team files themselves.
 """
 
 from __future__ import annotations
@@ -31,9 +38,12 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import requests
+
+if TYPE_CHECKING:
+    import counter  # tests/counter.py, which imports this module
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,6 +57,7 @@ RATELIMIT_BIN = _tool("TRL_RATELIMIT", ".deps/bin/ratelimit")
 REDIS_BIN = _tool("TRL_REDIS", ".deps/bin/redis-server")
 WASM = _tool("TRL_WASM", "target/wasm32-wasip1/release/tenant_ratelimit.wasm")
 CLI = _tool("TRL_CLI", "target/release/ratelimit-config")
+COUNTER_BIN = _tool("TRL_COUNTER", "target/counter/ratelimit-counter")
 ENVOY_TEMPLATE = REPO / "envoy" / "envoy.yaml.tmpl"
 UPSTREAM_TEMPLATE = REPO / "envoy" / "upstream.yaml.tmpl"
 
@@ -62,6 +73,11 @@ TENANT_HEADER = "x-tenant-id"
 # take longer, and the filter then rightly fails open: one more 200, counted
 # in failure_mode_allowed. Tests of fail-open itself set their own timeout.
 COUNTING_TIMEOUT_MS = 1000
+
+# The rate-limit service a Stack starts (tests/conftest.py sets it from
+# `pytest --service`): "envoy-ratelimit" (envoyproxy/ratelimit) or "counter".
+SERVICES = ("envoy-ratelimit", "counter")
+SERVICE = os.environ.get("TRL_SERVICE") or "envoy-ratelimit"
 
 
 class HarnessError(RuntimeError):
@@ -80,7 +96,8 @@ def missing_binaries() -> list[str]:
     """Binaries the integration tests need that are not there (run `make deps build`)."""
     return [
         str(p)
-        for p in (ENVOY_BIN, RATELIMIT_BIN, REDIS_BIN, WASM, CLI)
+        for p in (ENVOY_BIN, RATELIMIT_BIN, REDIS_BIN, WASM, CLI,
+                  *([COUNTER_BIN] if SERVICE == "counter" else []))
         if not (p.exists() and os.access(p, os.R_OK))
     ]
 
@@ -599,8 +616,9 @@ def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProces
 
 
 def generate(limits: dict, out_dir: Path, domain: str, cluster: str | None = None,
-             timeout_ms: int | None = None) -> Generated:
-    """Write the team JSON, run `ratelimit-config generate`, return the generated files."""
+             timeout_ms: int | None = None, service: str | None = None) -> Generated:
+    """Write the team JSON, run `ratelimit-config generate` (`--service` if
+    given), return the generated files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     limits_path = out_dir / "limits.json"
     limits_path.write_text(json.dumps(limits, indent=2))
@@ -609,6 +627,8 @@ def generate(limits: dict, out_dir: Path, domain: str, cluster: str | None = Non
         args += ["--cluster", cluster]
     if timeout_ms is not None:
         args += ["--timeout-ms", str(timeout_ms)]
+    if service is not None:
+        args += ["--service", service]
     run_cli(*args)
     gen = Generated(limits, domain, out_dir, out_dir / "ratelimit.yaml",
                     out_dir / "plugin-config.json")
@@ -806,7 +826,7 @@ class Fleet(EnvoysView):
 
     generated: Generated
     redis: Redis
-    ratelimit: RateLimitService
+    ratelimit: "RateLimitService | counter.Counter"
     upstream: Envoy
     envoys: list[Envoy]
 
@@ -815,8 +835,11 @@ class Fleet(EnvoysView):
 class Stack:
     """Owns every process a test (or the demo) starts, and stops them all in `close()`."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, service: str | None = None):
         self.workdir = Path(workdir)
+        self.service = service or SERVICE
+        if self.service not in SERVICES:
+            raise HarnessError(f"service {self.service!r}: not one of {SERVICES}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: list[Process] = []
         self._names: Counter = Counter()
@@ -857,21 +880,48 @@ class Stack:
     def ratelimit(self, redis: Redis, *generated: Generated | Path,
                   log_level: str | None = None,
                   extra_env: dict[str, str] | None = None,
-                  response_headers: bool = False) -> RateLimitService:
+                  response_headers: bool = False) -> "RateLimitService | counter.Counter":
         """`extra_env`: more service settings, e.g. LOCAL_CACHE_SIZE_IN_BYTES.
         `response_headers`: the service adds RateLimit-Limit, -Remaining and
-        -Reset to its answers (`response_headers_to_add`)."""
+        -Reset to its answers (`response_headers_to_add`).
+
+        With the counter (`self.service`): ratelimit-counter, counting in
+        `redis` (or at extra_env's REDIS_URL, the one setting of
+        envoyproxy/ratelimit's it has: its store), for the generated team
+        files; it has none of the other settings."""
+        if self.service == "counter":
+            return self._counter(redis, generated, log_level, extra_env, response_headers)
         if response_headers:
             extra_env = {**(extra_env or {}), "LIMIT_RESPONSE_HEADERS_ENABLED": "true"}
         files = [g.ratelimit_yaml if isinstance(g, Generated) else Path(g) for g in generated]
         return RateLimitService(self, redis, files, log_level=log_level, extra_env=extra_env)
+
+    def _counter(self, redis: Redis | None, generated, log_level, extra_env,
+                 response_headers) -> "counter.Counter":
+        import counter  # tests/counter.py imports this module
+
+        env = dict(extra_env or {})
+        address = env.pop("REDIS_URL", None)
+        if address is None and redis is not None:
+            address = f"{LOOPBACK}:{redis.port}"
+        if env or log_level or response_headers or address is None:
+            raise HarnessError("the counter takes a Redis and the generated team files only: "
+                               f"{env}, log_level={log_level}, response_headers={response_headers}")
+        if not all(isinstance(g, Generated) for g in generated):
+            raise HarnessError("the counter reads team files: pass what Stack.generate wrote")
+        # Redis's deadline no shorter than the filter's in the counting tests
+        # (envoyproxy/ratelimit has none): on this loaded machine the
+        # product's 100 ms could fail a call the filter would still wait for.
+        return counter.Counter(self, {g.domain: g.limits for g in generated},
+                               store=f"redis://{address}",
+                               store_timeout_ms=COUNTING_TIMEOUT_MS)
 
     def upstream(self) -> Envoy:
         listen, admin = free_port(), free_port()
         text = render_upstream_config(listen_port=listen, admin_port=admin)
         return Envoy(self, "upstream", text, listen, admin, concurrency=1)
 
-    def envoy(self, plugin_config: dict | str, rls: RateLimitService | int,
+    def envoy(self, plugin_config: dict | str, rls: "RateLimitService | counter.Counter | int",
               upstream: Envoy | int, name: str = "envoy", wait: bool = True,
               concurrency: int = 2, access_log_path: Path | str = "/dev/stdout",
               rls_cluster: str | None = None,
@@ -881,7 +931,7 @@ class Stack:
         cluster, if not the one the configuration names; `edit` changes the
         rendered bootstrap before Envoy reads it (more endpoints, remote code)."""
         listen, admin = free_port(), free_port()
-        rls_port = rls.grpc_port if isinstance(rls, RateLimitService) else rls
+        rls_port = rls if isinstance(rls, int) else rls.grpc_port
         up_port = upstream.listen_port if isinstance(upstream, Envoy) else upstream
         text = render_envoy_config(plugin_config, listen_port=listen, admin_port=admin,
                                    rls_port=rls_port, upstream_port=up_port, node_id=name,
@@ -891,7 +941,10 @@ class Stack:
         return Envoy(self, name, text, listen, admin, concurrency=concurrency, wait=wait)
 
     def generate(self, limits: dict, domain: str | None = None, **kw) -> Generated:
+        """`ratelimit-config generate`, for the stack's service."""
         domain = domain or unique("internal-api")
+        if self.service == "counter":
+            kw.setdefault("service", "counter")
         return generate(limits, self.workdir / "generated" / domain, domain, **kw)
 
     def fleet(self, limits: dict | Generated, envoys: int = 2, domain: str | None = None,
@@ -1070,6 +1123,12 @@ def redis_key(domain: str, unit: str, tenant: str, t: float | None = None,
     return f"{domain}_generic_key_per_{unit}_{descriptor_key}_{tenant}_{window_start(secs, t)}"
 
 
+def counter_key(domain: str, unit: str, tenant: str, t: float | None = None) -> str:
+    """The key ratelimit-counter builds for a tenant's fixed window (docs/counter.md)."""
+    secs = UNIT_SECONDS[unit]
+    return f"trl:{{{len(domain)}:{domain}:{tenant}}}:per_{unit}:{window_start(secs, t) * 1000}"
+
+
 # ------------------------------------------------------------------ x-ratelimit-* headers
 
 @dataclass
@@ -1079,6 +1138,8 @@ class RateLimitHeaders:
     remaining: int
     reset: int
     retry_after: int | None
+    # Each window's `name="..."` (the service's name for the rule), or None.
+    names: list[str | None] = field(default_factory=list)
 
     @property
     def tightest_window(self) -> int | None:
@@ -1087,7 +1148,7 @@ class RateLimitHeaders:
         return matching[0] if len(matching) == 1 else None
 
 
-_QUOTA = re.compile(r"^\s*(\d+)\s*;\s*w\s*=\s*(\d+)\s*$")
+_QUOTA = re.compile(r'^\s*(\d+)\s*;\s*w\s*=\s*(\d+)\s*(?:;\s*name\s*=\s*"([^"]*)"\s*)?$')
 
 
 def parse_ratelimit_headers(headers: dict[str, str]) -> RateLimitHeaders:
@@ -1098,12 +1159,14 @@ def parse_ratelimit_headers(headers: dict[str, str]) -> RateLimitHeaders:
     parts = [p.strip() for p in raw.split(",")]
     if not parts or not parts[0].isdigit():
         raise ValueError(f"x-ratelimit-limit {raw!r}: first item is not the limit")
-    windows = []
+    windows, names = [], []
     for p in parts[1:]:
         m = _QUOTA.match(p)
         if not m:
-            raise ValueError(f"x-ratelimit-limit {raw!r}: {p!r} is not <limit>;w=<secs>")
+            raise ValueError(
+                f'x-ratelimit-limit {raw!r}: {p!r} is not <limit>;w=<secs>[;name="<name>"]')
         windows.append((int(m.group(1)), int(m.group(2))))
+        names.append(m.group(3))
     if not windows:
         raise ValueError(f"x-ratelimit-limit {raw!r}: no <limit>;w=<secs> item")
 
@@ -1120,6 +1183,7 @@ def parse_ratelimit_headers(headers: dict[str, str]) -> RateLimitHeaders:
         remaining=integer("x-ratelimit-remaining"),
         reset=integer("x-ratelimit-reset"),
         retry_after=integer("retry-after") if retry is not None else None,
+        names=names,
     )
 
 

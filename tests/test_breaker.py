@@ -40,7 +40,10 @@ def assert_exact(fleet: harness.Fleet, quota: int) -> None:
     """A fresh tenant gets exactly `quota` 200s, then 429s, from the service."""
     results = run_sequential(fleet.urls, quota + 3, tenant=unique("exact"))
     assert [r.status for r in results] == [200] * quota + [429] * 3, harness.summary(results)
-    assert all(answered(r) for r in results), harness.summary(results)
+    assert all(answered(r) for r in results), (
+        harness.summary(results),
+        [(i, r.status, round(r.latency_s * 1000, 1), r.headers)
+         for i, r in enumerate(results) if not answered(r)])
 
 
 def breaker_closed_everywhere(fleet: harness.Fleet) -> bool:
@@ -114,6 +117,9 @@ def _redis_down(stack, timeout_ms: int, breaker: bool) -> dict:
         results = traffic.stop()
     counted = delta(fleet.counters(), before)
     figures = check_accounting(results, counted)
+    if stack.service == "counter":
+        # The counter counted the calls Redis failed.
+        assert fleet.ratelimit.metrics()["trl_counter_store_errors_total"] >= 1
     fleet.redis.start()
     wait_until(lambda: answered_by_service(fleet), "the service answers again", RECOVERY_S)
     if breaker:

@@ -1,4 +1,5 @@
-"""Exactly 100, not 101: one quota held across two Envoys sharing one service and one Redis."""
+"""Exactly 100, not 101: one quota held across two Envoys sharing one service
+(envoyproxy/ratelimit, or the counter: `pytest --service counter`) and one Redis."""
 
 from __future__ import annotations
 
@@ -40,8 +41,12 @@ def test_1000_sequential_requests_over_two_envoys_admit_exactly_100(stack):
         expect.limited(r, RULE, tightest_window=3600)
 
     # The service's view agrees: 100 within the limit for this domain.
-    m = fleet.ratelimit.settled_metrics()
-    assert fleet.ratelimit.rule_counter("within_limit", fleet.domain, "hour", metrics=m) == 100
+    if stack.service == "counter":
+        assert fleet.ratelimit.group_total("admitted", fleet.domain) == 100
+        assert fleet.ratelimit.group_total("refused", fleet.domain) == 2
+    else:
+        m = fleet.ratelimit.settled_metrics()
+        assert fleet.ratelimit.rule_counter("within_limit", fleet.domain, "hour", metrics=m) == 100
     # And the filters' own counters, summed over the fleet.
     c = fleet.counters()
     assert c["allowed"] == 100, c
@@ -51,11 +56,18 @@ def test_1000_sequential_requests_over_two_envoys_admit_exactly_100(stack):
     assert c["over_limit"] == 2, c
     assert c["failure_mode_allowed"] == 0 and c["rls_error"] == 0, c
 
-    # One counter in Redis for this tenant's hour window: the service counts
-    # the refused calls too, and there were two of them.
-    key = harness.redis_key(fleet.domain, "hour", tenant)
-    assert fleet.redis.keys(f"{fleet.domain}_*") == [key]
-    assert fleet.redis.get_int(key) == 102
+    if stack.service == "counter":
+        # One counter in Redis for this tenant's hour window, holding what
+        # was admitted: the two refused calls added nothing.
+        key = harness.counter_key(fleet.domain, "hour", tenant)
+        assert fleet.redis.keys("trl:*") == [key]
+        assert fleet.redis.get_int(key) == 100
+    else:
+        # One counter in Redis for this tenant's hour window: the service
+        # counts the refused calls too, and there were two of them.
+        key = harness.redis_key(fleet.domain, "hour", tenant)
+        assert fleet.redis.keys(f"{fleet.domain}_*") == [key]
+        assert fleet.redis.get_int(key) == 102
 
 
 def test_50_concurrent_clients_over_two_envoys_admit_exactly_100(stack):

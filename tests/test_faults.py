@@ -103,6 +103,9 @@ def _redis_outage(stack, persist: bool) -> dict:
     # Nothing restarts the service or Envoy: limits come back by themselves.
     results = under_traffic_through(traffic, probes, "Redis", fleet.redis.kill, fleet.redis.start,
                                     "the service answers again after Redis restarted")
+    if stack.service == "counter":
+        # The counter counted the calls Redis failed.
+        assert fleet.ratelimit.metrics()["trl_counter_store_errors_total"] >= 1
 
     rest = run_sequential(fleet.urls, QUOTA + 5, tenant=tenant)
     probes.sent += len(rest)

@@ -59,6 +59,12 @@ def test_parse_ratelimit_headers():
     assert (h.limit, h.remaining, h.reset, h.retry_after) == (5, 0, 1, 1)
     assert h.windows == [(5, 1), (20, 60), (30, 3600)]
     assert h.tightest_window == 1
+    assert h.names == [None, None, None]
+    named = parse_ratelimit_headers({
+        "x-ratelimit-limit": '5, 5;w=1;name="gold", 30;w=3600;name="gold/export"',
+        "x-ratelimit-remaining": "4", "x-ratelimit-reset": "1"})
+    assert named.windows == [(5, 1), (30, 3600)]
+    assert named.names == ["gold", "gold/export"]
 
 
 def test_parse_prometheus():

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 import harness
 from harness import ensure_window_room, send, tally, unique
 
@@ -24,6 +26,9 @@ SERVICE_HEADERS = ("ratelimit-limit", "ratelimit-remaining", "ratelimit-reset")
 
 
 def test_the_services_headers_reach_the_client_as_with_envoys_filter(stack):
+    if stack.service == "counter":
+        pytest.skip("envoyproxy/ratelimit's LIMIT_RESPONSE_HEADERS_ENABLED: the counter "
+                    "adds no headers of its own (response_headers_to_add) to its answers")
     gen = stack.generate(LIMITS)
     redis = stack.redis()
     rls = stack.ratelimit(redis, gen, response_headers=True)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 import harness
 from harness import LOOPBACK, ensure_window_room, unique
 
@@ -55,6 +57,10 @@ def raw_get(port: int, tenant: str) -> tuple[int, list[str]]:
 
 
 def test_a_hostile_rule_name_never_makes_a_header_of_its_own(stack):
+    if stack.service == "counter":
+        pytest.skip("a rule name written in envoyproxy/ratelimit's YAML: the counter reads "
+                    "no YAML, it names a limit after its team-file group, whose name is "
+                    "letters, digits, '_' and '-' (validate refuses any other)")
     gen = stack.generate(LIMITS)
     yaml_path = stack.workdir / "hostile.yaml"
     yaml_path.write_text(service_yaml(gen.domain))

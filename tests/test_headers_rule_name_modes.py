@@ -4,7 +4,8 @@ X-RateLimit-Limit when the service's rule has a `name`, and "a cached 429
 repeats the names of the service's 429"), in every mode: exact, lease and
 sync groups all remember the service's refusals in the same cache.
 
-The service's YAML names both rules of the group. One Envoy in exact mode
+The service's YAML names both rules of the group (the counter names both
+after the group: `pytest --service counter`). One Envoy in exact mode
 spends the tenant's per-minute quota first (as the rest of a fleet would);
 then an Envoy whose group is in the mode under test is refused by the
 service once, and from its over-limit cache after that. In sync mode,
@@ -28,6 +29,8 @@ LIMITS = {"x-tenant-id": {"default": {"perminute": QUOTA, "perhour": 100}}}
 RULE_NAMES = {"minute": "per-minute quota", "hour": "per-hour quota"}
 EXPECTED_LIMIT = (f'{QUOTA}, {QUOTA};w=60;name="{RULE_NAMES["minute"]}", '
                   f'100;w=3600;name="{RULE_NAMES["hour"]}"')
+# The counter names a group's limits after the group.
+COUNTER_LIMIT = f'{QUOTA}, {QUOTA};w=60;name="default", 100;w=3600;name="default"'
 # Starting the stack and the requests take a few seconds; in sync mode the
 # first push comes interval_ms after the Envoy starts.
 MINUTE_ROOM_S = 25
@@ -50,7 +53,12 @@ def named_rules(gen: harness.Generated, path: Path) -> Path:
 def test_a_cached_429_carries_the_rule_names_of_the_services_429(stack, mode):
     ensure_window_room(60, MINUTE_ROOM_S)
     gen = stack.generate(LIMITS, timeout_ms=harness.COUNTING_TIMEOUT_MS)
-    rls = stack.ratelimit(stack.redis(), named_rules(gen, stack.workdir / "named.yaml"))
+    if stack.service == "counter":
+        rls = stack.ratelimit(stack.redis(), gen)
+        expected = COUNTER_LIMIT
+    else:
+        rls = stack.ratelimit(stack.redis(), named_rules(gen, stack.workdir / "named.yaml"))
+        expected = EXPECTED_LIMIT
     upstream = stack.upstream()
     spender = stack.envoy(gen.plugin_config(), rls, upstream, name="envoy-spender")
     local = {"enabled": True, "mode": mode, "sync": SYNC}
@@ -59,7 +67,7 @@ def test_a_cached_429_carries_the_rule_names_of_the_services_429(stack, mode):
 
     spent = run_sequential([spender.url], QUOTA, tenant=tenant)
     assert [r.status for r in spent] == [200] * QUOTA, harness.summary(spent)
-    assert spent[0].headers.get("x-ratelimit-limit") == EXPECTED_LIMIT, spent[0].headers
+    assert spent[0].headers.get("x-ratelimit-limit") == expected, spent[0].headers
 
     results = run_sequential([subject.url], 5, tenant=tenant)
     statuses = [r.status for r in results]
@@ -74,7 +82,7 @@ def test_a_cached_429_carries_the_rule_names_of_the_services_429(stack, mode):
 
     limits = [r.headers.get("x-ratelimit-limit") for r in results[first_429:]]
     print(f"\n{mode}: X-RateLimit-Limit of the service's 429 then the cache's: {limits}")
-    assert limits[0] == EXPECTED_LIMIT, results[first_429].headers
+    assert limits[0] == expected, results[first_429].headers
     for r in results[first_429 + 1:]:
         assert r.headers.get("x-ratelimit-limit") == limits[0], (
             f"{mode}: the cached 429 says {r.headers.get('x-ratelimit-limit')!r}, "
