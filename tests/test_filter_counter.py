@@ -219,12 +219,15 @@ def test_lease_and_sync_against_the_counter_keep_their_bounds_and_redis_holds_wh
         harness.wait_until(lambda: held(redis, tenant, "minute") == quota,
                            "sync: Redis holds the quota", deadline_s=10)
     else:
-        # Exactly the quota too. The counter refuses a batch that would
+        # Never more than the quota. The counter refuses a batch that would
         # cross the limit whole, counts nothing of it and says what is
         # left: that refusal is not cached, the Envoy spends the tokens it
         # holds, then asks for one hit at a time until the limit is spent.
         # Redis holds exactly the tokens granted, never a refused batch.
-        assert t[200] == quota, harness.summary(results)
+        # Short of the quota only by tokens a worker still held when
+        # another's single hit was refused (that request does not wait
+        # for them): less than one batch (a twentieth of the limit).
+        assert quota - quota // 20 < t[200] <= quota, harness.summary(results)
         assert g["group.default.lease.tokens"] == quota, g
         assert held(redis, tenant, "minute") == quota, g
         assert g["group.default.lease.spent"] > quota // 2, g
