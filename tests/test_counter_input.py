@@ -80,3 +80,30 @@ def test_marks_split_a_call_into_requests_decided_apart(stack, store):
         assert status == 0 and [s["code"] for s in r["statuses"]] == [OVER], r
         assert counter.metrics().get("trl_counter_cache_refused_total", 0) == 1
         assert redis.get_int(keys[0]) == 3
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_the_largest_call_is_decided_as_small_ones_are(stack, store):
+    """2,048 requests in one call (the most descriptors a call may carry),
+    4 of each of 512 tenants whose limit is 3: each tenant's first three
+    admitted, the fourth refused, whatever the call's size."""
+    redis = stack.redis() if store == "redis" else None
+    counter = Counter(stack, {"d": LIMITS},
+                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
+    ensure_window_room(60, 15)
+    tenants = [unique("tenant") for _ in range(512)]
+    mark = [("trl.request", "")]
+    descriptors = []
+    for _ in range(4):
+        for t in tenants:
+            descriptors += [mark, minute(t, 1)]
+    assert len(descriptors) == 4096
+    status, r, _ = call(counter.grpc_port, request_bytes("d", descriptors))
+    assert status == 0, status
+    codes = [s["code"] for s in r["statuses"][1::2]]
+    assert codes == [OK] * (3 * 512) + [OVER] * 512
+    if redis is not None:
+        ours = set(tenants)
+        held = {k: redis.get_int(k) for k in redis.keys("trl:*")
+                if any(part in ours for part in k.replace("{", ":").replace("}", ":").split(":"))}
+        assert sorted(set(held.values())) == [3] and len(held) == 512, len(held)

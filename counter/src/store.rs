@@ -19,16 +19,35 @@ use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
 /// admitted requests add to once, their hits summed: `SET key hits PX ttl`
 /// on a key that did not exist (its window's first hits, which also sets
 /// its expiry), else `INCRBY`. A refused request writes nothing.
-/// KEYS: the call's distinct keys. ARGV: the number of keys and of
-/// requests; per key its ttl (ms); then per request the number of its
-/// checks and of its keys to add to; per check: limit, hits (the
-/// request's hits on that key), the index of its key, the index of the
-/// previous window's key (0: none), the previous window's weight
+/// KEYS: the call's distinct keys. ARGV[1]: every number the script needs,
+/// packed as little-endian doubles (exact below 2^53), which Redis parses
+/// as one argument and the script unpacks in C (`struct.unpack`, at most
+/// 4,000 at a time), instead of one argument and one `tonumber` each: the
+/// number of keys and of requests; per key its ttl (ms); then per request
+/// the number of its checks and of its keys to add to; per check: limit,
+/// hits (the request's hits on that key), the index of its key, the index
+/// of the previous window's key (0: none), the previous window's weight
 /// (millionths); per key to add to: its index and hits.
 /// Returns each key's value as read, then per request admitted (0/1): the
 /// caller replays the adds to know the counts each request was decided on.
 pub const SCRIPT: &str = r"
-local nk = tonumber(ARGV[1])
+local P = ARGV[1]
+local np = #P / 8
+local A
+if np <= 4000 then
+  A = {struct.unpack('<' .. string.rep('d', np), P)}
+else
+  A = {}
+  local pos, i = 1, 0
+  while i < np do
+    local c = math.min(np - i, 4000)
+    local got = {struct.unpack('<' .. string.rep('d', c), P, pos)}
+    for j = 1, c do A[i + j] = got[j] end
+    pos = got[c + 1]
+    i = i + c
+  end
+end
+local nk = A[1]
 local v = {}
 for i = 1, nk, 1000 do
   local got = redis.call('MGET', unpack(KEYS, i, math.min(i + 999, nk)))
@@ -38,22 +57,22 @@ local out = {}
 local add = {}
 for i = 1, nk do out[i] = v[i] end
 local a = 3 + nk
-for q = 1, tonumber(ARGV[2]) do
-  local n = tonumber(ARGV[a]); local m = tonumber(ARGV[a + 1]); a = a + 2
+for q = 1, A[2] do
+  local n = A[a]; local m = A[a + 1]; a = a + 2
   local ok = 1
   for i = 1, n do
-    local limit = tonumber(ARGV[a]); local hits = tonumber(ARGV[a + 1])
-    local est = v[tonumber(ARGV[a + 2])]
-    local pk = tonumber(ARGV[a + 3])
+    local limit = A[a]; local hits = A[a + 1]
+    local est = v[A[a + 2]]
+    local pk = A[a + 3]
     if pk > 0 and v[pk] > 0 then
-      est = est + math.floor((v[pk] * tonumber(ARGV[a + 4]) + 999999) / 1000000)
+      est = est + math.floor((v[pk] * A[a + 4] + 999999) / 1000000)
     end
     if (hits == 0 and est >= limit) or (hits > 0 and est + hits > limit) then ok = 0 end
     a = a + 5
   end
   if ok == 1 then
     for i = 1, m do
-      local k = tonumber(ARGV[a]); local hits = tonumber(ARGV[a + 1])
+      local k = A[a]; local hits = A[a + 1]
       v[k] = v[k] + hits
       add[k] = (add[k] or 0) + hits
       a = a + 2
@@ -67,7 +86,7 @@ for k = 1, nk do
   local hits = add[k]
   if hits then
     if out[k] == 0 then
-      redis.call('SET', KEYS[k], hits, 'PX', ARGV[2 + k])
+      redis.call('SET', KEYS[k], hits, 'PX', A[2 + k])
     else
       redis.call('INCRBY', KEYS[k], hits)
     end
@@ -250,30 +269,13 @@ impl Store {
             return Ok(chosen.iter().map(|_| (Vec::new(), true)).collect());
         }
         let layout = Layout::of(&chosen);
-        // EVALSHA written straight into one command buffer (no argument
-        // vectors of a ScriptInvocation to copy).
+        // EVALSHA with the keys and one packed argument (see SCRIPT).
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(self.script.get_hash()).arg(layout.keys.len());
         for k in &layout.keys {
             cmd.arg(*k);
         }
-        cmd.arg(layout.keys.len()).arg(chosen.len());
-        for t in &layout.ttl_ms {
-            cmd.arg(*t);
-        }
-        for (r, (checks, adds)) in chosen.iter().zip(&layout.requests) {
-            cmd.arg(checks.len()).arg(adds.len());
-            for (c, &(k, pk)) in r.checks.iter().zip(checks) {
-                cmd.arg(c.limit)
-                    .arg(c.key_hits)
-                    .arg(k + 1)
-                    .arg(pk.map_or(0, |p| p + 1))
-                    .arg(c.weight_ppm);
-            }
-            for &(k, hits) in adds {
-                cmd.arg(k + 1).arg(hits);
-            }
-        }
+        cmd.arg(layout.pack(&chosen));
         let call = async {
             match cmd.query_async::<Vec<i64>>(con).await {
                 Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
@@ -516,6 +518,38 @@ impl<'a> Layout<'a> {
         }
     }
 
+    /// The script's numbers (see SCRIPT), packed as little-endian doubles.
+    fn pack(&self, chosen: &[&Request]) -> Vec<u8> {
+        let per_request: usize = self
+            .requests
+            .iter()
+            .map(|(checks, adds)| 2 + 5 * checks.len() + 2 * adds.len())
+            .sum();
+        let mut out = Vec::with_capacity(8 * (2 + self.ttl_ms.len() + per_request));
+        let mut put = |n: u64| out.extend_from_slice(&(n as f64).to_le_bytes());
+        put(self.keys.len() as u64);
+        put(chosen.len() as u64);
+        for &t in &self.ttl_ms {
+            put(t);
+        }
+        for (r, (checks, adds)) in chosen.iter().zip(&self.requests) {
+            put(checks.len() as u64);
+            put(adds.len() as u64);
+            for (c, &(k, pk)) in r.checks.iter().zip(checks) {
+                put(c.limit);
+                put(c.key_hits);
+                put(k as u64 + 1);
+                put(pk.map_or(0, |p| p as u64 + 1));
+                put(c.weight_ppm);
+            }
+            for &(k, hits) in adds {
+                put(k as u64 + 1);
+                put(hits);
+            }
+        }
+        out
+    }
+
     /// Each request's counts as the script decided it on, from the keys'
     /// values as read and which requests were admitted: the adds of the
     /// admitted ones replayed in order.
@@ -684,6 +718,25 @@ mod tests {
         assert_eq!((got[0].1, got[1].1), (true, false));
         assert!(l.replay(&[1, 0, 4, 1]).is_none());
         assert!(l.replay(&[1, 0, 4, 1, 2]).is_none());
+        // The numbers the script reads, in its order.
+        let packed: Vec<f64> = l
+            .pack(&chosen)
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        #[rustfmt::skip]
+        let want = [
+            3.0, 2.0, 60_000.0, 60_000.0, 1.0,  // keys, requests, ttls
+            2.0, 1.0,                            // twice: 2 checks, 1 add
+            5.0, 3.0, 1.0, 0.0, 500_000.0,
+            9.0, 3.0, 1.0, 0.0, 500_000.0,
+            1.0, 3.0,
+            2.0, 2.0,                            // other: 2 checks, 2 adds
+            5.0, 1.0, 1.0, 0.0, 500_000.0,
+            5.0, 1.0, 2.0, 3.0, 500_000.0,
+            1.0, 1.0, 2.0, 1.0,
+        ];
+        assert_eq!(packed, want);
     }
 
     #[test]
