@@ -217,6 +217,7 @@ def rls_request(domain, descriptors, hits=0):
 
 
 MARK = [("trl.request", "")]
+PUSH = [("trl.request", "push")]
 
 
 def unit(u, tenant, route=None):
@@ -233,6 +234,9 @@ calls = {
     "marked-two": rls_request("d", [rls_descriptor(MARK), rls_descriptor(unit("per_minute", "a")),
                                     rls_descriptor(MARK), rls_descriptor(unit("per_week", "c")),
                                     rls_descriptor(unit("per_year", "c"))]),
+    "marked-push": rls_request("d", [rls_descriptor(PUSH), rls_descriptor(unit("per_minute", "x"), hits=25),
+                                     rls_descriptor(unit("per_hour", "x"), hits=25),
+                                     rls_descriptor(MARK), rls_descriptor(unit("per_minute", "x"))]),
     "hits-max": rls_request("d", [rls_descriptor(unit("per_minute", "b"), hits=(1 << 64) - 1),
                                   rls_descriptor(unit("per_hour", "b"), hits=0)], hits=(1 << 32) - 1),
     "check-only": rls_request("d", [rls_descriptor(unit("per_second", "z"), hits=0)]),

@@ -83,6 +83,35 @@ def test_marks_split_a_call_into_requests_decided_apart(stack, store):
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_push_is_counted_whole_past_the_limit_and_its_overshoot_shown(stack, store):
+    redis = stack.redis() if store == "redis" else None
+    counter = Counter(stack, {"d": LIMITS},
+                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
+    ensure_window_room(60, 15)
+    t = unique("tenant")
+    mark, push = [("trl.request", "")], [("trl.request", "push")]
+    # 2 admitted, then a request of 2 refused whole (over the 3), a push of
+    # 2 counted whole whatever the limit: 4 of 3, 1 past it.
+    call_ = [mark, minute(t, 2), mark, minute(t, 2), push, minute(t, 2)]
+    status, r, _ = call(counter.grpc_port, request_bytes("d", call_))
+    assert status == 0
+    assert [s["code"] for s in r["statuses"]] == [OK, OK, OK, OVER, OK, OVER], r
+    assert r["statuses"][5]["remaining"] == 0
+    # Alone in its call, onto a full window (which the Redis store's
+    # over-limit cache remembers now): counted too, every hit past it.
+    status, r, _ = call(counter.grpc_port, request_bytes("d", [push, minute(t, 3)]))
+    assert status == 0 and [s["code"] for s in r["statuses"]] == [OK, OVER], r
+    # An ordinary request is still refused, nothing added.
+    status, r, _ = call(counter.grpc_port, request_bytes("d", [minute(t)]))
+    assert [s["code"] for s in r["statuses"]] == [OVER], r
+    if redis is not None:
+        keys = [k for k in redis.keys("trl:*") if t in k]
+        assert len(keys) == 1 and redis.get_int(keys[0]) == 2 + 2 + 3, keys
+    assert counter.group_total("overshoot_hits", "d") == 1 + 3
+    assert counter.group_total("admitted", "d") == 3
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
 def test_the_largest_call_is_decided_as_small_ones_are(stack, store):
     """2,048 requests in one call (the most descriptors a call may carry),
     4 of each of 512 tenants whose limit is 3: each tenant's first three

@@ -204,20 +204,46 @@ def test_lease_and_sync_against_the_counter_keep_their_bounds_and_redis_holds_wh
     quota = 600
     limits = {"x-tenant-id": {"default": {"perminute": quota}}}
     local = {"enabled": True, "mode": mode}
-    _, counter, envoys, redis = counter_envoys(stack, limits, envoys=1, local=local)
+    # Sync: three Envoys, whose views go stale between pushes, so that the
+    # fleet may admit past the quota (within the mode's bound).
+    envoys_n, requests = (1, quota + 300) if mode == "lease" else (3, 2 * quota)
+    if mode == "sync":
+        local["sync"] = {"interval_ms": 100, "max_unsynced": 50}
+    gen, counter, envoys, redis = counter_envoys(stack, limits, envoys=envoys_n, local=local)
     tenant = unique(mode)
     ensure_window_room(60, MINUTE_ROOM_S)
-    results = run_concurrent([envoys[0].url], quota + 300, clients=16, tenant=tenant)
+    results = run_concurrent([e.url for e in envoys], requests, clients=16, tenant=tenant)
     t = tally(results)
-    g = envoys[0].filter_counters()
+    g = fleet_counters(envoys)
     print(f"{mode}: {dict(t)}, {dict((k, v) for k, v in g.items() if mode in k)}")
     assert set(t) <= {200, 429}, harness.summary(results)
+    assert g["failure_mode_allowed"] == 0 and g["rls_error"] == 0, g
     if mode == "sync":
-        # One Envoy alone sees its own hits: exactly the quota, and the
-        # counter holds every hit pushed.
-        assert t[200] == quota, harness.summary(results)
-        harness.wait_until(lambda: held(redis, tenant, "minute") == quota,
-                           "sync: Redis holds the quota", deadline_s=10)
+        # Every hit an Envoy admitted is counted: a push carries hits
+        # admitted already, which the counter counts whatever the limit
+        # (a request that asks is counted only if it fits). Redis holds
+        # exactly what the fleet admitted, and the counter's overshoot
+        # metric is what was admitted past the quota.
+        admitted = t[200]
+        bound = 2 * (envoys_n - 1) * 50
+        assert admitted <= quota + bound, harness.summary(results)
+        past = max(0, admitted - quota)
+
+        def overshoot() -> int:
+            return counter.group_total("overshoot_hits", gen.domain)
+
+        harness.wait_until(
+            lambda: held(redis, tenant, "minute") == admitted
+            and overshoot() == past,
+            f"sync: Redis holds the {admitted} admitted, {past} past the quota",
+            deadline_s=10)
+        # The filter's own view of it: each push answered OVER_LIMIT counts
+        # all its hits, of which the overshoot is a part.
+        over_hits = g["group.default.sync.over_limit_hits"]
+        assert over_hits >= overshoot(), (over_hits, overshoot())
+        assert (over_hits > 0) == (overshoot() > 0), (over_hits, overshoot())
+        print(f"sync: {admitted} admitted of {quota}, Redis {held(redis, tenant, 'minute')}, "
+              f"counter overshoot {overshoot()}, filter sync.over_limit_hits {over_hits}")
     else:
         # Never more than the quota. The counter refuses a batch that would
         # cross the limit whole, counts nothing of it and says what is
@@ -231,3 +257,5 @@ def test_lease_and_sync_against_the_counter_keep_their_bounds_and_redis_holds_wh
         assert g["group.default.lease.tokens"] == quota, g
         assert held(redis, tenant, "minute") == quota, g
         assert g["group.default.lease.spent"] > quota // 2, g
+        # A lease is an ordinary request: counted only when it fits.
+        assert counter.group_total("overshoot_hits", gen.domain) == 0

@@ -194,13 +194,14 @@ def test_sync_admits_at_most_the_quota_plus_the_bound_with_few_calls(stack):
     calls = service_calls(fleet) - calls_before
     # Every admitted hit reached the service: pushed, or asked for.
     key = minute_key(fleet, tenant, results[0].started)
-    if stack.service == "counter":
-        # The counter counts none of a push it refuses (a request crossing
-        # a limit adds nothing, docs/counter.md), so Redis holds what was
-        # admitted but the hits of the pushes answered OVER_LIMIT.
-        wait_until(lambda: (fleet.redis.get_int(key) or 0)
-                   + group_counters(fleet)["sync.over_limit_hits"] >= admitted,
-                   "every admitted hit is counted in Redis, or in a refused push")
+    if isinstance(fleet.ratelimit, counter.Counter):
+        # The counter counts a push whole whatever the limit, and a request
+        # that asks only if it fits: Redis holds exactly what was admitted,
+        # and its overshoot metric what was admitted past the quota.
+        overshoot = f'trl_counter_overshoot_hits_total{{domain="{fleet.domain}",group="default"}}'
+        wait_until(lambda: (fleet.redis.get_int(key) or 0) == admitted
+                   and fleet.ratelimit.metrics().get(overshoot, 0) == max(0, admitted - QUOTA),
+                   "every admitted hit is counted in Redis, the overshoot in the metric")
     else:
         wait_until(lambda: (fleet.redis.get_int(key) or 0) >= admitted,
                    "every admitted hit is counted in Redis")

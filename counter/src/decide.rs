@@ -18,6 +18,10 @@ use crate::proto::{
 /// entry has this key is a mark, left out of every counter key.
 pub const REQUEST_MARK: &str = "trl.request";
 
+/// The mark's value that begins a push: hits the caller admitted already
+/// (a sync push), counted on every window whatever the limits.
+pub const PUSH: &str = "push";
+
 /// The most descriptors one call may carry.
 pub const MAX_DESCRIPTORS: usize = 4_096;
 /// The most entries one descriptor may carry.
@@ -87,6 +91,10 @@ pub struct Check {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request {
     pub checks: Vec<Check>,
+    /// A push (its mark's value `push`): admitted whatever its counts,
+    /// its hits added to every window, its statuses what the counts are
+    /// once they are.
+    pub push: bool,
 }
 
 /// A call, planned: its requests and how many descriptors it had.
@@ -173,10 +181,11 @@ pub fn plan(domain: Option<&Domain>, req: &RateLimitRequest, now_ms: u64) -> Res
         if d.entries.len() > MAX_ENTRIES {
             return Err(BadCall::TooManyEntries(d.entries.len()));
         }
-        if d.entries.first().is_some_and(|e| e.key == REQUEST_MARK) {
+        if let Some(mark) = d.entries.first().filter(|e| e.key == REQUEST_MARK) {
             if started {
                 plan.requests.push(std::mem::take(&mut current));
             }
+            current.push = mark.value == PUSH;
             started = true;
             continue;
         }
@@ -318,17 +327,19 @@ pub fn over(c: &Check, n: Counts) -> bool {
     }
 }
 
-/// A request is admitted only if every one of its windows admits it.
+/// A request is admitted only if every one of its windows admits it; a
+/// push always is.
 pub fn admits(r: &Request, counts: &[Counts]) -> bool {
-    r.checks
-        .iter()
-        .zip(
-            counts
-                .iter()
-                .copied()
-                .chain(std::iter::repeat(Counts::default())),
-        )
-        .all(|(c, n)| !over(c, n))
+    r.push
+        || r.checks
+            .iter()
+            .zip(
+                counts
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat(Counts::default())),
+            )
+            .all(|(c, n)| !over(c, n))
 }
 
 fn rls_unit(unit: Unit) -> RateLimitUnit {
@@ -350,6 +361,9 @@ pub struct Outcome {
     pub admitted: bool,
     pub shadow: bool,
     pub near_limit: bool,
+    /// The hits this request took a window past its limit (the most of
+    /// any of its windows); only a push can (`overshoot`).
+    pub overshoot: u64,
 }
 
 /// Near the limit: an admitted request that leaves at most a fifth of a
@@ -358,9 +372,20 @@ fn near(c: &Check, after: u64) -> bool {
     after.saturating_mul(5) >= c.limit.saturating_mul(4)
 }
 
+/// How far past `c`'s limit a request's hits took its count: from
+/// `before` (the count it was decided on) to `after`, the part above both
+/// the limit and `before`. 0 unless the request was a push: an ordinary
+/// request is admitted only when its hits fit.
+fn overshoot(c: &Check, before: u64, after: u64) -> u64 {
+    after.saturating_sub(before.max(c.limit))
+}
+
 /// The answer to a call from each request's counts (read before its hits
 /// were added) and whether it was admitted: one status per descriptor, in
-/// order; marks and descriptors without a rule OK with no limit.
+/// order; marks and descriptors without a rule OK with no limit. A push's
+/// status is OVER_LIMIT where its hits took the count past the limit (0
+/// left), as envoyproxy/ratelimit answers hits it counts whatever the
+/// limit.
 pub fn answer(
     plan: &Plan,
     counts: &[Vec<Counts>],
@@ -383,13 +408,16 @@ pub fn answer(
             admitted,
             shadow: r.checks.iter().any(|c| c.shadow),
             near_limit: false,
+            overshoot: 0,
         };
         for (j, c) in r.checks.iter().enumerate() {
             let n = counts.get(j).copied().unwrap_or_default();
             let is_over = over(c, n);
             let added = if admitted { c.key_hits } else { 0 };
-            let after = estimate(c, n).saturating_add(added);
+            let before = estimate(c, n);
+            let after = before.saturating_add(added);
             outcome.near_limit |= admitted && near(c, after);
+            outcome.overshoot = outcome.overshoot.max(overshoot(c, before, after));
             let wait_ms = if c.sliding {
                 let cur = n.current.saturating_add(added);
                 sliding_wait_ms(c.limit, 1, n.previous, cur, c.window, c.next_end, now_ms)

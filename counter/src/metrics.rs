@@ -17,19 +17,22 @@ pub struct GroupCounts {
     pub refused: u64,
     pub near_limit: u64,
     pub shadow_refused: u64,
+    /// Hits pushes counted past a limit (`decide::Outcome::overshoot`).
+    pub overshoot_hits: u64,
 }
 
 impl GroupCounts {
     /// Counts one request.
-    pub fn add(&mut self, admitted: bool, shadow: bool, near: bool) {
-        match (admitted, shadow) {
+    pub fn add(&mut self, o: &crate::decide::Outcome) {
+        match (o.admitted, o.shadow) {
             (true, _) => self.admitted += 1,
             (false, true) => self.shadow_refused += 1,
             (false, false) => self.refused += 1,
         }
-        if near {
+        if o.near_limit {
             self.near_limit += 1;
         }
+        self.overshoot_hits = self.overshoot_hits.saturating_add(o.overshoot);
     }
 
     fn merge(&mut self, o: &GroupCounts) {
@@ -37,6 +40,7 @@ impl GroupCounts {
         self.refused += o.refused;
         self.near_limit += o.near_limit;
         self.shadow_refused += o.shadow_refused;
+        self.overshoot_hits = self.overshoot_hits.saturating_add(o.overshoot_hits);
     }
 }
 
@@ -125,6 +129,11 @@ impl Metrics {
                 "shadow_refused",
                 "Requests of shadow groups that were over a limit.",
                 |c| c.shadow_refused,
+            ),
+            (
+                "overshoot_hits",
+                "Hits of sync pushes counted past a limit: per push, the most of its windows by which its hits took the count past the limit (0 in exact and lease modes).",
+                |c| c.overshoot_hits,
             ),
         ] {
             let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");

@@ -63,10 +63,10 @@ impl State {
             let mut per_group: Vec<(usize, GroupCounts)> = Vec::new();
             for o in &outcomes {
                 match per_group.iter_mut().find(|(g, _)| *g == o.group) {
-                    Some((_, c)) => c.add(o.admitted, o.shadow, o.near_limit),
+                    Some((_, c)) => c.add(o),
                     None => {
                         let mut c = GroupCounts::default();
-                        c.add(o.admitted, o.shadow, o.near_limit);
+                        c.add(o);
                         per_group.push((o.group, c));
                     }
                 }

@@ -30,6 +30,7 @@ use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
 /// (millionths); per key to add to: its index and hits.
 /// Returns each key's value as read, then per request admitted (0/1): the
 /// caller replays the adds to know the counts each request was decided on.
+/// A push is sent as a request of no checks: admitted, its hits added.
 pub const SCRIPT: &str = r"
 local P = ARGV[1]
 local np = #P / 8
@@ -375,10 +376,11 @@ impl FullCache {
         requests
             .iter()
             .map(|r| {
-                let refused = r
-                    .checks
-                    .iter()
-                    .any(|c| seen(&c.key).is_some_and(|n| over(c, n)));
+                // A push is counted whatever the counts: never refused.
+                let refused = !r.push
+                    && r.checks
+                        .iter()
+                        .any(|c| seen(&c.key).is_some_and(|n| over(c, n)));
                 refused.then(|| {
                     r.checks
                         .iter()
@@ -533,6 +535,9 @@ impl<'a> Layout<'a> {
             put(t);
         }
         for (r, (checks, adds)) in chosen.iter().zip(&self.requests) {
+            // A push goes without checks: the script admits it and adds
+            // its hits; its counts are replayed from the keys read.
+            let checks: &[_] = if r.push { &[] } else { checks };
             put(checks.len() as u64);
             put(adds.len() as u64);
             for (c, &(k, pk)) in r.checks.iter().zip(checks) {
@@ -677,12 +682,14 @@ mod tests {
     fn a_call_sends_each_key_once_and_adds_a_request_s_hits_to_a_key_once() {
         let mut twice = Request {
             checks: vec![check("k1", None, 5, 1), check("k1", None, 9, 2)],
+            ..Request::default()
         };
         for c in &mut twice.checks {
             c.key_hits = 3;
         }
         let other = Request {
             checks: vec![check("k1", None, 5, 1), check("k2", Some("k0"), 5, 1)],
+            ..Request::default()
         };
         let chosen = [&twice, &other];
         let l = Layout::of(&chosen);
@@ -745,6 +752,7 @@ mod tests {
         for i in 0..10_000 {
             let r = Request {
                 checks: vec![check(&format!("k{i}"), None, 1, 1)],
+                ..Request::default()
             };
             cache.learn(
                 std::slice::from_ref(&r),
@@ -757,6 +765,7 @@ mod tests {
         // A full key refuses until its window ends, then no longer.
         let r = Request {
             checks: vec![check("k9999", None, 1, 1)],
+            ..Request::default()
         };
         assert!(cache.refuse(std::slice::from_ref(&r), 59_999)[0].is_some());
         assert!(cache.refuse(std::slice::from_ref(&r), 60_000)[0].is_none());

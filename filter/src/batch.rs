@@ -216,6 +216,17 @@ impl Part {
         })
     }
 
+    /// Whether it is a sync push: hits admitted already.
+    fn pushes(&self) -> bool {
+        matches!(
+            self.owner,
+            Owner::Tenant {
+                kind: CallKind::Push,
+                ..
+            }
+        )
+    }
+
     /// The stream this part's answer goes to (None: the root's, or the
     /// stream has ended).
     pub fn stream(&self) -> Option<u32> {
@@ -598,12 +609,13 @@ impl Batcher {
         heard: Result<Answer, RlsError>,
         done: &mut Vec<Done>,
     ) -> Vec<Part> {
+        let marks = marked(c, &parts);
         let answer = match heard {
             Err(e) => {
                 done.extend(parts.into_iter().map(|p| failed(p, e.clone())));
                 return Vec::new();
             }
-            Ok(a) if parts.len() == 1 => {
+            Ok(a) if parts.len() == 1 && !marks => {
                 done.extend(parts.into_iter().map(|part| Done {
                     part,
                     heard: Ok(a.clone()),
@@ -612,7 +624,6 @@ impl Batcher {
             }
             Ok(a) => a,
         };
-        let marks = marked(c, &parts);
         let sent: usize = descriptors(&parts) + if marks { parts.len() } else { 0 };
         if answer.response.statuses.len() != sent {
             if !self.unsplittable.replace(true) {
@@ -624,12 +635,13 @@ impl Batcher {
                     answer.response.statuses.len()
                 );
             }
-            if answer.over_limit {
+            // (A push alone is not sent again: it would be marked again.)
+            if answer.over_limit && parts.len() > 1 {
                 return parts;
             }
             done.extend(parts.into_iter().map(|part| Done {
                 part,
-                heard: Ok(share(false, Vec::new())),
+                heard: Ok(share(answer.over_limit, Vec::new())),
             }));
             return Vec::new();
         }
@@ -691,23 +703,31 @@ fn max_descriptors(c: &Compiled) -> usize {
 /// call without marks is one request.
 pub const REQUEST_MARK: &str = "trl.request";
 
-/// The mark, a descriptor of one entry (its value is not read: empty, left
-/// out on the wire).
+/// The mark, a descriptor of one entry (its value empty, left out on the
+/// wire).
 const MARK: &[(&str, &str)] = &[(REQUEST_MARK, "")];
 
-/// Whether a call of `parts` marks where each begins: a call of several
-/// parts to the counter. envoyproxy/ratelimit, which has no rule for the
-/// mark and would not decide the requests apart, never gets one.
+/// The mark of a sync push: hits admitted already, which the counter
+/// counts on every window whatever the limits (an ordinary request it
+/// refuses whole when it would cross one), answering the counts.
+const PUSH_MARK: &[(&str, &str)] = &[(REQUEST_MARK, "push")];
+
+/// Whether a call of `parts` marks where each begins: a call to the
+/// counter of several parts, or of a push. envoyproxy/ratelimit, which has
+/// no rule for the mark and would not decide the requests apart, never
+/// gets one (it counts a push's hits whatever the limits).
 fn marked(c: &Compiled, parts: &[Part]) -> bool {
-    parts.len() > 1 && c.config.service == Service::Counter
+    c.config.service == Service::Counter && (parts.len() > 1 || parts.iter().any(Part::pushes))
 }
 
 /// The message of a call of `parts`: one part as every call was before
 /// batching (its hits request-wide, left out for 1), several with each
-/// descriptor's own hits, and, to the counter, a mark before each part.
-/// None if a part's group is not in the configuration.
+/// descriptor's own hits, and, to the counter, a mark before each part (a
+/// push's own, even alone). None if a part's group is not in the
+/// configuration.
 fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
-    if let [p] = parts {
+    let marks = marked(c, parts);
+    if let ([p], false) = (parts, marks) {
         // Left out for 1 (it counts 1), as every call was before batching.
         let hits = if p.hits == 1 { 0 } else { p.hits };
         return tenant_message(c, p.group, &p.tenant, p.route.as_deref(), hits);
@@ -724,11 +744,10 @@ fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
             Some((RequestDescriptors::new(g, route, key, &p.tenant), p.hits))
         })
         .collect::<Option<Vec<_>>>()?;
-    let marks = marked(c, parts);
     let mut all: Vec<(&[(&str, &str)], u32)> = Vec::with_capacity(descriptors(parts) + parts.len());
-    for (d, hits) in &sets {
+    for ((d, hits), p) in sets.iter().zip(parts) {
         if marks {
-            all.push((MARK, 1));
+            all.push((if p.pushes() { PUSH_MARK } else { MARK }, 1));
         }
         all.extend(d.as_slice().iter().map(|(_, e)| (e.as_ref(), *hits)));
     }

@@ -9,8 +9,9 @@
 //! itself; the plan refuses exactly the calls over the counter's bounds
 //! (descriptors, entries per descriptor); a planned call is answered with
 //! one status per descriptor, each check at its own descriptor's index,
-//! `overall_code` OVER_LIMIT exactly when a status is, and no remaining
-//! count above its limit.
+//! `overall_code` OVER_LIMIT exactly when a status is, no remaining
+//! count above its limit, a push always admitted, and only a push past a
+//! limit.
 
 use prost::Message;
 use ratelimit_config::team_file::check_team_file_for;
@@ -102,12 +103,16 @@ pub fn decide_and_check(
                 .statuses
                 .get(c.index)
                 .is_some_and(|s| s.code == Code::OverLimit as i32);
-            // An admitted request has no status over its limit; a refused
-            // one has at least one.
-            if *ok {
+            // An admitted request has no status over its limit (but a
+            // push, counted whatever the limit, may); a refused one has at
+            // least one.
+            if *ok && !r.push {
                 assert!(!over);
             }
         }
+        // Only a push takes a count past a limit.
+        assert!(r.push || o.overshoot == 0, "{o:?}");
+        assert!(!r.push || *ok, "a push is always counted");
         if !*ok {
             assert!(r.checks.iter().any(|c| response
                 .statuses

@@ -50,7 +50,84 @@ fn run(
     answer(&plan, &counts, &admitted, now).0
 }
 
-const T0: u64 = 1_800_000_000_000; // a minute boundary: 1800000000000 % 60000 == 0
+const T0: u64 = 1_800_000_000_000; // an hour's (and a minute's) boundary
+
+/// A call of one push of `hits` on the tenant's minute and hour: its
+/// answer, and how far past a limit its hits took a count.
+fn push(m: &mut MemoryCounts, d: &Domain, hits: u64, now: u64) -> (RateLimitResponse, u64) {
+    let req = call(vec![
+        desc(&[(REQUEST_MARK, PUSH)], None),
+        desc(
+            &[("generic_key", "per_minute"), ("tenant", "a")],
+            Some(hits),
+        ),
+        desc(&[("generic_key", "per_hour"), ("tenant", "a")], Some(hits)),
+    ]);
+    let p = plan(Some(d), &req, now).unwrap();
+    assert!(p.requests[0].push);
+    let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
+    assert_eq!(admitted, [true], "a push is always counted");
+    let (r, outcomes) = answer(&p, &counts, &admitted, now);
+    (r, outcomes[0].overshoot)
+}
+
+#[test]
+fn a_push_is_counted_whole_on_every_window_and_answered_with_the_count() {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 8}}}"#);
+    let mut m = MemoryCounts::default();
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    // status: (code, remaining) of the minute and the hour, after the mark.
+    let got = |r: &RateLimitResponse| {
+        r.statuses[1..]
+            .iter()
+            .map(|s| (s.code, s.limit_remaining))
+            .collect::<Vec<_>>()
+    };
+    let (r, overshoot) = push(&mut m, &d, 4, T0);
+    assert_eq!(
+        (r.overall_code, got(&r), overshoot),
+        (ok, vec![(ok, 1), (ok, 4)], 0)
+    );
+    assert_eq!(r.statuses[0].code, ok, "the mark's own status");
+    // 3 more: the minute at 7 of 5, counted whole; 2 past its limit.
+    let (r, overshoot) = push(&mut m, &d, 3, T0 + 1);
+    assert_eq!(
+        (r.overall_code, got(&r), overshoot),
+        (over, vec![(over, 0), (ok, 1)], 2)
+    );
+    assert_eq!(r.statuses[1].duration_until_reset.unwrap().seconds, 60);
+    let minute = plan(
+        Some(&d),
+        &call(vec![desc(
+            &[("generic_key", "per_minute"), ("tenant", "a")],
+            None,
+        )]),
+        T0,
+    )
+    .unwrap()
+    .requests[0]
+        .checks[0]
+        .key
+        .clone();
+    assert_eq!(m.value(&minute, T0 + 1), 7);
+    // An ordinary request is still refused whole, nothing counted.
+    let one = call(vec![
+        desc(&[(REQUEST_MARK, "")], None),
+        desc(&[("generic_key", "per_minute"), ("tenant", "a")], None),
+        desc(&[("generic_key", "per_hour"), ("tenant", "a")], None),
+    ]);
+    assert_eq!(run(&mut m, &d, &one, T0 + 2).overall_code, over);
+    assert_eq!(m.value(&minute, T0 + 2), 7);
+    // The next minute: its own count, and the hour 1 past its 8.
+    let (r, overshoot) = push(&mut m, &d, 2, T0 + 60_000);
+    assert_eq!(
+        (r.overall_code, got(&r), overshoot),
+        (over, vec![(ok, 3), (over, 0)], 1)
+    );
+    // Already past: every hit of a push is past the limit.
+    let (_, overshoot) = push(&mut m, &d, 2, T0 + 60_001);
+    assert_eq!(overshoot, 2);
+}
 
 #[test]
 fn a_refused_request_adds_nothing_anywhere() {
@@ -267,6 +344,47 @@ proptest::proptest! {
 }
 
 proptest::proptest! {
+    /// Pushes and ordinary requests in one window: the counter holds every
+    /// pushed hit and the admitted requests' hits, an ordinary request is
+    /// admitted only when it fits, and the pushes' overshoot adds up to
+    /// what the count went past the limit.
+    #[test]
+    fn pushes_are_counted_whole_and_their_overshoot_is_the_count_past_the_limit(
+        steps in proptest::collection::vec((0u64..4, proptest::prelude::any::<bool>()), 1..40)
+    ) {
+        let d = domain(r#"{"x-t": {"default": {"perminute": 5}}}"#);
+        let mut m = MemoryCounts::default();
+        let (mut total, mut overshoot) = (0u64, 0u64);
+        for (i, (hits, is_push)) in steps.into_iter().enumerate() {
+            let now = T0 + i as u64;
+            let mark = if is_push { PUSH } else { "" };
+            let req = call(vec![
+                desc(&[(REQUEST_MARK, mark)], None),
+                desc(&[("generic_key", "per_minute"), ("tenant", "a")], Some(hits)),
+            ]);
+            let p = plan(Some(&d), &req, now).unwrap();
+            let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
+            let (r, outcomes) = answer(&p, &counts, &admitted, now);
+            let fits = total + hits <= 5 && !(hits == 0 && total >= 5);
+            proptest::prop_assert_eq!(admitted[0], is_push || fits);
+            if admitted[0] {
+                total += hits;
+            }
+            overshoot += outcomes[0].overshoot;
+            if is_push {
+                // Past the limit (a push of 0 hits checks only: at it).
+                let past = total > 5 || (hits == 0 && total == 5);
+                proptest::prop_assert_eq!(r.statuses[1].code == Code::OverLimit as i32, past);
+                proptest::prop_assert_eq!(u64::from(r.statuses[1].limit_remaining), 5u64.saturating_sub(total));
+            }
+            let key = &p.requests[0].checks[0].key;
+            proptest::prop_assert_eq!(m.value(key, now), total);
+        }
+        proptest::prop_assert_eq!(overshoot, total.saturating_sub(5));
+    }
+}
+
+proptest::proptest! {
     /// Any bytes: decoded or refused, and a decoded call answered with one
     /// status per descriptor, never a panic (what fuzz/ will run longer).
     #[test]
@@ -320,13 +438,14 @@ proptest::proptest! {
 }
 
 proptest::proptest! {
-    /// The over-limit cache in front of a store decides as the store alone:
-    /// the same requests admitted, the same overall codes, the same counts
+    /// The over-limit cache in front of a store decides as the store alone
+    /// (pushes among the requests: never refused by it): the same requests
+    /// admitted, the same overall codes, the same counts
     /// held; a window it answers over is over without it too.
     #[test]
     fn the_over_limit_cache_answers_as_the_store_does(
         sliding in proptest::prelude::any::<bool>(),
-        calls in proptest::collection::vec((0u64..9_000, proptest::collection::vec((0usize..3, 0u64..3, proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()), 1..6)), 1..40),
+        calls in proptest::collection::vec((0u64..9_000, proptest::collection::vec((0usize..3, 0u64..3, 0usize..3, proptest::prelude::any::<bool>()), 1..6)), 1..40),
     ) {
         use crate::store::FullCache;
         let window = if sliding { "sliding" } else { "fixed" };
@@ -340,8 +459,9 @@ proptest::proptest! {
             now += dt;
             let mut descriptors = Vec::new();
             for (tenant, hits, mark, month) in c {
-                if mark {
-                    descriptors.push(desc(&[(REQUEST_MARK, "")], None));
+                // No mark, a request's, a push's.
+                if mark > 0 {
+                    descriptors.push(desc(&[(REQUEST_MARK, ["", PUSH][mark - 1])], None));
                 }
                 let t = ["a", "b", "c"][tenant];
                 descriptors.push(desc(&[("generic_key", "per_second"), ("tenant", t)], Some(hits)));

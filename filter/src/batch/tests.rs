@@ -635,3 +635,83 @@ fn the_counters_answer_splits_around_the_marks_one_request_refused_the_other_adm
     respond(&c, &w, token, body, &mut [&mut a, &mut b]);
     assert!(w.vm.batch.unsplittable());
 }
+
+/// Sync mode against `service`: 20 a minute, `max_unsynced` 10.
+fn sync_config(service: &str) -> Compiled {
+    compiled(&format!(
+        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "service": "{service}", "timeout_ms": 100, "batch": {ONE_IN_FLIGHT}}},
+            "limits": {{"x-tenant-id": {{"default": {{"perminute": 20}}}}}},
+            "local": {{"mode": "sync", "sync": {{"interval_ms": 50}}}}, "cost_header": "x-cost"}}"#
+    ))
+}
+
+#[test]
+fn a_sync_push_to_the_counter_has_a_mark_of_its_own_and_its_answer_stops_local_admission() {
+    let c = sync_config("counter");
+    let w = Worker::ready(&c, NOW);
+    // Two hits admitted locally, pushed alone: marked, as a push.
+    for _ in 0..2 {
+        assert_eq!(w.request(&c, "acme").1, Next::Continue);
+    }
+    Root::default().on_tick(&c, &w, &w.vm);
+    assert_eq!(w.call_count(), 1);
+    let token = w.calls()[0].token;
+    assert_eq!(
+        descriptors_sent(&w, token),
+        ["trl.request=push", "generic_key=per_minute,tenant=acme"]
+    );
+    let call = w.calls().into_iter().find(|c| c.token == token).unwrap();
+    let r = RateLimitRequest::decode(&call.message[..]).unwrap();
+    assert_eq!(r.descriptors[1].hits_addend.map(|h| h.value), Some(2));
+    assert_eq!(r.hits_addend, 0);
+    // The counter counted them whatever the limit: the fleet is now at 21
+    // of 20 (OVER_LIMIT, 0 left). The view learns it: no more local
+    // admission in this window.
+    let body = answer(
+        Code::OverLimit,
+        vec![mark_status(), minute(Code::OverLimit, 20, 0)],
+    );
+    respond(&c, &w, token, body, &mut []);
+    assert_eq!(w.group_counter(0, GroupCounter::SyncOverLimitHits), 2);
+    assert_eq!(w.group_counter(0, GroupCounter::SyncHits), 2);
+    let (_s, next) = w.request(&c, "acme");
+    assert_eq!(next, Next::Pause);
+    assert_eq!((w.reply_count(), w.call_count()), (1, 1));
+    assert_eq!(w.replies()[0].status, 429);
+    // A push with a request queued behind a call under way: each part its
+    // own mark, the request's an ordinary one.
+    let w = Worker::ready(&c, NOW);
+    assert_eq!(w.request(&c, "acme").1, Next::Continue);
+    w.set_request_header("x-cost", b"2");
+    let (_s1, next) = w.request(&c, "other");
+    assert_eq!(next, Next::Pause);
+    let (_s2, next) = w.request(&c, "third");
+    assert_eq!(next, Next::Pause);
+    Root::default().on_tick(&c, &w, &w.vm);
+    let token = w.calls()[1].token;
+    let got = descriptors_sent(&w, token);
+    assert_eq!(got.len(), 4, "{got:?}");
+    for pair in got.chunks(2) {
+        let mark = if pair[1].ends_with("acme") {
+            "trl.request=push"
+        } else {
+            "trl.request="
+        };
+        assert_eq!(pair[0], mark, "{got:?}");
+    }
+    // envoyproxy/ratelimit gets today's push: no mark, the hits
+    // request-wide; it counts them whatever the limit itself.
+    let c = sync_config("envoy-ratelimit");
+    let w = Worker::ready(&c, NOW);
+    for _ in 0..2 {
+        assert_eq!(w.request(&c, "acme").1, Next::Continue);
+    }
+    Root::default().on_tick(&c, &w, &w.vm);
+    let call = &w.calls()[0];
+    let r = RateLimitRequest::decode(&call.message[..]).unwrap();
+    assert_eq!(
+        descriptors_sent(&w, call.token),
+        ["generic_key=per_minute,tenant=acme"]
+    );
+    assert_eq!(r.hits_addend, 2);
+}
