@@ -153,10 +153,10 @@ PYTEST_ARGS ?=
 # The integration tests `make integration` runs a second time against the
 # project's own rate-limit service (`pytest --service counter`: each stack
 # starts ratelimit-counter on the same Redis instead of envoyproxy/ratelimit):
-# exactness, headers, batching, modes, routes, faults, the service down and
-# the breaker.
+# exactness, headers, batching, modes, routes (and a route's own limits and
+# costs charged after the response), faults, the service down and the breaker.
 COUNTER_TESTS ?= test_exactly_100.py $(notdir $(wildcard tests/test_headers_*.py)) \
-                 test_batch.py test_modes.py test_routes.py test_faults.py \
+                 test_batch.py test_modes.py test_routes.py test_expensive.py test_faults.py \
                  test_limiter_down.py test_breaker.py
 # What that second pass runs: COUNTER_TESTS; when PYTEST_ARGS selects tests,
 # nothing unless given (e.g. COUNTER_PYTEST_ARGS="-s test_modes.py").

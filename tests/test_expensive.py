@@ -15,8 +15,23 @@ import socketserver
 import threading
 from collections import Counter
 
+import counter
 import harness
 from harness import ensure_window_room, run_sequential, tally, unique
+
+
+def refusals_counted(fleet, c: Counter) -> int:
+    """What the service's refusals added to a tenant's count: each refusal
+    envoyproxy/ratelimit answered; nothing with the counter, which decides
+    a request as a whole and counts only what it admits."""
+    return 0 if isinstance(fleet.ratelimit, counter.Counter) else c["over_limit"]
+
+
+def minute_count(fleet, tenant: str) -> int | None:
+    """The tenant's minute count in Redis, under either service's key."""
+    key = (harness.counter_key if isinstance(fleet.ratelimit, counter.Counter)
+           else harness.redis_key)(fleet.domain, "minute", tenant)
+    return fleet.redis.get_int(key)
 
 # --------------------------------------------------------------- route limits
 
@@ -60,11 +75,11 @@ def test_a_route_has_its_own_limit_per_tenant_next_to_the_tenants(stack):
     assert refused.limit == 5 and refused.remaining == 0 and refused.retry_after is not None
     last = harness.parse_ratelimit_headers(elsewhere[-1].headers)
     assert last.windows == [(600, 60)], elsewhere[-1].headers
-    # Every request the service saw on either route spent the tenant's
-    # counter: 12 elsewhere, 5 admitted on the route, and each refusal the
-    # service answered (later ones come from each Envoy's over-limit cache).
+    # Every admitted request on either route spent the tenant's counter: 12
+    # elsewhere, 5 on the route; with envoyproxy/ratelimit also each refusal
+    # it answered (later ones come from each Envoy's over-limit cache).
     c = fleet.counters()
-    assert last.remaining == 600 - 17 - c["over_limit"], (c, elsewhere[-1].headers)
+    assert last.remaining == 600 - 17 - refusals_counted(fleet, c), (c, elsewhere[-1].headers)
 
     # A second tenant has its own 5; a gold tenant its group's 7.
     other = run_sequential(report_urls, 8, tenant=unique("tenant"))
@@ -73,8 +88,11 @@ def test_a_route_has_its_own_limit_per_tenant_next_to_the_tenants(stack):
     assert tally(gold) == Counter({200: 7, 429: 3}), harness.summary(gold)
 
     # Redis holds one counter per tenant and route, beside the tenant's.
-    keys = fleet.redis.keys(f"{fleet.domain}_*{tenant}*")
-    route_keys = [k for k in keys if "route_reports" in k]
+    if isinstance(fleet.ratelimit, counter.Counter):
+        keys = fleet.redis.keys(f"trl:*{tenant}*")
+    else:
+        keys = fleet.redis.keys(f"{fleet.domain}_*{tenant}*")
+    route_keys = [k for k in keys if "reports" in k]
     assert len(route_keys) == 1 and len(keys) == 2, keys
 
 
@@ -120,9 +138,27 @@ def test_a_cost_in_the_response_header_is_charged_after_the_response(stack):
     assert c["group.default.response_cost.charges"] == 10, c
     assert c["group.default.response_cost.hits"] == 10 * 9, c
     assert c["group.default.response_cost.failed"] == 0, c
-    # Redis: 10 × 10 admitted, plus 1 for each call the service refused.
-    key = harness.redis_key(fleet.domain, "minute", tenant)
-    assert fleet.redis.get_int(key) == 100 + c["over_limit"], (c, fleet.redis.get_int(key))
+    # Redis: 10 × 10 admitted (each response's 9 counted whatever the
+    # limit), plus with envoyproxy/ratelimit 1 for each call it refused.
+    held = minute_count(fleet, tenant)
+    assert held == 100 + refusals_counted(fleet, c), (c, held)
+
+
+def test_a_response_cost_past_the_limit_is_counted_whole(stack):
+    """The response was served: its cost counts even where it crosses the
+    limit, and the tenant's next request is refused."""
+    fleet = stack.fleet(COST_LIMITS, envoys=2, timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                        **RESPONSE_COST)
+    ensure_window_room(60, MINUTE_ROOM_S)
+    tenant = unique("tenant")
+    # 1 + 59, then 1 + 59 more: 120 of 100, the second charge past the limit.
+    results = run_charged(fleet, fleet.urls, 2, tenant, {"x-test-cost": "60"})
+    assert tally(results) == Counter({200: 2}), harness.summary(results)
+    c = fleet.counters()
+    assert c["group.default.response_cost.hits"] == 2 * 59, c
+    assert minute_count(fleet, tenant) == 120, minute_count(fleet, tenant)
+    last = harness.send(fleet.urls[0], tenant)
+    assert last.status == 429, last
 
 
 class _TrailerHandler(http.server.BaseHTTPRequestHandler):
@@ -150,7 +186,8 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 def test_a_cost_in_the_response_trailer_is_charged_after_the_response(stack):
     gen = stack.generate(COST_LIMITS, timeout_ms=harness.COUNTING_TIMEOUT_MS)
-    rls = stack.ratelimit(stack.redis(), gen)
+    redis = stack.redis()
+    rls = stack.ratelimit(redis, gen)
     server = _Server((harness.LOOPBACK, 0), _TrailerHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -158,7 +195,7 @@ def test_a_cost_in_the_response_trailer_is_charged_after_the_response(stack):
         cfg = gen.plugin_config(**RESPONSE_COST)
         envoys = [stack.envoy(cfg, rls, server.server_address[1], name=f"envoy-{i + 1}")
                   for i in range(2)]
-        fleet = harness.Fleet(gen, rls.redis, rls, None, envoys)
+        fleet = harness.Fleet(gen, redis, rls, None, envoys)
         ensure_window_room(60, MINUTE_ROOM_S)
         tenant = unique("tenant")
 
@@ -250,5 +287,4 @@ def test_bad_response_costs_are_counted_and_charge_nothing_more(stack):
     assert c["group.default.response_cost.charges"] == 0, c
     assert c["group.default.response_cost.hits"] == 0, c
     # Only the requests' own hits were counted.
-    key = harness.redis_key(fleet.domain, "minute", tenant)
-    assert fleet.redis.get_int(key) == len(bad), fleet.redis.get_int(key)
+    assert minute_count(fleet, tenant) == len(bad), minute_count(fleet, tenant)

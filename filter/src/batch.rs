@@ -216,12 +216,13 @@ impl Part {
         })
     }
 
-    /// Whether it is a sync push: hits admitted already.
+    /// Whether it is a sync push or a response's cost: hits admitted or
+    /// served already, to be counted whatever the limits.
     fn pushes(&self) -> bool {
         matches!(
             self.owner,
             Owner::Tenant {
-                kind: CallKind::Push,
+                kind: CallKind::Push | CallKind::Charge,
                 ..
             }
         )
@@ -707,9 +708,10 @@ pub const REQUEST_MARK: &str = "trl.request";
 /// wire).
 const MARK: &[(&str, &str)] = &[(REQUEST_MARK, "")];
 
-/// The mark of a sync push: hits admitted already, which the counter
-/// counts on every window whatever the limits (an ordinary request it
-/// refuses whole when it would cross one), answering the counts.
+/// The mark of a sync push or a response's cost: hits admitted (served)
+/// already, which the counter counts on every window whatever the limits
+/// (an ordinary request it refuses whole when it would cross one),
+/// answering the counts.
 const PUSH_MARK: &[(&str, &str)] = &[(REQUEST_MARK, "push")];
 
 /// Whether a call of `parts` marks where each begins: a call to the
