@@ -1,5 +1,6 @@
 """Operating ratelimit-counter: gRPC health, a graceful drain on SIGTERM,
-a Redis Cluster replica restarted under traffic. Calls go straight to the counter (tests/grpc_rls.py), with
+a Redis Cluster replica restarted under traffic, and a Redis password
+(REDIS_AUTH). Calls go straight to the counter (tests/grpc_rls.py), with
 the descriptors `generate --service counter` writes."""
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import struct
 
 import h2.config
 import h2.connection
+import pytest
+
+import harness
 from counter import Counter
 from delayproxy import DelayProxy
 from grpc_rls import TIMEOUT_S, _field, _fields, call, request_bytes, unary
@@ -188,3 +192,36 @@ def test_sigterm_finishes_the_calls_under_way(stack):
     finally:
         proxy.close()
 
+
+PASSWORD = "s3cret-" + unique("pw")
+
+
+def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
+    limit = 5
+    team = {"d": {"x-tenant-id": {"default": {"perminute": limit}}}}
+    redis = stack.redis(password=PASSWORD)
+    url = f"redis://{LOOPBACK}:{redis.port}"
+    counter = Counter(stack, team, store=url, env={"REDIS_AUTH": PASSWORD},
+                      store_timeout_ms=1000)
+    ensure_window_room(60, 20)
+    t = unique("tenant")
+    codes = [call(counter.grpc_port, request_bytes("d", [minute(t)]))[1]["overall_code"]
+             for _ in range(limit + 2)]
+    assert codes == [OK] * limit + [OVER] * 2
+    (key,) = [k for k in redis.keys("trl:*") if t in k]
+    assert redis.get_int(key) == limit
+
+    # A wrong password: the counter runs, is not ready, fails each call at
+    # once with a status that says why, and its log says why.
+    wrong = Counter.__new__(Counter)
+    with pytest.raises(harness.StartupError, match="/readyz: not ready"):
+        Counter.__init__(wrong, stack, team, store=url, env={"REDIS_AUTH": "wrong"},
+                         name="counter-wrong", store_timeout_ms=1000, start_deadline_s=2)
+    assert wrong.process.alive()
+    assert wrong.readyz() == 503
+    status, _, message = call(wrong.grpc_port, request_bytes("d", [minute(t)]))
+    assert status == 14 and "Password authentication failed" in message, (status, message)
+    log = wrong.process.log_text()
+    assert f"store {url}: Redis: Password authentication failed" in log, log
+    assert "not ready until it answers" in log, log
+    assert redis.get_int(key) == limit
