@@ -51,26 +51,30 @@ class ClusterNode(Redis):
         self.bus_port = free_port()
         data = stack.workdir / "redis-cluster" / str(index)
         data.mkdir(parents=True, exist_ok=True)
-        self.process: Process = stack.spawn(
-            "redis-node",
-            [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice",
-             "--dir", data, "--cluster-enabled", "yes",
-             "--cluster-config-file", data / "nodes.conf",
-             "--cluster-port", self.bus_port,
-             "--cluster-announce-ip", LOOPBACK,
-             "--cluster-node-timeout", NODE_TIMEOUT_MS,
-             # A replica may always take over from its dead master, however
-             # long ago it last heard from it.
-             "--cluster-replica-validity-factor", "0",
-             # A replica's first full sync starts at once, not after 5 s.
-             "--repl-diskless-sync-delay", "0",
-             # CLUSTER SLOTS lists a replica only once its replication offset
-             # is not 0, and an idle master's offset moves with its pings to
-             # the replicas: every second, not every 10.
-             "--repl-ping-replica-period", "1"],
-        )
-        wait_until(lambda: self.command("PING") == "PONG", f"redis node {index} PING",
+        self.stack = stack
+        self.argv = [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
+                     "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice",
+                     "--dir", data, "--cluster-enabled", "yes",
+                     "--cluster-config-file", data / "nodes.conf",
+                     "--cluster-port", self.bus_port,
+                     "--cluster-announce-ip", LOOPBACK,
+                     "--cluster-node-timeout", NODE_TIMEOUT_MS,
+                     # A replica may always take over from its dead master, however
+                     # long ago it last heard from it.
+                     "--cluster-replica-validity-factor", "0",
+                     # A replica's first full sync starts at once, not after 5 s.
+                     "--repl-diskless-sync-delay", "0",
+                     # CLUSTER SLOTS lists a replica only once its replication offset
+                     # is not 0, and an idle master's offset moves with its pings to
+                     # the replicas: every second, not every 10.
+                     "--repl-ping-replica-period", "1"]
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart, on the same ports and with the same nodes.conf,
+        so that it rejoins the cluster as the node it was) and wait for PING."""
+        self.process: Process = self.stack.spawn("redis-node", self.argv)
+        wait_until(lambda: self.command("PING") == "PONG", f"redis node {self.index} PING",
                    process=self.process)
 
     @property

@@ -10,12 +10,14 @@ import os
 import signal
 import socket
 import struct
+import threading
+from collections import Counter as Tally
 
 import h2.config
 import h2.connection
-import pytest
 
 import harness
+from cluster import RedisCluster
 from counter import Counter
 from delayproxy import DelayProxy
 from grpc_rls import TIMEOUT_S, _field, _fields, call, request_bytes, unary
@@ -213,10 +215,10 @@ def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
 
     # A wrong password: the counter runs, is not ready, fails each call at
     # once with a status that says why, and its log says why.
-    wrong = Counter.__new__(Counter)
-    with pytest.raises(harness.StartupError, match="/readyz: not ready"):
-        Counter.__init__(wrong, stack, team, store=url, env={"REDIS_AUTH": "wrong"},
-                         name="counter-wrong", store_timeout_ms=1000, start_deadline_s=2)
+    wrong = Counter(stack, team, store=url, env={"REDIS_AUTH": "wrong"}, name="counter-wrong",
+                    store_timeout_ms=1000, wait_ready=False)
+    wait_until(lambda: "not ready until it answers" in wrong.process.log_text(),
+               "the counter tells why it is not ready", process=wrong.process)
     assert wrong.process.alive()
     assert wrong.readyz() == 503
     status, _, message = call(wrong.grpc_port, request_bytes("d", [minute(t)]))
@@ -225,3 +227,77 @@ def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
     assert f"store {url}: Redis: Password authentication failed" in log, log
     assert "not ready until it answers" in log, log
     assert redis.get_int(key) == limit
+
+
+class _Sender:
+    """One tenant's calls, one after another over the counters in turn,
+    paced, in a thread: (phase, grpc-status, overall code) of each."""
+
+    def __init__(self, ports: list[int], tenant: str, pace_s: float = 0.01):
+        self.ports, self.pace_s = ports, pace_s
+        self.message = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", tenant)]])
+        self.phase = "before"
+        self.results: list[tuple[str, int, int | None]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            phase = self.phase
+            status, r, _ = call(self.ports[i % len(self.ports)], self.message)
+            self.results.append((phase, status, r["overall_code"] if r else None))
+            i += 1
+            self.stop.wait(self.pace_s)
+
+    def count(self, phase: str) -> int:
+        return sum(1 for p, _, _ in list(self.results) if p == phase)
+
+
+def test_a_cluster_replica_restarted_under_traffic(stack):
+    """A replica of the master that holds the tenant's counter is killed and
+    restarted while the tenant's calls go on: exactly the limit admitted,
+    Redis holds exactly that, and no call fails."""
+    limit = 200
+    team = {"d": {"x-tenant-id": {"default": {"perhour": limit}}}}
+    cluster = RedisCluster.start(stack)
+    url = "redis-cluster://" + cluster.url
+    counters = [Counter(stack, team, store=url, name=f"counter-{i}",
+                        store_timeout_ms=harness.COUNTING_TIMEOUT_MS) for i in range(2)]
+    ensure_window_room(3600, 60)
+    tenant = unique("tenant")
+    key = harness.counter_key("d", "hour", tenant)
+    master = cluster.master_of(key)
+    (replica,) = cluster.replicas_of(master)
+    sender = _Sender([c.grpc_port for c in counters], tenant)
+    try:
+        wait_until(lambda: sender.count("before") >= 30, "calls before the replica dies", 30)
+        sender.phase = "down"
+        replica.process.kill()
+
+        def marked_failed() -> bool:
+            line = next(ln for ln in master.command("CLUSTER", "NODES").splitlines()
+                        if f"{replica.addr}@" in ln)
+            return "fail" in line.split()[2].split(",")
+
+        wait_until(marked_failed, "the cluster marks the replica failed", 30)
+        wait_until(lambda: sender.count("down") >= 30, "calls while the replica is down", 30)
+        sender.phase = "restarting"
+        replica.start()
+        wait_until(lambda: replica.role() == "slave" and cluster.healthy(),
+                   "the replica back in sync", 30)
+        sender.phase = "after"
+        wait_until(lambda: sender.count("after") >= 30, "calls after the restart", 30)
+        wait_until(lambda: len(sender.results) >= limit + 30, "the limit passed", 30)
+    finally:
+        sender.stop.set()
+        sender.thread.join(timeout=30)
+    results = sender.results
+    assert [r for r in results if r[1] != 0] == [], "calls failed"
+    admitted = [p for p, _, code in results if code == OK]
+    print(f"calls per phase: {Tally(p for p, _, _ in results)}, "
+          f"admitted per phase: {Tally(admitted)}")
+    assert len(admitted) == limit
+    assert [code for _, _, code in results] == [OK] * limit + [OVER] * (len(results) - limit)
+    assert cluster.get_int(key) == limit
