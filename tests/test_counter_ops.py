@@ -301,3 +301,44 @@ def test_a_cluster_replica_restarted_under_traffic(stack):
     assert len(admitted) == limit
     assert [code for _, _, code in results] == [OK] * limit + [OVER] * (len(results) - limit)
     assert cluster.get_int(key) == limit
+
+
+
+def test_a_counter_started_before_redis_is_ready_once_redis_answers(stack):
+    redis = stack.redis()
+    redis.stop()
+    team = {"d": {"x-tenant-id": {"default": {"perhour": 5}}}}
+    counter = Counter(stack, team, store=f"redis://{LOOPBACK}:{redis.port}", wait_ready=False)
+    wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
+               "the counter tells why it is not ready", process=counter.process)
+    assert counter.readyz() == 503
+    t = unique("tenant")
+    hour = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", t)]])
+    assert call(counter.grpc_port, hour)[0] == 14
+    redis.start()
+    wait_until(counter.ready, "the counter is ready once Redis answers", process=counter.process)
+    status, r, _ = call(counter.grpc_port, hour)
+    assert status == 0 and r["statuses"][0]["remaining"] == 4
+
+def test_redis_auth_on_a_cluster(stack):
+    limit = 5
+    team = {"d": {"x-tenant-id": {"default": {"perhour": limit}}}}
+    cluster = RedisCluster.start(stack, password=PASSWORD)
+    url = "redis-cluster://" + cluster.url
+    counter = Counter(stack, team, store=url, env={"REDIS_AUTH": PASSWORD},
+                      store_timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    ensure_window_room(3600, 20)
+    t = unique("tenant")
+    hour = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", t)]])
+    codes = [call(counter.grpc_port, hour)[1]["overall_code"] for _ in range(limit + 2)]
+    assert codes == [OK] * limit + [OVER] * 2
+    assert cluster.get_int(harness.counter_key("d", "hour", t)) == limit
+    wrong = Counter(stack, team, store=url, env={"REDIS_AUTH": "wrong"}, name="counter-wrong",
+                    store_timeout_ms=1000, wait_ready=False)
+    wait_until(lambda: "not ready until it answers" in wrong.process.log_text(),
+               "the counter tells why it is not ready", process=wrong.process)
+    assert wrong.readyz() == 503
+    status, _, message = call(wrong.grpc_port, hour)
+    assert status == 14 and "Password authentication failed" in message, (status, message)
+    log = wrong.process.log_text()
+    assert f"store {url}: Redis: " in log and "Password authentication failed" in log, log
