@@ -30,8 +30,10 @@ CHECK = b"/grpc.health.v1.Health/Check"
 WATCH = b"/grpc.health.v1.Health/Watch"
 
 
-def minute(tenant: str) -> list[tuple[str, str]]:
-    return [("generic_key", "per_minute"), ("tenant", tenant)]
+def hour(tenant: str) -> list[tuple[str, str]]:
+    """A tenant's per-hour descriptor: an hour window, so that a test never
+    waits long for room in one (ensure_window_room)."""
+    return [("generic_key", "per_hour"), ("tenant", tenant)]
 
 
 def _health_request(service: str) -> bytes:
@@ -134,7 +136,7 @@ def _refused(port: int) -> bool:
 
 
 def test_grpc_health_serves_then_turns_not_serving_on_sigterm(stack):
-    counter = Counter(stack, {"d": {"x-tenant-id": {"default": {"perminute": 5}}}})
+    counter = Counter(stack, {"d": {"x-tenant-id": {"default": {"perhour": 5}}}})
     port = counter.grpc_port
     # Ready: both the server ("") and the rate-limit service are SERVING.
     assert health_check(port, "") == (0, SERVING)
@@ -163,19 +165,19 @@ def test_sigterm_finishes_the_calls_under_way(stack):
     proxy = DelayProxy(target_port=redis.port)
     try:
         # A deadline far longer than Redis is held below: the calls wait.
-        counter = Counter(stack, {"d": {"x-tenant-id": {"default": {"perminute": limit}}}},
+        counter = Counter(stack, {"d": {"x-tenant-id": {"default": {"perhour": limit}}}},
                           store=f"redis://{LOOPBACK}:{proxy.port}", store_timeout_ms=30_000)
         port = counter.grpc_port
-        ensure_window_room(60, 20)
+        ensure_window_room(3600, 20)
         t = unique("tenant")
         # The connection made and the script loaded: one call.
-        status, r, _ = call(port, request_bytes("d", [minute(t)]))
+        status, r, _ = call(port, request_bytes("d", [hour(t)]))
         assert status == 0 and r["overall_code"] == OK
         proxy.hold()
         before = proxy.sent.count(b"EVALSHA")
         n = 8
         with concurrent.futures.ThreadPoolExecutor(n) as pool:
-            calls = [pool.submit(call, port, request_bytes("d", [minute(t)])) for _ in range(n)]
+            calls = [pool.submit(call, port, request_bytes("d", [hour(t)])) for _ in range(n)]
             wait_until(lambda: proxy.sent.count(b"EVALSHA") - before == n,
                        "the counter's script calls reached Redis's proxy", process=counter.process)
             os.kill(counter.process.pid, signal.SIGTERM)
@@ -200,14 +202,14 @@ PASSWORD = "s3cret-" + unique("pw")
 
 def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
     limit = 5
-    team = {"d": {"x-tenant-id": {"default": {"perminute": limit}}}}
+    team = {"d": {"x-tenant-id": {"default": {"perhour": limit}}}}
     redis = stack.redis(password=PASSWORD)
     url = f"redis://{LOOPBACK}:{redis.port}"
     counter = Counter(stack, team, store=url, env={"REDIS_AUTH": PASSWORD},
                       store_timeout_ms=1000)
-    ensure_window_room(60, 20)
+    ensure_window_room(3600, 20)
     t = unique("tenant")
-    codes = [call(counter.grpc_port, request_bytes("d", [minute(t)]))[1]["overall_code"]
+    codes = [call(counter.grpc_port, request_bytes("d", [hour(t)]))[1]["overall_code"]
              for _ in range(limit + 2)]
     assert codes == [OK] * limit + [OVER] * 2
     (key,) = [k for k in redis.keys("trl:*") if t in k]
@@ -221,7 +223,7 @@ def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
                "the counter tells why it is not ready", process=wrong.process)
     assert wrong.process.alive()
     assert wrong.readyz() == 503
-    status, _, message = call(wrong.grpc_port, request_bytes("d", [minute(t)]))
+    status, _, message = call(wrong.grpc_port, request_bytes("d", [hour(t)]))
     assert status == 14 and "Password authentication failed" in message, (status, message)
     log = wrong.process.log_text()
     assert f"store {url}: Redis: Password authentication failed" in log, log
@@ -235,7 +237,7 @@ class _Sender:
 
     def __init__(self, ports: list[int], tenant: str, pace_s: float = 0.01):
         self.ports, self.pace_s = ports, pace_s
-        self.message = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", tenant)]])
+        self.message = request_bytes("d", [hour(tenant)])
         self.phase = "before"
         self.results: list[tuple[str, int, int | None]] = []
         self.stop = threading.Event()
@@ -303,7 +305,6 @@ def test_a_cluster_replica_restarted_under_traffic(stack):
     assert cluster.get_int(key) == limit
 
 
-
 def test_a_counter_started_before_redis_is_ready_once_redis_answers(stack):
     redis = stack.redis()
     redis.stop()
@@ -313,12 +314,13 @@ def test_a_counter_started_before_redis_is_ready_once_redis_answers(stack):
                "the counter tells why it is not ready", process=counter.process)
     assert counter.readyz() == 503
     t = unique("tenant")
-    hour = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", t)]])
-    assert call(counter.grpc_port, hour)[0] == 14
+    req = request_bytes("d", [hour(t)])
+    assert call(counter.grpc_port, req)[0] == 14
     redis.start()
     wait_until(counter.ready, "the counter is ready once Redis answers", process=counter.process)
-    status, r, _ = call(counter.grpc_port, hour)
+    status, r, _ = call(counter.grpc_port, req)
     assert status == 0 and r["statuses"][0]["remaining"] == 4
+
 
 def test_redis_auth_on_a_cluster(stack):
     limit = 5
@@ -329,8 +331,8 @@ def test_redis_auth_on_a_cluster(stack):
                       store_timeout_ms=harness.COUNTING_TIMEOUT_MS)
     ensure_window_room(3600, 20)
     t = unique("tenant")
-    hour = request_bytes("d", [[("generic_key", "per_hour"), ("tenant", t)]])
-    codes = [call(counter.grpc_port, hour)[1]["overall_code"] for _ in range(limit + 2)]
+    req = request_bytes("d", [hour(t)])
+    codes = [call(counter.grpc_port, req)[1]["overall_code"] for _ in range(limit + 2)]
     assert codes == [OK] * limit + [OVER] * 2
     assert cluster.get_int(harness.counter_key("d", "hour", t)) == limit
     wrong = Counter(stack, team, store=url, env={"REDIS_AUTH": "wrong"}, name="counter-wrong",
@@ -338,7 +340,7 @@ def test_redis_auth_on_a_cluster(stack):
     wait_until(lambda: "not ready until it answers" in wrong.process.log_text(),
                "the counter tells why it is not ready", process=wrong.process)
     assert wrong.readyz() == 503
-    status, _, message = call(wrong.grpc_port, hour)
+    status, _, message = call(wrong.grpc_port, req)
     assert status == 14 and "Password authentication failed" in message, (status, message)
     log = wrong.process.log_text()
     assert f"store {url}: Redis: " in log and "Password authentication failed" in log, log
