@@ -20,6 +20,7 @@ service's environment).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -45,32 +46,40 @@ RADIX_SYNC_S = 5.0
 class ClusterNode(Redis):
     """One redis-server in cluster mode (no persistence), announcing 127.0.0.1."""
 
-    def __init__(self, stack: Stack, index: int):
+    def __init__(self, stack: Stack, index: int, password: str | None = None):
         self.index = index
+        self.password = password
         self.port = free_port()
         self.bus_port = free_port()
         data = stack.workdir / "redis-cluster" / str(index)
         data.mkdir(parents=True, exist_ok=True)
-        self.process: Process = stack.spawn(
-            "redis-node",
-            [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice",
-             "--dir", data, "--cluster-enabled", "yes",
-             "--cluster-config-file", data / "nodes.conf",
-             "--cluster-port", self.bus_port,
-             "--cluster-announce-ip", LOOPBACK,
-             "--cluster-node-timeout", NODE_TIMEOUT_MS,
-             # A replica may always take over from its dead master, however
-             # long ago it last heard from it.
-             "--cluster-replica-validity-factor", "0",
-             # A replica's first full sync starts at once, not after 5 s.
-             "--repl-diskless-sync-delay", "0",
-             # CLUSTER SLOTS lists a replica only once its replication offset
-             # is not 0, and an idle master's offset moves with its pings to
-             # the replicas: every second, not every 10.
-             "--repl-ping-replica-period", "1"],
-        )
-        wait_until(lambda: self.command("PING") == "PONG", f"redis node {index} PING",
+        self.stack = stack
+        self.argv = [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--save", "",
+                     "--appendonly", "no", "--daemonize", "no", "--loglevel", "notice",
+                     "--dir", data, "--cluster-enabled", "yes",
+                     "--cluster-config-file", data / "nodes.conf",
+                     "--cluster-port", self.bus_port,
+                     "--cluster-announce-ip", LOOPBACK,
+                     "--cluster-node-timeout", NODE_TIMEOUT_MS,
+                     # A replica may always take over from its dead master, however
+                     # long ago it last heard from it.
+                     "--cluster-replica-validity-factor", "0",
+                     # A replica's first full sync starts at once, not after 5 s.
+                     "--repl-diskless-sync-delay", "0",
+                     # CLUSTER SLOTS lists a replica only once its replication offset
+                     # is not 0, and an idle master's offset moves with its pings to
+                     # the replicas: every second, not every 10.
+                     "--repl-ping-replica-period", "1"]
+        if password:
+            # Clients and replicas alike need it.
+            self.argv += ["--requirepass", password, "--masterauth", password]
+        self.start()
+
+    def start(self) -> None:
+        """Start (or restart, on the same ports and with the same nodes.conf,
+        so that it rejoins the cluster as the node it was) and wait for PING."""
+        self.process: Process = self.stack.spawn("redis-node", self.argv)
+        wait_until(lambda: self.command("PING") == "PONG", f"redis node {self.index} PING",
                    process=self.process)
 
     @property
@@ -115,13 +124,18 @@ class RedisCluster:
     nodes: list[ClusterNode] = field(default_factory=list)
 
     @classmethod
-    def start(cls, stack: Stack, masters: int = 3, replicas: int = 1) -> "RedisCluster":
-        c = cls(stack, [ClusterNode(stack, i) for i in range(masters * (1 + replicas))])
+    def start(cls, stack: Stack, masters: int = 3, replicas: int = 1,
+              password: str | None = None) -> "RedisCluster":
+        """`password`: every node requires it (requirepass, masterauth)."""
+        c = cls(stack, [ClusterNode(stack, i, password)
+                        for i in range(masters * (1 + replicas))])
         argv = [str(REDIS_CLI), "--cluster", "create", *(n.addr for n in c.nodes),
                 "--cluster-replicas", str(replicas), "--cluster-yes"]
         log = stack.workdir / "logs" / "redis-cli-cluster-create.log"
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               **({"REDISCLI_AUTH": password} if password else {})}
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=env)
         log.write_text(f"### {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
         if proc.returncode != 0:
             raise HarnessError(f"redis-cli --cluster create exited {proc.returncode}:\n"

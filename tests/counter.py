@@ -24,12 +24,14 @@ class Counter:
     as <dir>/<domain>.json (the directory a mounted ConfigMap gives).
     `store`: memory, redis://..., redis-cluster://host:port,...
     `clock_offset_ms`: the counter's clock, moved (a file the test rewrites
-    with `set_clock`)."""
+    with `set_clock`). `wait_ready=False`: started, not waited for (a test
+    of a counter that is not ready)."""
 
     def __init__(self, stack: harness.Stack, teams: dict[str, dict], store: str = "memory",
                  name: str = "counter", limits_dir: Path | None = None,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-                 store_timeout_ms: int = 200, reload_interval_ms: int = 100):
+                 store_timeout_ms: int = 200, reload_interval_ms: int = 100,
+                 wait_ready: bool = True):
         self.stack = stack
         self.name = name
         self.dir = limits_dir or stack.workdir / f"{name}-limits"
@@ -51,7 +53,7 @@ class Counter:
                     "TRL_COUNTER_TEST_CLOCK_FILE": str(self.clock_file), **(env or {})}
         self.domains = list(teams)
         self.process: harness.Process | None = None
-        self.start()
+        self.start(wait_ready)
 
     def write_team(self, domain: str, limits: dict | str) -> None:
         """Writes (or replaces, as a ConfigMap update does) a domain's team file."""
@@ -66,13 +68,14 @@ class Counter:
         tmp.write_text(str(int(offset_ms)))
         tmp.replace(self.clock_file)
 
-    def start(self) -> None:
+    def start(self, wait_ready: bool = True) -> None:
         if not COUNTER_BIN.exists():
             raise HarnessError(f"{COUNTER_BIN} is missing: run `make build`")
         if self.process is not None and self.process.alive():
             raise HarnessError("counter already running")
         self.process = self.stack.spawn(self.name, self.argv, env=self.env)
-        wait_until(self.ready, f"{self.name} /readyz", process=self.process)
+        if wait_ready:
+            wait_until(self.ready, f"{self.name} /readyz", process=self.process)
 
     @property
     def http_url(self) -> str:

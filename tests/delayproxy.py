@@ -12,7 +12,10 @@ read from one side is written to the other `delay_s` after it was read (the
 delay in force when it was read), in order, so a request/response round
 trip costs at least 2 × `delay_s`. Bytes are never dropped or reordered;
 `chunks` counts what went through, so a test can check that its traffic
-really took the slow path.
+really took the slow path. `sent` holds every byte the clients sent (read,
+whether or not passed on yet), so a test can wait until a command reached
+the proxy (`sent.count(b"EVALSHA")`); `hold()` keeps everything read from
+passing on, either way, until `release()`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class DelayProxy:
         self.delay_s = delay_s
         self.chunks = 0
         self.connections = 0
+        self.sent = bytearray()
+        self._held = False
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
@@ -63,7 +68,8 @@ class DelayProxy:
             client_w.close()
             return
         self.connections += 1
-        pipes = asyncio.gather(self._pipe(client_r, server_w), self._pipe(server_r, client_w),
+        pipes = asyncio.gather(self._pipe(client_r, server_w, record=True),
+                               self._pipe(server_r, client_w),
                                return_exceptions=True)
         try:
             await pipes
@@ -72,7 +78,15 @@ class DelayProxy:
             client_w.close()
             server_w.close()
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def hold(self) -> None:
+        """Nothing read from now on (or still queued) passes on until `release()`."""
+        self._held = True
+
+    def release(self) -> None:
+        self._held = False
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    record: bool = False) -> None:
         queue: asyncio.Queue = asyncio.Queue()
 
         async def send() -> None:
@@ -83,6 +97,8 @@ class DelayProxy:
                 wait = due - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
+                while self._held:
+                    await asyncio.sleep(0.005)
                 writer.write(data)
                 await writer.drain()
                 self.chunks += 1
@@ -93,6 +109,8 @@ class DelayProxy:
                 data = await reader.read(CHUNK)
                 if not data:
                     break
+                if record:
+                    self.sent.extend(data)
                 queue.put_nowait((time.monotonic() + self.delay_s, data))
         except OSError:
             pass

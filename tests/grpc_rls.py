@@ -100,13 +100,23 @@ def decode_response(data: bytes) -> dict:
 
 def call(port: int, message: bytes) -> tuple[int, dict | None, str]:
     """One unary call on a fresh connection: (grpc-status, response or None, grpc-message)."""
+    status, data, message_text = unary(port, PATH, message)
+    if data is None:
+        return status, None, message_text
+    return status, decode_response(data), message_text
+
+
+def unary(port: int, path: bytes, message: bytes) -> tuple[int, bytes | None, str]:
+    """One unary call of any method on a fresh connection: (grpc-status,
+    the response message's bytes or None, grpc-message)."""
     config = h2.config.H2Configuration(client_side=True)
     conn = h2.connection.H2Connection(config=config)
     with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S) as sock:
+        frames = _Frames()
         conn.initiate_connection()
         sid = conn.get_next_available_stream_id()
         conn.send_headers(sid, [(b":method", b"POST"), (b":scheme", b"http"),
-                                (b":path", PATH), (b":authority", b"counter"),
+                                (b":path", path), (b":authority", b"counter"),
                                 (b"content-type", b"application/grpc"), (b"te", b"trailers")])
         body = b"\x00" + struct.pack(">I", len(message)) + message
         sent = 0
@@ -114,7 +124,7 @@ def call(port: int, message: bytes) -> tuple[int, dict | None, str]:
             window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
             if window <= 0:
                 sock.sendall(conn.data_to_send())
-                _pump(conn, sock, {}, bytearray())
+                _pump(conn, sock, {}, bytearray(), frames)
                 continue
             chunk = body[sent:sent + window]
             conn.send_data(sid, chunk)
@@ -124,23 +134,48 @@ def call(port: int, message: bytes) -> tuple[int, dict | None, str]:
         sock.sendall(conn.data_to_send())
         headers: dict[bytes, bytes] = {}
         data = bytearray()
-        while not _pump(conn, sock, headers, data):
+        while not _pump(conn, sock, headers, data, frames):
             pass
     status = int(headers.get(b"grpc-status", b"-1"))
     message_text = unquote(headers.get(b"grpc-message", b"").decode())
     if status != 0 or len(data) < 5:
         return status, None, message_text
     (n,) = struct.unpack(">I", bytes(data[1:5]))
-    return status, decode_response(bytes(data[5:5 + n])), message_text
+    return status, bytes(data[5:5 + n]), message_text
 
 
-def _pump(conn, sock, headers: dict, data: bytearray) -> bool:
+class _Frames:
+    """The server's bytes, handed to h2 frame by frame with GOAWAY left out:
+    h2 closes its whole connection on a GOAWAY, and a server that drains
+    gracefully sends one first, then finishes the streams under way."""
+
+    def __init__(self) -> None:
+        self.raw = bytearray()
+        self.goaway = False
+
+    def feed(self, conn, chunk: bytes) -> list:
+        self.raw.extend(chunk)
+        out = bytearray()
+        while len(self.raw) >= 9:
+            n = int.from_bytes(self.raw[:3], "big")
+            if len(self.raw) < 9 + n:
+                break
+            frame = bytes(self.raw[:9 + n])
+            del self.raw[:9 + n]
+            if frame[3] == 7:
+                self.goaway = True
+            else:
+                out.extend(frame)
+        return conn.receive_data(bytes(out)) if out else []
+
+
+def _pump(conn, sock, headers: dict, data: bytearray, frames: _Frames) -> bool:
     """Reads once; True when the stream ended."""
     chunk = sock.recv(65536)
     if not chunk:
         return True
     done = False
-    for ev in conn.receive_data(chunk):
+    for ev in frames.feed(conn, chunk):
         if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
             headers.update(dict(ev.headers))
         elif isinstance(ev, h2.events.DataReceived):

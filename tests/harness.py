@@ -279,13 +279,15 @@ class Redis:
     `persist=True` runs it with the shipped persistence settings
     (REDIS_PERSISTENCE_ARGS), its files in its own directory under the
     stack's workdir; `kill()`/`stop()` and `start()` restart it on the same
-    port and directory, as a supervisor would.
+    port and directory, as a supervisor would. `password`: it requires one
+    (requirepass), and the client here sends it.
     """
 
-    def __init__(self, stack: "Stack", persist: bool = False):
+    def __init__(self, stack: "Stack", persist: bool = False, password: str | None = None):
         self.stack = stack
         self.port = free_port()
         self.persist = persist
+        self.password = password
         self.dir = stack.workdir / f"redis-{self.port}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.process: Process | None = None
@@ -299,7 +301,8 @@ class Redis:
         self.process = self.stack.spawn(
             "redis",
             [REDIS_BIN, "--bind", LOOPBACK, "--port", self.port, "--dir", self.dir,
-             *persistence, "--daemonize", "no", "--loglevel", "notice"],
+             *persistence, "--daemonize", "no", "--loglevel", "notice",
+             *(["--requirepass", self.password] if self.password else [])],
         )
         wait_until(lambda: self.command("PING") == "PONG", "redis PING", process=self.process)
 
@@ -323,13 +326,20 @@ class Redis:
             self.process.thaw()
 
     def command(self, *args: str | int, timeout: float = 2.0):
-        payload = [f"*{len(args)}\r\n".encode()]
-        for a in args:
-            b = str(a).encode()
-            payload.append(b"$%d\r\n%s\r\n" % (len(b), b))
+        commands = [("AUTH", self.password)] if getattr(self, "password", None) else []
+        commands.append(args)
+        payload = []
+        for c in commands:
+            payload.append(f"*{len(c)}\r\n".encode())
+            for a in c:
+                b = str(a).encode()
+                payload.append(b"$%d\r\n%s\r\n" % (len(b), b))
         with socket.create_connection((LOOPBACK, self.port), timeout=timeout) as s:
             s.sendall(b"".join(payload))
-            return _read_resp(s.makefile("rb"))
+            f = s.makefile("rb")
+            if len(commands) == 2:
+                _read_resp(f)
+            return _read_resp(f)
 
     def keys(self, pattern: str = "*") -> list[str]:
         return sorted(self.command("KEYS", pattern))
@@ -874,8 +884,8 @@ class Stack:
         return "\n\n".join(p.tail(lines) for p in self.processes)
 
     # -- components
-    def redis(self, persist: bool = False) -> Redis:
-        return Redis(self, persist=persist)
+    def redis(self, persist: bool = False, password: str | None = None) -> Redis:
+        return Redis(self, persist=persist, password=password)
 
     def ratelimit(self, redis: Redis, *generated: Generated | Path,
                   log_level: str | None = None,

@@ -9,8 +9,11 @@ import time
 from collections import Counter as Tally
 from datetime import datetime, timezone
 
+import pytest
+
 import harness
 from counter import Counter, native_envoy
+from grpc_rls import call, request_bytes
 from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique
 
 LIMITS = {"x-tenant-id": {"default": {"perminute": 300, "perhour": 100000}}}
@@ -168,3 +171,47 @@ def test_a_sliding_window_stops_the_boundary_burst(stack):
     assert _admitted(run_sequential([envoy.url], limit, tenant=tenant)) == limit
     _at(counter, base + 10 * minute + 100)
     assert _admitted(run_sequential([envoy.url], limit, tenant=tenant)) == limit
+
+
+def _steady_sender(counter: Counter, domain: str, tenant: str, start_ms: int, end_ms: int,
+                   step_ms: int) -> list[int]:
+    """One request every `step_ms` of the counter's clock from `start_ms` to
+    `end_ms`, each straight to the counter (one request per call, as Envoy's
+    own filter sends): the instants of the admitted ones."""
+    desc = [("generic_key", "per_minute"), ("tenant", tenant)]
+    message = request_bytes(domain, [desc])
+    admitted = []
+    for t in range(start_ms, end_ms, step_ms):
+        _at(counter, t)
+        status, r, text = call(counter.grpc_port, message)
+        assert status == 0, (t, status, text)
+        if r["overall_code"] == 1:
+            admitted.append(t)
+    return admitted
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_sliding_window_admits_the_limit_in_any_minute_to_a_steady_sender(stack, store):
+    """A tenant sending at twice its limit, steadily, gets its limit (within
+    1%) in every minute-long interval, wherever the interval starts: at a
+    window's start, a quarter, half, three quarters into it."""
+    limit = 600
+    limits = {"x-tenant-id": {"default": {"perminute": limit, "window": "sliding"}}}
+    url = "memory"
+    if store == "redis":
+        redis = stack.redis()
+        url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    counter = Counter(stack, {"d": limits}, store=url, store_timeout_ms=1000)
+    minute = 60_000
+    base = (int(time.time() * 1000) // minute + 10) * minute  # a minute boundary, later
+    tenant = unique("tenant")
+    # Twice the limit: 1200 a minute, one every 50 ms, for 4 minutes; the
+    # first minute warms the window up.
+    admitted = _steady_sender(counter, "d", tenant, base, base + 4 * minute, 50)
+    got = {}
+    for offset_s in range(0, 121, 15):
+        start = base + minute + offset_s * 1000
+        got[offset_s] = sum(1 for t in admitted if start <= t < start + minute)
+    print(f"admitted per minute from 60 s + offset (offset s: count): {got}")
+    for offset_s, n in got.items():
+        assert abs(n - limit) <= limit // 100, (offset_s, n, got)

@@ -93,6 +93,14 @@ async fn run(args: Args) -> Result<(), String> {
     let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
     let password = std::env::var("REDIS_AUTH").ok().filter(|p| !p.is_empty());
     let store = Arc::new(store::connect(&args.store, password, deadline).await?);
+    if let Err(e) = store.ping().await {
+        // Not fatal: the counter runs, not ready, each call failing with
+        // this reason, until the store answers.
+        eprintln!(
+            "ratelimit-counter: store {}: {e}; not ready until it answers",
+            args.store
+        );
+    }
     let clock_file = std::env::var_os("TRL_COUNTER_TEST_CLOCK_FILE").map(PathBuf::from);
     let state = Arc::new(service::State {
         teams: teams.clone(),
@@ -116,13 +124,12 @@ async fn run(args: Args) -> Result<(), String> {
         })
     };
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::Serving)
-        .await;
-    health
-        .set_service_status("", tonic_health::ServingStatus::Serving)
-        .await;
+    let (mut health, health_service) = tonic_health::server::health_reporter();
+    for name in HEALTH_NAMES {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
 
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -157,14 +164,31 @@ async fn run(args: Args) -> Result<(), String> {
 
     shutdown_signal().await;
     eprintln!("ratelimit-counter: stopping; finishing the calls under way");
-    health
-        .set_service_status(proto::SERVICE, tonic_health::ServingStatus::NotServing)
-        .await;
+    health_stopping(&mut health).await;
     let _ = stop_tx.send(true);
     reloader.abort();
     let _ = grpc.await;
     let _ = http.await;
     Ok(())
+}
+
+/// The names the gRPC health answers for: the server as a whole, and the
+/// rate-limit service.
+const HEALTH_NAMES: [&str; 2] = ["", proto::SERVICE];
+
+/// The gRPC health on SIGTERM: every name NOT_SERVING, then the statuses
+/// dropped, so that each open `Watch` stream sends NOT_SERVING and ends
+/// (a stream that never ends would hold the drain until the process is
+/// killed). A `Check` from then on is refused with the connection.
+async fn health_stopping(health: &mut tonic_health::server::HealthReporter) {
+    for name in HEALTH_NAMES {
+        health
+            .set_service_status(name, tonic_health::ServingStatus::NotServing)
+            .await;
+    }
+    for name in HEALTH_NAMES {
+        health.clear_service_status(name).await;
+    }
 }
 
 fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
@@ -183,5 +207,41 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+    use tonic_health::pb::health_server::Health;
+    use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
+    use tonic_health::server::{health_reporter, HealthService};
+
+    #[tokio::test]
+    async fn stopping_turns_every_watch_not_serving_then_ends_it() {
+        let (mut health, _) = health_reporter();
+        for name in super::HEALTH_NAMES {
+            health
+                .set_service_status(name, tonic_health::ServingStatus::Serving)
+                .await;
+        }
+        let service = HealthService::from_health_reporter(health.clone());
+        let mut watches = Vec::new();
+        for name in super::HEALTH_NAMES {
+            let request = tonic::Request::new(HealthCheckRequest {
+                service: name.to_string(),
+            });
+            let mut w = service.watch(request).await.unwrap().into_inner();
+            let first = w.next().await.unwrap().unwrap();
+            assert_eq!(first.status, ServingStatus::Serving as i32);
+            watches.push(w);
+        }
+        super::health_stopping(&mut health).await;
+        for mut w in watches {
+            let last = w.next().await.unwrap().unwrap();
+            assert_eq!(last.status, ServingStatus::NotServing as i32);
+            let end = tokio::time::timeout(std::time::Duration::from_secs(5), w.next()).await;
+            assert!(matches!(end, Ok(None)), "the watch stream did not end");
+        }
     }
 }

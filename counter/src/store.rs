@@ -98,8 +98,43 @@ return out
 
 pub enum Backend {
     Memory(Mutex<MemoryCounts>),
-    Redis(ConnectionManager),
-    Cluster(ClusterConnection),
+    Redis(Lazy<ConnectionManager>),
+    Cluster(Lazy<ClusterConnection>),
+}
+
+type Opener<C> = Box<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = redis::RedisResult<C>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// A Redis connection made on first use, and again on each use until one
+/// is made: the counter runs (not ready, each call failing with the
+/// reason) while Redis is down, or refuses its password, at start.
+pub struct Lazy<C> {
+    cell: tokio::sync::OnceCell<C>,
+    open: Opener<C>,
+}
+
+impl<C: Clone> Lazy<C> {
+    pub fn new(open: Opener<C>) -> Lazy<C> {
+        Lazy {
+            cell: tokio::sync::OnceCell::new(),
+            open,
+        }
+    }
+
+    /// The connection (a clone of it), made within `deadline` if need be.
+    pub async fn get(&self, deadline: Duration) -> Result<C, StoreError> {
+        if let Some(c) = self.cell.get() {
+            return Ok(c.clone());
+        }
+        match tokio::time::timeout(deadline, self.cell.get_or_try_init(|| (self.open)())).await {
+            Ok(Ok(c)) => Ok(c.clone()),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
 }
 
 pub struct Store {
@@ -228,11 +263,12 @@ impl Store {
             }
             Backend::Redis(c) => {
                 let all: Vec<usize> = (0..requests.len()).collect();
-                let mut c = c.clone();
+                let mut c = c.get(self.deadline).await?;
                 let got = self.run(&mut c, requests, &all).await?;
                 Ok(got.into_iter().unzip())
             }
             Backend::Cluster(c) => {
+                let c = c.get(self.deadline).await?;
                 // One script call per hash tag (a tenant's slot), concurrently.
                 let mut by_tag: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
                 for (i, r) in requests.iter().enumerate() {
@@ -300,23 +336,27 @@ impl Store {
 
     /// Whether the store answers (PING within the deadline).
     pub async fn answers(&self) -> bool {
+        self.ping().await.is_ok()
+    }
+
+    /// A PING within the deadline, or why not.
+    pub async fn ping(&self) -> Result<(), StoreError> {
         let ping = redis::cmd("PING");
-        match &self.backend {
-            Backend::Memory(_) => true,
+        let answer = match &self.backend {
+            Backend::Memory(_) => return Ok(()),
             Backend::Redis(c) => {
-                let mut c = c.clone();
-                matches!(
-                    tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await,
-                    Ok(Ok(_))
-                )
+                let mut c = c.get(self.deadline).await?;
+                tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await
             }
             Backend::Cluster(c) => {
-                let mut c = c.clone();
-                matches!(
-                    tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await,
-                    Ok(Ok(_))
-                )
+                let mut c = c.get(self.deadline).await?;
+                tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await
             }
+        };
+        match answer {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(StoreError::Redis(e)),
+            Err(_) => Err(StoreError::Timeout),
         }
     }
 
@@ -601,7 +641,8 @@ impl<'a> Layout<'a> {
 
 /// Connects to `url`: `memory`, `redis://host:port[/db]`, or
 /// `redis-cluster://host:port[,host:port...]`. The password comes from
-/// `password` (REDIS_AUTH).
+/// `password` (REDIS_AUTH). Fails only on a URL it cannot read: the
+/// connection itself is made on first use (see [`Lazy`]).
 pub async fn connect(
     url: &str,
     password: Option<String>,
@@ -620,10 +661,10 @@ pub async fn connect(
             b = b.password(p);
         }
         let client = b.build().map_err(|e| format!("{url}: {e}"))?;
-        let con = client
-            .get_async_connection()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
+        let con = Lazy::new(Box::new(move || {
+            let client = client.clone();
+            Box::pin(async move { client.get_async_connection().await })
+        }));
         return Ok(Store {
             backend: Backend::Cluster(con),
             script,
@@ -642,9 +683,23 @@ pub async fn connect(
         .set_response_timeout(deadline)
         .set_number_of_retries(1)
         .set_max_delay(200);
-    let con = ConnectionManager::new_with_config(client, config)
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
+    let con = Lazy::new(Box::new(move || {
+        let (client, config) = (client.clone(), config.clone());
+        Box::pin(async move {
+            // One attempt first, so that the reason (a refused password,
+            // a refused connection) is reported at once, not after the
+            // manager's retries have outlasted the deadline.
+            let once = redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(deadline)
+                .set_response_timeout(deadline);
+            drop(
+                client
+                    .get_multiplexed_async_connection_with_config(&once)
+                    .await?,
+            );
+            ConnectionManager::new_with_config(client, config).await
+        })
+    }));
     Ok(Store {
         backend: Backend::Redis(con),
         script,
@@ -744,6 +799,39 @@ mod tests {
             1.0, 1.0, 2.0, 1.0,
         ];
         assert_eq!(packed, want);
+    }
+
+    #[tokio::test]
+    async fn a_connection_not_made_says_why_and_is_made_on_a_later_use() {
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let tries = std::sync::Arc::new(AtomicUsize::new(0));
+        let t = tries.clone();
+        let lazy: Lazy<u32> = Lazy::new(Box::new(move || {
+            let n = t.fetch_add(1, SeqCst);
+            Box::pin(async move {
+                if n == 0 {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::AuthenticationFailed,
+                        "Password authentication failed",
+                    )))
+                } else {
+                    Ok(7)
+                }
+            })
+        }));
+        let second = Duration::from_secs(1);
+        let e = lazy.get(second).await.unwrap_err();
+        assert!(
+            e.to_string().contains("Password authentication failed"),
+            "{e}"
+        );
+        assert_eq!(lazy.get(second).await.unwrap(), 7);
+        assert_eq!(lazy.get(second).await.unwrap(), 7);
+        assert_eq!(tries.load(SeqCst), 2);
+        // One that never answers fails within the deadline.
+        let never: Lazy<u32> = Lazy::new(Box::new(|| Box::pin(std::future::pending())));
+        let e = never.get(Duration::from_millis(10)).await.unwrap_err();
+        assert!(matches!(e, StoreError::Timeout));
     }
 
     #[test]
