@@ -11,8 +11,6 @@
 //! skips a callback that is not exported. A new one must be added there.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use ratelimit_config::parse_plugin_config;
@@ -26,7 +24,7 @@ use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
 use crate::local::SlotSecret;
 use crate::root::{self, Root};
-use crate::vm::Vm;
+use crate::vm::{IdMap, Vm};
 
 /// `log`'s macros, to Envoy's log. A failed log call is dropped: there is
 /// nowhere else to say so.
@@ -260,26 +258,7 @@ struct Http {
 }
 
 /// Context ids are small distinct integers: no need to hash them.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-}
-
-type ById<T> = HashMap<u32, T, BuildHasherDefault<IdHasher>>;
+type ById<T> = IdMap<u32, T>;
 
 /// A context: a root context's plugin (boxed: there are a few, streams
 /// many), or a stream. Context ids are unique across both.
