@@ -11,8 +11,6 @@
 //! skips a callback that is not exported. A new one must be added there.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 use ratelimit_config::parse_plugin_config;
@@ -26,7 +24,7 @@ use crate::flow::{Next, Stream};
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
 use crate::local::SlotSecret;
 use crate::root::{self, Root};
-use crate::vm::Vm;
+use crate::vm::{IdMap, Vm};
 
 /// `log`'s macros, to Envoy's log. A failed log call is dropped: there is
 /// nowhere else to say so.
@@ -260,60 +258,54 @@ struct Http {
 }
 
 /// Context ids are small distinct integers: no need to hash them.
-#[derive(Default)]
-struct IdHasher(u64);
+type ById<T> = IdMap<u32, T>;
 
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-}
-
-type ById<T> = HashMap<u32, T, BuildHasherDefault<IdHasher>>;
-
-/// The VM's contexts. Each table is borrowed only within one step of a
-/// callback: Envoy runs a resumed or answered request's next steps after
-/// the callback returns, so nothing calls back into the VM meanwhile (a
-/// borrow that fails anyway skips the step, silently: there is no state
-/// to log it with, and it has never been seen).
-#[derive(Default)]
-struct Contexts {
-    roots: RefCell<ById<Plugin>>,
-    streams: RefCell<ById<Http>>,
+/// A context: a root context's plugin (boxed: there are a few, streams
+/// many), or a stream. Context ids are unique across both.
+enum Context {
+    Root(Box<Plugin>),
+    Http(Http),
 }
 
 thread_local! {
-    static CONTEXTS: Contexts = Contexts::default();
+    /// The VM's contexts. The table is borrowed only within one step of a
+    /// callback: Envoy runs a resumed or answered request's next steps
+    /// after the callback returns, so nothing calls back into the VM
+    /// meanwhile (a borrow that fails anyway skips the step, silently:
+    /// there is no state to log it with, and it has never been seen).
+    static CONTEXTS: RefCell<ById<Context>> = RefCell::default();
+}
+
+/// Runs `f` on the table of contexts, if it is not borrowed (one copy of
+/// this for every caller).
+fn on_contexts(f: &mut dyn FnMut(&mut ById<Context>)) {
+    CONTEXTS.with(|c| {
+        if let Ok(mut contexts) = c.try_borrow_mut() {
+            f(&mut contexts);
+        }
+    });
 }
 
 /// Runs `f` on root `id`'s plugin, if it exists and is not borrowed.
 fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
-    CONTEXTS.with(|c| {
-        let Ok(mut roots) = c.roots.try_borrow_mut() else {
-            return None;
-        };
-        roots.get_mut(&id).map(f)
-    })
+    let (mut f, mut out) = (Some(f), None);
+    on_contexts(&mut |c| {
+        if let (Some(Context::Root(p)), Some(f)) = (c.get_mut(&id), f.take()) {
+            out = Some(f(p));
+        }
+    });
+    out
 }
 
 /// Runs `f` on stream `id`, if it exists and is not borrowed.
 fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
-    CONTEXTS.with(|c| {
-        let Ok(mut streams) = c.streams.try_borrow_mut() else {
-            return None;
-        };
-        streams.get_mut(&id).map(f)
-    })
+    let (mut f, mut out) = (Some(f), None);
+    on_contexts(&mut |c| {
+        if let (Some(Context::Http(http)), Some(f)) = (c.get_mut(&id), f.take()) {
+            out = Some(f(http));
+        }
+    });
+    out
 }
 
 /// The answers `shared`'s root split out of its calls, each to its stream,
@@ -343,22 +335,18 @@ fn action(next: Next) -> u32 {
 /// A root context (`parent` 0) or a stream of the root `parent`.
 #[no_mangle]
 pub extern "C" fn proxy_on_context_create(id: u32, parent: u32) {
-    if parent == 0 {
-        CONTEXTS.with(|c| {
-            if let Ok(mut roots) = c.roots.try_borrow_mut() {
-                roots.insert(id, Plugin::default());
-            }
-        });
-        return;
-    }
-    let shared = with_root(parent, |p| p.shared.clone()).flatten();
-    let http = Http {
-        shared,
-        stream: Stream::new(id),
+    let context = if parent == 0 {
+        Context::Root(Box::default())
+    } else {
+        Context::Http(Http {
+            shared: with_root(parent, |p| p.shared.clone()).flatten(),
+            stream: Stream::new(id),
+        })
     };
-    CONTEXTS.with(|c| {
-        if let Ok(mut streams) = c.streams.try_borrow_mut() {
-            streams.insert(id, http);
+    let mut context = Some(context);
+    on_contexts(&mut |c| {
+        if let Some(context) = context.take() {
+            c.insert(id, context);
         }
     });
 }
@@ -516,17 +504,13 @@ fn on_response(id: u32, trailers: bool) -> u32 {
 /// for it); a root's state goes with it.
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(id: u32) {
-    let http = CONTEXTS.with(|c| c.streams.try_borrow_mut().ok()?.remove(&id));
-    match http {
-        Some(Http {
-            shared: Some(s), ..
-        }) => {
-            let host = Envoy(&s.metrics);
-            Root::on_stream_end(&s.compiled, &host, &s.vm, id);
-        }
-        Some(_) => {}
-        None => {
-            CONTEXTS.with(|c| c.roots.try_borrow_mut().ok().map(|mut r| r.remove(&id)));
-        }
+    let mut gone = None;
+    on_contexts(&mut |c| gone = c.remove(&id));
+    if let Some(Context::Http(Http {
+        shared: Some(s), ..
+    })) = gone
+    {
+        let host = Envoy(&s.metrics);
+        Root::on_stream_end(&s.compiled, &host, &s.vm, id);
     }
 }

@@ -74,7 +74,7 @@ impl LeaseParams {
         let (unit, _) = group.limits.iter().next()?;
         Some(LeaseParams {
             max_batch: config.local.lease_max_batch_for(group),
-            window_ms: unit.seconds().saturating_mul(1_000),
+            window_ms: window::of_unit(unit),
             refill_lost_ms: u64::from(config.timeout_ms).saturating_add(1_000),
         })
     }

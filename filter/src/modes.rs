@@ -153,7 +153,7 @@ impl Left {
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
         for ((unit, limit), (remaining, until)) in limits.iter().zip(slots) {
             *remaining = estimate.min(limit);
-            *until = crate::window::end(unit.seconds().saturating_mul(1_000), now_ms);
+            *until = crate::window::end(crate::window::of_unit(unit), now_ms);
             left.units += 1;
         }
         left

@@ -5,6 +5,7 @@
 //! out: prost skips unknown fields when decoding.
 
 use prost::Message;
+use ratelimit_config::Unit;
 
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 pub const METHOD: &str = "ShouldRateLimit";
@@ -116,6 +117,20 @@ impl RateLimitUnit {
             RateLimitUnit::Week => 7 * 86_400,
             _ => 0,
         }
+    }
+
+    /// The team file's unit of this one (None: `Unknown`).
+    pub fn unit(self) -> Option<Unit> {
+        Some(match self {
+            RateLimitUnit::Unknown => return None,
+            RateLimitUnit::Second => Unit::Second,
+            RateLimitUnit::Minute => Unit::Minute,
+            RateLimitUnit::Hour => Unit::Hour,
+            RateLimitUnit::Day => Unit::Day,
+            RateLimitUnit::Week => Unit::Week,
+            RateLimitUnit::Month => Unit::Month,
+            RateLimitUnit::Year => Unit::Year,
+        })
     }
 }
 

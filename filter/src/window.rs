@@ -1,12 +1,24 @@
-//! Window arithmetic. The service counts in windows aligned to the clock (a
-//! window of `W` ms ends at a multiple of `W`), and so does everything the
-//! filter keeps per window: a lease's tokens, a sync view, a cached refusal.
+//! Window arithmetic. The service counts in windows aligned to the clock,
+//! and so does everything the filter keeps per window: a lease's tokens, a
+//! sync view, a cached refusal, the local fallback's counts. A window of a
+//! fixed length `W` ms ends at a multiple of `W` since the epoch; weeks,
+//! months and years follow the UTC calendar (ISO weeks from Monday 00:00,
+//! calendar months and years, leap years included), as the counter counts
+//! them: `ratelimit_config::window::window_at`, the counter's own code.
 
-use ratelimit_config::Group;
+use ratelimit_config::window::window_at;
+use ratelimit_config::{Group, Unit};
 
 /// The most units a group limits in the filter: the plugin configuration
 /// refuses a group of more (`FILTER_MAX_UNITS`).
 pub const UNITS: usize = ratelimit_config::plugin::FILTER_MAX_UNITS;
+
+/// The window of `unit`, in ms: its `Unit::seconds()`, for a calendar unit
+/// its longest (7 days, 31 days, 366 days), a length no fixed unit has, by
+/// which `same` and `end` know to follow the calendar.
+pub fn of_unit(unit: Unit) -> u64 {
+    unit.seconds().saturating_mul(1_000)
+}
 
 /// The window (ms) and the limit of each unit `group` limits, shortest
 /// first, and how many there are.
@@ -14,47 +26,42 @@ pub fn of_group(group: &Group) -> ([(u64, u32); UNITS], usize) {
     let mut windows = [(1_000, 0); UNITS];
     let mut units = 0;
     for ((unit, limit), w) in group.limits.iter().zip(windows.iter_mut()) {
-        *w = (unit.seconds().saturating_mul(1_000), limit);
+        *w = (of_unit(unit), limit);
         units += 1;
     }
     (windows, units)
 }
 
-/// A week's window (`Unit::Week.seconds()`), and how far before a multiple
-/// of it an ISO week starts: 1970-01-01 was a Thursday, so weeks start on
-/// Mondays, 4 days after a multiple of 7 days since the epoch (3 days before
-/// the next one). Weeks follow the UTC calendar; months and years (of
-/// varying length) are still windows of `Unit::seconds()` from the epoch.
-const WEEK_MS: u64 = 604_800_000;
-const MONDAY_SHIFT_MS: u64 = 3 * 86_400_000;
-
-/// `now_ms` moved so that a window of `w` starts at a multiple of it.
-fn shifted(w: u64, now_ms: u64) -> u64 {
-    if w == WEEK_MS {
-        now_ms.saturating_add(MONDAY_SHIFT_MS)
-    } else {
-        now_ms
+/// The window of `window_ms` that holds `now_ms`, `(start, end)`: the
+/// calendar's for the length of a week, a month or a year
+/// (`of_unit`), else from a multiple of `window_ms` (a window of 0
+/// counts as 1 ms).
+fn bounds(window_ms: u64, now_ms: u64) -> (u64, u64) {
+    let calendar = [Unit::Week, Unit::Month, Unit::Year]
+        .into_iter()
+        .find(|u| of_unit(*u) == window_ms);
+    match calendar {
+        Some(unit) => window_at(unit, now_ms),
+        None => {
+            let w = window_ms.max(1);
+            let start = now_ms - now_ms % w;
+            (start, start.saturating_add(w))
+        }
     }
 }
 
 /// Whether `a_ms` and `b_ms` fall in the same window of `window_ms`.
 #[inline(never)]
 pub fn same(window_ms: u64, a_ms: u64, b_ms: u64) -> bool {
-    let w = window_ms.max(1);
-    shifted(w, a_ms) / w == shifted(w, b_ms) / w
+    bounds(window_ms, a_ms).0 == bounds(window_ms, b_ms).0
 }
 
-/// The end of the window of `window_ms` holding `now_ms` (a window of 0
-/// counts as 1 ms; a week's on Monday 00:00 UTC).
+/// The end of the window of `window_ms` holding `now_ms` (a week's on
+/// Monday 00:00 UTC, a month's on the 1st of the next, a year's on 1
+/// January).
 #[inline(never)]
 pub fn end(window_ms: u64, now_ms: u64) -> u64 {
-    let w = window_ms.max(1);
-    let end = (shifted(w, now_ms) / w).saturating_add(1).saturating_mul(w);
-    if w == WEEK_MS {
-        end.saturating_sub(MONDAY_SHIFT_MS)
-    } else {
-        end
-    }
+    bounds(window_ms, now_ms).1
 }
 
 fn floor_second(ms: u64) -> u64 {
@@ -65,17 +72,23 @@ fn floor_second(ms: u64) -> u64 {
 /// service reports whole seconds until the end, from its own clock, which
 /// read a second `s` between the call's dispatch (`asked_at_ms`) and its
 /// answer (`answered_at_ms`): the end is `s + duration`. Of those
-/// candidates, the one that is a multiple of the window is the end; a
-/// server whose windows are not aligned (none is) gets the earliest,
-/// `floor(asked_at) + duration`, which is never late.
-pub fn reported_end(asked_at_ms: u64, answered_at_ms: u64, duration_ms: u64, window_s: u64) -> u64 {
+/// candidates, the one where a window of `window_ms` ends (see `end`: on the
+/// calendar for weeks, months and years) is the end; a server whose windows
+/// are not aligned (none is) gets the earliest, `floor(asked_at) +
+/// duration`, which is never late.
+pub fn reported_end(
+    asked_at_ms: u64,
+    answered_at_ms: u64,
+    duration_ms: u64,
+    window_ms: u64,
+) -> u64 {
     let earliest = floor_second(asked_at_ms).saturating_add(duration_ms);
     let latest = floor_second(answered_at_ms.max(asked_at_ms)).saturating_add(duration_ms);
-    let window_ms = window_s.saturating_mul(1_000);
     if window_ms <= 1_000 || duration_ms % 1_000 != 0 {
         return earliest;
     }
-    let aligned = earliest.div_ceil(window_ms).saturating_mul(window_ms);
+    // The first window end at or after `earliest`.
+    let aligned = end(window_ms, earliest.saturating_sub(1));
     if aligned <= latest {
         aligned
     } else {
@@ -98,36 +111,131 @@ mod tests {
         assert_eq!(end(60_000, u64::MAX), u64::MAX);
     }
 
+    const DAY: u64 = 86_400_000;
+    const WEEK: u64 = 7 * DAY;
+    const MONTH: u64 = 31 * DAY;
+    const YEAR: u64 = 366 * DAY;
+
+    /// Unix ms of `y-m-d` UTC at `hour`.
+    fn at(y: u64, m: u64, d: u64, hour: u64) -> u64 {
+        ratelimit_config::window::days_from_civil(y, m, d) * DAY + hour * 3_600_000
+    }
+
+    #[test]
+    fn calendar_units_have_lengths_no_fixed_unit_has() {
+        assert_eq!(of_unit(Unit::Week), WEEK);
+        assert_eq!(of_unit(Unit::Month), MONTH);
+        assert_eq!(of_unit(Unit::Year), YEAR);
+        for u in Unit::ALL {
+            let alike = Unit::ALL.iter().filter(|v| of_unit(**v) == of_unit(u));
+            assert_eq!(alike.count(), 1, "{u:?}");
+        }
+    }
+
     #[test]
     fn a_week_ends_on_monday_utc() {
-        let day = 86_400_000;
         // Sunday 6 December 2026 23:00 UTC; the week ends on Monday the 7th.
-        let sunday = 20_793 * day + 23 * 3_600_000;
-        let monday = 20_794 * day;
-        assert_eq!(end(WEEK_MS, sunday), monday);
-        assert_eq!(end(WEEK_MS, monday), monday + 7 * day);
-        assert!(!same(WEEK_MS, sunday, monday));
-        assert!(same(WEEK_MS, monday, monday + 7 * day - 1));
+        let sunday = at(2026, 12, 6, 23);
+        let monday = at(2026, 12, 7, 0);
+        assert_eq!(end(WEEK, sunday), monday);
+        assert_eq!(end(WEEK, monday), monday + 7 * DAY);
+        assert!(!same(WEEK, sunday, monday));
+        assert!(same(WEEK, monday, monday + 7 * DAY - 1));
+        // Across a year's end: Monday 28 December 2026 to Monday 4 January.
+        assert_eq!(end(WEEK, at(2026, 12, 31, 12)), at(2027, 1, 4, 0));
         // 1970-01-01, a Thursday: its week ended on Monday 5 January.
-        assert_eq!(end(WEEK_MS, 0), 4 * day);
-        assert_eq!(WEEK_MS, ratelimit_config::Unit::Week.seconds() * 1_000);
+        assert_eq!(end(WEEK, 0), 4 * DAY);
+    }
+
+    #[test]
+    fn a_month_ends_on_the_first_of_the_next() {
+        // 31 January to 1 February.
+        let jan31 = at(2027, 1, 31, 23) + 3_599_999;
+        let feb1 = at(2027, 2, 1, 0);
+        assert_eq!(end(MONTH, jan31), feb1);
+        assert!(!same(MONTH, jan31, feb1));
+        assert!(same(MONTH, at(2027, 1, 1, 0), jan31));
+        // 28 February to 1 March, 2027 (no leap day).
+        let feb28 = at(2027, 2, 28, 12);
+        assert_eq!(end(MONTH, feb1), at(2027, 3, 1, 0));
+        assert_eq!(end(MONTH, feb28), at(2027, 3, 1, 0));
+        assert!(same(MONTH, feb1, feb28));
+        assert!(!same(MONTH, feb28, at(2027, 3, 1, 0)));
+        // 2028, a leap year: 28 and 29 February are one month, 1 March the next.
+        let (feb28, feb29, mar1) = (at(2028, 2, 28, 23), at(2028, 2, 29, 0), at(2028, 3, 1, 0));
+        assert!(same(MONTH, feb28, feb29));
+        assert_eq!(end(MONTH, feb28), mar1);
+        assert_eq!(end(MONTH, feb29), mar1);
+        assert!(!same(MONTH, feb29, mar1));
+        assert!(same(MONTH, feb29, mar1 - 1));
+        // The days themselves: 28 to 29 February, 29 February to 1 March.
+        assert_eq!(end(DAY, feb28), feb29);
+        assert_eq!(end(DAY, feb29), mar1);
+        // From mid-month: 15 April ends on 1 May (30 days), 15 May on 1 June.
+        assert_eq!(end(MONTH, at(2027, 4, 15, 13)), at(2027, 5, 1, 0));
+        assert_eq!(end(MONTH, at(2027, 5, 15, 13)), at(2027, 6, 1, 0));
+        // 31 December to 1 January.
+        let dec31 = at(2027, 12, 31, 23);
+        assert_eq!(end(MONTH, dec31), at(2028, 1, 1, 0));
+        assert!(!same(MONTH, dec31, at(2028, 1, 1, 0)));
+    }
+
+    #[test]
+    fn a_year_ends_on_the_first_of_january() {
+        let (dec31, jan1) = (at(2027, 12, 31, 23), at(2028, 1, 1, 0));
+        assert_eq!(end(YEAR, dec31), jan1);
+        assert!(!same(YEAR, dec31, jan1));
+        assert!(same(YEAR, at(2027, 1, 1, 0), dec31));
+        // 2028 has 366 days; 2027 had 365.
+        assert_eq!(end(YEAR, jan1) - jan1, 366 * DAY);
+        assert_eq!(end(YEAR, at(2027, 6, 1, 0)) - at(2027, 1, 1, 0), 365 * DAY);
+        assert!(same(YEAR, at(2028, 2, 28, 0), at(2028, 12, 31, 23)));
+        assert_eq!(end(YEAR, u64::MAX), u64::MAX);
     }
 
     #[test]
     fn the_reported_end_is_the_aligned_candidate_or_the_earliest() {
         // Asked at 100.7 s, answered at 101.2 s: the service read 100 or 101.
         // "19 s" of a minute: only 101 + 19 = 120 is a multiple of 60.
-        assert_eq!(reported_end(100_700, 101_200, 19_000, 60), 120_000);
+        assert_eq!(reported_end(100_700, 101_200, 19_000, 60_000), 120_000);
         // "20 s": 100 + 20 = 120.
-        assert_eq!(reported_end(100_700, 101_200, 20_000, 60), 120_000);
+        assert_eq!(reported_end(100_700, 101_200, 20_000, 60_000), 120_000);
         // No aligned candidate (a server with windows of its own): the
         // earliest, never late.
-        assert_eq!(reported_end(100_700, 101_200, 7_000, 60), 107_000);
+        assert_eq!(reported_end(100_700, 101_200, 7_000, 60_000), 107_000);
         // Seconds, and sub-second durations: the earliest.
-        assert_eq!(reported_end(100_700, 101_200, 1_000, 1), 101_000);
-        assert_eq!(reported_end(100_700, 101_200, 19_500, 60), 119_500);
+        assert_eq!(reported_end(100_700, 101_200, 1_000, 1_000), 101_000);
+        assert_eq!(reported_end(100_700, 101_200, 19_500, 60_000), 119_500);
         // An answer read before the dispatch time (a clock step back).
-        assert_eq!(reported_end(100_700, 90_000, 20_000, 60), 120_000);
-        assert_eq!(reported_end(u64::MAX, u64::MAX, u64::MAX, 60), u64::MAX);
+        assert_eq!(reported_end(100_700, 90_000, 20_000, 60_000), 120_000);
+        assert_eq!(reported_end(u64::MAX, u64::MAX, u64::MAX, 60_000), u64::MAX);
+    }
+
+    #[test]
+    fn the_reported_end_of_a_calendar_window_is_on_the_calendar() {
+        // A month: asked at 15 January 2027 10:00:00.700, answered at
+        // 10:00:01.200; the service says how long to 1 February 00:00.
+        let asked = at(2027, 1, 15, 10) + 700;
+        let feb1 = at(2027, 2, 1, 0);
+        for read_at in [at(2027, 1, 15, 10), at(2027, 1, 15, 10) + 1_000] {
+            let duration = feb1 - read_at;
+            assert_eq!(reported_end(asked, asked + 500, duration, MONTH), feb1);
+        }
+        // Not a month's end: the earliest.
+        let early = at(2027, 1, 15, 10) + 5_000;
+        assert_eq!(reported_end(asked, asked + 500, 5_000, MONTH), early);
+        // A week ends on Monday: asked on Sunday 6 December 2026 at 23:00.
+        let sunday = at(2026, 12, 6, 23);
+        let monday = at(2026, 12, 7, 0);
+        assert_eq!(
+            reported_end(sunday + 700, sunday + 1_200, 3_599_000, WEEK),
+            monday
+        );
+        // A year: from 31 December 2027 23:00 to 1 January 2028.
+        let dec31 = at(2027, 12, 31, 23);
+        assert_eq!(
+            reported_end(dec31, dec31 + 400, 3_600_000, YEAR),
+            at(2028, 1, 1, 0)
+        );
     }
 }

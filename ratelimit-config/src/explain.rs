@@ -11,6 +11,7 @@ use std::fmt::Write;
 
 use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
 use crate::plugin::{BatchConfig, LocalConfig, Mode, OnFailure, PluginConfig, Share, TenantSource};
+use crate::window::civil_from_days;
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -47,21 +48,6 @@ pub fn utc(unix: u64) -> String {
         secs % 3600 / 60,
         secs % 60
     )
-}
-
-/// Proleptic Gregorian date of a day count since 1970-01-01.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    // Shift to 0000-03-01 so that a leap day ends its 400-year era's year.
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z % 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// The group's mode and what it means, for `explain`.

@@ -104,6 +104,62 @@ fn every_unit_of_the_group_holds_in_its_own_windows() {
 }
 
 #[test]
+fn months_and_years_are_the_calendars() {
+    let day = 86_400_000;
+    let at =
+        |y, m, d, h: u64| ratelimit_config::window::days_from_civil(y, m, d) * day + h * 3_600_000;
+    let month = window::of_unit(ratelimit_config::Unit::Month);
+    let year = window::of_unit(ratelimit_config::Unit::Year);
+    let p = params(&[(month, 300), (year, 3_000)], 3, false);
+    // 31 January 2027, 23:00: the month's share is spent, the retry is at
+    // 1 February 00:00, an hour on.
+    let (n, e, refused) = admitted(Entry::empty(1), &p, at(2027, 1, 31, 23));
+    assert_eq!(n, 100);
+    assert_eq!(
+        refused,
+        Decided::Refuse {
+            retry_after_s: 3_600
+        }
+    );
+    // February: a new month, the year's count carried.
+    let (n, e, _) = admitted(e, &p, at(2027, 2, 1, 0));
+    assert_eq!((n, e.used), (100, [100, 200, 0, 0]));
+    // 28 February 2027 is still February's; 1 March starts a month.
+    let (n, e, refused) = admitted(e, &p, at(2027, 2, 28, 12));
+    assert_eq!(n, 0);
+    assert_eq!(
+        refused,
+        Decided::Refuse {
+            retry_after_s: 12 * 3_600
+        }
+    );
+    assert_eq!(admitted(e, &p, at(2027, 3, 1, 0)).0, 100);
+    // 2028: 28 and 29 February are one month, 1 March the next.
+    let (n, e, _) = admitted(Entry::empty(1), &p, at(2028, 2, 28, 0));
+    assert_eq!(n, 100);
+    let (n, e, refused) = admitted(e, &p, at(2028, 2, 29, 0));
+    assert_eq!(n, 0);
+    assert_eq!(
+        refused,
+        Decided::Refuse {
+            retry_after_s: 24 * 3_600
+        }
+    );
+    assert_eq!(admitted(e, &p, at(2028, 3, 1, 0)).0, 100);
+    // The year: spent by 31 December, a new one on 1 January.
+    let p = params(&[(year, 300)], 1, false);
+    let (n, e, refused) = admitted(Entry::empty(1), &p, at(2027, 12, 31, 22));
+    assert_eq!(n, 300);
+    assert_eq!(
+        refused,
+        Decided::Refuse {
+            retry_after_s: 2 * 3_600
+        }
+    );
+    assert_eq!(admitted(e, &p, at(2028, 1, 1, 0)).0, 300);
+}
+
+#[test]
 fn the_learned_share_is_what_this_envoy_sent_of_the_fleets_count() {
     let p = params(&[(60_000, 600)], 3, true);
     let t = MINUTE + 1_000;

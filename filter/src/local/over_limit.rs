@@ -62,9 +62,6 @@ pub fn refusal(
         .map(|(i, s)| {
             let limit = s.current_limit.as_ref();
             let unit = limit.map_or(0, |l| l.unit);
-            let window_s = RateLimitUnit::try_from(unit)
-                .map(RateLimitUnit::window_seconds)
-                .unwrap_or(0);
             StatusSnapshot {
                 requests_per_unit: limit.map_or(0, |l| l.requests_per_unit),
                 unit,
@@ -74,7 +71,7 @@ pub fn refusal(
                     asked_at_ms,
                     answered_at_ms,
                     duration_ms(s.duration_until_reset.as_ref()),
-                    window_s,
+                    window_ms(unit),
                 ),
                 name: names.get(i).copied().unwrap_or(0),
             }
@@ -133,18 +130,23 @@ pub fn cached_headers_named(
     headers
 }
 
+/// The window (ms, `window::of_unit`) of a `RateLimitUnit` as its protobuf
+/// number; 0 for an unknown one.
+fn window_ms(unit: i32) -> u64 {
+    RateLimitUnit::try_from(unit)
+        .ok()
+        .and_then(RateLimitUnit::unit)
+        .map_or(0, window::of_unit)
+}
+
 fn status_at(s: &StatusSnapshot, now_ms: u64) -> DescriptorStatus {
-    let window_ms = RateLimitUnit::try_from(s.unit)
-        .map(|u| u.window_seconds() * 1_000)
-        .unwrap_or(0);
+    let window_ms = window_ms(s.unit);
+    // A window that has reset counts as full again, until the end of the
+    // window holding `now_ms` (on the calendar for weeks, months, years).
     let (remaining, reset_at) = if now_ms < s.reset_at_ms || window_ms == 0 {
         (s.remaining, s.reset_at_ms)
     } else {
-        let windows_past = (now_ms - s.reset_at_ms) / window_ms + 1;
-        (
-            s.requests_per_unit,
-            s.reset_at_ms + windows_past * window_ms,
-        )
+        (s.requests_per_unit, window::end(window_ms, now_ms))
     };
     // Whole seconds, rounded up, as the service reports them: the service
     // reads its clock in whole seconds, so at 100.7 s it says 20 s to a
@@ -292,6 +294,42 @@ mod tests {
             );
             assert_eq!(h[3], ("retry-after", service_says.to_string()), "at {now}");
         }
+    }
+
+    #[test]
+    fn a_cached_monthly_refusal_lasts_until_the_first_of_the_next_month() {
+        let day = 86_400_000;
+        let at = |y, m, d| ratelimit_config::window::days_from_civil(y, m, d) * day;
+        // Refused on 31 January 2027 at 12:00:00.400 (the answer read
+        // 0.6 s later) over a month of 1,000, with an hour of 50 left:
+        // the counter counts to 1 February.
+        let asked = at(2027, 1, 31) + day / 2 + 400;
+        let feb1 = at(2027, 2, 1);
+        let statuses = [
+            status(Code::Ok, 100, RateLimitUnit::Hour, 50, 3_600),
+            status(Code::OverLimit, 1_000, RateLimitUnit::Month, 0, 43_200),
+        ];
+        let o = remember_refusal(None, AT, asked, asked + 600, &statuses, &[])
+            .unwrap()
+            .over_limit
+            .unwrap();
+        assert_eq!(o.until_ms, feb1);
+        let h = cached_headers(&o, feb1 - 1_500, HeaderMode::DraftVersion03);
+        assert_eq!(h[0].1, "1000, 100;w=3600");
+        assert_eq!(h[2], ("x-ratelimit-reset", "2".to_string()));
+        assert_eq!(h[3], ("retry-after", "2".to_string()));
+        // The IETF family has no month to name; its Retry-After is the same.
+        let h = cached_headers(&o, feb1 - 1_500, HeaderMode::IetfDraft10);
+        assert_eq!(h.last(), Some(&("retry-after", "2".to_string())));
+        // Had it lasted longer, the month would count as full from
+        // 1 February, resetting on 1 March (28 days, 2027 is no leap year).
+        let mut late = o.clone();
+        late.until_ms = feb1 + 10 * day;
+        let h = cached_headers(&late, feb1 + day, HeaderMode::DraftVersion03);
+        assert_eq!(h[1], ("x-ratelimit-remaining", "100".to_string()));
+        let s = status_at(&late.statuses[1], feb1 + day);
+        assert_eq!(s.limit_remaining, 1_000);
+        assert_eq!(s.reset_seconds(), 27 * 86_400);
     }
 
     #[test]
