@@ -41,9 +41,9 @@ COUNTER_SCRIPT_COMMANDS = ("get", "mget", "set", "incrby", "pexpire")
 class BenchCounter(tc.Counter):
     """tests/counter.py's Counter without the tests' clock file."""
 
-    def start(self) -> None:
+    def start(self, wait_ready: bool = True) -> None:
         self.env.pop("TRL_COUNTER_TEST_CLOCK_FILE", None)
-        super().start()
+        super().start(wait_ready)
 
 
 def start_counter(stack: h.Stack, domain: str, limits: dict, store: str, name: str,
