@@ -20,6 +20,16 @@ def minute(tenant: str, hits: int | None = None):
     return d if hits is None else (d, hits)
 
 
+def counter_on(stack, store: str):
+    """A counter serving LIMITS from `store` (memory, or a Redis of its
+    own, returned too), with room left in the current minute."""
+    redis = stack.redis() if store == "redis" else None
+    counter = Counter(stack, {"d": LIMITS},
+                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
+    ensure_window_room(60, 15)
+    return redis, counter
+
+
 def test_drop_in_answers_and_bad_input(stack):
     counter = Counter(stack, {"d": LIMITS}, store="memory")
     port = counter.grpc_port
@@ -54,10 +64,7 @@ def test_drop_in_answers_and_bad_input(stack):
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_marks_split_a_call_into_requests_decided_apart(stack, store):
-    redis = stack.redis() if store == "redis" else None
-    counter = Counter(stack, {"d": LIMITS},
-                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
-    ensure_window_room(60, 15)
+    redis, counter = counter_on(stack, store)
     t = unique("tenant")
     mark = [("trl.request", "")]
     # Three requests of the same tenant in one call: 3 + 1 hits would pass
@@ -84,10 +91,7 @@ def test_marks_split_a_call_into_requests_decided_apart(stack, store):
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 def test_a_push_is_counted_whole_past_the_limit_and_its_overshoot_shown(stack, store):
-    redis = stack.redis() if store == "redis" else None
-    counter = Counter(stack, {"d": LIMITS},
-                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
-    ensure_window_room(60, 15)
+    redis, counter = counter_on(stack, store)
     t = unique("tenant")
     mark, push = [("trl.request", "")], [("trl.request", "push")]
     # 2 admitted, then a request of 2 refused whole (over the 3), a push of
@@ -116,10 +120,7 @@ def test_the_largest_call_is_decided_as_small_ones_are(stack, store):
     """2,048 requests in one call (the most descriptors a call may carry),
     4 of each of 512 tenants whose limit is 3: each tenant's first three
     admitted, the fourth refused, whatever the call's size."""
-    redis = stack.redis() if store == "redis" else None
-    counter = Counter(stack, {"d": LIMITS},
-                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
-    ensure_window_room(60, 15)
+    redis, counter = counter_on(stack, store)
     tenants = [unique("tenant") for _ in range(512)]
     mark = [("trl.request", "")]
     descriptors = []
