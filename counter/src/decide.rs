@@ -502,6 +502,16 @@ impl MemoryCounts {
         self.counts.retain(|_, (_, expires)| *expires > now_ms);
     }
 
+    /// How many counters it holds (expired ones not yet swept included).
+    pub fn held(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether it holds a counter (maybe expired) for `key`.
+    pub fn holds(&self, key: &str) -> bool {
+        self.counts.contains_key(key)
+    }
+
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.counts.is_empty()

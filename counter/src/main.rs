@@ -32,10 +32,8 @@ struct Args {
     /// generate's descriptor_key).
     #[arg(long, default_value = "tenant")]
     descriptor_key: String,
-    /// memory, redis://HOST:PORT[/DB], or redis-cluster://HOST:PORT[,HOST:PORT...].
-    /// The password: REDIS_AUTH.
-    #[arg(long, env = "TRL_COUNTER_STORE", default_value = "memory")]
-    store: String,
+    #[command(flatten)]
+    store: store::StoreOptions,
     /// gRPC listen address.
     #[arg(long, default_value = "127.0.0.1:8081")]
     grpc_addr: SocketAddr,
@@ -91,14 +89,13 @@ async fn run(args: Args) -> Result<(), String> {
     let teams = Arc::new(teams::Teams::default());
     teams.reload(&source, &metrics);
     let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
-    let password = std::env::var("REDIS_AUTH").ok().filter(|p| !p.is_empty());
-    let store = Arc::new(store::connect(&args.store, password, deadline).await?);
+    let store = Arc::new(store::connect(&args.store, deadline).await?);
     if let Err(e) = store.ping().await {
         // Not fatal: the counter runs, not ready, each call failing with
         // this reason, until the store answers.
         eprintln!(
             "ratelimit-counter: store {}: {e}; not ready until it answers",
-            args.store
+            args.store.shown()
         );
     }
     let clock_file = std::env::var_os("TRL_COUNTER_TEST_CLOCK_FILE").map(PathBuf::from);

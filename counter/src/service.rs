@@ -156,7 +156,7 @@ pub async fn serve_http(
         let state = state.clone();
         move || {
             let state = state.clone();
-            async move { state.metrics.render(state.store.name()) }
+            async move { state.metrics.render(state.store.name()) + &state.store.metrics() }
         }
     };
     let ready = {

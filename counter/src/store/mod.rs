@@ -1,8 +1,14 @@
 //! Where the counts live: in this process (`memory`), or in Redis (one
-//! server or a Cluster), where one Lua script decides all of a call's
-//! requests that share a slot, atomically.
+//! server, a Cluster, or the master a set of sentinels names; plain or
+//! TLS), where one Lua script decides all of a call's requests that share
+//! a slot, atomically.
+
+pub mod memory;
+pub mod sentinel;
+pub mod url;
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -11,7 +17,8 @@ use redis::cluster_async::ClusterConnection;
 
 use ratelimit_config::window::sliding_wait_ms;
 
-use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
+use crate::decide::{estimate, over, Check, Counts, Request};
+pub use url::redacted;
 
 /// The script: reads every distinct key of the call once (MGET), decides
 /// each request in order on those values as a whole (an admitted one's
@@ -31,75 +38,12 @@ use crate::decide::{estimate, over, Check, Counts, MemoryCounts, Request};
 /// Returns each key's value as read, then per request admitted (0/1): the
 /// caller replays the adds to know the counts each request was decided on.
 /// A push is sent as a request of no checks: admitted, its hits added.
-pub const SCRIPT: &str = r"
-local P = ARGV[1]
-local np = #P / 8
-local A
-if np <= 4000 then
-  A = {struct.unpack('<' .. string.rep('d', np), P)}
-else
-  A = {}
-  local pos, i = 1, 0
-  while i < np do
-    local c = math.min(np - i, 4000)
-    local got = {struct.unpack('<' .. string.rep('d', c), P, pos)}
-    for j = 1, c do A[i + j] = got[j] end
-    pos = got[c + 1]
-    i = i + c
-  end
-end
-local nk = A[1]
-local v = {}
-for i = 1, nk, 1000 do
-  local got = redis.call('MGET', unpack(KEYS, i, math.min(i + 999, nk)))
-  for j = 1, #got do v[i + j - 1] = tonumber(got[j]) or 0 end
-end
-local out = {}
-local add = {}
-for i = 1, nk do out[i] = v[i] end
-local a = 3 + nk
-for q = 1, A[2] do
-  local n = A[a]; local m = A[a + 1]; a = a + 2
-  local ok = 1
-  for i = 1, n do
-    local limit = A[a]; local hits = A[a + 1]
-    local est = v[A[a + 2]]
-    local pk = A[a + 3]
-    if pk > 0 and v[pk] > 0 then
-      est = est + math.floor((v[pk] * A[a + 4] + 999999) / 1000000)
-    end
-    if (hits == 0 and est >= limit) or (hits > 0 and est + hits > limit) then ok = 0 end
-    a = a + 5
-  end
-  if ok == 1 then
-    for i = 1, m do
-      local k = A[a]; local hits = A[a + 1]
-      v[k] = v[k] + hits
-      add[k] = (add[k] or 0) + hits
-      a = a + 2
-    end
-  else
-    a = a + 2 * m
-  end
-  out[nk + q] = ok
-end
-for k = 1, nk do
-  local hits = add[k]
-  if hits then
-    if out[k] == 0 then
-      redis.call('SET', KEYS[k], hits, 'PX', A[2 + k])
-    else
-      redis.call('INCRBY', KEYS[k], hits)
-    end
-  end
-end
-return out
-";
-
+pub const SCRIPT: &str = include_str!("script.lua");
 pub enum Backend {
-    Memory(Mutex<MemoryCounts>),
+    Memory(memory::MemoryStore),
     Redis(Lazy<ConnectionManager>),
     Cluster(Lazy<ClusterConnection>),
+    Sentinel(Box<sentinel::SentinelStore>),
 }
 
 type Opener<C> = Box<
@@ -153,14 +97,20 @@ pub enum StoreError {
     Redis(redis::RedisError),
     /// The script answered something else than it returns.
     Shape,
+    /// The memory store holds its most keys (`--memory-max-keys`).
+    Full(usize),
 }
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StoreError::Timeout => f.write_str("Redis did not answer within the deadline"),
-            StoreError::Redis(e) => write!(f, "Redis: {e}"),
+            StoreError::Redis(e) => write!(f, "Redis: {}", explain(e)),
             StoreError::Shape => f.write_str("the script's answer has an unexpected shape"),
+            StoreError::Full(n) => write!(
+                f,
+                "the memory store holds its most keys (--memory-max-keys {n}): a call that adds keys is refused until counts expire"
+            ),
         }
     }
 }
@@ -176,8 +126,13 @@ pub struct Decided {
 
 impl Store {
     pub fn memory(deadline: Duration) -> Store {
+        Store::memory_bounded(deadline, memory::DEFAULT_MAX_KEYS)
+    }
+
+    /// A memory store that holds at most `max_keys` keys.
+    pub fn memory_bounded(deadline: Duration, max_keys: usize) -> Store {
         Store {
-            backend: Backend::Memory(Mutex::new(MemoryCounts::default())),
+            backend: Backend::Memory(memory::MemoryStore::new(max_keys)),
             script: redis::Script::new(SCRIPT),
             cache: None,
             deadline,
@@ -189,6 +144,16 @@ impl Store {
             Backend::Memory(_) => "memory",
             Backend::Redis(_) => "redis",
             Backend::Cluster(_) => "redis-cluster",
+            Backend::Sentinel(_) => "redis-sentinel",
+        }
+    }
+
+    /// The store's own metrics, in Prometheus text (the memory store's
+    /// keys and refusals; nothing for Redis).
+    pub fn metrics(&self) -> String {
+        match &self.backend {
+            Backend::Memory(m) => m.metrics(),
+            _ => String::new(),
         }
     }
 
@@ -256,16 +221,24 @@ impl Store {
         now_ms: u64,
     ) -> Result<(Vec<Vec<Counts>>, Vec<bool>), StoreError> {
         match &self.backend {
-            Backend::Memory(m) => {
-                let mut m = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                let (counts, admitted) = requests.iter().map(|r| m.apply(r, now_ms)).unzip();
-                Ok((counts, admitted))
-            }
+            Backend::Memory(m) => m.decide(requests, now_ms),
             Backend::Redis(c) => {
                 let all: Vec<usize> = (0..requests.len()).collect();
                 let mut c = c.get(self.deadline).await?;
                 let got = self.run(&mut c, requests, &all).await?;
                 Ok(got.into_iter().unzip())
+            }
+            Backend::Sentinel(s) => {
+                let all: Vec<usize> = (0..requests.len()).collect();
+                let got = async {
+                    let mut c = s.get(self.deadline).await?;
+                    self.run(&mut c, requests, &all).await
+                }
+                .await;
+                if let Err(e) = &got {
+                    s.failed(e);
+                }
+                Ok(got?.into_iter().unzip())
             }
             Backend::Cluster(c) => {
                 let c = c.get(self.deadline).await?;
@@ -352,12 +325,18 @@ impl Store {
                 let mut c = c.get(self.deadline).await?;
                 tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await
             }
+            Backend::Sentinel(s) => {
+                let mut c = s.get(self.deadline).await?;
+                let answer = ping_result(
+                    tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await,
+                );
+                if let Err(e) = &answer {
+                    s.failed(e);
+                }
+                return answer;
+            }
         };
-        match answer {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(StoreError::Redis(e)),
-            Err(_) => Err(StoreError::Timeout),
-        }
+        ping_result(answer)
     }
 
     /// Drops expired counters of the memory store.
@@ -366,9 +345,7 @@ impl Store {
             c.sweep(now_ms);
         }
         if let Backend::Memory(m) = &self.backend {
-            m.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .sweep(now_ms);
+            m.sweep(now_ms);
         }
     }
 }
@@ -639,51 +616,329 @@ impl<'a> Layout<'a> {
     }
 }
 
-/// Connects to `url`: `memory`, `redis://host:port[/db]`, or
-/// `redis-cluster://host:port[,host:port...]`. The password comes from
-/// `password` (REDIS_AUTH). Fails only on a URL it cannot read: the
-/// connection itself is made on first use (see [`Lazy`]).
-pub async fn connect(
-    url: &str,
-    password: Option<String>,
-    deadline: Duration,
-) -> Result<Store, String> {
-    if url == "memory" {
-        return Ok(Store::memory(deadline));
+/// A PING's answer within the deadline, or why not.
+fn ping_result(
+    answer: Result<redis::RedisResult<String>, tokio::time::error::Elapsed>,
+) -> Result<(), StoreError> {
+    match answer {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(StoreError::Redis(e)),
+        Err(_) => Err(StoreError::Timeout),
     }
-    let script = redis::Script::new(SCRIPT);
-    if let Some(nodes) = url.strip_prefix("redis-cluster://") {
-        let nodes: Vec<String> = nodes.split(',').map(|n| format!("redis://{n}")).collect();
-        let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
-            .connection_timeout(deadline)
-            .response_timeout(deadline);
-        if let Some(p) = password {
-            b = b.password(p);
+}
+
+/// A Redis error in words an operator acts on: a certificate refused says
+/// so. Never holds a password (Redis's own answers do not repeat it).
+fn explain(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    if text.contains("UnknownIssuer") || text.contains("BadSignature") {
+        format!("TLS: the Redis server's certificate is not signed by a CA this counter trusts (--redis-ca, else the system's CAs): {text}")
+    } else if text.contains("NotValidForName") {
+        format!("TLS: the Redis server's certificate does not name the host of --store: {text}")
+    } else if text.contains("invalid peer certificate") {
+        format!("TLS: the Redis server's certificate was refused: {text}")
+    } else if text.contains("CertificateRequired") || text.contains("certificate required") {
+        format!("TLS: the Redis server asks for a client certificate (--redis-cert, --redis-key): {text}")
+    } else {
+        text
+    }
+}
+
+/// How the counter reaches its store: `--store` and what goes with it.
+/// Every flag is also read from the environment.
+#[derive(clap::Args, Clone)]
+pub struct StoreOptions {
+    /// memory, redis://HOST:PORT[/DB], rediss://HOST:PORT[/DB] (TLS),
+    /// redis-cluster://HOST:PORT[,HOST:PORT...], rediss-cluster://... (TLS),
+    /// redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME, rediss-sentinel://... (TLS).
+    /// A user and password may be given as USER:PASSWORD@ before the hosts;
+    /// REDIS_AUTH is better (a command line is seen by every user of the machine).
+    #[arg(long, env = "TRL_COUNTER_STORE", default_value = "memory")]
+    pub store: String,
+    /// Redis's password, or USER:PASSWORD for an ACL user.
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true, hide = true)]
+    pub redis_auth: Option<String>,
+    /// A file holding REDIS_AUTH (a mounted Secret), read at start.
+    #[arg(long, env = "TRL_COUNTER_REDIS_AUTH_FILE")]
+    pub redis_auth_file: Option<PathBuf>,
+    /// The sentinels' password, or USER:PASSWORD (redis-sentinel:// only).
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true, hide = true)]
+    pub redis_sentinel_auth: Option<String>,
+    /// The CA (PEM) that signed the Redis servers' certificates (rediss*:// only;
+    /// default: the system's CAs).
+    #[arg(long, env = "TRL_COUNTER_REDIS_CA")]
+    pub redis_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS to Redis; with --redis-key.
+    #[arg(long, env = "TRL_COUNTER_REDIS_CERT")]
+    pub redis_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "TRL_COUNTER_REDIS_KEY")]
+    pub redis_key: Option<PathBuf>,
+    /// Accept any certificate from Redis, its name and signer unchecked.
+    /// Anyone on the path can then read and change the counts: for tests only.
+    #[arg(long, env = "TRL_COUNTER_REDIS_INSECURE_SKIP_VERIFY")]
+    pub redis_insecure_skip_verify: bool,
+    /// The most keys the memory store holds; a call that would add more
+    /// fails (counted in trl_counter_memory_full_total) until counts expire.
+    #[arg(long, env = "TRL_COUNTER_MEMORY_MAX_KEYS", default_value_t = memory::DEFAULT_MAX_KEYS)]
+    pub memory_max_keys: usize,
+}
+
+/// Never prints a secret.
+impl std::fmt::Debug for StoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |a: &Option<String>| a.as_ref().map(|_| "***");
+        f.debug_struct("StoreOptions")
+            .field("store", &self.shown())
+            .field("redis_auth", &hidden(&self.redis_auth))
+            .field("redis_auth_file", &self.redis_auth_file)
+            .field("redis_sentinel_auth", &hidden(&self.redis_sentinel_auth))
+            .field("redis_ca", &self.redis_ca)
+            .field("redis_cert", &self.redis_cert)
+            .field("redis_key", &self.redis_key)
+            .field(
+                "redis_insecure_skip_verify",
+                &self.redis_insecure_skip_verify,
+            )
+            .field("memory_max_keys", &self.memory_max_keys)
+            .finish()
+    }
+}
+
+impl StoreOptions {
+    /// The options of `--store URL` alone.
+    pub fn of(store: &str) -> StoreOptions {
+        StoreOptions {
+            store: store.to_string(),
+            redis_auth: None,
+            redis_auth_file: None,
+            redis_sentinel_auth: None,
+            redis_ca: None,
+            redis_cert: None,
+            redis_key: None,
+            redis_insecure_skip_verify: false,
+            memory_max_keys: memory::DEFAULT_MAX_KEYS,
         }
-        let client = b.build().map_err(|e| format!("{url}: {e}"))?;
-        let con = Lazy::new(Box::new(move || {
-            let client = client.clone();
-            Box::pin(async move { client.get_async_connection().await })
-        }));
-        return Ok(Store {
-            backend: Backend::Cluster(con),
-            script,
-            cache: Some(FullCache::new(FULL_CACHE_ENTRIES)),
-            deadline,
-        });
     }
-    let mut info: redis::ConnectionInfo =
-        redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| format!("{url}: {e}"))?;
-    if let Some(p) = password {
-        info.redis.password = Some(p);
+
+    /// `--store` redacted: the only way it is shown.
+    pub fn shown(&self) -> String {
+        redacted(&self.store)
     }
-    let client = redis::Client::open(info).map_err(|e| format!("{url}: {e}"))?;
+
+    /// REDIS_AUTH, from the environment or its file.
+    fn auth(&self) -> Result<Option<(Option<String>, String)>, String> {
+        let auth = match (&self.redis_auth, &self.redis_auth_file) {
+            (Some(a), _) if !a.is_empty() => Some(a.clone()),
+            (_, Some(f)) => Some(
+                std::fs::read_to_string(f)
+                    .map_err(|e| format!("--redis-auth-file {}: {e}", f.display()))?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string(),
+            ),
+            _ => None,
+        };
+        Ok(auth.filter(|a| !a.is_empty()).map(|a| url::split_auth(&a)))
+    }
+
+    /// The TLS files read, for a rediss*:// store; an error for TLS files
+    /// given to a plain one.
+    fn certificates(&self, tls: bool) -> Result<Option<redis::TlsCertificates>, String> {
+        let given = self.redis_ca.is_some()
+            || self.redis_cert.is_some()
+            || self.redis_key.is_some()
+            || self.redis_insecure_skip_verify;
+        if !tls {
+            return if given {
+                Err(format!(
+                    "--redis-ca, --redis-cert, --redis-key and --redis-insecure-skip-verify need a TLS store (rediss://, rediss-cluster://, rediss-sentinel://), not {}",
+                    self.shown()
+                ))
+            } else {
+                Ok(None)
+            };
+        }
+        let read = |flag: &str, p: &PathBuf| {
+            std::fs::read(p).map_err(|e| format!("{flag} {}: {e}", p.display()))
+        };
+        let client_tls = match (&self.redis_cert, &self.redis_key) {
+            (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+                client_cert: read("--redis-cert", c)?,
+                client_key: read("--redis-key", k)?,
+            }),
+            (None, None) => None,
+            _ => return Err("--redis-cert and --redis-key go together".into()),
+        };
+        let root_cert = self
+            .redis_ca
+            .as_ref()
+            .map(|p| read("--redis-ca", p))
+            .transpose()?;
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+}
+
+/// Connects to the store `opts.store` names. Fails only on options it
+/// cannot use (a URL it cannot read, a TLS file it cannot read): the
+/// connection itself is made on first use (see [`Lazy`]).
+pub async fn connect(opts: &StoreOptions, deadline: Duration) -> Result<Store, String> {
+    let target = url::parse(&opts.store)?;
+    if target.kind == url::Kind::Memory {
+        return Ok(Store::memory_bounded(deadline, opts.memory_max_keys));
+    }
+    let shown = opts.shown();
+    let certs = opts.certificates(target.tls)?;
+    if target.tls {
+        // ring, not aws-lc-rs (which needs cmake to build; ring's lack of
+        // post-quantum key exchange is what rustls deprecates it for). An
+        // error means a provider is installed already.
+        #[allow(deprecated)]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let insecure = opts.redis_insecure_skip_verify;
+    if insecure {
+        eprintln!(
+            "ratelimit-counter: WARNING: --redis-insecure-skip-verify: the Redis server's certificate is NOT checked; anyone on the path to {shown} can read and change every count"
+        );
+    }
+    let (mut username, mut password) = (target.username.clone(), target.password.clone());
+    if let Some((user, pass)) = opts.auth()? {
+        if user.is_some() {
+            username = user;
+        }
+        password = Some(pass);
+    }
+    let addr = |host: &str, port: u16| {
+        if target.tls {
+            redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host.to_string(), port)
+        }
+    };
+    let tls_mode = target.tls.then_some(if insecure {
+        redis::TlsMode::Insecure
+    } else {
+        redis::TlsMode::Secure
+    });
+    let script = redis::Script::new(SCRIPT);
+    let cache = Some(FullCache::new(FULL_CACHE_ENTRIES));
+    let backend = match &target.kind {
+        url::Kind::Memory => return Ok(Store::memory_bounded(deadline, opts.memory_max_keys)),
+        url::Kind::Cluster => {
+            let nodes: Vec<redis::ConnectionInfo> = target
+                .nodes
+                .iter()
+                .map(|(h, p)| redis::ConnectionInfo {
+                    addr: addr(h, *p),
+                    redis: redis::RedisConnectionInfo::default(),
+                })
+                .collect();
+            let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
+                .connection_timeout(deadline)
+                .response_timeout(deadline);
+            if let Some(p) = password {
+                b = b.password(p);
+            }
+            if let Some(u) = username {
+                b = b.username(u);
+            }
+            if let Some(mode) = tls_mode {
+                b = b.tls(mode);
+            }
+            if let Some(c) = certs {
+                b = b.certs(c);
+            }
+            let client = b.build().map_err(|e| format!("{shown}: {}", explain(&e)))?;
+            Backend::Cluster(Lazy::new(Box::new(move || {
+                let client = client.clone();
+                Box::pin(async move { client.get_async_connection().await })
+            })))
+        }
+        url::Kind::Sentinel { master } => {
+            let sentinels = target.nodes.iter().map(|(h, p)| addr(h, *p));
+            let mut b = redis::sentinel::SentinelClientBuilder::new(
+                sentinels,
+                master.clone(),
+                redis::sentinel::SentinelServerType::Master,
+            )
+            .map_err(|e| format!("{shown}: {}", explain(&e)))?
+            .set_client_to_redis_db(target.db);
+            if let Some(p) = password {
+                b = b.set_client_to_redis_password(p);
+            }
+            if let Some(u) = username {
+                b = b.set_client_to_redis_username(u);
+            }
+            let sentinel_auth = opts
+                .redis_sentinel_auth
+                .as_deref()
+                .filter(|a| !a.is_empty())
+                .map(url::split_auth);
+            if let Some((user, pass)) = sentinel_auth {
+                b = b.set_client_to_sentinel_password(pass);
+                if let Some(u) = user {
+                    b = b.set_client_to_sentinel_username(u);
+                }
+            }
+            if let Some(mode) = tls_mode {
+                b = b
+                    .set_client_to_redis_tls_mode(mode)
+                    .set_client_to_sentinel_tls_mode(mode);
+            }
+            if let Some(c) = certs {
+                b = b
+                    .set_client_to_redis_certificates(c.clone())
+                    .set_client_to_sentinel_certificates(c);
+            }
+            let client = b.build().map_err(|e| format!("{shown}: {}", explain(&e)))?;
+            Backend::Sentinel(Box::new(sentinel::SentinelStore::new(client, deadline)))
+        }
+        url::Kind::Single => {
+            let (host, port) = target
+                .nodes
+                .first()
+                .ok_or_else(|| format!("{shown}: no HOST:PORT"))?;
+            let info = redis::ConnectionInfo {
+                addr: addr(host, *port),
+                redis: redis::RedisConnectionInfo {
+                    db: target.db,
+                    username,
+                    password,
+                    ..Default::default()
+                },
+            };
+            let client = match certs {
+                Some(c) => redis::Client::build_with_tls(info, c),
+                None => redis::Client::open(info),
+            }
+            .map_err(|e| format!("{shown}: {}", explain(&e)))?;
+            Backend::Redis(single(client, deadline))
+        }
+    };
+    Ok(Store {
+        backend,
+        script,
+        cache,
+        deadline,
+    })
+}
+
+/// One Redis server's connection, made on first use.
+fn single(client: redis::Client, deadline: Duration) -> Lazy<ConnectionManager> {
     let config = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(deadline)
         .set_response_timeout(deadline)
         .set_number_of_retries(1)
         .set_max_delay(200);
-    let con = Lazy::new(Box::new(move || {
+    Lazy::new(Box::new(move || {
         let (client, config) = (client.clone(), config.clone());
         Box::pin(async move {
             // One attempt first, so that the reason (a refused password,
@@ -699,15 +954,8 @@ pub async fn connect(
             );
             ConnectionManager::new_with_config(client, config).await
         })
-    }));
-    Ok(Store {
-        backend: Backend::Redis(con),
-        script,
-        cache: Some(FullCache::new(FULL_CACHE_ENTRIES)),
-        deadline,
-    })
+    }))
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

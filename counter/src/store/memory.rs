@@ -1,0 +1,186 @@
+//! The memory store: counts in this process, bounded in keys. A restart
+//! forgets every count.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::decide::{Counts, MemoryCounts, Request};
+
+use super::StoreError;
+
+/// The default bound: about 30 MB at the bytes per key measured (see
+/// docs/counter.md#the-memory-store).
+pub const DEFAULT_MAX_KEYS: usize = 200_000;
+
+/// How long between two sweeps forced by a full store, so that a flood
+/// of new keys into a full store does not sweep on every call.
+const FULL_SWEEP_EVERY_MS: u64 = 1_000;
+
+pub struct MemoryStore {
+    counts: Mutex<MemoryCounts>,
+    max_keys: usize,
+    /// Calls refused because they would have added keys past the bound.
+    full: AtomicU64,
+    last_full_sweep_ms: AtomicU64,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize) -> MemoryStore {
+        MemoryStore {
+            counts: Mutex::new(MemoryCounts::default()),
+            max_keys: max_keys.max(1),
+            full: AtomicU64::new(0),
+            last_full_sweep_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoryCounts> {
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Decides every request in order. A call that would take the store
+    /// past its bound in new keys (after expired counts are dropped) is
+    /// refused whole, before anything is counted: it fails as the store
+    /// failing (the filter fails open, or denies with failure_mode_deny),
+    /// and is counted in `trl_counter_memory_full_total`. Keys already
+    /// held keep counting exactly.
+    pub fn decide(
+        &self,
+        requests: &[Request],
+        now_ms: u64,
+    ) -> Result<(Vec<Vec<Counts>>, Vec<bool>), StoreError> {
+        let mut m = self.lock();
+        if m.held() + self.new_keys(&m, requests) > self.max_keys {
+            let last = self.last_full_sweep_ms.load(Ordering::Relaxed);
+            if now_ms >= last.saturating_add(FULL_SWEEP_EVERY_MS) {
+                self.last_full_sweep_ms.store(now_ms, Ordering::Relaxed);
+                m.sweep(now_ms);
+            }
+            if m.held() + self.new_keys(&m, requests) > self.max_keys {
+                self.full.fetch_add(1, Ordering::Relaxed);
+                return Err(StoreError::Full(self.max_keys));
+            }
+        }
+        Ok(requests.iter().map(|r| m.apply(r, now_ms)).unzip())
+    }
+
+    /// The distinct keys the requests would add (if all were admitted).
+    fn new_keys(&self, m: &MemoryCounts, requests: &[Request]) -> usize {
+        let mut new: Option<HashSet<&str>> = None;
+        for c in requests
+            .iter()
+            .flat_map(|r| &r.checks)
+            .filter(|c| c.hits > 0)
+        {
+            if !m.holds(&c.key) {
+                new.get_or_insert_with(HashSet::new).insert(&c.key);
+            }
+        }
+        new.map_or(0, |n| n.len())
+    }
+
+    pub fn sweep(&self, now_ms: u64) {
+        self.lock().sweep(now_ms);
+    }
+
+    /// Its gauges and counters, in Prometheus text.
+    pub fn metrics(&self) -> String {
+        let held = self.lock().held();
+        format!(
+            "# HELP trl_counter_memory_keys Keys the memory store holds (expired ones not yet swept included).\n\
+             # TYPE trl_counter_memory_keys gauge\n\
+             trl_counter_memory_keys {held}\n\
+             # HELP trl_counter_memory_max_keys The most keys the memory store holds (--memory-max-keys).\n\
+             # TYPE trl_counter_memory_max_keys gauge\n\
+             trl_counter_memory_max_keys {}\n\
+             # HELP trl_counter_memory_full_total Calls refused because they would have taken the memory store past --memory-max-keys.\n\
+             # TYPE trl_counter_memory_full_total counter\n\
+             trl_counter_memory_full_total {}\n",
+            self.max_keys,
+            self.full.load(Ordering::Relaxed)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Check;
+
+    fn request(key: &str) -> Request {
+        Request {
+            checks: vec![Check {
+                index: 0,
+                unit: ratelimit_config::Unit::Minute,
+                limit: 10,
+                hits: 1,
+                key_hits: 1,
+                sliding: false,
+                shadow: false,
+                group: 0,
+                name: "g".into(),
+                tag: "{1:d:a}".into(),
+                key: key.into(),
+                prev_key: None,
+                window: (0, 60_000),
+                next_end: 120_000,
+                weight_ppm: 0,
+                ttl_ms: 60_000,
+            }],
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_keys_whole_counts_held_ones_and_frees_expired_ones() {
+        let s = MemoryStore::new(3);
+        for k in ["a", "b", "c"] {
+            assert!(s.decide(&[request(k)], 1_000).is_ok());
+        }
+        // A call with one held key and one new one: refused whole,
+        // nothing counted.
+        let e = s.decide(&[request("a"), request("d")], 1_000).unwrap_err();
+        assert!(matches!(e, StoreError::Full(3)), "{e}");
+        assert!(e.to_string().contains("--memory-max-keys"), "{e}");
+        let (counts, admitted) = s.decide(&[request("a")], 1_000).unwrap();
+        assert_eq!(counts[0][0].current, 1, "the refused call counted nothing");
+        assert!(admitted[0]);
+        assert!(s.metrics().contains("trl_counter_memory_full_total 1\n"));
+        assert!(s.metrics().contains("trl_counter_memory_keys 3\n"));
+        // Once the counts have expired, new keys take their place.
+        assert!(s.decide(&[request("d")], 61_000).is_ok());
+        assert!(s.metrics().contains("trl_counter_memory_keys 1\n"));
+    }
+
+    /// Not a test of behaviour: prints the memory a key takes, for the
+    /// docs. `cargo test -p ratelimit-counter --release -- --ignored
+    /// --nocapture bytes_per_key`.
+    #[test]
+    #[ignore = "a measurement"]
+    fn bytes_per_key() {
+        fn rss_kb() -> u64 {
+            std::fs::read_to_string("/proc/self/status")
+                .unwrap()
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap()
+        }
+        let n = 200_000;
+        let s = MemoryStore::new(n);
+        let before = rss_kb();
+        for i in 0..n {
+            // A key as the counter builds it: domain, unit, tenant, window.
+            let key = format!("{{1:orders:tenant-{i:08}}}:m:29652480");
+            s.decide(&[request(&key)], 1_000).unwrap();
+        }
+        let after = rss_kb();
+        println!(
+            "{} bytes per key ({n} keys)",
+            (after - before) * 1024 / n as u64
+        );
+    }
+}
