@@ -20,24 +20,15 @@ use ratelimit_config::window::sliding_wait_ms;
 use crate::decide::{estimate, over, Check, Counts, Request};
 pub use url::redacted;
 
-/// The script: reads every distinct key of the call once (MGET), decides
-/// each request in order on those values as a whole (an admitted one's
-/// hits count for the requests after it), then writes each key the
-/// admitted requests add to once, their hits summed: `SET key hits PX ttl`
-/// on a key that did not exist (its window's first hits, which also sets
-/// its expiry), else `INCRBY`. A refused request writes nothing.
-/// KEYS: the call's distinct keys. ARGV[1]: every number the script needs,
-/// packed as little-endian doubles (exact below 2^53), which Redis parses
-/// as one argument and the script unpacks in C (`struct.unpack`, at most
-/// 4,000 at a time), instead of one argument and one `tonumber` each: the
-/// number of keys and of requests; per key its ttl (ms); then per request
-/// the number of its checks and of its keys to add to; per check: limit,
-/// hits (the request's hits on that key), the index of its key, the index
-/// of the previous window's key (0: none), the previous window's weight
-/// (millionths); per key to add to: its index and hits.
-/// Returns each key's value as read, then per request admitted (0/1): the
-/// caller replays the adds to know the counts each request was decided on.
-/// A push is sent as a request of no checks: admitted, its hits added.
+/// The script (`script.lua`, headed by what each `KEYS[i]` and `ARGV[i]`
+/// holds): reads every distinct key of the call once (MGET), decides each
+/// request in order on those values as a whole (an admitted one's hits
+/// count for the requests after it), then writes each key the admitted
+/// requests add to once, their hits summed: `SET key hits PX ttl` on a key
+/// that did not exist, else `INCRBY`. A refused request writes nothing.
+/// Its numbers come packed in one argument (`Layout::pack`); it returns
+/// each key's value as read, then per request admitted (0/1): the caller
+/// replays the adds to know the counts each request was decided on.
 pub const SCRIPT: &str = include_str!("script.lua");
 pub enum Backend {
     Memory(memory::MemoryStore),
