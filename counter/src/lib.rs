@@ -2,8 +2,8 @@
 //! `envoy.service.ratelimit.v3.RateLimitService` ([`proto`]) and the
 //! decision ([`decide`]: a call planned into requests at `now`, answered
 //! from the counts), and the stores that hold the counts ([`store`]:
-//! memory, Redis, Redis Cluster, and the over-limit cache in front of
-//! them). The binary's glue (gRPC, HTTP, reloading the team files) is in
+//! memory, Redis, Redis Cluster, Redis Sentinel, plain or TLS, and the
+//! over-limit cache in front of them). The binary's glue (gRPC, HTTP, reloading the team files) is in
 //! `main.rs` and its modules; the fuzz targets (`fuzz/`) use these.
 
 pub mod decide;

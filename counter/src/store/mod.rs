@@ -644,16 +644,23 @@ pub struct StoreOptions {
     /// redis-sentinel://HOST:PORT[,HOST:PORT...]/MASTER_NAME, rediss-sentinel://... (TLS).
     /// A user and password may be given as USER:PASSWORD@ before the hosts;
     /// REDIS_AUTH is better (a command line is seen by every user of the machine).
-    #[arg(long, env = "TRL_COUNTER_STORE", default_value = "memory")]
+    #[arg(
+        long,
+        env = "TRL_COUNTER_STORE",
+        default_value = "memory",
+        hide_env_values = true
+    )]
     pub store: String,
-    /// Redis's password, or USER:PASSWORD for an ACL user.
-    #[arg(long, env = "REDIS_AUTH", hide_env_values = true, hide = true)]
+    /// Redis's password, or USER:PASSWORD for an ACL user. Give it in the
+    /// environment, not on the command line.
+    #[arg(long, env = "REDIS_AUTH", hide_env_values = true)]
     pub redis_auth: Option<String>,
     /// A file holding REDIS_AUTH (a mounted Secret), read at start.
     #[arg(long, env = "TRL_COUNTER_REDIS_AUTH_FILE")]
     pub redis_auth_file: Option<PathBuf>,
     /// The sentinels' password, or USER:PASSWORD (redis-sentinel:// only).
-    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true, hide = true)]
+    /// Give it in the environment, not on the command line.
+    #[arg(long, env = "REDIS_SENTINEL_AUTH", hide_env_values = true)]
     pub redis_sentinel_auth: Option<String>,
     /// The CA (PEM) that signed the Redis servers' certificates (rediss*:// only;
     /// default: the system's CAs).
