@@ -60,7 +60,7 @@ def test_memory_store_admits_exactly_the_limit(stack):
 def test_two_counters_on_one_redis_hold_exactly_what_was_admitted(stack):
     gen = _gen_cli(stack, LIMITS, "counter")
     redis = stack.redis()
-    url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    url = redis.url
     counters = [Counter(stack, {gen.domain: LIMITS}, store=url, name=f"counter-{i}")
                 for i in range(2)]
     upstream = stack.upstream()
@@ -200,7 +200,7 @@ def test_a_sliding_window_admits_the_limit_in_any_minute_to_a_steady_sender(stac
     url = "memory"
     if store == "redis":
         redis = stack.redis()
-        url = f"redis://{harness.LOOPBACK}:{redis.port}"
+        url = redis.url
     counter = Counter(stack, {"d": limits}, store=url, store_timeout_ms=1000)
     minute = 60_000
     base = (int(time.time() * 1000) // minute + 10) * minute  # a minute boundary, later

@@ -204,7 +204,7 @@ def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
     limit = 5
     team = {"d": {"x-tenant-id": {"default": {"perhour": limit}}}}
     redis = stack.redis(password=PASSWORD)
-    url = f"redis://{LOOPBACK}:{redis.port}"
+    url = redis.url
     counter = Counter(stack, team, store=url, env={"REDIS_AUTH": PASSWORD},
                       store_timeout_ms=1000)
     ensure_window_room(3600, 20)
@@ -309,7 +309,7 @@ def test_a_counter_started_before_redis_is_ready_once_redis_answers(stack):
     redis = stack.redis()
     redis.stop()
     team = {"d": {"x-tenant-id": {"default": {"perhour": 5}}}}
-    counter = Counter(stack, team, store=f"redis://{LOOPBACK}:{redis.port}", wait_ready=False)
+    counter = Counter(stack, team, store=redis.url, wait_ready=False)
     wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
                "the counter tells why it is not ready", process=counter.process)
     assert counter.readyz() == 503

@@ -45,7 +45,7 @@ def test_redis_killed_then_restarted(stack):
     gen = _gen_cli(stack, limits, "counter")
     redis = stack.redis()
     counter = Counter(stack, {gen.domain: limits},
-                      store=f"redis://{harness.LOOPBACK}:{redis.port}", store_timeout_ms=100)
+                      store=redis.url, store_timeout_ms=100)
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
     ensure_window_room(60, MINUTE_ROOM_S)
@@ -83,7 +83,7 @@ def test_a_frozen_redis_fails_calls_within_the_deadline(stack):
     gen = _gen_cli(stack, limits, "counter")
     redis = stack.redis()
     counter = Counter(stack, {gen.domain: limits},
-                      store=f"redis://{harness.LOOPBACK}:{redis.port}", store_timeout_ms=100)
+                      store=redis.url, store_timeout_ms=100)
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
     redis.freeze()
@@ -102,7 +102,7 @@ def test_a_counter_replica_restarted_keeps_the_count(stack):
     limits = {"x-tenant-id": {"default": {"perminute": 10}}}
     gen = _gen_cli(stack, limits, "counter")
     redis = stack.redis()
-    url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    url = redis.url
     counters = [Counter(stack, {gen.domain: limits}, store=url, name=f"counter-{i}")
                 for i in range(2)]
     upstream = stack.upstream()

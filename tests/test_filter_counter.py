@@ -36,7 +36,7 @@ def counter_envoys(stack, limits: dict, envoys: int = 2, store: str = "redis",
     so that a worker's waiting requests share its next call."""
     gen = _gen_cli(stack, limits, "counter")
     redis = stack.redis() if store == "redis" else None
-    url = f"redis://{harness.LOOPBACK}:{redis.port}" if redis else "memory"
+    url = redis.url if redis else "memory"
     counter = Counter(stack, {gen.domain: limits}, store=url)
     cfg = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS, **plugin)
     service = cfg["rate_limit_service"]

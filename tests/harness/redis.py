@@ -47,6 +47,16 @@ class Redis:
         self.process: Process | None = None
         self.start()
 
+    @property
+    def address(self) -> str:
+        """`host:port`, as envoyproxy/ratelimit's REDIS_URL takes it."""
+        return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """`redis://host:port`, as ratelimit-counter's `--store` takes it."""
+        return f"redis://{self.address}"
+
     def start(self) -> None:
         """Start (or restart, on the same port and directory) and wait for PING."""
         if self.process is not None and self.process.alive():

@@ -72,7 +72,7 @@ class RateLimitService:
             "DEBUG_PORT": str(self.debug_port),
             "REDIS_SOCKET_TYPE": "tcp",
             # Without `redis`, extra_env gives REDIS_URL (e.g. a Redis Cluster: tests/cluster.py).
-            **({"REDIS_URL": f"{LOOPBACK}:{self.redis.port}"} if self.redis is not None else {}),
+            **({"REDIS_URL": self.redis.address} if self.redis is not None else {}),
             **RATELIMIT_REDIS_ENV,
             # The debug port's /stats shows only Go expvars; the service's own
             # counters (within_limit, over_limit, ...) reach an HTTP endpoint

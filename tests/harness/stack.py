@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .base import COUNTING_TIMEOUT_MS, LOOPBACK, SERVICES, HarnessError, selected_service, unique
+from .base import COUNTING_TIMEOUT_MS, SERVICES, HarnessError, selected_service, unique
 from .config import Generated, generate
 from .envoy import Envoy, render_envoy_config, render_upstream_config
 from .processes import Process, free_port
@@ -124,7 +124,7 @@ class Stack:
         env = dict(extra_env or {})
         address = env.pop("REDIS_URL", None)
         if address is None and redis is not None:
-            address = f"{LOOPBACK}:{redis.port}"
+            address = redis.address
         if env or log_level or response_headers or address is None:
             raise HarnessError("the counter takes a Redis and the generated team files only: "
                                f"{env}, log_level={log_level}, response_headers={response_headers}")
