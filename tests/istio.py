@@ -36,10 +36,10 @@ import harness
 import ship
 from harness import LOOPBACK, HarnessError, free_port, wait_until
 
-ETCD = harness._tool("TRL_ETCD", ".deps/istio/etcd")
-KUBE_APISERVER = harness._tool("TRL_KUBE_APISERVER", ".deps/istio/kube-apiserver")
-PILOT_DISCOVERY = harness._tool("TRL_PILOT_DISCOVERY", ".deps/istio/pilot-discovery")
-PILOT_AGENT = harness._tool("TRL_PILOT_AGENT", ".deps/istio/pilot-agent")
+ETCD = harness.tool("TRL_ETCD", ".deps/istio/etcd")
+KUBE_APISERVER = harness.tool("TRL_KUBE_APISERVER", ".deps/istio/kube-apiserver")
+PILOT_DISCOVERY = harness.tool("TRL_PILOT_DISCOVERY", ".deps/istio/pilot-discovery")
+PILOT_AGENT = harness.tool("TRL_PILOT_AGENT", ".deps/istio/pilot-agent")
 
 ISTIO_NAMESPACE = "istio-system"
 TRUST_DOMAIN = "cluster.local"

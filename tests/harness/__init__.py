@@ -43,12 +43,13 @@ from .base import (CLI, COUNTER_BIN, COUNTING_TIMEOUT_MS, ENVOY_BIN, ENVOY_TEMPL
                    STARTUP_DEADLINE_S, STATS_FLUSH_S, STOP_DEADLINE_S, TENANT_HEADER,
                    UPSTREAM_TEMPLATE, WASM, HarnessError, StartupError, missing_binaries,
                    selected_service, tool, unique)
-from .config import OUT_MANIFEST, Generated, generate, render_target, run_cli
+from .config import OUT_MANIFEST, Generated, find, generate, render_target, run_cli
 from .envoy import (NATIVE_TEMPLATE, Envoy, bootstrap_access_log, envoy_argv, native_rate_limits,
                     render, render_envoy_config, render_native_envoy_config,
                     render_upstream_config)
 from .headers import RateLimitHeaders, parse_ratelimit_headers
-from .load import Result, percentile, run_concurrent, run_sequential, send, summary, tally
+from .load import (RawResponse, Result, percentile, raw_get, run_concurrent, run_sequential,
+                   send, summary, tally)
 from .metrics import Labels, parse_prometheus, parse_stats, prometheus_series, scrape_prometheus
 from .processes import PortAllocator, Process, free_port, http_ok, wait_until
 from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError
@@ -67,13 +68,13 @@ __all__ = [
     "SERVICES", "STARTUP_DEADLINE_S", "STATS_FLUSH_S", "STOP_DEADLINE_S", "TENANT_HEADER",
     "UNIT_SECONDS", "UPSTREAM_TEMPLATE", "WASM",
     "Envoy", "EnvoysView", "Fleet", "Generated", "HarnessError", "Labels", "PortAllocator",
-    "Process", "RateLimitHeaders", "RateLimitService", "Redis", "RespError", "Result", "Stack",
+    "Process", "RateLimitHeaders", "RawResponse", "RateLimitService", "Redis", "RespError", "Result", "Stack",
     "StartupError",
     "answered_at", "bootstrap_access_log", "counter_key", "ensure_window_room", "envoy_argv",
-    "free_port", "generate", "http_ok", "in_one_second", "missing_binaries", "native_rate_limits",
+    "find", "free_port", "generate", "http_ok", "in_one_second", "missing_binaries", "native_rate_limits",
     "parse_prometheus", "parse_ratelimit_headers", "parse_stats", "percentile",
     "prometheus_series", "redis_key", "render", "render_envoy_config",
-    "render_native_envoy_config", "render_target", "render_upstream_config", "rlconfig_rules",
+    "render_native_envoy_config", "render_target", "render_upstream_config", "raw_get", "rlconfig_rules",
     "run_cli", "run_concurrent", "run_sequential", "scrape_prometheus", "seconds_crossed",
     "selected_service", "send", "summary", "tally", "tool", "unique", "wait_next_second",
     "wait_until", "window_left", "window_start",

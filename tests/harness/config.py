@@ -80,3 +80,15 @@ def render_target(limits: dict, target: str, out_dir: Path, *args: str | Path) -
 
 # What generate and render record of the files they wrote in an output folder.
 OUT_MANIFEST = ".ratelimit-config-written"
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> dict:
+    """The one Kubernetes document of `kind` (named `name`, if given: a
+    generated ConfigMap's name has a hash suffix) among `docs`."""
+    def named(d: dict) -> bool:
+        n = d["metadata"]["name"]
+        return name is None or n == name or (kind == "ConfigMap" and n.rsplit("-", 1)[0] == name)
+    hits = [d for d in docs if d["kind"] == kind and named(d)]
+    if len(hits) != 1:
+        raise AssertionError(f"{kind} {name}: {len(hits)} found")
+    return hits[0]

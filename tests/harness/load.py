@@ -4,11 +4,13 @@ and what came back counted."""
 from __future__ import annotations
 
 import concurrent.futures
+import socket
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, NamedTuple
+from urllib.parse import urlsplit
 
 import requests
 
@@ -93,3 +95,42 @@ def summary(results: list[Result]) -> str:
         lines.append(f"  {label} {'.' * 12} count={len(lat):<5} "
                      f"avg={sum(lat) / len(lat):.2f}ms  p99={percentile(lat, 99):.2f}ms")
     return "\n".join(lines)
+
+
+class RawResponse(NamedTuple):
+    """What raw_get read: the status, and the header lines as they came."""
+
+    status: int
+    lines: list[str]  # `name: value`, decoded as latin-1, in the order sent
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The header lines as {lowercased name: value} (a repeated name: its last value)."""
+        out: dict[str, str] = {}
+        for line in self.lines:
+            name, _, value = line.partition(":")
+            out[name.strip().lower()] = value.strip()
+        return out
+
+
+def raw_get(url: str, tenant_values: Iterable[bytes | str] = (), timeout: float = 10.0) -> RawResponse:
+    """One HTTP/1.1 GET written byte for byte, with the tenant header once per
+    value as it is given (bytes that are not UTF-8, a value repeated, a blank
+    one); the response's status and raw header lines: a client library
+    would already have split an injected line into a header of its own."""
+    u = urlsplit(url)
+    request = b"GET " + (u.path or "/").encode() + b" HTTP/1.1\r\nHost: x\r\n"
+    for v in tenant_values:
+        request += TENANT_HEADER.encode() + b": " + (v.encode() if isinstance(v, str) else v) + b"\r\n"
+    request += b"Connection: close\r\n\r\n"
+    with socket.create_connection((u.hostname, u.port), timeout=timeout) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    status_line, *lines = head.split("\r\n")
+    return RawResponse(int(status_line.split()[1]), lines)

@@ -110,7 +110,8 @@ class Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def _signal_group(self, sig: int) -> None:
+    def signal_group(self, sig: int) -> None:
+        """`sig` to the process's whole group (it is its session's leader)."""
         # Only while the child has not been reaped: its PID (= its process
         # group id, start_new_session) cannot have been reused before that.
         if self.popen.poll() is None:
@@ -119,10 +120,13 @@ class Process:
             except ProcessLookupError:
                 pass
 
+    # The name signal_group had while the harness was one file.
+    _signal_group = signal_group
+
     def kill(self) -> int | None:
         """SIGKILL, as a crash: no shutdown work (a Redis master then hands
         nothing more to its replicas). Waits until it is reaped."""
-        self._signal_group(signal.SIGKILL)
+        self.signal_group(signal.SIGKILL)
         try:
             self.popen.wait(timeout=STOP_DEADLINE_S)
         except subprocess.TimeoutExpired:
@@ -131,21 +135,21 @@ class Process:
 
     def freeze(self) -> None:
         """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers."""
-        self._signal_group(signal.SIGSTOP)
+        self.signal_group(signal.SIGSTOP)
         self.frozen = True
 
     def thaw(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        self.signal_group(signal.SIGCONT)
         self.frozen = False
 
     def stop(self, deadline_s: float = STOP_DEADLINE_S) -> int | None:
         if self.popen.poll() is None:
-            self._signal_group(signal.SIGCONT)  # a stopped process would not act on SIGTERM
-            self._signal_group(signal.SIGTERM)
+            self.signal_group(signal.SIGCONT)  # a stopped process would not act on SIGTERM
+            self.signal_group(signal.SIGTERM)
             try:
                 self.popen.wait(timeout=deadline_s)
             except subprocess.TimeoutExpired:
-                self._signal_group(signal.SIGKILL)
+                self.signal_group(signal.SIGKILL)
                 self.popen.wait(timeout=deadline_s)
         self.frozen = False
         if not self._log.closed:

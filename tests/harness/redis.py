@@ -73,7 +73,7 @@ class Redis:
     def kill(self) -> None:
         """SIGKILL, as the OOM killer or a crash would: no shutdown, no final save."""
         if self.process is not None:
-            self.process._signal_group(signal.SIGKILL)
+            self.process.signal_group(signal.SIGKILL)
             self.process.stop()
 
     def stop(self) -> None:
