@@ -51,7 +51,7 @@ from .headers import RateLimitHeaders, parse_ratelimit_headers
 from .load import (RawResponse, Result, percentile, raw_get, run_concurrent, run_sequential,
                    send, summary, tally)
 from .metrics import Labels, parse_prometheus, parse_stats, prometheus_series, scrape_prometheus
-from .processes import PortAllocator, Process, free_port, http_ok, wait_until
+from .processes import PortAllocator, Process, Supervised, free_port, http_ok, wait_until
 from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError
 from .services import RATELIMIT_REDIS_ENV, RateLimitService, rlconfig_rules
 from .stack import EnvoysView, Fleet, Stack
@@ -69,7 +69,7 @@ __all__ = [
     "UNIT_SECONDS", "UPSTREAM_TEMPLATE", "WASM",
     "Envoy", "EnvoysView", "Fleet", "Generated", "HarnessError", "Labels", "PortAllocator",
     "Process", "RateLimitHeaders", "RawResponse", "RateLimitService", "Redis", "RespError", "Result", "Stack",
-    "StartupError",
+    "StartupError", "Supervised",
     "answered_at", "bootstrap_access_log", "counter_key", "ensure_window_room", "envoy_argv",
     "find", "free_port", "generate", "http_ok", "in_one_second", "missing_binaries", "native_rate_limits",
     "parse_prometheus", "parse_ratelimit_headers", "parse_stats", "percentile",

@@ -167,3 +167,25 @@ class Process:
         state = "running" if self.alive() else f"exited {self.returncode}"
         head = f"----- {self.name} (pid {self.pid}, {state}) {self.log_path} -----"
         return "\n".join([head, *text])
+
+
+class Supervised:
+    """A component the tests start, stop, freeze, thaw and kill through its
+    `process` (None until it starts; a restart replaces it)."""
+
+    process: Process | None = None
+
+    def stop(self) -> int | None:
+        return self.process.stop() if self.process is not None else None
+
+    def freeze(self) -> None:
+        """SIGSTOP: its sockets stay open, nothing answers."""
+        if self.process is not None:
+            self.process.freeze()
+
+    def thaw(self) -> None:
+        if self.process is not None:
+            self.process.thaw()
+
+    def kill(self) -> int | None:
+        return self.process.kill() if self.process is not None else None

@@ -7,7 +7,7 @@ import socket
 from typing import TYPE_CHECKING
 
 from .base import LOOPBACK, REDIS_BIN, HarnessError
-from .processes import Process, free_port, wait_until
+from .processes import Process, Supervised, free_port, wait_until
 
 if TYPE_CHECKING:
     from .stack import Stack
@@ -27,7 +27,7 @@ REDIS_PERSISTENCE_ARGS = ["--appendonly", "yes", "--appendfsync", "everysec", "-
 REDIS_NO_PERSISTENCE_ARGS = ["--appendonly", "no", "--save", ""]
 
 
-class Redis:
+class Redis(Supervised):
     """redis-server on a loopback port, and a minimal RESP client for it.
 
     `persist=True` runs it with the shipped persistence settings
@@ -70,24 +70,13 @@ class Redis:
         )
         wait_until(lambda: self.command("PING") == "PONG", "redis PING", process=self.process)
 
+    # stop(): SIGTERM, Redis's own shutdown (which flushes the AOF when persisting).
+
     def kill(self) -> None:
         """SIGKILL, as the OOM killer or a crash would: no shutdown, no final save."""
         if self.process is not None:
             self.process.signal_group(signal.SIGKILL)
             self.process.stop()
-
-    def stop(self) -> None:
-        """SIGTERM: Redis's own shutdown (which flushes the AOF when persisting)."""
-        if self.process is not None:
-            self.process.stop()
-
-    def freeze(self) -> None:
-        if self.process is not None:
-            self.process.freeze()
-
-    def thaw(self) -> None:
-        if self.process is not None:
-            self.process.thaw()
 
     def command(self, *args: str | int, timeout: float = 2.0):
         commands = [("AUTH", self.password)] if getattr(self, "password", None) else []

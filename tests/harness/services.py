@@ -14,7 +14,7 @@ import requests
 
 from .base import LOOPBACK, RATELIMIT_BIN, STATS_FLUSH_S, HarnessError
 from .metrics import parse_prometheus, parse_stats
-from .processes import Process, free_port, http_ok, wait_until
+from .processes import Process, Supervised, free_port, http_ok, wait_until
 from .redis import Redis
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 RATELIMIT_REDIS_ENV = {"REDIS_TIMEOUT": "1s"}
 
 
-class RateLimitService:
+class RateLimitService(Supervised):
     """envoyproxy/ratelimit (service_cmd), counting in `redis`.
 
     Its config directory holds the ratelimit.yaml files ratelimit-config
@@ -154,17 +154,6 @@ class RateLimitService:
                f'key1="generic_key_per_{unit}",key2="{key2}"}}')
         return int(m.get(key, 0))
 
-    def freeze(self) -> None:
-        assert self.process is not None
-        self.process.freeze()
-
-    def thaw(self) -> None:
-        assert self.process is not None
-        self.process.thaw()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
 
 
 
