@@ -439,7 +439,7 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py tools/*.py
+	$(PY) -m py_compile tests/*.py tests/harness/*.py e2e/*.py bench/*.py tools/*.py
 	$(PY) -m pyflakes tests/*.py tests/harness/*.py e2e/*.py bench/*.py fuzz/*.py tools/*.py
 	$(PY) -m pytest -q -p no:cacheprovider tools/test_check_docs.py
 	$(PY) tools/check_docs.py
