@@ -44,7 +44,7 @@ from .base import (CLI, COUNTER_BIN, COUNTING_TIMEOUT_MS, ENVOY_BIN, ENVOY_TEMPL
                    UPSTREAM_TEMPLATE, WASM, HarnessError, StartupError, missing_binaries,
                    selected_service, tool, unique)
 from .config import OUT_MANIFEST, Generated, find, generate, render_target, run_cli
-from .envoy import (NATIVE_TEMPLATE, Envoy, bootstrap_access_log, envoy_argv, native_rate_limits,
+from .envoy import (NATIVE_TEMPLATE, Envoy, EnvoyPorts, bootstrap_access_log, envoy_argv, native_rate_limits,
                     render, render_envoy_config, render_native_envoy_config,
                     render_upstream_config)
 from .headers import RateLimitHeaders, parse_ratelimit_headers
@@ -67,7 +67,7 @@ __all__ = [
     "REDIS_BIN", "REDIS_NO_PERSISTENCE_ARGS", "REDIS_PERSISTENCE_ARGS", "REPO", "SERVICE",
     "SERVICES", "STARTUP_DEADLINE_S", "STATS_FLUSH_S", "STOP_DEADLINE_S", "TENANT_HEADER",
     "UNIT_SECONDS", "UPSTREAM_TEMPLATE", "WASM",
-    "Envoy", "EnvoysView", "Fleet", "Generated", "HarnessError", "Labels", "PortAllocator",
+    "Envoy", "EnvoyPorts", "EnvoysView", "Fleet", "Generated", "HarnessError", "Labels", "PortAllocator",
     "Process", "RateLimitHeaders", "RawResponse", "RateLimitService", "Redis", "RespError", "Result", "Stack",
     "StartupError", "Supervised",
     "answered_at", "bootstrap_access_log", "counter_key", "ensure_window_room", "envoy_argv",

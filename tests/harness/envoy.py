@@ -93,7 +93,22 @@ def envoy_argv(config_path: Path, concurrency: int, extra: Iterable[str] = ()) -
             "--disable-hot-restart", "--log-level", "info", *extra]
 
 
-class Envoy:
+class EnvoyPorts:
+    """An Envoy's addresses on loopback: its listener's and its admin's."""
+
+    listen_port: int
+    admin_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.listen_port}/"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.admin_port}"
+
+
+class Envoy(EnvoyPorts):
     """One Envoy process; `ready` means admin /ready answered 200."""
 
     def __init__(self, stack: "Stack", name: str, config_text: str, listen_port: int,
@@ -107,14 +122,6 @@ class Envoy:
         self.process = stack.spawn(name, envoy_argv(self.config_path, concurrency, extra_args))
         if wait:
             self.wait_ready()
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.listen_port}/"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.admin_port}"
 
     def is_ready(self) -> bool:
         return http_ok(f"{self.admin_url}/ready", timeout=0.5)
