@@ -79,7 +79,7 @@ WASM_BINDGEN_VERSION  := $(shell sed -n '/^name = "wasm-bindgen"$$/{n;s/^version
 WASM_BINDGEN_ROOT     := $(DEPS)/cargo
 WASM_BINDGEN_RUNNER   := $(WASM_BINDGEN_ROOT)/bin/wasm-bindgen-test-runner
 
-# Where tests/ and e2e/ find their binaries (tests/harness.py reads these).
+# Where tests/ and e2e/ find their binaries (tests/harness/base.py reads these).
 export TRL_ENVOY        := $(BIN)/envoy
 export TRL_RATELIMIT    := $(BIN)/ratelimit
 export TRL_REDIS        := $(BIN)/redis-server
@@ -452,8 +452,8 @@ lint: deps-rust deps-python
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p tenant-ratelimit --target $(WASM_TARGET) -- -D warnings
-	$(PY) -m py_compile tests/*.py e2e/*.py bench/*.py tools/*.py
-	$(PY) -m pyflakes tests/*.py e2e/*.py bench/*.py fuzz/*.py tools/*.py
+	$(PY) -m py_compile tests/*.py tests/harness/*.py e2e/*.py bench/*.py tools/*.py
+	$(PY) -m pyflakes tests/*.py tests/harness/*.py e2e/*.py bench/*.py fuzz/*.py tools/*.py
 	$(PY) -m pytest -q -p no:cacheprovider tools/test_check_docs.py
 	$(PY) tools/check_docs.py
 

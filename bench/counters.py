@@ -56,7 +56,7 @@ def start_counter(stack: h.Stack, domain: str, limits: dict, store: str, name: s
 
 
 def redis_store(redis: h.Redis) -> str:
-    return f"redis://{h.LOOPBACK}:{redis.port}"
+    return redis.url
 
 
 def generate_for_counter(stack: h.Stack, limits: dict, domain: str,

@@ -2,7 +2,7 @@
 """The seed's test, live on loopback: "Exactly 100, not 101".
 
 Starts Redis, the envoyproxy/ratelimit service, an upstream and two Envoys with
-the tenant-ratelimit filter sharing that service (tests/harness.py does the
+the tenant-ratelimit filter sharing that service (tests/harness/ does the
 starting, readiness polling and stopping), generates the configs from
 e2e/limits.json with ratelimit-config, then sends 1,000 sequential requests for
 one tenant (quota 100/hour), alternating between the two Envoys, and prints a

@@ -1,4 +1,4 @@
-"""Scaled-out topologies on loopback, built on tests/harness.py:
+"""Scaled-out topologies on loopback, built on tests/harness/:
 
   - a Redis Cluster of Debian's redis-server (3 masters, a replica each),
     created with `redis-cli --cluster create`;

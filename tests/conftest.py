@@ -1,4 +1,4 @@
-"""pytest wiring for tests/harness.py: one Stack per test, always closed, and
+"""pytest wiring for tests/harness/: one Stack per test, always closed, and
 the tail of every process log attached to a failing test's report."""
 
 from __future__ import annotations

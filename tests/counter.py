@@ -19,7 +19,7 @@ from harness import LOOPBACK, HarnessError, free_port, wait_until
 COUNTER_BIN = harness.COUNTER_BIN
 
 
-class Counter:
+class Counter(harness.Supervised):
     """One ratelimit-counter process. `teams`: {domain: team JSON}, written
     as <dir>/<domain>.json (the directory a mounted ConfigMap gives).
     `store`: memory, redis://..., redis-cluster://host:port,...
@@ -98,22 +98,6 @@ class Counter:
         """e.g. group_total("admitted", domain): trl_counter_admitted_total of a group."""
         key = f'trl_counter_{name}_total{{domain="{domain}",group="{group}"}}'
         return int(self.metrics().get(key, 0))
-
-    def stop(self) -> int | None:
-        return self.process.stop() if self.process is not None else None
-
-    def freeze(self) -> None:
-        """SIGSTOP: its sockets stay open, nothing answers."""
-        if self.process is not None:
-            self.process.freeze()
-
-    def thaw(self) -> None:
-        if self.process is not None:
-            self.process.thaw()
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
 
 
 def native_envoy(stack: harness.Stack, gen: harness.Generated, rls_port: int,

@@ -43,7 +43,7 @@ import yaml
 import harness
 import ship
 
-EG_BIN = harness._tool("TRL_ENVOY_GATEWAY", ".deps/gobin/envoy-gateway")
+EG_BIN = harness.tool("TRL_ENVOY_GATEWAY", ".deps/gobin/envoy-gateway")
 FIXTURES = Path(__file__).resolve().parent / "envoy-gateway"
 CONTROLLER_NAME = "gateway.envoyproxy.io/gatewayclass-controller"
 # ENVOY_GATEWAY_NAMESPACE, unset: where Envoy Gateway looks for its own Secret.
@@ -87,13 +87,6 @@ def render(limits: Path, out: Path, *, image: str, sha256: str | None,
     harness.run_cli(*args)
     return [d for name in ("envoyproxy.yaml", "envoyextensionpolicy.yaml")
             for d in yaml.safe_load_all((out / name).read_text()) if d]
-
-
-def find(docs: list[dict], kind: str) -> dict:
-    hits = [d for d in docs if d["kind"] == kind]
-    if len(hits) != 1:
-        raise harness.HarnessError(f"{len(hits)} {kind} documents, expected 1")
-    return hits[0]
 
 
 def port_is_free(port: int) -> bool:

@@ -33,20 +33,21 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _field(num: int, payload: bytes) -> bytes:
+def encode_field(num: int, payload: bytes) -> bytes:
+    """Field `num` of a message, length-delimited (a string, bytes or a message)."""
     return _varint(num << 3 | 2) + _varint(len(payload)) + payload
 
 
 def request_bytes(domain: str, descriptors: list, hits_addend: int = 0) -> bytes:
     """descriptors: [[(key, value), ...], ...], or ([(key, value), ...], hits) pairs."""
-    out = _field(1, domain.encode())
+    out = encode_field(1, domain.encode())
     for d in descriptors:
         entries, hits = (d if isinstance(d, tuple) else (d, None))
-        body = b"".join(_field(1, _field(1, k.encode()) + _field(2, v.encode()))
+        body = b"".join(encode_field(1, encode_field(1, k.encode()) + encode_field(2, v.encode()))
                         for k, v in entries)
         if hits is not None:
-            body += _field(3, _varint(1 << 3) + _varint(hits))
-        out += _field(2, body)
+            body += encode_field(3, _varint(1 << 3) + _varint(hits))
+        out += encode_field(2, body)
     if hits_addend:
         out += _varint(3 << 3) + _varint(hits_addend)
     return out
@@ -63,7 +64,8 @@ def _read_varint(data: bytes, i: int) -> tuple[int, int]:
             return n, i
 
 
-def _fields(data: bytes):
+def decode_fields(data: bytes):
+    """A message's fields, in order, as (field number, value) pairs."""
     i = 0
     while i < len(data):
         key, i = _read_varint(data, i)
@@ -82,16 +84,16 @@ def _fields(data: bytes):
 def decode_response(data: bytes) -> dict:
     """{"overall_code": int, "statuses": [{"code", "limit", "remaining"}, ...]}"""
     out = {"overall_code": 0, "statuses": []}
-    for num, v in _fields(data):
+    for num, v in decode_fields(data):
         if num == 1:
             out["overall_code"] = v
         elif num == 2:
             s = {"code": 0, "limit": None, "remaining": 0}
-            for n2, v2 in _fields(v):
+            for n2, v2 in decode_fields(v):
                 if n2 == 1:
                     s["code"] = v2
                 elif n2 == 2:
-                    s["limit"] = dict((n3, v3) for n3, v3 in _fields(v2)).get(1, 0)
+                    s["limit"] = dict((n3, v3) for n3, v3 in decode_fields(v2)).get(1, 0)
                 elif n2 == 3:
                     s["remaining"] = v2
             out["statuses"].append(s)

@@ -36,10 +36,10 @@ import harness
 import ship
 from harness import LOOPBACK, HarnessError, free_port, wait_until
 
-ETCD = harness._tool("TRL_ETCD", ".deps/istio/etcd")
-KUBE_APISERVER = harness._tool("TRL_KUBE_APISERVER", ".deps/istio/kube-apiserver")
-PILOT_DISCOVERY = harness._tool("TRL_PILOT_DISCOVERY", ".deps/istio/pilot-discovery")
-PILOT_AGENT = harness._tool("TRL_PILOT_AGENT", ".deps/istio/pilot-agent")
+ETCD = harness.tool("TRL_ETCD", ".deps/istio/etcd")
+KUBE_APISERVER = harness.tool("TRL_KUBE_APISERVER", ".deps/istio/kube-apiserver")
+PILOT_DISCOVERY = harness.tool("TRL_PILOT_DISCOVERY", ".deps/istio/pilot-discovery")
+PILOT_AGENT = harness.tool("TRL_PILOT_AGENT", ".deps/istio/pilot-agent")
 
 ISTIO_NAMESPACE = "istio-system"
 TRUST_DOMAIN = "cluster.local"
@@ -281,7 +281,7 @@ class ControlPlane:
                             timeout=10).text
 
 
-class Workload:
+class Workload(harness.EnvoyPorts):
     """One mesh workload outside a cluster, the way a VM joins: its
     WorkloadEntry, a TokenRequest token and the namespace's root certificate
     in the agent's working directory, and `pilot-agent proxy sidecar`
@@ -389,14 +389,6 @@ class Workload:
         ], env=env, cwd=self.dir)
         if wait:
             self.wait_listening()
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.listen_port}/"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.admin_port}"
 
     def listeners(self) -> list[str]:
         r = requests.get(f"{self.admin_url}/listeners", params={"format": "json"}, timeout=2)

@@ -25,39 +25,16 @@ import h2.config
 import h2.connection
 import h2.events
 
+from grpc_rls import decode_fields
 from harness import LOOPBACK
 
 # RateLimitResponse.overall_code = OK (1); a DescriptorStatus with code OK.
 OK_CODE = b"\x08\x01"
 
 
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = data[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return value, i
-
-
 def count_descriptors(message: bytes) -> int:
     """How many `descriptors` (field 2) a RateLimitRequest holds."""
-    n = i = 0
-    while i < len(message):
-        key, i = _varint(message, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            _, i = _varint(message, i)
-        elif wire == 2:
-            size, i = _varint(message, i)
-            i += size
-            if field == 2:
-                n += 1
-        else:
-            raise ValueError(f"wire type {wire}")
-    return n
+    return sum(1 for num, v in decode_fields(message) if num == 2 and isinstance(v, bytes))
 
 
 def response(descriptors: int, statuses: bool) -> bytes:

@@ -18,10 +18,10 @@ import harness
 REPO = harness.REPO
 GOBIN = REPO / ".deps" / "gobin"
 
-CRANE = harness._tool("TRL_CRANE", ".deps/gobin/crane")
-KUSTOMIZE = harness._tool("TRL_KUSTOMIZE", ".deps/gobin/kustomize")
-OCI_WASM = harness._tool("TRL_OCI_WASM", ".deps/gobin/oci-wasm")
-WASM_FETCH = harness._tool("TRL_WASM_FETCH", ".deps/gobin/wasm-fetch")
+CRANE = harness.tool("TRL_CRANE", ".deps/gobin/crane")
+KUSTOMIZE = harness.tool("TRL_KUSTOMIZE", ".deps/gobin/kustomize")
+OCI_WASM = harness.tool("TRL_OCI_WASM", ".deps/gobin/oci-wasm")
+WASM_FETCH = harness.tool("TRL_WASM_FETCH", ".deps/gobin/wasm-fetch")
 
 # The same pins as the Makefile's (it exports them; these are for a bare pytest run).
 ISTIO_MODULE = os.environ.get("TRL_ISTIO_MODULE", "istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad")
@@ -101,7 +101,7 @@ class FileServer:
     """A loopback HTTP server handing out one directory (Envoy's `remote` code source)."""
 
     def __init__(self, directory: Path):
-        handler = lambda *a, **kw: _QuietHandler(*a, directory=str(directory), **kw)  # noqa: E731
+        handler = lambda *a, **kw: QuietHandler(*a, directory=str(directory), **kw)  # noqa: E731
         self.server = http.server.ThreadingHTTPServer((harness.LOOPBACK, 0), handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -113,8 +113,8 @@ class FileServer:
         self.thread.join(timeout=5)
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
     requests_seen: list[str] = []
 
     def log_message(self, fmt, *args):  # keep pytest's output clean
-        _QuietHandler.requests_seen.append(self.path)
+        QuietHandler.requests_seen.append(self.path)

@@ -13,7 +13,7 @@ import yaml
 import harness
 from harness import ensure_window_room, run_sequential, tally, unique, wait_until
 
-PROMTOOL = harness._tool("TRL_PROMTOOL", ".deps/prometheus/usr/bin/promtool")
+PROMTOOL = harness.tool("TRL_PROMTOOL", ".deps/prometheus/usr/bin/promtool")
 RULES_DIR = harness.REPO / "deploy" / "prometheus"
 RULES = RULES_DIR / "alerts.yml"
 RULE_TESTS = RULES_DIR / "alerts.test.yml"

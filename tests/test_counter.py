@@ -4,7 +4,6 @@ team file, sliding and calendar windows on a clock the test moves."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter as Tally
 from datetime import datetime, timezone
@@ -21,18 +20,6 @@ LIMITS = {"x-tenant-id": {"default": {"perminute": 300, "perhour": 100000}}}
 MINUTE_ROOM_S = 25
 
 
-def _gen_cli(stack, limits, service):
-    """`ratelimit-config generate --service <service>` into the stack's dir."""
-    domain = unique("internal-api")
-    out = stack.workdir / "generated" / domain
-    out.mkdir(parents=True, exist_ok=True)
-    team = out / "limits.json"
-    team.write_text(json.dumps(limits))
-    harness.run_cli("generate", team, "--domain", domain, "--out", out, "--service", service)
-    return harness.Generated(limits, domain, out, out / "ratelimit.yaml",
-                             out / "plugin-config.json")
-
-
 def _admitted(results) -> int:
     return sum(1 for r in results if r.status == 200)
 
@@ -42,7 +29,7 @@ def _trl_keys(redis) -> dict[str, int]:
 
 
 def test_memory_store_admits_exactly_the_limit(stack):
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     counter = Counter(stack, {gen.domain: LIMITS}, store="memory")
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
@@ -58,9 +45,9 @@ def test_memory_store_admits_exactly_the_limit(stack):
 
 
 def test_two_counters_on_one_redis_hold_exactly_what_was_admitted(stack):
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     redis = stack.redis()
-    url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    url = redis.url
     counters = [Counter(stack, {gen.domain: LIMITS}, store=url, name=f"counter-{i}")
                 for i in range(2)]
     upstream = stack.upstream()
@@ -79,7 +66,7 @@ def test_two_counters_on_one_redis_hold_exactly_what_was_admitted(stack):
 
 def test_a_bad_team_file_keeps_the_last_good_one(stack):
     limits = {"x-tenant-id": {"default": {"perminute": 3}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     counter = Counter(stack, {gen.domain: limits}, store="memory")
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
@@ -106,7 +93,7 @@ def _at(counter: Counter, instant_ms: int) -> None:
 
 def test_calendar_months_and_weeks_turn_on_the_calendar(stack):
     limits = {"x-tenant-id": {"default": {"permonth": 2, "perweek": 100}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     counter = Counter(stack, {gen.domain: limits}, store="memory")
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
@@ -145,7 +132,7 @@ def test_a_sliding_window_stops_the_boundary_burst(stack):
     limit = 20
     limits = {"x-tenant-id": {"default": {"perminute": limit, "window": "sliding"}}}
     fixed = {"x-tenant-id": {"default": {"perminute": limit}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     counter = Counter(stack, {gen.domain: limits}, store="memory")
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
@@ -200,7 +187,7 @@ def test_a_sliding_window_admits_the_limit_in_any_minute_to_a_steady_sender(stac
     url = "memory"
     if store == "redis":
         redis = stack.redis()
-        url = f"redis://{harness.LOOPBACK}:{redis.port}"
+        url = redis.url
     counter = Counter(stack, {"d": limits}, store=url, store_timeout_ms=1000)
     minute = 60_000
     base = (int(time.time() * 1000) // minute + 10) * minute  # a minute boundary, later

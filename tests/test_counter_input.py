@@ -8,7 +8,7 @@ import pytest
 
 from counter import Counter
 from grpc_rls import call, request_bytes
-from harness import LOOPBACK, ensure_window_room, unique
+from harness import ensure_window_room, unique
 
 OK, OVER = 1, 2
 LIMITS = {"x-tenant-id": {"default": {"perminute": 3},
@@ -25,7 +25,7 @@ def counter_on(stack, store: str):
     own, returned too), with room left in the current minute."""
     redis = stack.redis() if store == "redis" else None
     counter = Counter(stack, {"d": LIMITS},
-                      store=f"redis://{LOOPBACK}:{redis.port}" if redis else "memory")
+                      store=redis.url if redis else "memory")
     ensure_window_room(60, 15)
     return redis, counter
 

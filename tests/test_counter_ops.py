@@ -20,7 +20,7 @@ import harness
 from cluster import RedisCluster
 from counter import Counter
 from delayproxy import DelayProxy
-from grpc_rls import TIMEOUT_S, _field, _fields, call, request_bytes, unary
+from grpc_rls import TIMEOUT_S, call, decode_fields, encode_field, request_bytes, unary
 from harness import LOOPBACK, ensure_window_room, unique, wait_until
 
 OK, OVER = 1, 2
@@ -37,11 +37,11 @@ def hour(tenant: str) -> list[tuple[str, str]]:
 
 
 def _health_request(service: str) -> bytes:
-    return _field(1, service.encode()) if service else b""
+    return encode_field(1, service.encode()) if service else b""
 
 
 def _health_status(message: bytes) -> int:
-    return dict(_fields(message)).get(1, 0)
+    return dict(decode_fields(message)).get(1, 0)
 
 
 def health_check(port: int, service: str) -> tuple[int, int | None]:
@@ -148,7 +148,7 @@ def test_grpc_health_serves_then_turns_not_serving_on_sigterm(stack):
     watches = {name: HealthWatch(port, name) for name in ("", RLS)}
     for w in watches.values():
         assert w.next() == SERVING
-    counter.process._signal_group(signal.SIGTERM)
+    counter.process.signal_group(signal.SIGTERM)
     for name, w in watches.items():
         assert w.next() == NOT_SERVING, name
         assert w.next() is None, name
@@ -204,7 +204,7 @@ def test_redis_auth_counts_exactly_and_a_wrong_password_says_why(stack):
     limit = 5
     team = {"d": {"x-tenant-id": {"default": {"perhour": limit}}}}
     redis = stack.redis(password=PASSWORD)
-    url = f"redis://{LOOPBACK}:{redis.port}"
+    url = redis.url
     counter = Counter(stack, team, store=url, env={"REDIS_AUTH": PASSWORD},
                       store_timeout_ms=1000)
     ensure_window_room(3600, 20)
@@ -309,7 +309,7 @@ def test_a_counter_started_before_redis_is_ready_once_redis_answers(stack):
     redis = stack.redis()
     redis.stop()
     team = {"d": {"x-tenant-id": {"default": {"perhour": 5}}}}
-    counter = Counter(stack, team, store=f"redis://{LOOPBACK}:{redis.port}", wait_ready=False)
+    counter = Counter(stack, team, store=redis.url, wait_ready=False)
     wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
                "the counter tells why it is not ready", process=counter.process)
     assert counter.readyz() == 503

@@ -9,11 +9,11 @@ import harness
 from cluster import RedisCluster
 from counter import Counter, native_envoy
 from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique
-from test_counter import LIMITS, MINUTE_ROOM_S, _gen_cli
+from test_counter import LIMITS, MINUTE_ROOM_S
 
 
 def test_three_envoys_two_counters_a_cluster_admit_exactly_300(stack):
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     cluster = RedisCluster.start(stack)
     url = "redis-cluster://" + cluster.url
     counters = [Counter(stack, {gen.domain: LIMITS}, store=url, name=f"counter-{i}")
@@ -42,10 +42,10 @@ def _store_errors(counter: Counter) -> float:
 
 def test_redis_killed_then_restarted(stack):
     limits = {"x-tenant-id": {"default": {"perminute": 5}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     redis = stack.redis()
     counter = Counter(stack, {gen.domain: limits},
-                      store=f"redis://{harness.LOOPBACK}:{redis.port}", store_timeout_ms=100)
+                      store=redis.url, store_timeout_ms=100)
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
     ensure_window_room(60, MINUTE_ROOM_S)
@@ -80,10 +80,10 @@ def test_redis_killed_then_restarted(stack):
 
 def test_a_frozen_redis_fails_calls_within_the_deadline(stack):
     limits = {"x-tenant-id": {"default": {"perminute": 5}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     redis = stack.redis()
     counter = Counter(stack, {gen.domain: limits},
-                      store=f"redis://{harness.LOOPBACK}:{redis.port}", store_timeout_ms=100)
+                      store=redis.url, store_timeout_ms=100)
     upstream = stack.upstream()
     envoy = native_envoy(stack, gen, counter.grpc_port, upstream)
     redis.freeze()
@@ -100,9 +100,9 @@ def test_a_frozen_redis_fails_calls_within_the_deadline(stack):
 
 def test_a_counter_replica_restarted_keeps_the_count(stack):
     limits = {"x-tenant-id": {"default": {"perminute": 10}}}
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     redis = stack.redis()
-    url = f"redis://{harness.LOOPBACK}:{redis.port}"
+    url = redis.url
     counters = [Counter(stack, {gen.domain: limits}, store=url, name=f"counter-{i}")
                 for i in range(2)]
     upstream = stack.upstream()

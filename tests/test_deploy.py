@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import harness
 import ship
-from harness import ensure_window_room, run_sequential, tally, unique
+from harness import ensure_window_room, find, run_sequential, tally, unique
 
 DEPLOY = harness.REPO / "deploy"
 VARIANTS = ("istio", "envoy-gateway", "envoy")
@@ -44,16 +44,6 @@ def build(directory: Path) -> list[dict]:
 def rendered() -> dict[str, list[dict]]:
     """Each target of deploy/, as committed, through kustomize."""
     return {variant: build(DEPLOY / variant) for variant in VARIANTS}
-
-
-def find(docs: list[dict], kind: str, name: str | None = None) -> dict:
-    """The one `kind` named `name` (a generated ConfigMap's name has a hash suffix)."""
-    def named(d: dict) -> bool:
-        n = d["metadata"]["name"]
-        return name is None or n == name or (kind == "ConfigMap" and n.rsplit("-", 1)[0] == name)
-    hits = [d for d in docs if d["kind"] == kind and named(d)]
-    assert len(hits) == 1, f"{kind} {name}: {len(hits)} found"
-    return hits[0]
 
 
 def render_example(tmp_path: Path, target: str, *args: str) -> Path:

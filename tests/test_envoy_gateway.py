@@ -56,7 +56,7 @@ class Deployment:
         upstream = stack.upstream()
 
         docs = gateway.fixture("gateway.yaml")
-        gw, route = gateway.find(docs, "Gateway"), gateway.find(docs, "HTTPRoute")
+        gw, route = harness.find(docs, "Gateway"), harness.find(docs, "HTTPRoute")
         self.listen_port = harness.free_port()
         gw["spec"]["listeners"][0]["port"] = self.listen_port
         # No Kubernetes Service here: the route's upstream is a Backend on loopback.
@@ -69,7 +69,7 @@ class Deployment:
                                   image=image_ref,
                                   sha256=sha256 if sha256 and ":" not in sha256 else None,
                                   fail_strategy="open" if fail_open else "closed")
-        policy = gateway.find(rendered, "EnvoyExtensionPolicy")
+        policy = harness.find(rendered, "EnvoyExtensionPolicy")
         wasm = policy["spec"]["wasm"][0]
         assert wasm["failOpen"] is fail_open
         assert wasm["code"]["image"]["url"] == image_ref
@@ -80,7 +80,7 @@ class Deployment:
         cluster = self.cluster = wasm["config"]["rate_limit_service"]["cluster"]
         admin_port = harness.free_port()
         proxy = gateway.proxy_bootstrap_for_tests(
-            gateway.find(rendered, "EnvoyProxy"), cluster=cluster,
+            harness.find(rendered, "EnvoyProxy"), cluster=cluster,
             admin_port=admin_port, rls_port=self.rls.grpc_port, version=gateway.envoy_version())
         # The rendered plugin configuration with this test's domain and
         # timeout (the service here loads the rules of stack.generate); its

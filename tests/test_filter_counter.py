@@ -21,7 +21,6 @@ import expect
 import harness
 from counter import Counter
 from harness import ensure_window_room, run_concurrent, run_sequential, send, tally, unique
-from test_counter import _gen_cli
 
 # A run must land in one minute window (and one hour).
 MINUTE_ROOM_S = 40
@@ -34,9 +33,9 @@ def counter_envoys(stack, limits: dict, envoys: int = 2, store: str = "redis",
     its own Redis, or in memory); `plugin`: top-level keys of the plugin
     configuration. Batched, one call under way per worker (the default),
     so that a worker's waiting requests share its next call."""
-    gen = _gen_cli(stack, limits, "counter")
+    gen = stack.generate(limits, service="counter")
     redis = stack.redis() if store == "redis" else None
-    url = f"redis://{harness.LOOPBACK}:{redis.port}" if redis else "memory"
+    url = redis.url if redis else "memory"
     counter = Counter(stack, {gen.domain: limits}, store=url)
     cfg = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS, **plugin)
     service = cfg["rate_limit_service"]

@@ -11,12 +11,10 @@ already have split an injected line into a header of its own.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 import harness
-from harness import LOOPBACK, ensure_window_room, unique
+from harness import ensure_window_room, raw_get, unique
 
 LIMITS = {"x-tenant-id": {"default": {"perminute": 2}}}
 # YAML double-quoted escapes: a real CR LF, quotes and a backslash.
@@ -40,22 +38,6 @@ descriptors:
 """
 
 
-def raw_get(port: int, tenant: str) -> tuple[int, list[str]]:
-    """One HTTP/1.1 GET; the status and the raw header lines of the response."""
-    with socket.create_connection((LOOPBACK, port), timeout=10) as s:
-        s.sendall(f"GET / HTTP/1.1\r\nHost: x\r\nx-tenant-id: {tenant}\r\n"
-                  "Connection: close\r\n\r\n".encode())
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
-    status_line, *lines = head.split("\r\n")
-    return int(status_line.split()[1]), lines
-
-
 def test_a_hostile_rule_name_never_makes_a_header_of_its_own(stack):
     if stack.service == "counter":
         pytest.skip("a rule name written in envoyproxy/ratelimit's YAML: the counter reads "
@@ -73,7 +55,7 @@ def test_a_hostile_rule_name_never_makes_a_header_of_its_own(stack):
 
     ensure_window_room(60, 15)
     tenant = unique("tenant")
-    answers = [raw_get(envoy.listen_port, tenant) for _ in range(4)]
+    answers = [raw_get(envoy.url, [tenant]) for _ in range(4)]
     assert [status for status, _ in answers] == [200, 200, 429, 429], answers
     c = envoy.filter_counters()
     assert (c.get("allowed"), c.get("over_limit"), c.get("cached_over_limit")) == (2, 1, 1), c

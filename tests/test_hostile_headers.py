@@ -15,42 +15,25 @@ on raw HTTP/1.1 and on HTTP/2.
 
 from __future__ import annotations
 
-import http.client
 from collections import Counter
-from urllib.parse import urlsplit
 
 import h2c
 import harness
-from harness import ensure_window_room, tally, unique
+from harness import ensure_window_room, raw_get, tally, unique
 
 LIMIT = 3
 LIMITS = {"x-tenant-id": {"default": {"perhour": LIMIT}}}
 MAX_TENANT_LENGTH = 128  # the default, which generate writes
 
 
-def raw_get(url: str, tenant_values: list[bytes]) -> tuple[int, dict[str, str]]:
-    """GET with the tenant header sent once per value, bytes as they are."""
-    u = urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
-    try:
-        conn.putrequest("GET", "/")
-        for v in tenant_values:
-            conn.putheader(harness.TENANT_HEADER, v)
-        conn.endheaders()
-        r = conn.getresponse()
-        r.read()
-        return r.status, {k.lower(): v for k, v in r.getheaders()}
-    finally:
-        conn.close()
-
-
 def statuses(url: str, values: list[bytes], n: int) -> list[int]:
-    return [raw_get(url, values)[0] for _ in range(n)]
+    return [raw_get(url, values).status for _ in range(n)]
 
 
 def assert_vm_alive(fleet: harness.Fleet) -> None:
     """The filter still answers: a fresh tenant is admitted with its headers."""
-    status, headers = raw_get(fleet.urls[0], [unique("tenant").encode()])
+    r = raw_get(fleet.urls[0], [unique("tenant").encode()])
+    status, headers = r.status, r.headers
     assert status == 200 and headers.get("x-ratelimit-limit") == f"{LIMIT}, {LIMIT};w=3600", headers
 
 
@@ -72,7 +55,8 @@ def test_hostile_tenant_values_are_limited_and_never_crash_the_vm(stack):
     keys_before = set(fleet.redis.keys(f"{fleet.domain}_*"))
     huge = unique("huge").encode() + b"x" * 16_384
     for _ in range(LIMIT + 1):
-        status, headers = raw_get(url, [huge])
+        r = raw_get(url, [huge])
+        status, headers = r.status, r.headers
         assert status == 431, (status, headers)
     # One byte over the cap, and not UTF-8 (its lossy form would be longer
     # still): the same.

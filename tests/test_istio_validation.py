@@ -19,7 +19,7 @@ import yaml
 import harness
 import ship
 
-ISTIO_VALIDATE = harness._tool("TRL_ISTIO_VALIDATE", ".deps/gobin/istio-validate")
+ISTIO_VALIDATE = harness.tool("TRL_ISTIO_VALIDATE", ".deps/gobin/istio-validate")
 SHIPPED = harness.REPO / "deploy" / "istio" / "wasmplugin.yaml"
 HEX = "0123456789abcdef" * 4
 

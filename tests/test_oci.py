@@ -190,7 +190,7 @@ def test_envoy_runs_the_pulled_module_from_http_uri_with_sha256_and_it_limits(st
         upstream = stack.upstream()
         sha = ship.sha256_hex(pulled.read_bytes())
         envoy = remote_envoy(stack, gen, rls, upstream, server, pulled, sha, "envoy-remote")
-        assert f"/{pulled.name}" in ship._QuietHandler.requests_seen
+        assert f"/{pulled.name}" in ship.QuietHandler.requests_seen
 
         tenant = unique("tenant-a")
         ensure_window_room(3600, 60)

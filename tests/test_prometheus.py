@@ -21,7 +21,7 @@ import yaml
 import harness
 from harness import LOOPBACK, ensure_window_room, run_sequential, tally, unique, wait_until
 
-PROMETHEUS = harness._tool("TRL_PROMETHEUS", ".deps/prometheus/usr/bin/prometheus")
+PROMETHEUS = harness.tool("TRL_PROMETHEUS", ".deps/prometheus/usr/bin/prometheus")
 RULES = harness.REPO / "deploy" / "prometheus" / "alerts.yml"
 DASHBOARD = harness.REPO / "deploy" / "grafana" / "tenant-ratelimit.json"
 SERIES_DEADLINE_S = 60.0

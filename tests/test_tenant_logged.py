@@ -3,7 +3,7 @@
 With `tenant_source` set to a verified claim (Envoy's jwt_authn puts the
 token's payload in the dynamic metadata), every request here also sends a
 tenant header naming someone else, a victim. The access log (the project's
-bootstrap's, tests/harness.py bootstrap_access_log) and the filter's own log
+bootstrap's, tests/harness/envoy.py bootstrap_access_log) and the filter's own log
 lines must name the claim's tenant, never the header's, for every kind of
 refusal (the service, the over-limit cache, the bucket), for every decision
 taken while the service is down (`on_failure` "allow", "deny", "local"),
