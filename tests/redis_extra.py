@@ -143,6 +143,11 @@ class TlsRedis:
         self.process = stack.spawn("redis-tls", argv)
         wait_until(lambda: self._answers(), "TLS redis PING", process=self.process)
 
+    def url(self, user: str | None = None, password: str | None = None) -> str:
+        """The counter's `--store` for this server, with credentials if given."""
+        auth = f"{user}:{password}@" if user is not None else ""
+        return f"rediss://{auth}{LOOPBACK}:{self.port}"
+
     def tls_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.certs.ca))
         ctx.load_cert_chain(str(self.certs.client_cert), str(self.certs.client_key))

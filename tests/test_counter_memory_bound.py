@@ -9,13 +9,12 @@ from collections import Counter as Tally
 import harness
 from counter import Counter, native_envoy
 from harness import ensure_window_room, run_sequential, tally, unique
-from test_counter import _gen_cli
 
 LIMITS = {"x-tenant-id": {"default": {"perhour": 5}}}
 
 
 def test_a_full_memory_store_refuses_new_keys_counted_and_counts_the_rest(stack):
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     counter = Counter(stack, {gen.domain: LIMITS}, store="memory",
                       extra_args=["--memory-max-keys", "3"])
     envoy = native_envoy(stack, gen, counter.grpc_port, stack.upstream())

@@ -11,10 +11,9 @@ import requests
 
 import harness
 from counter import COUNTER_BIN, Counter, native_envoy
-from harness import (COUNTING_TIMEOUT_MS, LOOPBACK, ensure_window_room, run_concurrent,
+from harness import (COUNTING_TIMEOUT_MS, ensure_window_room, run_concurrent,
                      run_sequential, tally, unique, wait_until)
 from redis_extra import TlsRedis, make_certs
-from test_counter import _gen_cli
 
 LIMITS = {"x-tenant-id": {"default": {"perhour": 100}}}
 PASSWORD = "s3cret-Pa55word-never-shown"
@@ -36,8 +35,8 @@ def _everything_it_shows(counter: Counter) -> str:
 def test_tls_redis_with_an_acl_user_counts_exactly_through_two_envoys(stack):
     certs = make_certs(stack.workdir / "tls")
     redis = TlsRedis(stack, certs, users={"rl": PASSWORD})
-    gen = _gen_cli(stack, LIMITS, "counter")
-    counter = _counter(stack, gen, f"rediss://{LOOPBACK}:{redis.port}",
+    gen = stack.generate(LIMITS, service="counter")
+    counter = _counter(stack, gen, redis.url(),
                        "--redis-ca", certs.ca, env={"REDIS_AUTH": f"rl:{PASSWORD}"})
     upstream = stack.upstream()
     envoys = [native_envoy(stack, gen, counter.grpc_port, upstream, name=f"envoy-{i}")
@@ -53,8 +52,8 @@ def test_tls_redis_with_an_acl_user_counts_exactly_through_two_envoys(stack):
 def test_mutual_tls_to_redis_needs_the_client_certificate(stack):
     certs = make_certs(stack.workdir / "tls")
     redis = TlsRedis(stack, certs, auth_clients="yes")
-    gen = _gen_cli(stack, LIMITS, "counter")
-    store = f"rediss://{LOOPBACK}:{redis.port}"
+    gen = stack.generate(LIMITS, service="counter")
+    store = redis.url()
 
     # Without a client certificate: not ready, and it says what is missing.
     without = _counter(stack, gen, store, "--redis-ca", certs.ca, wait_ready=False)
@@ -76,8 +75,8 @@ def test_mutual_tls_to_redis_needs_the_client_certificate(stack):
 def test_a_wrong_ca_is_refused_saying_so(stack):
     certs = make_certs(stack.workdir / "tls")
     redis = TlsRedis(stack, certs)
-    gen = _gen_cli(stack, LIMITS, "counter")
-    counter = _counter(stack, gen, f"rediss://{LOOPBACK}:{redis.port}",
+    gen = stack.generate(LIMITS, service="counter")
+    counter = _counter(stack, gen, redis.url(),
                        "--redis-ca", certs.other_ca, wait_ready=False)
     wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
                "the counter's reason", process=counter.process)
@@ -90,11 +89,11 @@ def test_a_wrong_ca_is_refused_saying_so(stack):
 def test_a_wrong_password_says_why_without_printing_it(stack):
     certs = make_certs(stack.workdir / "tls")
     redis = TlsRedis(stack, certs, users={"rl": PASSWORD})
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     wrong = "Wr0ng-pa55word-never-shown"
     # In the URL (shown redacted) and in REDIS_AUTH, both wrong.
-    for store, env in [(f"rediss://rl:{wrong}@{LOOPBACK}:{redis.port}", None),
-                       (f"rediss://{LOOPBACK}:{redis.port}", {"REDIS_AUTH": f"rl:{wrong}"})]:
+    for store, env in [(redis.url("rl", wrong), None),
+                       (redis.url(), {"REDIS_AUTH": f"rl:{wrong}"})]:
         counter = _counter(stack, gen, store, "--redis-ca", certs.ca, env=env,
                            wait_ready=False)
         wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
@@ -104,7 +103,7 @@ def test_a_wrong_password_says_why_without_printing_it(stack):
         shown = _everything_it_shows(counter)
         assert wrong not in shown.replace(" ".join(counter.argv), "")
         if env is None:
-            assert f"rediss://rl:***@{LOOPBACK}:{redis.port}" in log, log
+            assert redis.url("rl", "***") in log, log
         counter.stop()
 
 

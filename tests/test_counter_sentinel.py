@@ -12,7 +12,6 @@ from counter import Counter, native_envoy
 from harness import (COUNTING_TIMEOUT_MS, ensure_window_room, run_concurrent, send, tally,
                      unique, wait_until)
 from redis_extra import SentinelGroup
-from test_counter import _gen_cli
 
 LIMITS = {"x-tenant-id": {"default": {"perhour": 50}}}
 HOUR_ROOM_S = 180
@@ -21,7 +20,7 @@ PACE_S = 0.05
 
 def test_sentinel_counts_exactly_and_follows_a_failover_without_a_restart(stack):
     group = SentinelGroup(stack)
-    gen = _gen_cli(stack, LIMITS, "counter")
+    gen = stack.generate(LIMITS, service="counter")
     counter = Counter(stack, {gen.domain: LIMITS}, store=group.url,
                       store_timeout_ms=COUNTING_TIMEOUT_MS)
     envoy = native_envoy(stack, gen, counter.grpc_port, stack.upstream())
