@@ -59,12 +59,31 @@ pub struct Team<'a> {
     pub limits: &'a TeamLimits,
 }
 
+/// A plugin configuration the filter refuses (what `render` or `generate`
+/// would have written): each error with the place that set it, a flag or
+/// a line of the description.
+#[derive(Debug)]
+pub struct Refused(pub Vec<(String, ConfigError)>);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (place, e)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{place}: plugin configuration: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// Why `render` wrote nothing.
 #[derive(Debug)]
 pub enum RenderError {
-    /// The plugin configuration the settings make is one the filter
-    /// refuses; each error with the place that set it.
-    Refused(Vec<(String, ConfigError)>),
+    /// The plugin configuration the settings make is one the filter refuses.
+    Refused(Refused),
     /// What render wrote does not agree with itself: a bug.
     Disagree(Vec<Problem>),
 }
@@ -72,15 +91,7 @@ pub enum RenderError {
 impl std::fmt::Display for RenderError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RenderError::Refused(errors) => {
-                for (i, (place, e)) in errors.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("\n")?;
-                    }
-                    write!(f, "{place}: plugin configuration: {e}")?;
-                }
-                Ok(())
-            }
+            RenderError::Refused(refused) => refused.fmt(f),
             RenderError::Disagree(problems) => {
                 for (i, p) in problems.iter().enumerate() {
                     if i > 0 {
@@ -154,12 +165,12 @@ pub fn plugin(
                 .filter(|w| !w.path.starts_with("limits"))
                 .collect(),
         }),
-        Err(errors) => Err(RenderError::Refused(
+        Err(errors) => Err(RenderError::Refused(Refused(
             errors
                 .into_iter()
                 .map(|e| (place(&format!("plugin.{}", e.path)), e))
                 .collect(),
-        )),
+        ))),
     }
 }
 
