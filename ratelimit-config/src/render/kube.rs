@@ -40,7 +40,20 @@ fn metadata(name: &str, dep: &Deployment, labels: Value) -> Value {
 pub const COUNTER_LIMITS_DIR: &str = "/etc/ratelimit-counter";
 /// The counter's HTTP port (`/readyz`, `/healthz`, `/metrics`): the one the
 /// Prometheus Operator scrapes too.
-pub const COUNTER_HTTP_PORT: u32 = super::monitoring::SERVICE_METRICS_PORT;
+pub const COUNTER_HTTP_PORT: u32 = SERVICE_METRICS_PORT;
+
+/// The rate-limit service's Prometheus endpoint (`PROMETHEUS_ADDR`), and
+/// the name of its port (what the ServiceMonitor of `monitoring` scrapes).
+pub const SERVICE_METRICS_PORT: u32 = 9090;
+pub const SERVICE_METRICS_PORT_NAME: &str = "metrics";
+
+/// The service's env that turns its Prometheus endpoint on.
+fn prometheus_env() -> [Value; 2] {
+    [
+        json!({"name": "USE_PROMETHEUS", "value": "true"}),
+        json!({"name": "PROMETHEUS_ADDR", "value": format!(":{SERVICE_METRICS_PORT}")}),
+    ]
+}
 
 /// The team file's name in the counter's ConfigMap: it serves the domain
 /// named so.
@@ -148,7 +161,7 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "LOG_LEVEL", "value": "info"}),
     ]);
     if dep.monitoring.is_some() {
-        env.extend(super::monitoring::service_env());
+        env.extend(prometheus_env());
     }
     env
 }
@@ -249,7 +262,6 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
         json!({"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}),
     ];
     if dep.monitoring.is_some() {
-        use super::monitoring::SERVICE_METRICS_PORT_NAME;
         ports.push(json!({"name": SERVICE_METRICS_PORT_NAME, "port": COUNTER_HTTP_PORT, "targetPort": "http"}));
     }
     let service = json!({
@@ -264,7 +276,6 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
 /// The service's Prometheus endpoint as a port of its container and of
 /// its Service (what the ServiceMonitor names).
 fn add_metrics_port(deployment: &mut Value, service: &mut Value) {
-    use super::monitoring::{SERVICE_METRICS_PORT, SERVICE_METRICS_PORT_NAME};
     if let Some(Value::Array(p)) = deployment.pointer_mut("/spec/template/spec/containers/0/ports")
     {
         p.push(json!({"name": SERVICE_METRICS_PORT_NAME, "containerPort": SERVICE_METRICS_PORT}));

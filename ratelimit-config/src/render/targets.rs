@@ -11,11 +11,10 @@ use super::deployment::{Deployment, FailStrategy, Target};
 use super::envoy::{bootstrap, bootstrap_fragment, stats_config, wasm_filter, Ports};
 use super::kube::{
     counter_container, ingress_policy, kustomization, name_labels, ratelimit_service, redis,
-    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT,
+    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT, SERVICE_METRICS_PORT,
 };
 use super::monitoring::{
-    monitors, prometheus_policy, SERVICE_METRICS_PORT, SIDECAR_ENVOY_PORT_NAME,
-    SIDECAR_SERVICE_PORT_NAME,
+    monitors, prometheus_policy, SIDECAR_ENVOY_PORT_NAME, SIDECAR_SERVICE_PORT_NAME,
 };
 use super::{
     header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
