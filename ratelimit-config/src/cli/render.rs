@@ -56,7 +56,7 @@ pub fn run(a: RenderArgs) -> Result<ExitCode, CliError> {
     sources.flags.extend(flags);
     let dep = deployment(&description, &sources, target).map_err(CliError::Description)?;
     // The team file as the service that counts it reads it.
-    let (json, limits) = load_team_for(&a.file, dep.service_kind)?;
+    let (json, limits) = load_team_for(&a.file, dep.service.kind)?;
     let source = source_name(&a.file);
     let team = Team {
         source: &source,

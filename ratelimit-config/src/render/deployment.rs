@@ -64,19 +64,9 @@ impl FailStrategy {
     }
 }
 
-/// The Redis the service counts in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Redis {
-    /// `host:port` of a Redis of your own; None: `render` writes one. For
-    /// the counter also `redis://…`, `redis-cluster://…`, or `memory` (one
-    /// replica counting in its own memory, no Redis).
-    pub url: Option<String>,
-    /// The Secret (name, key) holding its password: the service's
-    /// `REDIS_AUTH`, and `--requirepass` of the Redis `render` writes.
-    pub auth: Option<(String, String)>,
-}
-
-/// A deployment description, checked.
+/// A deployment description, checked: its top-level settings, then one
+/// section per part of what `render` writes, each read by its own function
+/// (a section's sub-section, like `redis.auth_secret`, too).
 #[derive(Clone, Debug)]
 pub struct Deployment {
     pub domain: String,
@@ -87,47 +77,165 @@ pub struct Deployment {
     /// Its manifest digest, 64 hex characters.
     pub sha256: Option<String>,
     pub fail_strategy: Option<FailStrategy>,
-    /// `service.kind`: which rate-limit service counts (envoyproxy/ratelimit
-    /// by default, or ratelimit-counter).
-    pub service_kind: Service,
-    pub service_name: String,
-    pub service_port: u32,
-    pub service_image: String,
     pub cluster_domain: String,
+    /// `service:`
+    pub service: RateLimitService,
+    /// `redis:`
     pub redis: Redis,
-    pub redis_image: String,
-    pub workload_name: Option<String>,
-    pub workload_labels: Vec<(String, String)>,
-    pub workload_image: Option<String>,
-    pub istio_phase: String,
-    /// `istio.mode`: the traffic the WasmPlugin runs on (its `match[].mode`):
-    /// `SERVER`, a sidecar's inbound (the default); `CLIENT`, an ingress
-    /// gateway's (Istio counts a gateway's listeners as CLIENT) or a
-    /// sidecar's outbound; `CLIENT_AND_SERVER`, both.
-    pub istio_mode: String,
-    /// `istio.name`: the WasmPlugin's `metadata.name` (`tenant-ratelimit`).
-    pub istio_name: String,
-    /// `istio.priority`: its `priority` (none: Istio's default, 0); of two
-    /// WasmPlugins in one phase, the higher runs first.
-    pub istio_priority: Option<i32>,
-    pub route: Option<String>,
-    pub gateway: Option<String>,
-    pub proxy_namespace: String,
-    pub envoy_listen_port: u32,
-    pub envoy_admin_port: u32,
-    pub envoy_app_port: u32,
-    pub envoy_image: String,
-    pub envoy_wasm_path: String,
-    pub envoy_service_address: String,
-    /// `envoy.routes`: (route name, path prefix) of the named routes the
-    /// complete bootstrap carries before its catch-all route `app`, so
-    /// that a team file's per-route limits apply.
-    pub envoy_routes: Vec<(String, String)>,
+    /// `workload:`
+    pub workload: Workload,
+    /// `istio:`
+    pub istio: Istio,
+    /// `envoy_gateway:`
+    pub envoy_gateway: EnvoyGateway,
+    /// `envoy:`
+    pub envoy: Envoy,
     /// Plugin settings over the defaults `generate` writes.
     pub plugin: Map<String, Value>,
     /// `monitoring.prometheus_operator`: the monitors, and the metrics
     /// ports they scrape.
     pub monitoring: Option<Monitoring>,
+}
+
+/// `service:`, the rate-limit service `render` deploys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateLimitService {
+    /// `service.kind`: which rate-limit service counts (envoyproxy/ratelimit
+    /// by default, or ratelimit-counter).
+    pub kind: Service,
+    /// Its Kubernetes Service (and Deployment) name.
+    pub name: String,
+    /// Its gRPC port.
+    pub port: u32,
+    pub image: String,
+}
+
+/// `redis:`, the Redis the service counts in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redis {
+    /// `host:port` of a Redis of your own; None: `render` writes one. For
+    /// the counter also `redis://…`, `redis-cluster://…`, or `memory` (one
+    /// replica counting in its own memory, no Redis).
+    pub url: Option<String>,
+    /// `redis.auth_secret`: the Secret holding its password: the service's
+    /// `REDIS_AUTH`, and `--requirepass` of the Redis `render` writes.
+    pub auth: Option<SecretRef>,
+    /// The image of the Redis `render` writes.
+    pub image: String,
+}
+
+/// A key of a Kubernetes Secret (`{name, key}` in a description).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretRef {
+    pub name: String,
+    pub key: String,
+}
+
+/// `workload:`, what the filter runs in front of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub name: Option<String>,
+    /// Its pods' labels (default: `app: <name>`).
+    pub labels: Vec<(String, String)>,
+    /// The application's image (plain Envoy's sidecar Deployment runs it).
+    pub image: Option<String>,
+}
+
+/// `istio:`, the WasmPlugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Istio {
+    pub phase: IstioPhase,
+    pub mode: IstioMode,
+    /// `istio.name`: the WasmPlugin's `metadata.name` (`tenant-ratelimit`).
+    pub name: String,
+    /// `istio.priority`: its `priority` (none: Istio's default, 0); of two
+    /// WasmPlugins in one phase, the higher runs first.
+    pub priority: Option<i32>,
+}
+
+/// `istio.phase`: where in Istio's filter chain the WasmPlugin runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IstioPhase {
+    Authn,
+    Authz,
+    Stats,
+    UnspecifiedPhase,
+}
+
+impl IstioPhase {
+    const ALL: [IstioPhase; 4] = [
+        IstioPhase::Authn,
+        IstioPhase::Authz,
+        IstioPhase::Stats,
+        IstioPhase::UnspecifiedPhase,
+    ];
+
+    /// Its name in a description and in the WasmPlugin (`STATS`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            IstioPhase::Authn => "AUTHN",
+            IstioPhase::Authz => "AUTHZ",
+            IstioPhase::Stats => "STATS",
+            IstioPhase::UnspecifiedPhase => "UNSPECIFIED_PHASE",
+        }
+    }
+}
+
+/// `istio.mode`: the traffic the WasmPlugin runs on (Istio's WorkloadMode
+/// of its `match[].mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IstioMode {
+    /// A sidecar's inbound (the default).
+    Server,
+    /// An ingress gateway's (Istio counts a gateway's listeners as CLIENT),
+    /// or a sidecar's outbound.
+    Client,
+    /// Both.
+    ClientAndServer,
+}
+
+impl IstioMode {
+    const ALL: [IstioMode; 3] = [
+        IstioMode::Server,
+        IstioMode::Client,
+        IstioMode::ClientAndServer,
+    ];
+
+    /// Its name in a description and in the WasmPlugin (`SERVER`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            IstioMode::Server => "SERVER",
+            IstioMode::Client => "CLIENT",
+            IstioMode::ClientAndServer => "CLIENT_AND_SERVER",
+        }
+    }
+}
+
+/// `envoy_gateway:`, where the filter runs under Envoy Gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvoyGateway {
+    /// The HTTPRoute the filter runs on.
+    pub route: Option<String>,
+    /// The Gateway whose proxies get the rate-limit cluster.
+    pub gateway: Option<String>,
+    /// Where Envoy Gateway runs those proxies.
+    pub proxy_namespace: String,
+}
+
+/// `envoy:`, plain Envoy's bootstrap (and its sidecar Deployment).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envoy {
+    pub listen_port: u32,
+    pub admin_port: u32,
+    pub app_port: u32,
+    pub image: String,
+    pub wasm_path: String,
+    /// Where Envoy reaches the rate-limit service.
+    pub service_address: String,
+    /// `envoy.routes`: (route name, path prefix) of the named routes the
+    /// complete bootstrap carries before its catch-all route `app`, so
+    /// that a team file's per-route limits apply.
+    pub routes: Vec<(String, String)>,
 }
 
 /// What `render` adds for the Prometheus Operator (`monitoring:`).
@@ -192,9 +300,19 @@ pub const SECTION_KEYS: &[(&str, &[&str])] = &[
 /// The settings that take one of a fixed set of names, with those names.
 pub const SETTING_VALUES: &[(&str, &[&str])] =
     &[("istio.phase", PHASES), ("istio.mode", ISTIO_MODES)];
-pub const PHASES: &[&str] = &["AUTHN", "AUTHZ", "STATS", "UNSPECIFIED_PHASE"];
-/// `istio.mode`: Istio's WorkloadMode of the WasmPlugin's `match`.
-pub const ISTIO_MODES: &[&str] = &["SERVER", "CLIENT", "CLIENT_AND_SERVER"];
+/// `istio.phase`: the names of [`IstioPhase`].
+pub const PHASES: &[&str] = &[
+    IstioPhase::Authn.name(),
+    IstioPhase::Authz.name(),
+    IstioPhase::Stats.name(),
+    IstioPhase::UnspecifiedPhase.name(),
+];
+/// `istio.mode`: the names of [`IstioMode`].
+pub const ISTIO_MODES: &[&str] = &[
+    IstioMode::Server.name(),
+    IstioMode::Client.name(),
+    IstioMode::ClientAndServer.name(),
+];
 
 /// The images of the parts `render` writes, as the project runs them.
 pub const RATELIMIT_IMAGE: &str = "envoyproxy/ratelimit:3fb70258";
@@ -450,6 +568,58 @@ pub fn deployment(
         errors: Vec::new(),
     };
     let top = r.object(Some(v), "", KEYS);
+    let section = |key: &str| top.and_then(|t| t.get(key));
+    let general = general(&mut r, top, target);
+    let service = service(&mut r, section("service"));
+    let cluster_domain = r
+        .string(top, "", "cluster_domain")
+        .unwrap_or_else(|| "cluster.local".into());
+    if service.kind == Service::Counter {
+        counter_domain(&mut r, general.domain.as_deref());
+    }
+    let redis = redis(&mut r, section("redis"), service.kind, target, general.kube);
+    let workload = workload(&mut r, section("workload"), target, general.kube);
+    let istio = istio(&mut r, section("istio"));
+    let envoy_gateway = envoy_gateway(&mut r, section("envoy_gateway"), target);
+    let envoy = envoy(&mut r, section("envoy"));
+    let plugin = plugin(&mut r, section("plugin"));
+    let monitoring = monitoring(&mut r, top);
+    match (r.errors.is_empty(), general.domain) {
+        (true, Some(domain)) => Ok(Deployment {
+            domain,
+            namespace: general.namespace,
+            image: general.image,
+            sha256: general.sha256,
+            fail_strategy: general.fail_strategy,
+            cluster_domain,
+            service,
+            redis,
+            workload,
+            istio,
+            envoy_gateway,
+            envoy,
+            plugin,
+            monitoring,
+        }),
+        _ => Err(r.errors),
+    }
+}
+
+/// The description's top-level settings (`cluster_domain` aside).
+struct General {
+    domain: Option<String>,
+    namespace: Option<String>,
+    /// Whether Kubernetes objects are written: every target but plain
+    /// Envoy, and plain Envoy given a namespace (its sidecar Deployment).
+    kube: bool,
+    image: Option<String>,
+    sha256: Option<String>,
+    fail_strategy: Option<FailStrategy>,
+}
+
+/// `domain`, `namespace`, `image`, `sha256`, `fail_strategy`: each
+/// required where `target` needs it.
+fn general(r: &mut Reader<'_>, top: Option<&Map<String, Value>>, target: Target) -> General {
     let domain = r.string(top, "", "domain");
     let domain = r.require(
         domain,
@@ -467,16 +637,14 @@ pub fn deployment(
             "the Kubernetes namespace (namespace: or --namespace)",
         )
     };
-    for (key, value) in [("namespace", &namespace)] {
-        if let Some(ns) = value.as_ref().filter(|n| !dns_label(n)) {
-            r.push(
-                key,
-                format!(
-                    "{} is not a Kubernetes namespace name (lowercase letters, digits, '-')",
-                    excerpt(ns)
-                ),
-            );
-        }
+    if let Some(ns) = namespace.as_ref().filter(|n| !dns_label(n)) {
+        r.push(
+            "namespace",
+            format!(
+                "{} is not a Kubernetes namespace name (lowercase letters, digits, '-')",
+                excerpt(ns)
+            ),
+        );
     }
     let image = r
         .string(top, "", "image")
@@ -502,7 +670,20 @@ pub fn deployment(
             None
         }
     });
-    let fail_strategy = match top.and_then(|t| t.get("fail_strategy")) {
+    let fail_strategy = fail_strategy(r, top.and_then(|t| t.get("fail_strategy")), target);
+    General {
+        domain,
+        namespace,
+        kube,
+        image,
+        sha256,
+        fail_strategy,
+    }
+}
+
+/// `fail_strategy`: required for every target but plain Envoy.
+fn fail_strategy(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> Option<FailStrategy> {
+    let fail_strategy = match v {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_str().and_then(FailStrategy::from_name) {
             Some(f) => Some(f),
@@ -515,7 +696,7 @@ pub fn deployment(
             }
         },
     };
-    let fail_strategy = if target == Target::Envoy {
+    if target == Target::Envoy {
         fail_strategy
     } else {
         r.require(
@@ -523,21 +704,22 @@ pub fn deployment(
             "fail_strategy",
             "what requests get when the filter cannot run (its image missing, its configuration refused): \"open\" (passed, unlimited) or \"closed\" (refused) (fail_strategy: or --fail-strategy)",
         )
-    };
-    let service = r.object(top.and_then(|t| t.get("service")), "service", SERVICE_KEYS);
-    let service_name = r
-        .string(service, "service", "name")
+    }
+}
+
+/// `service:`: its kind, name, port and image (by default, the kind's).
+fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService {
+    let m = r.object(v, "service", SERVICE_KEYS);
+    let name = r
+        .string(m, "service", "name")
         .unwrap_or_else(|| "ratelimit".into());
-    if !dns_label(&service_name) {
+    if !dns_label(&name) {
         r.push(
             "service.name",
-            format!(
-                "{} is not a Kubernetes Service name",
-                excerpt(&service_name)
-            ),
+            format!("{} is not a Kubernetes Service name", excerpt(&name)),
         );
     }
-    let service_kind = match service.and_then(|s| s.get("kind")) {
+    let kind = match m.and_then(|s| s.get("kind")) {
         None | Some(Value::Null) => Service::default(),
         Some(v) => match v.as_str().and_then(Service::from_name) {
             Some(k) => k,
@@ -553,28 +735,60 @@ pub fn deployment(
             }
         },
     };
-    let service_port = r.port(service, "service", "port", 8081);
-    let service_image =
-        r.string(service, "service", "image")
-            .unwrap_or_else(|| match service_kind {
-                Service::EnvoyRatelimit => RATELIMIT_IMAGE.into(),
-                Service::Counter => COUNTER_IMAGE.into(),
-            });
-    if service_kind == Service::Counter && service_image.starts_with("envoyproxy/ratelimit") {
+    let port = r.port(m, "service", "port", 8081);
+    let image = r
+        .string(m, "service", "image")
+        .unwrap_or_else(|| match kind {
+            Service::EnvoyRatelimit => RATELIMIT_IMAGE.into(),
+            Service::Counter => COUNTER_IMAGE.into(),
+        });
+    if kind == Service::Counter && image.starts_with("envoyproxy/ratelimit") {
         r.push(
             "service.image",
             format!(
                 "{} is envoyproxy/ratelimit's image, and service.kind is counter: give ratelimit-counter's (make counter-image builds {COUNTER_IMAGE}), or leave service.image out",
-                excerpt(&service_image)
+                excerpt(&image)
             ),
         );
     }
-    let cluster_domain = r
-        .string(top, "", "cluster_domain")
-        .unwrap_or_else(|| "cluster.local".into());
-    let redis_v = r.object(top.and_then(|t| t.get("redis")), "redis", REDIS_KEYS);
-    let url = r.string(redis_v, "redis", "url");
-    match (&url, service_kind) {
+    RateLimitService {
+        kind,
+        name,
+        port,
+        image,
+    }
+}
+
+/// The counter serves a domain from the file `<domain>.json` of its
+/// ConfigMap: the domain must be a ConfigMap key.
+fn counter_domain(r: &mut Reader<'_>, domain: Option<&str>) {
+    let Some(d) = domain else { return };
+    if !d
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        r.push(
+            "domain",
+            format!(
+                "{}: the counter reads the team file of a domain from <domain>.json in a ConfigMap, whose keys take letters, digits, '-', '_' and '.' only",
+                excerpt(d)
+            ),
+        );
+    }
+}
+
+/// `redis:`: the URL (which `kind` of service takes which form), the
+/// password's Secret, the image.
+fn redis(
+    r: &mut Reader<'_>,
+    v: Option<&Value>,
+    kind: Service,
+    target: Target,
+    kube: bool,
+) -> Redis {
+    let m = r.object(v, "redis", REDIS_KEYS);
+    let url = r.string(m, "redis", "url");
+    match (&url, kind) {
         (Some(u), Service::EnvoyRatelimit) if u == MEMORY_STORE || u.contains("://") => r.push(
             "redis.url",
             format!(
@@ -590,49 +804,43 @@ pub fn deployment(
         }
         _ => {}
     }
-    // The counter serves a domain from the file <domain>.json of its
-    // ConfigMap: a ConfigMap key.
-    if let (Some(d), Service::Counter) = (&domain, service_kind) {
-        if !d
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        {
-            r.push(
-                "domain",
-                format!(
-                    "{}: the counter reads the team file of a domain from <domain>.json in a ConfigMap, whose keys take letters, digits, '-', '_' and '.' only",
-                    excerpt(d)
-                ),
-            );
-        }
-    }
-    let secret = r.object(
-        redis_v.and_then(|m| m.get("auth_secret")),
+    let auth = secret_ref(
+        r,
+        m.and_then(|m| m.get("auth_secret")),
         "redis.auth_secret",
-        SECRET_KEYS,
+        "the name of the Secret holding the Redis password",
+        "password",
     );
-    let auth = secret.and_then(|s| {
-        let name = r.string(Some(s), "redis.auth_secret", "name");
-        let name = r.require(
-            name,
-            "redis.auth_secret.name",
-            "the name of the Secret holding the Redis password",
-        )?;
-        let key = r
-            .string(Some(s), "redis.auth_secret", "key")
-            .unwrap_or_else(|| "password".into());
-        Some((name, key))
-    });
-    let redis_image = r
-        .string(redis_v, "redis", "image")
+    let image = r
+        .string(m, "redis", "image")
         .unwrap_or_else(|| REDIS_IMAGE.into());
-    let workload = r.object(
-        top.and_then(|t| t.get("workload")),
-        "workload",
-        WORKLOAD_KEYS,
-    );
-    let workload_name = r.string(workload, "workload", "name");
-    let workload_labels = match workload.and_then(|w| w.get("labels")) {
+    Redis { url, auth, image }
+}
+
+/// A `{name, key}` mapping at `path`: `name` required (`what` says what
+/// the Secret holds), `key` by default `default_key`.
+fn secret_ref(
+    r: &mut Reader<'_>,
+    v: Option<&Value>,
+    path: &str,
+    what: &str,
+    default_key: &str,
+) -> Option<SecretRef> {
+    let s = r.object(v, path, SECRET_KEYS)?;
+    let name = r.string(Some(s), path, "name");
+    let name = r.require(name, &join(path, "name"), what)?;
+    let key = r
+        .string(Some(s), path, "key")
+        .unwrap_or_else(|| default_key.into());
+    Some(SecretRef { name, key })
+}
+
+/// `workload:`: name, labels (by default `app: <name>`), image; what
+/// `target` needs of it is required.
+fn workload(r: &mut Reader<'_>, v: Option<&Value>, target: Target, kube: bool) -> Workload {
+    let m = r.object(v, "workload", WORKLOAD_KEYS);
+    let name = r.string(m, "workload", "name");
+    let labels = match m.and_then(|w| w.get("labels")) {
         Some(Value::Object(m)) if !m.is_empty() => m
             .iter()
             .filter_map(|(k, v)| match v {
@@ -646,7 +854,7 @@ pub fn deployment(
                 }
             })
             .collect(),
-        None | Some(Value::Null) => workload_name
+        None | Some(Value::Null) => name
             .iter()
             .map(|n| ("app".to_string(), n.clone()))
             .collect(),
@@ -658,74 +866,77 @@ pub fn deployment(
             Vec::new()
         }
     };
-    let workload_image = r.string(workload, "workload", "image");
+    let image = r.string(m, "workload", "image");
     match target {
         Target::Istio => {
             r.require(
-                workload_name.as_ref(),
+                name.as_ref(),
                 "workload.name",
                 "the workload the filter runs in front of (its pods get the WasmPlugin and the stats annotation) (workload: name: or --set workload.name=NAME)",
             );
         }
         Target::Envoy if kube => {
             r.require(
-                workload_name.as_ref(),
+                name.as_ref(),
                 "workload.name",
                 "the Deployment of the application Envoy runs in front of (workload: name: or --set workload.name=NAME)",
             );
             r.require(
-                workload_image.as_ref(),
+                image.as_ref(),
                 "workload.image",
                 "the application's container image (the sidecar Deployment runs it beside Envoy) (workload: image: or --set workload.image=IMAGE)",
             );
         }
         _ => {}
     }
-    let istio = r.object(top.and_then(|t| t.get("istio")), "istio", ISTIO_KEYS);
-    let istio_phase = r
-        .string(istio, "istio", "phase")
-        // After Istio's authorization: the client's own tenant header never
-        // reaches the filter on a request an AuthorizationPolicy refuses
-        // (docs/security.md).
-        .unwrap_or_else(|| "STATS".into());
-    if !PHASES.contains(&istio_phase.as_str()) {
-        r.push(
-            "istio.phase",
-            format!(
-                "must be one of {}, got {}",
-                PHASES.join(", "),
-                excerpt(&istio_phase)
-            ),
-        );
+    Workload {
+        name,
+        labels,
+        image,
     }
-    let istio_mode = r
-        .string(istio, "istio", "mode")
-        // A sidecar's inbound only: with no match Istio runs the filter on the
-        // workload's outbound listeners too, limiting its own calls.
-        .unwrap_or_else(|| "SERVER".into());
-    if !ISTIO_MODES.contains(&istio_mode.as_str()) {
-        r.push(
-            "istio.mode",
-            format!(
-                "must be one of {} (SERVER: a sidecar's inbound; CLIENT: an ingress gateway), got {}",
-                ISTIO_MODES.join(", "),
-                excerpt(&istio_mode)
-            ),
-        );
-    }
-    let istio_name = r
-        .string(istio, "istio", "name")
+}
+
+/// `istio:`: phase, mode, name, priority.
+fn istio(r: &mut Reader<'_>, v: Option<&Value>) -> Istio {
+    let m = r.object(v, "istio", ISTIO_KEYS);
+    let phase = r.string(m, "istio", "phase");
+    // After Istio's authorization: the client's own tenant header never
+    // reaches the filter on a request an AuthorizationPolicy refuses
+    // (docs/security.md).
+    let phase = one_of(
+        r,
+        phase,
+        "istio.phase",
+        &IstioPhase::ALL,
+        IstioPhase::name,
+        "",
+    )
+    .unwrap_or(IstioPhase::Stats);
+    let mode = r.string(m, "istio", "mode");
+    // A sidecar's inbound only: with no match Istio runs the filter on the
+    // workload's outbound listeners too, limiting its own calls.
+    let mode = one_of(
+        r,
+        mode,
+        "istio.mode",
+        &IstioMode::ALL,
+        IstioMode::name,
+        " (SERVER: a sidecar's inbound; CLIENT: an ingress gateway)",
+    )
+    .unwrap_or(IstioMode::Server);
+    let name = r
+        .string(m, "istio", "name")
         .unwrap_or_else(|| super::RESOURCE_NAME.into());
-    if !dns_label(&istio_name) {
+    if !dns_label(&name) {
         r.push(
             "istio.name",
             format!(
                 "{} is not a Kubernetes name (lowercase letters, digits, '-')",
-                excerpt(&istio_name)
+                excerpt(&name)
             ),
         );
     }
-    let istio_priority = match istio.and_then(|m| m.get("priority")) {
+    let priority = match m.and_then(|m| m.get("priority")) {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_i64().and_then(|n| i32::try_from(n).ok()) {
             Some(n) => Some(n),
@@ -743,13 +954,45 @@ pub fn deployment(
             }
         },
     };
-    let eg = r.object(
-        top.and_then(|t| t.get("envoy_gateway")),
-        "envoy_gateway",
-        GATEWAY_KEYS,
-    );
-    let route = r.string(eg, "envoy_gateway", "route");
-    let gateway = r.string(eg, "envoy_gateway", "gateway");
+    Istio {
+        phase,
+        mode,
+        name,
+        priority,
+    }
+}
+
+/// The one of `all` that `given` names (None when it is not given); a
+/// name not among them is reported at `path`, with `hint` after the names.
+fn one_of<T: Copy>(
+    r: &mut Reader<'_>,
+    given: Option<String>,
+    path: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+    hint: &str,
+) -> Option<T> {
+    let given = given?;
+    let found = all.iter().copied().find(|t| name(*t) == given);
+    if found.is_none() {
+        let names: Vec<&str> = all.iter().map(|t| name(*t)).collect();
+        r.push(
+            path,
+            format!(
+                "must be one of {}{hint}, got {}",
+                names.join(", "),
+                excerpt(&given)
+            ),
+        );
+    }
+    found
+}
+
+/// `envoy_gateway:`: route and gateway, required for that target.
+fn envoy_gateway(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> EnvoyGateway {
+    let m = r.object(v, "envoy_gateway", GATEWAY_KEYS);
+    let route = r.string(m, "envoy_gateway", "route");
+    let gateway = r.string(m, "envoy_gateway", "gateway");
     if target == Target::EnvoyGateway {
         r.require(
             route.as_ref(),
@@ -763,22 +1006,46 @@ pub fn deployment(
         );
     }
     let proxy_namespace = r
-        .string(eg, "envoy_gateway", "proxy_namespace")
+        .string(m, "envoy_gateway", "proxy_namespace")
         .unwrap_or_else(|| "envoy-gateway-system".into());
-    let envoy = r.object(top.and_then(|t| t.get("envoy")), "envoy", ENVOY_KEYS);
-    let envoy_listen_port = r.port(envoy, "envoy", "listen_port", 8000);
-    let envoy_admin_port = r.port(envoy, "envoy", "admin_port", 9901);
-    let envoy_app_port = r.port(envoy, "envoy", "app_port", 8080);
-    let envoy_image = r
-        .string(envoy, "envoy", "image")
+    EnvoyGateway {
+        route,
+        gateway,
+        proxy_namespace,
+    }
+}
+
+/// `envoy:`: ports, image, the module's path, the service's address, and
+/// the named routes.
+fn envoy(r: &mut Reader<'_>, v: Option<&Value>) -> Envoy {
+    let m = r.object(v, "envoy", ENVOY_KEYS);
+    let listen_port = r.port(m, "envoy", "listen_port", 8000);
+    let admin_port = r.port(m, "envoy", "admin_port", 9901);
+    let app_port = r.port(m, "envoy", "app_port", 8080);
+    let image = r
+        .string(m, "envoy", "image")
         .unwrap_or_else(|| ENVOY_IMAGE.into());
-    let envoy_wasm_path = r
-        .string(envoy, "envoy", "wasm_path")
+    let wasm_path = r
+        .string(m, "envoy", "wasm_path")
         .unwrap_or_else(|| "/etc/envoy-wasm/plugin.wasm".into());
-    let envoy_service_address = r
-        .string(envoy, "envoy", "service_address")
+    let service_address = r
+        .string(m, "envoy", "service_address")
         .unwrap_or_else(|| "127.0.0.1".into());
-    let envoy_routes = match envoy.and_then(|e| e.get("routes")) {
+    let routes = envoy_routes(r, m.and_then(|e| e.get("routes")));
+    Envoy {
+        listen_port,
+        admin_port,
+        app_port,
+        image,
+        wasm_path,
+        service_address,
+        routes,
+    }
+}
+
+/// `envoy.routes`: route name → path prefix.
+fn envoy_routes(r: &mut Reader<'_>, v: Option<&Value>) -> Vec<(String, String)> {
+    match v {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Object(m)) => {
             let mut routes = Vec::new();
@@ -808,8 +1075,12 @@ pub fn deployment(
             );
             Vec::new()
         }
-    };
-    let plugin = match top.and_then(|t| t.get("plugin")) {
+    }
+}
+
+/// `plugin:`: the filter's settings, but none that `render` sets itself.
+fn plugin(r: &mut Reader<'_>, v: Option<&Value>) -> Map<String, Value> {
+    let plugin = match v {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
         Some(other) => {
@@ -831,63 +1102,20 @@ pub fn deployment(
             r.push(&join("plugin", key), format!("set by render: {why}"));
         }
     }
-    if plugin
-        .get("rate_limit_service")
-        .and_then(Value::as_object)
-        .is_some_and(|s| s.contains_key("service"))
-    {
+    let service = plugin.get("rate_limit_service").and_then(Value::as_object);
+    if service.is_some_and(|s| s.contains_key("service")) {
         r.push(
             "plugin.rate_limit_service.service",
             "set by render: the service it deploys (service.kind, or --service)",
         );
     }
-    if plugin
-        .get("rate_limit_service")
-        .and_then(Value::as_object)
-        .is_some_and(|s| s.contains_key("cluster"))
-    {
+    if service.is_some_and(|s| s.contains_key("cluster")) {
         r.push(
             "plugin.rate_limit_service.cluster",
             "set by render: the rate-limit cluster of the target (from service, namespace and cluster_domain)",
         );
     }
-    let monitoring = monitoring(&mut r, top);
-    match (r.errors.is_empty(), domain) {
-        (true, Some(domain)) => Ok(Deployment {
-            domain,
-            namespace,
-            image,
-            sha256,
-            fail_strategy,
-            service_kind,
-            service_name,
-            service_port,
-            service_image,
-            cluster_domain,
-            redis: Redis { url, auth },
-            redis_image,
-            workload_name,
-            workload_labels,
-            workload_image,
-            istio_phase,
-            istio_mode,
-            istio_name,
-            istio_priority,
-            route,
-            gateway,
-            proxy_namespace,
-            envoy_listen_port,
-            envoy_admin_port,
-            envoy_app_port,
-            envoy_image,
-            envoy_wasm_path,
-            envoy_service_address,
-            envoy_routes,
-            plugin,
-            monitoring,
-        }),
-        _ => Err(r.errors),
-    }
+    plugin
 }
 
 /// `monitoring:`: None unless `prometheus_operator` is true.

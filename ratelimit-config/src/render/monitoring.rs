@@ -69,9 +69,9 @@ fn service_monitor(dep: &Deployment) -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": metadata(dep, &dep.service_name),
+        "metadata": metadata(dep, &dep.service.name),
         "spec": {
-            "selector": {"matchLabels": name_labels(&dep.service_name)},
+            "selector": {"matchLabels": name_labels(&dep.service.name)},
             "endpoints": [endpoint(SERVICE_METRICS_PORT_NAME, "/metrics", SERVICE_JOB)]
         }
     })
@@ -105,7 +105,7 @@ pub fn monitors(team: &Team<'_>, dep: &Deployment, target: Target, proxies: Valu
                     dep,
                     &envoy_name,
                     proxies,
-                    Some(&dep.proxy_namespace),
+                    Some(&dep.envoy_gateway.proxy_namespace),
                     vec![endpoint(EG_ENVOY_PORT_NAME, ENVOY_STATS_PATH, ENVOY_JOB)],
                 ),
                 service_monitor(dep),
