@@ -1,483 +1,41 @@
-//! What `render` needs besides the team file, as one tree: the deployment
-//! description (`--deployment FILE`, YAML or JSON), then the command line
-//! over it (`--domain`, `--namespace`, `--image`, `--sha256`,
-//! `--fail-strategy`, `--set PATH=VALUE`, `--plugin PATH=VALUE`). Every
-//! key is checked; a problem names its place: the file's line, or the flag.
-
-use std::collections::BTreeMap;
+//! The sections of a description, each read by its own function into its
+//! own type; every problem is collected by the [`Reader`], at its place.
 
 use serde_json::{Map, Value};
 
 use crate::error::{excerpt, join, ConfigError};
 use crate::field::{describe, unknown_keys};
 use crate::model::Service;
-use crate::span::{Position, SourceMap};
-use crate::yaml_in;
+use crate::render::RESOURCE_NAME;
 
-/// What `render` writes for. The command line's `--target` takes these by
-/// the names [`Target::name`] gives (clap's kebab-case of each variant).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Target {
-    Istio,
-    EnvoyGateway,
-    Envoy,
-}
-
-impl Target {
-    /// Every target, in the order `--help` lists them.
-    pub fn all() -> &'static [Target] {
-        <Target as clap::ValueEnum>::value_variants()
-    }
-
-    /// Its name on the command line and in what it writes (`envoy-gateway`).
-    pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
-    }
-}
-
-/// What happens to requests when the filter cannot run (its module cannot
-/// be fetched, or it refuses its configuration): Istio's `failStrategy`,
-/// Envoy Gateway's `failOpen`. `--fail-strategy` and the description's
-/// `fail_strategy` take the same names (`open`, `closed`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum FailStrategy {
-    /// The filter is left out: requests pass, nothing is limited.
-    Open,
-    /// Requests are refused (Istio: 403; Envoy Gateway: 500, or 503 for a
-    /// refused configuration).
-    Closed,
-}
-
-impl FailStrategy {
-    /// Its name in a description and on the command line.
-    pub fn name(self) -> String {
-        clap::ValueEnum::to_possible_value(&self)
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
-    }
-
-    /// The strategy a description names, if it names one.
-    pub fn from_name(s: &str) -> Option<FailStrategy> {
-        <FailStrategy as clap::ValueEnum>::from_str(s, false).ok()
-    }
-}
-
-/// A deployment description, checked: its top-level settings, then one
-/// section per part of what `render` writes, each read by its own function
-/// (a section's sub-section, like `redis.auth_secret`, too).
-#[derive(Clone, Debug)]
-pub struct Deployment {
-    pub domain: String,
-    pub namespace: Option<String>,
-    /// The OCI image (the compat variant `make oci-push` pushes), without
-    /// a scheme.
-    pub image: Option<String>,
-    /// Its manifest digest, 64 hex characters.
-    pub sha256: Option<String>,
-    pub fail_strategy: Option<FailStrategy>,
-    pub cluster_domain: String,
-    /// `service:`
-    pub service: RateLimitService,
-    /// `redis:`
-    pub redis: Redis,
-    /// `workload:`
-    pub workload: Workload,
-    /// `istio:`
-    pub istio: Istio,
-    /// `envoy_gateway:`
-    pub envoy_gateway: EnvoyGateway,
-    /// `envoy:`
-    pub envoy: Envoy,
-    /// Plugin settings over the defaults `generate` writes.
-    pub plugin: Map<String, Value>,
-    /// `monitoring.prometheus_operator`: the monitors, and the metrics
-    /// ports they scrape.
-    pub monitoring: Option<Monitoring>,
-}
-
-/// `service:`, the rate-limit service `render` deploys.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RateLimitService {
-    /// `service.kind`: which rate-limit service counts (envoyproxy/ratelimit
-    /// by default, or ratelimit-counter).
-    pub kind: Service,
-    /// Its Kubernetes Service (and Deployment) name.
-    pub name: String,
-    /// Its gRPC port.
-    pub port: u32,
-    pub image: String,
-}
-
-/// `redis:`, the Redis the service counts in.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Redis {
-    /// `host:port` of a Redis of your own; None: `render` writes one. For
-    /// the counter also `redis://…`, `redis-cluster://…`, or `memory` (one
-    /// replica counting in its own memory, no Redis).
-    pub url: Option<String>,
-    /// `redis.auth_secret`: the Secret holding its password: the service's
-    /// `REDIS_AUTH`, and `--requirepass` of the Redis `render` writes.
-    pub auth: Option<SecretRef>,
-    /// The image of the Redis `render` writes.
-    pub image: String,
-}
-
-/// A key of a Kubernetes Secret (`{name, key}` in a description).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretRef {
-    pub name: String,
-    pub key: String,
-}
-
-/// `workload:`, what the filter runs in front of.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Workload {
-    pub name: Option<String>,
-    /// Its pods' labels (default: `app: <name>`).
-    pub labels: Vec<(String, String)>,
-    /// The application's image (plain Envoy's sidecar Deployment runs it).
-    pub image: Option<String>,
-}
-
-/// `istio:`, the WasmPlugin.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Istio {
-    pub phase: IstioPhase,
-    pub mode: IstioMode,
-    /// `istio.name`: the WasmPlugin's `metadata.name` (`tenant-ratelimit`).
-    pub name: String,
-    /// `istio.priority`: its `priority` (none: Istio's default, 0); of two
-    /// WasmPlugins in one phase, the higher runs first.
-    pub priority: Option<i32>,
-}
-
-/// `istio.phase`: where in Istio's filter chain the WasmPlugin runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IstioPhase {
-    Authn,
-    Authz,
-    Stats,
-    UnspecifiedPhase,
-}
-
-impl IstioPhase {
-    const ALL: [IstioPhase; 4] = [
-        IstioPhase::Authn,
-        IstioPhase::Authz,
-        IstioPhase::Stats,
-        IstioPhase::UnspecifiedPhase,
-    ];
-
-    /// Its name in a description and in the WasmPlugin (`STATS`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            IstioPhase::Authn => "AUTHN",
-            IstioPhase::Authz => "AUTHZ",
-            IstioPhase::Stats => "STATS",
-            IstioPhase::UnspecifiedPhase => "UNSPECIFIED_PHASE",
-        }
-    }
-}
-
-/// `istio.mode`: the traffic the WasmPlugin runs on (Istio's WorkloadMode
-/// of its `match[].mode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IstioMode {
-    /// A sidecar's inbound (the default).
-    Server,
-    /// An ingress gateway's (Istio counts a gateway's listeners as CLIENT),
-    /// or a sidecar's outbound.
-    Client,
-    /// Both.
-    ClientAndServer,
-}
-
-impl IstioMode {
-    const ALL: [IstioMode; 3] = [
-        IstioMode::Server,
-        IstioMode::Client,
-        IstioMode::ClientAndServer,
-    ];
-
-    /// Its name in a description and in the WasmPlugin (`SERVER`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            IstioMode::Server => "SERVER",
-            IstioMode::Client => "CLIENT",
-            IstioMode::ClientAndServer => "CLIENT_AND_SERVER",
-        }
-    }
-}
-
-/// `envoy_gateway:`, where the filter runs under Envoy Gateway.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvoyGateway {
-    /// The HTTPRoute the filter runs on.
-    pub route: Option<String>,
-    /// The Gateway whose proxies get the rate-limit cluster.
-    pub gateway: Option<String>,
-    /// Where Envoy Gateway runs those proxies.
-    pub proxy_namespace: String,
-}
-
-/// `envoy:`, plain Envoy's bootstrap (and its sidecar Deployment).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Envoy {
-    pub listen_port: u32,
-    pub admin_port: u32,
-    pub app_port: u32,
-    pub image: String,
-    pub wasm_path: String,
-    /// Where Envoy reaches the rate-limit service.
-    pub service_address: String,
-    /// `envoy.routes`: (route name, path prefix) of the named routes the
-    /// complete bootstrap carries before its catch-all route `app`, so
-    /// that a team file's per-route limits apply.
-    pub routes: Vec<(String, String)>,
-}
-
-/// What `render` adds for the Prometheus Operator (`monitoring:`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Monitoring {
-    /// Where Prometheus runs: the NetworkPolicies admit it to the metrics ports.
-    pub prometheus_namespace: String,
-    /// Plain Envoy: the port of the listener that serves `/stats/prometheus`
-    /// (admin stays on 127.0.0.1).
-    pub envoy_metrics_port: u32,
-}
-
-/// The keys of a description, with what each takes.
-pub const KEYS: &[&str] = &[
-    "domain",
-    "namespace",
-    "image",
-    "sha256",
-    "fail_strategy",
-    "service",
-    "cluster_domain",
-    "redis",
-    "workload",
-    "istio",
-    "envoy_gateway",
-    "envoy",
-    "monitoring",
-    "plugin",
-];
-const SERVICE_KEYS: &[&str] = &["kind", "name", "port", "image"];
-const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image"];
-const SECRET_KEYS: &[&str] = &["name", "key"];
-const WORKLOAD_KEYS: &[&str] = &["name", "labels", "image"];
-const ISTIO_KEYS: &[&str] = &["phase", "mode", "name", "priority"];
-const GATEWAY_KEYS: &[&str] = &["route", "gateway", "proxy_namespace"];
-const ENVOY_KEYS: &[&str] = &[
-    "listen_port",
-    "admin_port",
-    "app_port",
-    "image",
-    "wasm_path",
-    "service_address",
-    "routes",
-];
-const MONITORING_KEYS: &[&str] = &[
-    "prometheus_operator",
-    "prometheus_namespace",
-    "envoy_metrics_port",
-];
-/// The keys of each section of a description that takes a fixed set (the
-/// ones `render --help` lists; `plugin` takes the filter's configuration).
-pub const SECTION_KEYS: &[(&str, &[&str])] = &[
-    ("service", SERVICE_KEYS),
-    ("redis", REDIS_KEYS),
-    ("redis.auth_secret", SECRET_KEYS),
-    ("workload", WORKLOAD_KEYS),
-    ("istio", ISTIO_KEYS),
-    ("envoy_gateway", GATEWAY_KEYS),
-    ("envoy", ENVOY_KEYS),
-    ("monitoring", MONITORING_KEYS),
-];
-/// The settings that take one of a fixed set of names, with those names.
-pub const SETTING_VALUES: &[(&str, &[&str])] =
-    &[("istio.phase", PHASES), ("istio.mode", ISTIO_MODES)];
-/// `istio.phase`: the names of [`IstioPhase`].
-pub const PHASES: &[&str] = &[
-    IstioPhase::Authn.name(),
-    IstioPhase::Authz.name(),
-    IstioPhase::Stats.name(),
-    IstioPhase::UnspecifiedPhase.name(),
-];
-/// `istio.mode`: the names of [`IstioMode`].
-pub const ISTIO_MODES: &[&str] = &[
-    IstioMode::Server.name(),
-    IstioMode::Client.name(),
-    IstioMode::ClientAndServer.name(),
-];
-
-/// The images of the parts `render` writes, as the project runs them.
-pub const RATELIMIT_IMAGE: &str = "envoyproxy/ratelimit:3fb70258";
-/// The counter's image as `make counter-image` tags it (this version).
-pub const COUNTER_IMAGE: &str = concat!("tenant-ratelimit-counter:", env!("CARGO_PKG_VERSION"));
-/// `redis.url` of a counter that counts in its own memory.
-pub const MEMORY_STORE: &str = "memory";
-pub const REDIS_IMAGE: &str = "redis:7-alpine";
-pub const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.40.0";
-
-/// Where the description's values came from: a file (with its positions),
-/// and the paths the command line set.
-#[derive(Debug, Default)]
-pub struct Sources {
-    pub file: Option<String>,
-    pub spans: SourceMap,
-    /// Path → the flag that set it (`--set service.port`, `--domain`).
-    pub flags: BTreeMap<String, String>,
-}
-
-/// A problem of the description, located.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DescriptionError {
-    /// `file:line:col` or the flag.
-    pub place: String,
-    pub error: ConfigError,
-}
-
-impl std::fmt::Display for DescriptionError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.place, self.error)
-    }
-}
-
-impl std::error::Error for DescriptionError {}
-
-impl Sources {
-    /// Where a problem at `path` is: the flag that set it (or a parent, or
-    /// a key under it), else its line in the file. A path the file does
-    /// not have (a key missing because of what a flag set) is blamed on the
-    /// flags that set keys of the same section, not on the section's line.
-    pub fn place(&self, path: &str) -> String {
-        let mut p = path;
-        loop {
-            if let Some(flag) = self.flags.get(p) {
-                return flag.clone();
-            }
-            match p.rfind(['.', '[']) {
-                Some(i) => p = &p[..i],
-                None => break,
-            }
-        }
-        let under: Vec<&str> = self
-            .flags
-            .iter()
-            .filter(|(k, _)| {
-                k.strip_prefix(path)
-                    .is_some_and(|rest| rest.starts_with('.'))
-            })
-            .map(|(_, flag)| flag.as_str())
-            .collect();
-        if !under.is_empty() {
-            return under.join(", ");
-        }
-        let in_file = self.file.is_some() && self.spans.get(path).is_some();
-        let section = path.split_once('.').map(|(s, _)| s);
-        if !in_file {
-            let same_section: Vec<&str> = self
-                .flags
-                .iter()
-                .filter(|(k, _)| section.is_some_and(|s| k.split('.').next() == Some(s)))
-                .map(|(_, flag)| flag.as_str())
-                .collect();
-            if !same_section.is_empty() {
-                return same_section.join(", ");
-            }
-        }
-        match &self.file {
-            Some(f) => {
-                let at = self.spans.locate(path, false);
-                format!("{f}:{}:{}", at.line, at.column)
-            }
-            None => "the command line".into(),
-        }
-    }
-}
-
-/// Reads a description's text (YAML, or JSON, which YAML reads).
-pub fn read_description(file: &str, text: &str) -> Result<(Value, Sources), DescriptionError> {
-    let error = |at: Position, message: String| DescriptionError {
-        place: format!("{file}:{}:{}", at.line, at.column),
-        error: ConfigError {
-            path: String::new(),
-            message,
-        },
-    };
-    let docs = yaml_in::documents(text).map_err(|(at, m)| error(at, m))?;
-    let [doc] = docs.as_slice() else {
-        return Err(error(
-            Position::START,
-            format!("{} documents, expected one", docs.len()),
-        ));
-    };
-    let c = yaml_in::convert(doc);
-    if let Some((at, m)) = c.problems.first() {
-        return Err(error(*at, m.clone()));
-    }
-    let sources = Sources {
-        file: Some(file.to_string()),
-        spans: c.spans,
-        flags: BTreeMap::new(),
-    };
-    Ok((c.value, sources))
-}
-
-/// `PATH=VALUE` of `--set` or `--plugin`: the value read as YAML (`9000`
-/// a number, `true` a boolean, `[a, b]` a list, `lease` a string).
-pub fn parse_assignment(arg: &str) -> Result<(String, Value), String> {
-    let (path, text) = arg
-        .split_once('=')
-        .ok_or_else(|| format!("{arg:?}: expected PATH=VALUE, e.g. local.mode=lease"))?;
-    if path.is_empty() || path.split('.').any(str::is_empty) {
-        return Err(format!("{arg:?}: the path must be keys joined by dots"));
-    }
-    // A description file is read as Kubernetes reads YAML (1.1: `yes` is
-    // true); on the command line only `true` and `false` are booleans, so
-    // that a typed word never turns into one unseen.
-    if matches!(yaml_in::resolve(text), Value::Bool(_)) && !matches!(text, "true" | "false") {
-        return Err(format!(
-            "{arg:?}: write true or false (YAML 1.1 would read {text:?} as a boolean); quote it ('{path}=\"{text}\"') for the string"
-        ));
-    }
-    let value = match yaml_in::documents(text) {
-        Ok(docs) => match docs.first() {
-            Some(d) => yaml_in::convert(d).value,
-            None => Value::Null,
-        },
-        // Not YAML on its own (`a: b` …): the text as it is.
-        Err(_) => Value::String(text.to_string()),
-    };
-    Ok((path.to_string(), value))
-}
-
-/// Sets `path` (keys joined by dots) in `root` to `value`, creating
-/// objects on the way; an existing value that is not an object is replaced.
-pub fn set_path(root: &mut Value, path: &str, value: Value) {
-    let mut node = root;
-    for key in path.split('.') {
-        if !node.is_object() {
-            *node = Value::Object(Map::new());
-        }
-        let Value::Object(map) = node else { return };
-        node = map.entry(key.to_string()).or_insert(Value::Null);
-    }
-    *node = value;
-}
+use super::{DescriptionError, Sources};
+use super::{
+    Envoy, EnvoyGateway, FailStrategy, Istio, IstioMode, IstioPhase, Monitoring, RateLimitService,
+    Redis, SecretRef, Target, Workload, COUNTER_IMAGE, ENVOY_IMAGE, ENVOY_KEYS, GATEWAY_KEYS,
+    ISTIO_KEYS, MEMORY_STORE, MONITORING_KEYS, RATELIMIT_IMAGE, REDIS_IMAGE, REDIS_KEYS,
+    SECRET_KEYS, SERVICE_KEYS, WORKLOAD_KEYS,
+};
 
 /// Collects a description's problems, each at its place.
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     sources: &'a Sources,
     errors: Vec<DescriptionError>,
 }
 
-impl Reader<'_> {
-    fn push(&mut self, path: &str, message: impl std::fmt::Display) {
+impl<'a> Reader<'a> {
+    pub(super) fn new(sources: &'a Sources) -> Self {
+        Reader {
+            sources,
+            errors: Vec::new(),
+        }
+    }
+
+    /// The problems found.
+    pub(super) fn into_errors(self) -> Vec<DescriptionError> {
+        self.errors
+    }
+
+    pub(super) fn push(&mut self, path: &str, message: impl std::fmt::Display) {
         self.errors.push(DescriptionError {
             place: self.sources.place(path),
             error: ConfigError {
@@ -487,7 +45,7 @@ impl Reader<'_> {
         });
     }
 
-    fn object<'v>(
+    pub(super) fn object<'v>(
         &mut self,
         v: Option<&'v Value>,
         path: &str,
@@ -508,7 +66,12 @@ impl Reader<'_> {
         }
     }
 
-    fn string(&mut self, m: Option<&Map<String, Value>>, path: &str, key: &str) -> Option<String> {
+    pub(super) fn string(
+        &mut self,
+        m: Option<&Map<String, Value>>,
+        path: &str,
+        key: &str,
+    ) -> Option<String> {
         match m?.get(key)? {
             Value::String(s) if !s.is_empty() => Some(s.clone()),
             Value::Null => None,
@@ -557,69 +120,25 @@ fn dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
-/// Checks a description for `target`.
-pub fn deployment(
-    v: &Value,
-    sources: &Sources,
-    target: Target,
-) -> Result<Deployment, Vec<DescriptionError>> {
-    let mut r = Reader {
-        sources,
-        errors: Vec::new(),
-    };
-    let top = r.object(Some(v), "", KEYS);
-    let section = |key: &str| top.and_then(|t| t.get(key));
-    let general = general(&mut r, top, target);
-    let service = service(&mut r, section("service"));
-    let cluster_domain = r
-        .string(top, "", "cluster_domain")
-        .unwrap_or_else(|| "cluster.local".into());
-    if service.kind == Service::Counter {
-        counter_domain(&mut r, general.domain.as_deref());
-    }
-    let redis = redis(&mut r, section("redis"), service.kind, target, general.kube);
-    let workload = workload(&mut r, section("workload"), target, general.kube);
-    let istio = istio(&mut r, section("istio"));
-    let envoy_gateway = envoy_gateway(&mut r, section("envoy_gateway"), target);
-    let envoy = envoy(&mut r, section("envoy"));
-    let plugin = plugin(&mut r, section("plugin"));
-    let monitoring = monitoring(&mut r, top);
-    match (r.errors.is_empty(), general.domain) {
-        (true, Some(domain)) => Ok(Deployment {
-            domain,
-            namespace: general.namespace,
-            image: general.image,
-            sha256: general.sha256,
-            fail_strategy: general.fail_strategy,
-            cluster_domain,
-            service,
-            redis,
-            workload,
-            istio,
-            envoy_gateway,
-            envoy,
-            plugin,
-            monitoring,
-        }),
-        _ => Err(r.errors),
-    }
-}
-
 /// The description's top-level settings (`cluster_domain` aside).
-struct General {
-    domain: Option<String>,
-    namespace: Option<String>,
+pub(super) struct General {
+    pub(super) domain: Option<String>,
+    pub(super) namespace: Option<String>,
     /// Whether Kubernetes objects are written: every target but plain
     /// Envoy, and plain Envoy given a namespace (its sidecar Deployment).
-    kube: bool,
-    image: Option<String>,
-    sha256: Option<String>,
-    fail_strategy: Option<FailStrategy>,
+    pub(super) kube: bool,
+    pub(super) image: Option<String>,
+    pub(super) sha256: Option<String>,
+    pub(super) fail_strategy: Option<FailStrategy>,
 }
 
 /// `domain`, `namespace`, `image`, `sha256`, `fail_strategy`: each
 /// required where `target` needs it.
-fn general(r: &mut Reader<'_>, top: Option<&Map<String, Value>>, target: Target) -> General {
+pub(super) fn general(
+    r: &mut Reader<'_>,
+    top: Option<&Map<String, Value>>,
+    target: Target,
+) -> General {
     let domain = r.string(top, "", "domain");
     let domain = r.require(
         domain,
@@ -708,7 +227,7 @@ fn fail_strategy(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> Optio
 }
 
 /// `service:`: its kind, name, port and image (by default, the kind's).
-fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService {
+pub(super) fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService {
     let m = r.object(v, "service", SERVICE_KEYS);
     let name = r
         .string(m, "service", "name")
@@ -761,7 +280,7 @@ fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService {
 
 /// The counter serves a domain from the file `<domain>.json` of its
 /// ConfigMap: the domain must be a ConfigMap key.
-fn counter_domain(r: &mut Reader<'_>, domain: Option<&str>) {
+pub(super) fn counter_domain(r: &mut Reader<'_>, domain: Option<&str>) {
     let Some(d) = domain else { return };
     if !d
         .bytes()
@@ -779,7 +298,7 @@ fn counter_domain(r: &mut Reader<'_>, domain: Option<&str>) {
 
 /// `redis:`: the URL (which `kind` of service takes which form), the
 /// password's Secret, the image.
-fn redis(
+pub(super) fn redis(
     r: &mut Reader<'_>,
     v: Option<&Value>,
     kind: Service,
@@ -837,7 +356,12 @@ fn secret_ref(
 
 /// `workload:`: name, labels (by default `app: <name>`), image; what
 /// `target` needs of it is required.
-fn workload(r: &mut Reader<'_>, v: Option<&Value>, target: Target, kube: bool) -> Workload {
+pub(super) fn workload(
+    r: &mut Reader<'_>,
+    v: Option<&Value>,
+    target: Target,
+    kube: bool,
+) -> Workload {
     let m = r.object(v, "workload", WORKLOAD_KEYS);
     let name = r.string(m, "workload", "name");
     let labels = match m.and_then(|w| w.get("labels")) {
@@ -897,7 +421,7 @@ fn workload(r: &mut Reader<'_>, v: Option<&Value>, target: Target, kube: bool) -
 }
 
 /// `istio:`: phase, mode, name, priority.
-fn istio(r: &mut Reader<'_>, v: Option<&Value>) -> Istio {
+pub(super) fn istio(r: &mut Reader<'_>, v: Option<&Value>) -> Istio {
     let m = r.object(v, "istio", ISTIO_KEYS);
     let phase = r.string(m, "istio", "phase");
     // After Istio's authorization: the client's own tenant header never
@@ -926,7 +450,7 @@ fn istio(r: &mut Reader<'_>, v: Option<&Value>) -> Istio {
     .unwrap_or(IstioMode::Server);
     let name = r
         .string(m, "istio", "name")
-        .unwrap_or_else(|| super::RESOURCE_NAME.into());
+        .unwrap_or_else(|| RESOURCE_NAME.into());
     if !dns_label(&name) {
         r.push(
             "istio.name",
@@ -989,7 +513,7 @@ fn one_of<T: Copy>(
 }
 
 /// `envoy_gateway:`: route and gateway, required for that target.
-fn envoy_gateway(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> EnvoyGateway {
+pub(super) fn envoy_gateway(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> EnvoyGateway {
     let m = r.object(v, "envoy_gateway", GATEWAY_KEYS);
     let route = r.string(m, "envoy_gateway", "route");
     let gateway = r.string(m, "envoy_gateway", "gateway");
@@ -1017,7 +541,7 @@ fn envoy_gateway(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> Envoy
 
 /// `envoy:`: ports, image, the module's path, the service's address, and
 /// the named routes.
-fn envoy(r: &mut Reader<'_>, v: Option<&Value>) -> Envoy {
+pub(super) fn envoy(r: &mut Reader<'_>, v: Option<&Value>) -> Envoy {
     let m = r.object(v, "envoy", ENVOY_KEYS);
     let listen_port = r.port(m, "envoy", "listen_port", 8000);
     let admin_port = r.port(m, "envoy", "admin_port", 9901);
@@ -1079,7 +603,7 @@ fn envoy_routes(r: &mut Reader<'_>, v: Option<&Value>) -> Vec<(String, String)> 
 }
 
 /// `plugin:`: the filter's settings, but none that `render` sets itself.
-fn plugin(r: &mut Reader<'_>, v: Option<&Value>) -> Map<String, Value> {
+pub(super) fn plugin(r: &mut Reader<'_>, v: Option<&Value>) -> Map<String, Value> {
     let plugin = match v {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(m)) => m.clone(),
@@ -1119,7 +643,10 @@ fn plugin(r: &mut Reader<'_>, v: Option<&Value>) -> Map<String, Value> {
 }
 
 /// `monitoring:`: None unless `prometheus_operator` is true.
-fn monitoring(r: &mut Reader<'_>, top: Option<&Map<String, Value>>) -> Option<Monitoring> {
+pub(super) fn monitoring(
+    r: &mut Reader<'_>,
+    top: Option<&Map<String, Value>>,
+) -> Option<Monitoring> {
     let m = r.object(
         top.and_then(|t| t.get("monitoring")),
         "monitoring",
@@ -1158,6 +685,7 @@ fn monitoring(r: &mut Reader<'_>, top: Option<&Map<String, Value>>) -> Option<Mo
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod monitoring_tests {
+    use super::super::{deployment, read_description, Deployment};
     use super::*;
 
     fn read(text: &str) -> Result<Deployment, Vec<DescriptionError>> {
