@@ -8,12 +8,12 @@ use crate::field::{describe, unknown_keys};
 use crate::model::Service;
 use crate::render::RESOURCE_NAME;
 
-use super::{DescriptionError, Sources};
-use super::{
-    Envoy, EnvoyGateway, FailStrategy, Istio, IstioMode, IstioPhase, Monitoring, RateLimitService,
-    Redis, SecretRef, Target, Workload, COUNTER_IMAGE, ENVOY_IMAGE, ENVOY_KEYS, GATEWAY_KEYS,
-    ISTIO_KEYS, MEMORY_STORE, MONITORING_KEYS, RATELIMIT_IMAGE, REDIS_IMAGE, REDIS_KEYS,
-    SECRET_KEYS, SERVICE_KEYS, WORKLOAD_KEYS,
+use super::description::{DescriptionError, Sources};
+use super::types::{
+    Deployment, Envoy, EnvoyGateway, FailStrategy, Istio, IstioMode, IstioPhase, Monitoring,
+    RateLimitService, Redis, SecretRef, Target, Workload, COUNTER_IMAGE, ENVOY_IMAGE, ENVOY_KEYS,
+    GATEWAY_KEYS, ISTIO_KEYS, KEYS, MEMORY_STORE, MONITORING_KEYS, RATELIMIT_IMAGE, REDIS_IMAGE,
+    REDIS_KEYS, SECRET_KEYS, SERVICE_KEYS, WORKLOAD_KEYS,
 };
 
 /// Collects a description's problems, each at its place.
@@ -118,6 +118,52 @@ fn dns_label(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
+}
+
+/// Checks a description for `target`.
+pub fn deployment(
+    v: &Value,
+    sources: &Sources,
+    target: Target,
+) -> Result<Deployment, Vec<DescriptionError>> {
+    let mut r = Reader::new(sources);
+    let top = r.object(Some(v), "", KEYS);
+    let section = |key: &str| top.and_then(|t| t.get(key));
+    let general = general(&mut r, top, target);
+    let service = service(&mut r, section("service"));
+    let cluster_domain = r
+        .string(top, "", "cluster_domain")
+        .unwrap_or_else(|| "cluster.local".into());
+    if service.kind == Service::Counter {
+        counter_domain(&mut r, general.domain.as_deref());
+    }
+    let redis = redis(&mut r, section("redis"), service.kind, target, general.kube);
+    let workload = workload(&mut r, section("workload"), target, general.kube);
+    let istio = istio(&mut r, section("istio"));
+    let envoy_gateway = envoy_gateway(&mut r, section("envoy_gateway"), target);
+    let envoy = envoy(&mut r, section("envoy"));
+    let plugin = plugin(&mut r, section("plugin"));
+    let monitoring = monitoring(&mut r, top);
+    let errors = r.into_errors();
+    match (errors.is_empty(), general.domain) {
+        (true, Some(domain)) => Ok(Deployment {
+            domain,
+            namespace: general.namespace,
+            image: general.image,
+            sha256: general.sha256,
+            fail_strategy: general.fail_strategy,
+            cluster_domain,
+            service,
+            redis,
+            workload,
+            istio,
+            envoy_gateway,
+            envoy,
+            plugin,
+            monitoring,
+        }),
+        _ => Err(errors),
+    }
 }
 
 /// The description's top-level settings (`cluster_domain` aside).
@@ -685,7 +731,7 @@ pub(super) fn monitoring(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod monitoring_tests {
-    use super::super::{deployment, read_description, Deployment};
+    use super::super::read_description;
     use super::*;
 
     fn read(text: &str) -> Result<Deployment, Vec<DescriptionError>> {
