@@ -145,9 +145,23 @@ impl Service {
     }
 
     pub fn from_name(name: &str) -> Option<Service> {
-        [Service::EnvoyRatelimit, Service::Counter]
-            .into_iter()
-            .find(|s| s.name() == name)
+        Service::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    const ALL: [Service; 2] = [Service::EnvoyRatelimit, Service::Counter];
+}
+
+/// `--service` takes a service by its [`Service::name`]. Written by hand,
+/// not derived, so that `--help` lists the names without the variants'
+/// docs; the filter (built without the `cli` feature) never links clap.
+#[cfg(feature = "cli")]
+impl clap::ValueEnum for Service {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Service::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
     }
 }
 

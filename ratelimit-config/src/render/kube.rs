@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use super::deployment::{Deployment, MEMORY_STORE};
+use super::deployment::{Deployment, SecretRef, MEMORY_STORE};
 use super::object;
 use crate::model::Service;
 
@@ -15,13 +15,13 @@ use crate::model::Service;
 pub const NAME_LABEL: &str = "app.kubernetes.io/name";
 
 pub fn redis_name(dep: &Deployment) -> String {
-    format!("{}-redis", dep.service_name)
+    format!("{}-redis", dep.service.name)
 }
 
 /// The rules' ConfigMap (kustomize's configMapGenerator writes it from
 /// ratelimit.yaml, with a hash in its name so a change rolls the pods).
 pub fn rules_configmap_name(dep: &Deployment) -> String {
-    format!("{}-config", dep.service_name)
+    format!("{}-config", dep.service.name)
 }
 
 fn metadata(name: &str, dep: &Deployment, labels: Value) -> Value {
@@ -40,7 +40,20 @@ fn metadata(name: &str, dep: &Deployment, labels: Value) -> Value {
 pub const COUNTER_LIMITS_DIR: &str = "/etc/ratelimit-counter";
 /// The counter's HTTP port (`/readyz`, `/healthz`, `/metrics`): the one the
 /// Prometheus Operator scrapes too.
-pub const COUNTER_HTTP_PORT: u32 = super::monitoring::SERVICE_METRICS_PORT;
+pub const COUNTER_HTTP_PORT: u32 = SERVICE_METRICS_PORT;
+
+/// The rate-limit service's Prometheus endpoint (`PROMETHEUS_ADDR`), and
+/// the name of its port (what the ServiceMonitor of `monitoring` scrapes).
+pub const SERVICE_METRICS_PORT: u32 = 9090;
+pub const SERVICE_METRICS_PORT_NAME: &str = "metrics";
+
+/// The service's env that turns its Prometheus endpoint on.
+fn prometheus_env() -> [Value; 2] {
+    [
+        json!({"name": "USE_PROMETHEUS", "value": "true"}),
+        json!({"name": "PROMETHEUS_ADDR", "value": format!(":{SERVICE_METRICS_PORT}")}),
+    ]
+}
 
 /// The team file's name in the counter's ConfigMap: it serves the domain
 /// named so.
@@ -71,17 +84,17 @@ pub fn counter_container(
 ) -> Value {
     let mut c = json!({
         "name": "counter",
-        "image": dep.service_image,
+        "image": dep.service.image,
         "command": ["/bin/ratelimit-counter"],
         "args": [
             "--limits", COUNTER_LIMITS_DIR,
             "--store", counter_store(dep),
             "--descriptor-key", descriptor_key,
-            "--grpc-addr", format!("{grpc_host}:{}", dep.service_port),
+            "--grpc-addr", format!("{grpc_host}:{}", dep.service.port),
             "--http-addr", format!("0.0.0.0:{http_port}")
         ],
     });
-    if let (Some((secret, key)), Value::Object(m)) = (&dep.redis.auth, &mut c) {
+    if let (Some(SecretRef { name: secret, key }), Value::Object(m)) = (&dep.redis.auth, &mut c) {
         m.insert(
             "env".into(),
             json!([{"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}]),
@@ -130,13 +143,13 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "HOST", "value": "0.0.0.0"}),
         json!({"name": "PORT", "value": http_port.to_string()}),
         json!({"name": "GRPC_HOST", "value": grpc_host}),
-        json!({"name": "GRPC_PORT", "value": dep.service_port.to_string()}),
+        json!({"name": "GRPC_PORT", "value": dep.service.port.to_string()}),
         json!({"name": "DEBUG_HOST", "value": "127.0.0.1"}),
         json!({"name": "DEBUG_PORT", "value": "6070"}),
         json!({"name": "REDIS_SOCKET_TYPE", "value": "tcp"}),
         json!({"name": "REDIS_URL", "value": redis_url}),
     ];
-    if let Some((secret, key)) = &dep.redis.auth {
+    if let Some(SecretRef { name: secret, key }) = &dep.redis.auth {
         env.push(json!({"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}));
     }
     env.extend([
@@ -148,7 +161,7 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "LOG_LEVEL", "value": "info"}),
     ]);
     if dep.monitoring.is_some() {
-        env.extend(super::monitoring::service_env());
+        env.extend(prometheus_env());
     }
     env
 }
@@ -158,10 +171,10 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
 /// and `/json`, which spends quota like a gRPC call) is for the kubelet's
 /// probe only: the NetworkPolicy lets nothing else reach it.
 pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
-    if dep.service_kind == Service::Counter {
+    if dep.service.kind == Service::Counter {
         return counter_service(dep, descriptor_key);
     }
-    let name = &dep.service_name;
+    let name = &dep.service.name;
     let labels = name_labels(name);
     let mut deployment = json!({
         "apiVersion": "apps/v1",
@@ -175,12 +188,12 @@ pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
                 "spec": {
                     "containers": [{
                         "name": "ratelimit",
-                        "image": dep.service_image,
+                        "image": dep.service.image,
                         "command": ["/bin/ratelimit"],
                         "env": service_env(dep, "0.0.0.0", 8080),
                         "ports": [
                             {"name": "http", "containerPort": 8080},
-                            {"name": "grpc", "containerPort": dep.service_port}
+                            {"name": "grpc", "containerPort": dep.service.port}
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "http"}, "periodSeconds": 5},
                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
@@ -197,7 +210,7 @@ pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
         "metadata": metadata(name, dep, labels.clone()),
         "spec": {
             "selector": labels,
-            "ports": [{"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}]
+            "ports": [{"name": "grpc", "port": dep.service.port, "targetPort": "grpc", "appProtocol": "grpc"}]
         }
     });
     if dep.monitoring.is_some() {
@@ -211,7 +224,7 @@ pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
 /// from the ConfigMap the kustomization generates. Its HTTP port serves the
 /// kubelet's probes and `/metrics`, nothing that spends quota.
 fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
-    let name = &dep.service_name;
+    let name = &dep.service.name;
     let labels = name_labels(name);
     let mut container = counter_container(
         dep,
@@ -221,7 +234,7 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
         "limits",
     );
     if let Some(Value::Array(p)) = container.get_mut("ports") {
-        p.push(json!({"name": "grpc", "containerPort": dep.service_port}));
+        p.push(json!({"name": "grpc", "containerPort": dep.service.port}));
     }
     let replicas = if dep.redis.url.as_deref() == Some(MEMORY_STORE) {
         1
@@ -246,10 +259,9 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
         }
     });
     let mut ports = vec![
-        json!({"name": "grpc", "port": dep.service_port, "targetPort": "grpc", "appProtocol": "grpc"}),
+        json!({"name": "grpc", "port": dep.service.port, "targetPort": "grpc", "appProtocol": "grpc"}),
     ];
     if dep.monitoring.is_some() {
-        use super::monitoring::SERVICE_METRICS_PORT_NAME;
         ports.push(json!({"name": SERVICE_METRICS_PORT_NAME, "port": COUNTER_HTTP_PORT, "targetPort": "http"}));
     }
     let service = json!({
@@ -264,7 +276,6 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
 /// The service's Prometheus endpoint as a port of its container and of
 /// its Service (what the ServiceMonitor names).
 fn add_metrics_port(deployment: &mut Value, service: &mut Value) {
-    use super::monitoring::{SERVICE_METRICS_PORT, SERVICE_METRICS_PORT_NAME};
     if let Some(Value::Array(p)) = deployment.pointer_mut("/spec/template/spec/containers/0/ports")
     {
         p.push(json!({"name": SERVICE_METRICS_PORT_NAME, "containerPort": SERVICE_METRICS_PORT}));
@@ -292,9 +303,9 @@ pub fn redis(dep: &Deployment) -> Vec<Value> {
     ];
     let mut container = json!({
         "name": "redis",
-        "image": dep.redis_image,
+        "image": dep.redis.image,
     });
-    let probe = if let Some((secret, key)) = &dep.redis.auth {
+    let probe = if let Some(SecretRef { name: secret, key }) = &dep.redis.auth {
         args.extend([json!("--requirepass"), json!("$(REDIS_PASSWORD)")]);
         if let Value::Object(c) = &mut container {
             c.insert(
@@ -394,7 +405,7 @@ pub fn redis_policy(dep: &Deployment, service_pods: Value) -> Option<Value> {
     let name = redis_name(dep);
     Some(ingress_policy(
         dep,
-        &format!("{name}-from-{}", dep.service_name),
+        &format!("{name}-from-{}", dep.service.name),
         name_labels(&name),
         vec![json!({"podSelector": {"matchLabels": service_pods}})],
         &[6379],

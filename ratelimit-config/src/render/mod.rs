@@ -29,7 +29,7 @@ use crate::plugin::{
 };
 use crate::service_yaml::service_yaml;
 
-pub use deployment::{Deployment, FailStrategy, Target};
+pub use deployment::{Deployment, FailStrategy, IstioMode, Target};
 
 /// The plugin's name everywhere: Envoy's filter `name` and `root_id`,
 /// Istio's `pluginName`, Envoy Gateway's `rootID`.
@@ -59,12 +59,31 @@ pub struct Team<'a> {
     pub limits: &'a TeamLimits,
 }
 
+/// A plugin configuration the filter refuses (what `render` or `generate`
+/// would have written): each error with the place that set it, a flag or
+/// a line of the description.
+#[derive(Debug)]
+pub struct Refused(pub Vec<(String, ConfigError)>);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (place, e)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{place}: plugin configuration: {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// Why `render` wrote nothing.
 #[derive(Debug)]
 pub enum RenderError {
-    /// The plugin configuration the settings make is one the filter
-    /// refuses; each error with the place that set it.
-    Refused(Vec<(String, ConfigError)>),
+    /// The plugin configuration the settings make is one the filter refuses.
+    Refused(Refused),
     /// What render wrote does not agree with itself: a bug.
     Disagree(Vec<Problem>),
 }
@@ -72,15 +91,7 @@ pub enum RenderError {
 impl std::fmt::Display for RenderError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RenderError::Refused(errors) => {
-                for (i, (place, e)) in errors.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str("\n")?;
-                    }
-                    write!(f, "{place}: plugin configuration: {e}")?;
-                }
-                Ok(())
-            }
+            RenderError::Refused(refused) => refused.fmt(f),
             RenderError::Disagree(problems) => {
                 for (i, p) in problems.iter().enumerate() {
                     if i > 0 {
@@ -137,7 +148,7 @@ pub fn plugin(
         &PluginOptions {
             domain: &dep.domain,
             cluster,
-            service: dep.service_kind,
+            service: dep.service.kind,
             timeout_ms: DEFAULT_TIMEOUT_MS,
             descriptor_key: DEFAULT_DESCRIPTOR_KEY,
         },
@@ -154,12 +165,12 @@ pub fn plugin(
                 .filter(|w| !w.path.starts_with("limits"))
                 .collect(),
         }),
-        Err(errors) => Err(RenderError::Refused(
+        Err(errors) => Err(RenderError::Refused(Refused(
             errors
                 .into_iter()
                 .map(|e| (place(&format!("plugin.{}", e.path)), e))
                 .collect(),
-        )),
+        ))),
     }
 }
 
@@ -171,7 +182,7 @@ pub fn service_rules(
     dep: &Deployment,
     config: &PluginConfig,
 ) -> Result<File, RenderError> {
-    if dep.service_kind == Service::Counter {
+    if dep.service.kind == Service::Counter {
         return counter_rules(team, dep, config);
     }
     let yaml = service_yaml(
@@ -234,14 +245,14 @@ pub fn render(
 /// Istio's outbound cluster of the rate-limit Service:
 /// `outbound|<port>||<service>.<namespace>.svc.<cluster domain>`.
 pub fn istio_cluster(dep: &Deployment) -> String {
-    format!("outbound|{}||{}", dep.service_port, service_host(dep))
+    format!("outbound|{}||{}", dep.service.port, service_host(dep))
 }
 
 /// The rate-limit Service's DNS name.
 pub fn service_host(dep: &Deployment) -> String {
     format!(
         "{}.{}.svc.{}",
-        dep.service_name,
+        dep.service.name,
         dep.namespace.as_deref().unwrap_or("default"),
         dep.cluster_domain
     )
@@ -315,7 +326,7 @@ pub fn route_notes(limits: &TeamLimits, dep: &Deployment, target: Target) -> Vec
     match target {
         Target::Envoy => routes
             .iter()
-            .filter(|(name, _)| !dep.envoy_routes.iter().any(|(n, _)| n == name))
+            .filter(|(name, _)| !dep.envoy.routes.iter().any(|(n, _)| n == name))
             .map(|(name, groups)| {
                 format!(
                     "warning: envoy.routes: the team file limits route {name:?} ({}) but no route of envoy.yaml is named so: the limit never applies there; name the route in your own bootstrap, or give its prefix (envoy: routes: {{{name}: /{name}}} or --set envoy.routes.{name}=/{name})",
@@ -326,7 +337,7 @@ pub fn route_notes(limits: &TeamLimits, dep: &Deployment, target: Target) -> Vec
         // A sidecar's inbound listener has one route, always named
         // "default" (Istio's BuildDefaultHTTPInboundRoute): a VirtualService
         // names the routes of outbound and gateway listeners only.
-        Target::Istio if dep.istio_mode == "SERVER" => routes
+        Target::Istio if dep.istio.mode == IstioMode::Server => routes
             .iter()
             .filter(|(name, _)| name != ISTIO_INBOUND_ROUTE)
             .map(|(name, groups)| {

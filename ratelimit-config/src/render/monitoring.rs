@@ -10,13 +10,9 @@
 use serde_json::{json, Value};
 
 use super::deployment::{Deployment, Monitoring, Target};
-use super::kube::{ingress_policy, name_labels};
+use super::kube::{ingress_policy, name_labels, SERVICE_METRICS_PORT_NAME};
 use super::{header, yaml_file, File, Team, RESOURCE_NAME};
 
-/// The rate-limit service's Prometheus endpoint (`PROMETHEUS_ADDR`), and
-/// the name of its port.
-pub const SERVICE_METRICS_PORT: u32 = 9090;
-pub const SERVICE_METRICS_PORT_NAME: &str = "metrics";
 /// The sidecar pod's ports (plain Envoy): Envoy's stats listener and the
 /// service's endpoint beside it.
 pub const SIDECAR_ENVOY_PORT_NAME: &str = "envoy-metrics";
@@ -31,14 +27,6 @@ pub const SERVICE_JOB: &str = "ratelimit";
 /// Envoy's Prometheus path, on its admin (and on plain Envoy's stats listener).
 pub const ENVOY_STATS_PATH: &str = "/stats/prometheus";
 const INTERVAL: &str = "30s";
-
-/// The service's env that turns its Prometheus endpoint on.
-pub fn service_env() -> [Value; 2] {
-    [
-        json!({"name": "USE_PROMETHEUS", "value": "true"}),
-        json!({"name": "PROMETHEUS_ADDR", "value": format!(":{SERVICE_METRICS_PORT}")}),
-    ]
-}
 
 /// One scrape endpoint: `port` (a port name) and `path`, its job named.
 fn endpoint(port: &str, path: &str, job: &str) -> Value {
@@ -81,9 +69,9 @@ fn service_monitor(dep: &Deployment) -> Value {
     json!({
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": metadata(dep, &dep.service_name),
+        "metadata": metadata(dep, &dep.service.name),
         "spec": {
-            "selector": {"matchLabels": name_labels(&dep.service_name)},
+            "selector": {"matchLabels": name_labels(&dep.service.name)},
             "endpoints": [endpoint(SERVICE_METRICS_PORT_NAME, "/metrics", SERVICE_JOB)]
         }
     })
@@ -117,7 +105,7 @@ pub fn monitors(team: &Team<'_>, dep: &Deployment, target: Target, proxies: Valu
                     dep,
                     &envoy_name,
                     proxies,
-                    Some(&dep.proxy_namespace),
+                    Some(&dep.envoy_gateway.proxy_namespace),
                     vec![endpoint(EG_ENVOY_PORT_NAME, ENVOY_STATS_PATH, ENVOY_JOB)],
                 ),
                 service_monitor(dep),

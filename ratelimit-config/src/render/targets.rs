@@ -11,11 +11,10 @@ use super::deployment::{Deployment, FailStrategy, Target};
 use super::envoy::{bootstrap, bootstrap_fragment, stats_config, wasm_filter, Ports};
 use super::kube::{
     counter_container, ingress_policy, kustomization, name_labels, ratelimit_service, redis,
-    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT,
+    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT, SERVICE_METRICS_PORT,
 };
 use super::monitoring::{
-    monitors, prometheus_policy, SERVICE_METRICS_PORT, SIDECAR_ENVOY_PORT_NAME,
-    SIDECAR_SERVICE_PORT_NAME,
+    monitors, prometheus_policy, SIDECAR_ENVOY_PORT_NAME, SIDECAR_SERVICE_PORT_NAME,
 };
 use super::{
     header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
@@ -38,7 +37,7 @@ fn namespace(dep: &Deployment) -> &str {
 
 /// What `ratelimit-service.yaml` says of the service.
 fn service_comment(dep: &Deployment) -> &'static [&'static str] {
-    match dep.service_kind {
+    match dep.service.kind {
         Service::EnvoyRatelimit => &[
             "envoyproxy/ratelimit as a Service shared by the proxies, with its rules",
             "(ratelimit.yaml, in the ConfigMap the kustomization generates). Its HTTP",
@@ -66,7 +65,7 @@ fn shared(
     own: &[&str],
     (rules, descriptor_key): (&File, &str),
 ) -> Vec<File> {
-    let svc = &dep.service_name;
+    let svc = &dep.service.name;
     let mut files = vec![
         rules.clone(),
         yaml_file(
@@ -97,7 +96,7 @@ fn shared(
         &format!("{svc}-from-proxies"),
         name_labels(svc),
         proxies,
-        &[dep.service_port],
+        &[dep.service.port],
     )];
     policies.extend(redis_policy(dep, name_labels(svc)));
     if let Some(m) = &dep.monitoring {
@@ -106,7 +105,7 @@ fn shared(
             m,
             &format!("{svc}-metrics-from-prometheus"),
             name_labels(svc),
-            &[match dep.service_kind {
+            &[match dep.service.kind {
                 Service::EnvoyRatelimit => SERVICE_METRICS_PORT,
                 Service::Counter => COUNTER_HTTP_PORT,
             }],
@@ -178,7 +177,7 @@ fn fail_comment(target: Target) -> [&'static str; 6] {
 pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let ns = namespace(dep);
     let mut spec = json!({
-        "selector": {"matchLabels": labels(&dep.workload_labels)},
+        "selector": {"matchLabels": labels(&dep.workload.labels)},
         "url": format!("oci://{}", dep.image.as_deref().unwrap_or_default()),
     });
     if let (Some(hex), Value::Object(m)) = (&dep.sha256, &mut spec) {
@@ -186,13 +185,13 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
     }
     if let Value::Object(m) = &mut spec {
         m.insert("imagePullPolicy".into(), json!("IfNotPresent"));
-        m.insert("phase".into(), json!(dep.istio_phase));
-        if let Some(priority) = dep.istio_priority {
+        m.insert("phase".into(), json!(dep.istio.phase.name()));
+        if let Some(priority) = dep.istio.priority {
             m.insert("priority".into(), json!(priority));
         }
         // Without a match Istio runs it on inbound and outbound listeners
         // alike: a sidecar would limit its workload's own calls too.
-        m.insert("match".into(), json!([{"mode": dep.istio_mode}]));
+        m.insert("match".into(), json!([{"mode": dep.istio.mode.name()}]));
         m.insert("pluginName".into(), json!(ROOT_ID));
         m.insert(
             "failStrategy".into(),
@@ -206,7 +205,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
     let plugin = json!({
         "apiVersion": "extensions.istio.io/v1alpha1",
         "kind": "WasmPlugin",
-        "metadata": {"name": dep.istio_name, "namespace": ns},
+        "metadata": {"name": dep.istio.name, "namespace": ns},
         "spec": spec,
     });
     let mut comment: Vec<&str> = vec![
@@ -246,7 +245,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
         "metadata": {"name": ISTIO_BOOTSTRAP_CONFIGMAP, "namespace": ns},
         "data": {ISTIO_BOOTSTRAP_KEY: override_json},
     });
-    let workload = dep.workload_name.as_deref().unwrap_or_default();
+    let workload = dep.workload.name.as_deref().unwrap_or_default();
     let patch = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -255,7 +254,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
             ISTIO_BOOTSTRAP_ANNOTATION: ISTIO_BOOTSTRAP_CONFIGMAP
         }}}}
     });
-    let proxies = vec![json!({"podSelector": {"matchLabels": labels(&dep.workload_labels)}})];
+    let proxies = vec![json!({"podSelector": {"matchLabels": labels(&dep.workload.labels)}})];
     let mut files = vec![
         yaml_file("wasmplugin.yaml", &header(team, Target::Istio, &comment), &[plugin]),
         yaml_file(
@@ -292,7 +291,7 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
         team,
         dep,
         Target::Istio,
-        (proxies, labels(&dep.workload_labels)),
+        (proxies, labels(&dep.workload.labels)),
         &["wasmplugin.yaml", "stats-bootstrap.yaml"],
         (rules, &p.config.descriptor_key),
     ));
@@ -306,8 +305,8 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
 /// labels; the Gateway names that EnvoyProxy (gateway-patch.yaml).
 pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let ns = namespace(dep);
-    let route = dep.route.as_deref().unwrap_or_default();
-    let gateway = dep.gateway.as_deref().unwrap_or_default();
+    let route = dep.envoy_gateway.route.as_deref().unwrap_or_default();
+    let gateway = dep.envoy_gateway.gateway.as_deref().unwrap_or_default();
     let mut image = json!({"url": dep.image.as_deref().unwrap_or_default()});
     if let (Some(hex), Value::Object(m)) = (&dep.sha256, &mut image) {
         m.insert("sha256".into(), json!(hex));
@@ -335,7 +334,7 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
         "",
     ];
     comment.extend(fail_comment(Target::EnvoyGateway));
-    let fragment = bootstrap_fragment(STATIC_CLUSTER, &service_host(dep), dep.service_port);
+    let fragment = bootstrap_fragment(STATIC_CLUSTER, &service_host(dep), dep.service.port);
     let proxy = json!({
         "apiVersion": "gateway.envoyproxy.io/v1alpha1",
         "kind": "EnvoyProxy",
@@ -357,7 +356,7 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
         "gateway.envoyproxy.io/owning-gateway-namespace": ns
     });
     let proxies = vec![json!({
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": dep.proxy_namespace}},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": dep.envoy_gateway.proxy_namespace}},
         "podSelector": {"matchLabels": proxy_pods}
     })];
     let mut files = vec![
@@ -418,13 +417,13 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
 /// labels), a complete bootstrap that uses both (envoy.yaml), the service's
 /// rules; with a namespace, also the sidecar pattern for Kubernetes.
 pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
-    let filter = wasm_filter(&p.json, &dep.envoy_wasm_path, dep.fail_strategy);
-    let fragment = bootstrap_fragment(STATIC_CLUSTER, &dep.envoy_service_address, dep.service_port);
+    let filter = wasm_filter(&p.json, &dep.envoy.wasm_path, dep.fail_strategy);
+    let fragment = bootstrap_fragment(STATIC_CLUSTER, &dep.envoy.service_address, dep.service.port);
     let ports = Ports {
-        listen: dep.envoy_listen_port,
-        admin: dep.envoy_admin_port,
-        app: dep.envoy_app_port,
-        routes: &dep.envoy_routes,
+        listen: dep.envoy.listen_port,
+        admin: dep.envoy.admin_port,
+        app: dep.envoy.app_port,
+        routes: &dep.envoy.routes,
         metrics: dep.monitoring.as_ref().map(|m| m.envoy_metrics_port),
     };
     let t = Target::Envoy;
@@ -484,11 +483,12 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
 /// image as an image volume (Kubernetes 1.35+).
 fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str) -> Vec<File> {
     let t = Target::Envoy;
-    let name = dep.workload_name.as_deref().unwrap_or_default();
-    let pod_labels = labels(&dep.workload_labels);
-    let admin = dep.envoy_admin_port;
+    let name = dep.workload.name.as_deref().unwrap_or_default();
+    let pod_labels = labels(&dep.workload.labels);
+    let admin = dep.envoy.admin_port;
     let wasm_dir = dep
-        .envoy_wasm_path
+        .envoy
+        .wasm_path
         .rsplit_once('/')
         .map_or("/", |(d, _)| if d.is_empty() { "/" } else { d })
         .to_string();
@@ -512,16 +512,16 @@ fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str
                     "containers": [
                         {
                             "name": "app",
-                            "image": dep.workload_image,
-                            "ports": [{"name": "app", "containerPort": dep.envoy_app_port}],
+                            "image": dep.workload.image,
+                            "ports": [{"name": "app", "containerPort": dep.envoy.app_port}],
                             "lifecycle": {"preStop": {"sleep": {"seconds": 12}}}
                         },
                         {
                             "name": "envoy",
-                            "image": dep.envoy_image,
+                            "image": dep.envoy.image,
                             "args": ["envoy", "-c", "/etc/envoy/envoy.yaml", "--drain-time-s", "10",
                                      "--drain-strategy", "immediate", "--disable-hot-restart"],
-                            "ports": [{"name": "http", "containerPort": dep.envoy_listen_port}],
+                            "ports": [{"name": "http", "containerPort": dep.envoy.listen_port}],
                             "readinessProbe": {"exec": {"command": ["bash", "-c", ready]}, "periodSeconds": 5},
                             "lifecycle": {"preStop": {"exec": {"command": ["bash", "-c", drain]}}},
                             "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
@@ -555,7 +555,7 @@ fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str
         &format!("{name}-envoy-only"),
         pod_labels.clone(),
         Vec::new(),
-        &[dep.envoy_listen_port],
+        &[dep.envoy.listen_port],
     )];
     policies.extend(redis_policy(dep, pod_labels.clone()));
     if let Some(m) = &dep.monitoring {
@@ -648,10 +648,10 @@ fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str
 /// The rate-limit service's container in the sidecar pod, on 127.0.0.1
 /// beside Envoy; its HTTP port (the kubelet's probes) on the pod's address.
 fn service_container(dep: &Deployment, descriptor_key: &str) -> Value {
-    match dep.service_kind {
+    match dep.service.kind {
         Service::EnvoyRatelimit => json!({
             "name": "ratelimit",
-            "image": dep.service_image,
+            "image": dep.service.image,
             "command": ["/bin/ratelimit"],
             "env": service_env(dep, "127.0.0.1", 8090),
             "ports": [{"name": "rl-health", "containerPort": 8090}],
