@@ -15,9 +15,11 @@ mod native {
 
     use criterion::Criterion;
     use ratelimit_config::parse_plugin_config;
+    use tenant_ratelimit::compiled::Compiled;
     use tenant_ratelimit::counters::Counter;
-    use tenant_ratelimit::decision::{first_step, Compiled, Step};
+    use tenant_ratelimit::decision::{first_step, Step};
     use tenant_ratelimit::flow::{Next, Stream};
+    use tenant_ratelimit::group::GroupId;
     use tenant_ratelimit::local::{
         remember_over_limit, slot_for, update, SlotKey, SlotSecret, CAS_ATTEMPTS,
     };
@@ -133,7 +135,8 @@ mod native {
             (0..)
                 .map(|i| format!("{prefix}-{i:05}"))
                 .filter(|t| {
-                    let at = |c: &Compiled| slot_for(&KEY, c.scope(group), t, SLOTS).index;
+                    let at =
+                        |c: &Compiled| slot_for(&KEY, c.scope(GroupId::new(group)), t, SLOTS).index;
                     let (a, b) = (at(&scopes[0]), at(&scopes[1]));
                     if used[0].contains(&a) || used[1].contains(&b) {
                         return false;
@@ -208,12 +211,7 @@ mod native {
             let Step::Limit(l) = first_step(c, &read) else {
                 fail(&format!("{t} is not limited"));
             };
-            let at = slot_for(
-                &KEY,
-                c.scope(l.group_index),
-                &l.tenant,
-                c.config.local.slots,
-            );
+            let at = slot_for(&KEY, c.scope(l.group_id), &l.tenant, c.config.local.slots);
             let statuses = [
                 status(Code::Ok, 1000, RateLimitUnit::Second, 999, 1),
                 status(Code::OverLimit, 3600, RateLimitUnit::Hour, 0, 1_800),
@@ -327,7 +325,7 @@ mod native {
                 })
             });
             let mut i = 0usize;
-            let scope = cfg.scope(0);
+            let scope = cfg.scope(GroupId::new(0));
             group.bench_function("slot_for", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;

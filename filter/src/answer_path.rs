@@ -21,9 +21,10 @@ use ratelimit_config::HeaderMode;
 
 use crate::answer::{Answer, RlsError};
 use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
+use crate::compiled::Compiled;
 use crate::counters::GroupCounter;
-use crate::decision::{own_statuses, Compiled};
 use crate::fallback;
+use crate::group::GroupId;
 use crate::host::Host;
 use crate::lease::{self, Outcome};
 use crate::local::names::intern;
@@ -39,7 +40,7 @@ use crate::vm::Vm;
 /// clock read once in the callback that stores it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Asked {
-    pub group: usize,
+    pub group: GroupId,
     pub at: SlotRef,
     pub asked_at_ms: u64,
     pub now_ms: u64,
@@ -129,7 +130,7 @@ pub fn store_charge_answer<H: Host + ?Sized>(
         return;
     }
     let statuses = &answer.response.statuses;
-    let (own, on_route) = statuses.split_at(own_statuses(c, group).min(statuses.len()));
+    let (own, on_route) = statuses.split_at(c.descriptor_count(group, None).min(statuses.len()));
     remember(c, host, call.at, asked_at_ms, own);
     if let Some(r) = &call.route {
         remember(c, host, r.at, asked_at_ms, on_route);
@@ -207,7 +208,7 @@ pub fn store_lease_answer<H: Host + ?Sized>(
 
 /// Counts a push of `hits` sync hits the service answered (`heard`; None:
 /// it failed).
-fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
+fn count_push<H: Host + ?Sized>(host: &H, group: GroupId, hits: u32, heard: Option<&Answer>) {
     match heard {
         None => host.count_group(group, GroupCounter::SyncFailed),
         Some(answer) => {

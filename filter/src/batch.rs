@@ -52,8 +52,10 @@ use std::collections::HashMap;
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
+use crate::compiled::Compiled;
 use crate::counters::Counter;
-use crate::decision::{descriptor_count, tenant_message, Compiled};
+use crate::decision::tenant_message;
+use crate::group::GroupId;
 use crate::health::{self, LogThrottle};
 use crate::host::Host;
 use crate::local::SlotRef;
@@ -87,8 +89,7 @@ pub enum CallKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantCall {
     pub kind: CallKind,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
     /// The tenant's slot (not used when the local layer is off).
     pub at: SlotRef,
@@ -147,8 +148,7 @@ pub enum Owner {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
     pub owner: Owner,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
     /// The route whose descriptors follow the group's (a request on a
     /// route with limits of its own, a charge for one).
@@ -169,7 +169,7 @@ impl Part {
     pub fn new(
         c: &Compiled,
         owner: Owner,
-        group: usize,
+        group: GroupId,
         (tenant, route): (String, Option<String>),
         hits: u32,
         now_ms: u64,
@@ -177,7 +177,7 @@ impl Part {
         Part {
             owner,
             group,
-            descriptors: descriptor_count(c, group, route.as_deref()),
+            descriptors: c.descriptor_count(group, route.as_deref()),
             tenant,
             route,
             hits,
@@ -738,7 +738,7 @@ fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
     let sets = parts
         .iter()
         .map(|p| {
-            let g = c.config.limits.all_groups().nth(p.group)?;
+            let g = c.group(p.group)?;
             let route = match p.route.as_deref() {
                 Some(name) => Some(g.route(name.as_bytes())?),
                 None => None,

@@ -26,8 +26,8 @@
 
 use std::fmt;
 
+use crate::compiled::Compiled;
 use crate::counters::Counter;
-use crate::decision::Compiled;
 use crate::health::{LogThrottle, WARN_INTERVAL_MS};
 use crate::host::{Host, HostError};
 use crate::vm::TenantCall;

@@ -20,7 +20,8 @@
 //! left alone for `HOLD_MS` goes to the next tenant that needs it).
 
 use crate::answer::Answer;
-use crate::decision::Compiled;
+use crate::compiled::Compiled;
+use crate::group::GroupId;
 use crate::host::{Host, SharedData};
 use crate::local::slot::{put, u32_at, u64_at};
 use crate::local::{self, update_key, SlotRef, UpdateError, CAS_ATTEMPTS};
@@ -158,11 +159,11 @@ pub struct Params {
 
 impl Params {
     /// The group's fallback, None unless `on_failure` is `local`.
-    pub fn for_group(c: &Compiled, group: usize) -> Option<Params> {
+    pub fn for_group(c: &Compiled, group: GroupId) -> Option<Params> {
         if c.config.on_failure != OnFailure::Local {
             return None;
         }
-        let g = c.config.limits.all_groups().nth(group)?;
+        let g = c.group(group)?;
         let (windows, units) = window::of_group(g);
         Some(Params {
             windows,
@@ -298,7 +299,7 @@ where
 pub fn on_answer<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
-    group: usize,
+    group: GroupId,
     at: SlotRef,
     hits: u32,
     answer: &Answer,
@@ -320,7 +321,7 @@ pub fn on_answer<H: Host + ?Sized>(
 pub fn on_request<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
-    group: usize,
+    group: GroupId,
     at: SlotRef,
     cost: u32,
 ) -> Decided {

@@ -34,13 +34,14 @@ use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
 use crate::answer_path::{finish, remember};
 use crate::batch::{Owner, Part, Settle};
+use crate::compiled::Compiled;
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{
-    self, first_step, near_limit, verdict_of, Compiled, Decision, Limited, Step, Verdict,
-    RETRY_AFTER,
+    self, first_step, near_limit, verdict_of, Decision, Limited, Step, Verdict, RETRY_AFTER,
 };
 use crate::fallback::{self, Decided};
+use crate::group::GroupId;
 use crate::health;
 use crate::host::{Host, HostError};
 use crate::lease::smaller_may_fit;
@@ -78,9 +79,9 @@ pub struct Stream {
     /// service sees it, or the verified property's), once known: what every
     /// log line, access-log field and warning about this request names.
     tenant: Option<String>,
-    /// The tenant's group (its index in `limits.all_groups()`), once known:
-    /// whose per-group counters this request counts in.
-    group: Option<usize>,
+    /// The tenant's group, once known: whose per-group counters this
+    /// request counts in.
+    group: Option<GroupId>,
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
@@ -91,9 +92,6 @@ pub struct Stream {
     /// The tenant's slot on its route, when the request is on a route with
     /// limits of its own and the local layer is on.
     route_slot: Option<SlotRef>,
-    /// How many of the answer's statuses are the tenant's own (its group's
-    /// units); the rest are its route's.
-    own_statuses: usize,
     /// With `response_cost_header`: the charge to send once the response
     /// tells its cost, `hits` holding what the request was charged.
     charge: Option<Box<TenantCall>>,
@@ -211,7 +209,7 @@ impl Stream {
                 Ok(Some(name)) => {
                     let mut routes = limited.group.routes.iter().enumerate();
                     if let Some((i, r)) = routes.find(|(_, r)| r.name.as_bytes() == name) {
-                        host.count_route(limited.group_index, i);
+                        host.count_route(limited.group_id, i);
                         limited.route = Some(r);
                     }
                 }
@@ -231,9 +229,8 @@ impl Stream {
         };
         self.tenant = Some(limited.tenant.to_string());
         self.cost = cost;
-        self.group = Some(limited.group_index);
+        self.group = Some(limited.group_id);
         self.shadow = c.config.shadowed(limited.group);
-        self.own_statuses = limited.group.limits.len();
         Ok((limited, cost))
     }
 
@@ -257,7 +254,7 @@ impl Stream {
         let limited = req.limited;
         let route = limited.route.map(|r| r.name.clone());
         let tenant = self.tenant.clone().unwrap_or_default();
-        let group = limited.group_index;
+        let group = limited.group_id;
         let part = Part::new(c, owner, group, (tenant, route), hits, req.now_ms);
         let done = vm.batch.ask(c, host, part);
         match finish(c, host, vm, done, Some(self.id)) {
@@ -341,10 +338,12 @@ impl Stream {
                 // Remembered in shadow too: the cache then lets through
                 // (and counts) what it would have refused, as enforcing
                 // would, and spares the service the same calls. Each slot
-                // keeps its part of the answer (`own_statuses`).
+                // keeps its part of the answer (the group's descriptors
+                // first, then the route's).
                 // Not a batch the counter refused whole while one hit
                 // still fits (`lease::smaller_may_fit`).
-                let own = self.own_statuses.min(statuses.len());
+                let own = self.group.map_or(0, |g| c.descriptor_count(g, None));
+                let own = own.min(statuses.len());
                 let (own, on_route) = statuses.split_at(own);
                 if !smaller_may_fit(self.hits, &statuses) {
                     if let Some(at) = self.slot {
@@ -453,9 +452,7 @@ impl Stream {
     }
 
     fn group_name<'c>(&self, c: &'c Compiled) -> Option<&'c str> {
-        self.group
-            .and_then(|g| c.config.limits.all_groups().nth(g))
-            .map(|g| g.name.as_str())
+        self.group.and_then(|g| c.group_name(g))
     }
 
     /// The upstream's response headers have arrived (also for the filter's
@@ -540,7 +537,7 @@ fn charge_for(
     let route_at = slots.and_then(|s| s.route_at).unwrap_or(NO_SLOT);
     Some(Box::new(TenantCall {
         kind: CallKind::Charge,
-        group: limited.group_index,
+        group: limited.group_id,
         tenant: limited.tenant.to_string(),
         at: slots.map_or(NO_SLOT, |s| s.at),
         hits: cost,

@@ -24,8 +24,12 @@
 //! - `sync`: sync mode's state machine (admit against a view, push hits).
 //! - `tenant`: the request's tenant, read from its source (a header, or an
 //!   Envoy attribute): missing, sent more than once, or its raw value.
-//! - `decision`: the compiled configuration, the first step, the call's
-//!   message, the verdict from the service's answer.
+//! - `compiled`: the configuration compiled once per VM, and each group's
+//!   part of it by `GroupId` (the group, its scope, its mode).
+//! - `group`: `GroupId`, a group by its position, the key of all that is
+//!   kept per group.
+//! - `decision`: the first step, the call's message, the verdict from the
+//!   service's answer.
 //! - `answer`: the service's answer, decoded once.
 //! - `breaker`: when the service keeps failing, no calls, one probe per
 //!   interval (one state per Envoy, in shared data).
@@ -70,11 +74,13 @@ pub mod answer;
 pub mod answer_path;
 pub mod batch;
 pub mod breaker;
+pub mod compiled;
 pub mod cost;
 pub mod counters;
 pub mod decision;
 pub mod fallback;
 pub mod flow;
+pub mod group;
 pub mod headers;
 pub mod health;
 pub mod host;

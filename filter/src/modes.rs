@@ -17,8 +17,9 @@ use ratelimit_config::{BucketParams, HeaderMode, Unit};
 
 use crate::access_log::Source;
 use crate::batch::{CallKind, Settle, TenantCall};
+use crate::compiled::{Compiled, ModeParams};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{Compiled, Limited, ModeParams};
+use crate::decision::Limited;
 use crate::headers::{group_policy, limit_headers};
 use crate::host::Host;
 use crate::lease::{self, Spend};
@@ -316,7 +317,7 @@ pub fn local_outcome<H: Host + ?Sized>(
     }
     let limited = req.limited;
     let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
-    let scope = c.scope(limited.group_index);
+    let scope = c.scope(limited.group_id);
     let first = slot_for(secret, scope, tenant, local.slots);
     let on_route = limited.route.map(|r| {
         (
@@ -356,7 +357,7 @@ fn probe<H: Host + ?Sized>(
         bucket: c.config.local.bucket_for(limited.group),
         headers: c.config.headers,
         names,
-        params: c.mode_params(limited.group_index),
+        params: c.mode_params(limited.group_id),
         on_route: limited.route.is_some(),
         limits: &limited.group.limits,
     };
@@ -385,7 +386,7 @@ fn tenant_outcome<H: Host + ?Sized>(
     admitted: Result<Admission, UpdateError>,
 ) -> LocalOutcome {
     let (limited, at) = (req.limited, slots.at);
-    let group = limited.group_index;
+    let group = limited.group_id;
     let exact = |hits| LocalOutcome::Ask {
         slots,
         settle: Settle::Exact,
@@ -462,8 +463,8 @@ fn admitted_locally<H: Host + ?Sized>(
 ) -> LocalOutcome {
     let limited = req.limited;
     track(vm, limited, slots.at, req.now_ms);
-    host.count_group(limited.group_index, GroupCounter::Admitted);
-    host.count_group(limited.group_index, counter);
+    host.count_group(limited.group_id, GroupCounter::Admitted);
+    host.count_group(limited.group_id, counter);
     let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
     LocalOutcome::Admitted { slots, headers }
 }
@@ -501,7 +502,7 @@ fn refusal<H: Host + ?Sized>(
 fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) -> TenantCall {
     TenantCall {
         kind,
-        group: limited.group_index,
+        group: limited.group_id,
         tenant: limited.tenant.to_string(),
         at,
         hits,
@@ -563,7 +564,7 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
 fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef, now_ms: u64) {
     if !vm
         .mailbox
-        .track_at(limited.group_index, &limited.tenant, at, now_ms)
+        .track_at(limited.group_id, &limited.tenant, at, now_ms)
     {
         log::debug!("tenant not tracked: the root tracks the most it may");
     }

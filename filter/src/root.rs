@@ -44,7 +44,7 @@ use ratelimit_config::{OnFailure, LEASE_TICK_MS};
 use crate::answer_path::{finish, release};
 use crate::batch::Part;
 use crate::breaker;
-use crate::decision::Compiled;
+use crate::compiled::Compiled;
 use crate::fallback;
 use crate::host::{Host, SharedData};
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
@@ -131,7 +131,6 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
 /// Sync mode's push period (None: no group syncs).
 pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
     c.group_modes()
-        .iter()
         .any(|m| m.sync().is_some())
         .then_some(u64::from(c.config.local.sync_interval_ms))
 }
@@ -140,7 +139,7 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 /// pushes' (None: no group needs a tick). A response's cost needs none: it
 /// is charged when the response tells it (`cost::charge_response`).
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
-    let leases = c.group_modes().iter().any(|m| m.lease().is_some());
+    let leases = c.group_modes().any(|m| m.lease().is_some());
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),
@@ -153,7 +152,6 @@ pub fn tick_ms(c: &Compiled) -> Option<u64> {
 /// tracks, in one call.
 pub fn lease_window_ms(c: &Compiled) -> Option<u64> {
     c.group_modes()
-        .iter()
         .filter_map(|m| m.lease())
         .map(|p| p.window_ms)
         .min()

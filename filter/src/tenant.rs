@@ -88,18 +88,15 @@ pub fn read<H: Host + ?Sized>(source: &Source, host: &H) -> Result<Read, HostErr
 mod tests {
     use super::*;
     use crate::host::HostCall;
-    use crate::testing::MemHost;
-    use ratelimit_config::parse_plugin_config;
+    use crate::testing::{compiled_json, MemHost};
+    use serde_json::{json, Value};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn source(extra: &str) -> Source {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
-               "limits": {{"x-tenant-id": {{"default": {{"perhour": 1}}}}}}{extra}}}"#
-        );
-        let c = parse_plugin_config(text.as_bytes()).unwrap().0;
-        Source::new(&c.tenant_source, &c.limits)
+    fn source(extra: Value) -> Source {
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "rl"},
+            "limits": {"x-tenant-id": {"default": {"perhour": 1}}}});
+        compiled_json(base, extra).tenant
     }
 
     fn value(v: &[u8]) -> Read {
@@ -108,7 +105,7 @@ mod tests {
 
     #[test]
     fn a_header_is_one_value_or_refused_as_several() {
-        let s = source("");
+        let s = source(json!({}));
         let h = MemHost::new();
         assert_eq!(read(&s, &h), Ok(Read::Missing));
         h.set_request_header("x-tenant-id", b"acme");
@@ -138,7 +135,7 @@ mod tests {
     #[test]
     fn a_property_source_reads_no_header() {
         let s = source(
-            r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+            json!({"tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}}),
         );
         let h = MemHost::new();
         h.fail(HostCall::RequestHeader);
@@ -159,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_host_call_that_fails_is_an_error() {
-        let s = source("");
+        let s = source(json!({}));
         let h = MemHost::new();
         h.set_request_header("x-tenant-id", b"a");
         h.append_request_header("x-tenant-id", b"b");

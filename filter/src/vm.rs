@@ -14,6 +14,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::batch::Batcher;
 pub use crate::batch::{CallKind, OnRoute, TenantCall};
+use crate::group::GroupId;
 use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
 
@@ -61,7 +62,7 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// refills when a window ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tracked {
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
     pub at: SlotRef,
     /// The second of this worker's last request of the tenant (None: not
@@ -114,17 +115,17 @@ impl Mailbox {
     /// window, until it is idle). False when it is not tracked (the mailbox
     /// holds `MAX_TRACKED` others); a tenant tracked already stays as it is
     /// (no allocation).
-    pub fn track(&self, group: usize, tenant: &str, at: SlotRef) -> bool {
+    pub fn track(&self, group: GroupId, tenant: &str, at: SlotRef) -> bool {
         self.track_seen(group, tenant, at, None)
     }
 
     /// `track`, for a request of the tenant at `now_ms` (the tenant's
     /// `seen_s`).
-    pub fn track_at(&self, group: usize, tenant: &str, at: SlotRef, now_ms: u64) -> bool {
+    pub fn track_at(&self, group: GroupId, tenant: &str, at: SlotRef, now_ms: u64) -> bool {
         self.track_seen(group, tenant, at, Some(now_ms / 1_000))
     }
 
-    fn track_seen(&self, group: usize, tenant: &str, at: SlotRef, seen_s: Option<u64>) -> bool {
+    fn track_seen(&self, group: GroupId, tenant: &str, at: SlotRef, seen_s: Option<u64>) -> bool {
         let Ok(mut t) = self.tracked.try_borrow_mut() else {
             return false;
         };
@@ -208,7 +209,7 @@ mod tests {
     fn refill(i: usize) -> TenantCall {
         TenantCall {
             kind: CallKind::Refill,
-            group: 0,
+            group: GroupId::new(0),
             tenant: format!("t{i}"),
             at: at(i as u64 + 1),
             hits: 1,
@@ -234,14 +235,14 @@ mod tests {
     fn at_most_max_tracked_tenants_each_once_until_forgotten() {
         let m = Mailbox::default();
         for i in 0..MAX_TRACKED as u64 {
-            assert!(m.track(0, "t", at(i + 1)));
+            assert!(m.track(GroupId::new(0), "t", at(i + 1)));
         }
         // Tracked already: still tracked, not added twice.
-        assert!(m.track(0, "t", at(1)));
-        assert!(!m.track(0, "t", at(u64::MAX)));
+        assert!(m.track(GroupId::new(0), "t", at(1)));
+        assert!(!m.track(GroupId::new(0), "t", at(u64::MAX)));
         assert_eq!(m.tracked().len(), MAX_TRACKED);
         m.forget(at(1));
-        assert!(m.track(0, "other", at(u64::MAX)));
+        assert!(m.track(GroupId::new(0), "other", at(u64::MAX)));
         assert_eq!(m.tracked().len(), MAX_TRACKED);
     }
 }
