@@ -78,6 +78,12 @@ pub fn compiled(text: &str) -> Compiled {
     }
 }
 
+/// A worker ready for `c` (its slots created) at the tests' clock.
+#[cfg(test)]
+pub fn host(c: &Compiled) -> Worker {
+    Worker::ready(c, NOW)
+}
+
 /// A plugin configuration built with `json!` and compiled, for a test;
 /// `extra`'s keys (an object's) are set on top of `base`'s.
 #[cfg(test)]

@@ -9,7 +9,9 @@ use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::health::WARN_INTERVAL_MS;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
-use crate::testing::{compiled_json, group_id, slot_of, status, HostCall, MemHost, Worker, NOW};
+use crate::testing::{
+    compiled_json, group_id, host, slot_of, status, HostCall, MemHost, Worker, NOW,
+};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -33,10 +35,6 @@ fn config_with_limits(limits: Value, extra: Value) -> Compiled {
         "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25, "batch": {"max_in_flight": 64}},
         "limits": limits});
     compiled_json(base, extra)
-}
-
-fn host(c: &Compiled) -> Worker {
-    Worker::ready(c, NOW)
 }
 
 /// A request of `tenant` (None: without the header) up to its first answer.

@@ -13,7 +13,7 @@ use crate::lease::Outcome;
 use crate::local::state::Lease;
 use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, compiled_json, slot_of, status, Worker};
+use crate::testing::{answer, compiled, compiled_json, host, slot_of, status, Worker};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -32,10 +32,6 @@ mod lease_mode {
                 "gold": {"perminute": 70, "header_value": ["tenant-b"]}}},
             "local": local});
         compiled_json(base, json!({}))
-    }
-
-    fn host(c: &Compiled) -> Worker {
-        Worker::ready(c, NOW)
     }
 
     fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {

@@ -13,7 +13,7 @@ use crate::host::HostCall;
 use crate::local::state::Lease;
 use crate::local::{ModeState, Slot, SlotRef};
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, compiled_json, slot_of, status, MemHost, Worker};
+use crate::testing::{answer, compiled, compiled_json, host, slot_of, status, MemHost, Worker};
 use crate::vm::MAX_QUEUED_CALLS;
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -36,10 +36,6 @@ fn sync_local() -> Value {
 
 fn lease_local() -> Value {
     json!({"groups": {"gold": {"mode": "lease"}}, "lease": {"max_batch": 20}})
-}
-
-fn worker(c: &Compiled) -> Worker {
-    Worker::ready(c, NOW)
 }
 
 fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
@@ -136,7 +132,7 @@ fn respond_gold(c: &Compiled, h: &Worker, s: &mut Stream, remaining: u32) {
 #[test]
 fn a_tick_sends_the_queued_refills_and_their_answers_fill_the_leases() {
     let c = config(lease_local());
-    let h = worker(&c);
+    let h = host(&c);
     let mut root = Root::default();
     // No lease: the first request asks for 1 hit, the second (the rate is
     // now 2 a second) for 2, and keeps 1 token.
@@ -216,7 +212,7 @@ fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once_in_full_calls()
 #[test]
 fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again() {
     let c = config(lease_local());
-    let h = worker(&c);
+    let h = host(&c);
     let mut root = Root::default();
     let b = at(&c, &h, "gold", "tenant-b");
     let refill = |h: &Worker| {
@@ -264,7 +260,7 @@ fn six_local_hits(c: &Compiled, h: &Worker, tenant: &str) {
 #[test]
 fn pushes_go_out_once_per_interval_in_one_call_split_back_per_tenant() {
     let c = config(sync_local());
-    let h = worker(&c);
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     for _ in 0..2 {
@@ -314,7 +310,7 @@ fn pushes_go_out_once_per_interval_in_one_call_split_back_per_tenant() {
 #[test]
 fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
     let c = config(sync_local());
-    let h = worker(&c);
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     h.fail(HostCall::Dispatch);
@@ -335,7 +331,7 @@ fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
 #[test]
 fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
     let c = config(sync_local());
-    let h = worker(&c);
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     assert_eq!(h.vm.mailbox.tracked().len(), 1);
@@ -374,7 +370,7 @@ fn after_a_window_ends_the_root_refills_its_tenants_leases_in_one_call() {
             "local": {"mode": "lease"}}"#,
     );
     let window_end = window::end(60_000, NOW);
-    let h = worker(&c);
+    let h = host(&c);
     h.set_now_ms(window_end - 500);
     let mut root = Root::default();
     let lease_of = |tenant: &str| match slot(&c, &h, "default", tenant).mode {

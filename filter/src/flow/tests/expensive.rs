@@ -10,7 +10,7 @@ use crate::counters::{Counter, GroupCounter};
 use crate::flow::{Next, Stream};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::{tick_ms, Root};
-use crate::testing::{answer, compiled, compiled_json, status, HostCall, Worker, NOW};
+use crate::testing::{self, answer, compiled, compiled_json, status, HostCall, Worker};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
@@ -38,8 +38,9 @@ fn costly(extra: Value) -> Compiled {
     compiled_json(base, extra)
 }
 
-fn host(c: &Compiled) -> Worker {
-    let h = Worker::ready(c, NOW);
+/// A worker ready for `c`, its requests on route `reports`.
+fn on_reports(c: &Compiled) -> Worker {
+    let h = testing::host(c);
     h.set_route_name(Some("reports"));
     h
 }
@@ -115,7 +116,7 @@ fn minute(code: Code, limit: u32, remaining: u32) -> DescriptorStatus {
 #[test]
 fn a_request_on_a_limited_route_sends_the_routes_descriptors_after_the_tenants() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
     assert_eq!(next, Next::Pause);
     assert_eq!(
@@ -158,7 +159,7 @@ fn a_request_on_a_limited_route_sends_the_routes_descriptors_after_the_tenants()
 #[test]
 fn both_must_admit_and_the_headers_describe_the_tightest_window() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -191,7 +192,7 @@ fn both_must_admit_and_the_headers_describe_the_tightest_window() {
 #[test]
 fn a_refusal_on_the_route_is_remembered_apart_from_the_tenants() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -223,7 +224,7 @@ fn a_refusal_on_the_route_is_remembered_apart_from_the_tenants() {
 #[test]
 fn a_refusal_of_the_tenant_on_a_route_refuses_its_other_routes_too() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -241,7 +242,7 @@ fn a_refusal_of_the_tenant_on_a_route_refuses_its_other_routes_too() {
 #[test]
 fn a_routes_persecond_is_a_bucket_of_its_own() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     for _ in 0..2 {
         let (_, next) = request(&c, &h, "tenant-a", Some("burst"));
         assert_eq!(next, Next::Pause);
@@ -261,7 +262,7 @@ fn a_routes_persecond_is_a_bucket_of_its_own() {
 fn a_request_on_a_limited_route_asks_the_service_in_lease_and_sync_mode() {
     for mode in ["lease", "sync"] {
         let c = config(json!({"local": {"mode": mode}}));
-        let h = host(&c);
+        let h = on_reports(&c);
         let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
         assert_eq!(next, Next::Pause, "{mode}");
         // One hit of its own, on both: no batch, no local admission.
@@ -290,7 +291,7 @@ fn admitted_with_cost(c: &Compiled, h: &Worker, cost: Option<&[u8]>, trailer: Op
 #[test]
 fn a_response_cost_is_charged_at_once_on_the_same_descriptors() {
     let c = costly(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
     // Sent with the response's headers, no tick in between.
     assert_eq!(h.call_count(), 2);
@@ -323,7 +324,7 @@ fn a_response_cost_is_charged_at_once_on_the_same_descriptors() {
 #[test]
 fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call() {
     let c = costly(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"95"), None);
     let mut root = Root::default();
     let body = answer(
@@ -348,7 +349,7 @@ fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call(
 #[test]
 fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
     let c = costly(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     assert_eq!(charged(&c, &h, None, Some(b"7")), [6]);
     let (descriptors, _) = last_call(&h);
     assert_eq!(
@@ -364,7 +365,7 @@ fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
 #[test]
 fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() {
     let c = costly(json!({"max_cost": 500}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let before = h.calls().len();
     admitted_with_cost(&c, &h, Some(b"10"), None);
     answer_charges(&c, &h, before + 1);
@@ -397,7 +398,7 @@ fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() 
 #[test]
 fn a_cost_no_higher_than_the_requests_is_not_refunded() {
     let c = costly(json!({"cost_header": "x-request-cost"}));
-    let h = host(&c);
+    let h = on_reports(&c);
     h.set_request_header("x-request-cost", b"5");
     for (cost, more) in [(&b"3"[..], None), (b"5", None), (b"8", Some(3))] {
         let sent = charged(&c, &h, Some(cost), None);
@@ -408,7 +409,7 @@ fn a_cost_no_higher_than_the_requests_is_not_refunded() {
 #[test]
 fn refused_and_failed_open_requests_are_not_charged() {
     let c = costly(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     h.set_response(false, &[("x-cost", b"10")]);
     // Refused by the service: the local reply's headers pass here too.
     let (mut s, _) = request(&c, &h, "tenant-a", None);
@@ -447,7 +448,7 @@ fn refused_and_failed_open_requests_are_not_charged() {
 #[test]
 fn a_lease_token_admission_is_charged_too() {
     let c = costly(json!({"local": {"mode": "lease"}}));
-    let h = host(&c);
+    let h = on_reports(&c);
     // The first two requests ask (for 1 hit, then for 2: one token is
     // left); the third spends the token.
     for _ in 0..2 {
@@ -465,7 +466,7 @@ fn a_lease_token_admission_is_charged_too() {
 #[test]
 fn a_charge_that_fails_is_counted() {
     let c = costly(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let mut root = Root::default();
     // A charge that cannot be sent.
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
@@ -486,7 +487,7 @@ fn a_charge_that_fails_is_counted() {
 #[test]
 fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
     let c = costly(json!({"local": {"enabled": false}}));
-    let h = host(&c);
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
     let mut root = Root::default();
     let before = h.shared_snapshot();
@@ -501,7 +502,7 @@ fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
 #[test]
 fn requests_on_a_limited_route_count_on_that_route_and_no_other() {
     let c = config(json!({}));
-    let h = host(&c);
+    let h = on_reports(&c);
     let _ = request(&c, &h, "t1", Some("reports"));
     let _ = request(&c, &h, "t2", Some("burst"));
     let _ = request(&c, &h, "t3", Some("reports"));
