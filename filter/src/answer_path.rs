@@ -286,7 +286,7 @@ pub fn finish<H: Host + ?Sized>(
         if store_part_answer(c, host, &part, heard.as_ref().ok(), now) {
             if let Owner::Tenant { at, .. } = part.owner {
                 // Nothing left to push: the root's next pass would read
-                // the slot only to forget the tenant (`next_tracked`).
+                // the slot only to forget the tenant (`root::pass_tracked`).
                 vm.mailbox.forget(at);
             }
         }

@@ -30,7 +30,7 @@ use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot};
 use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
-use crate::vm::{Tracked, Vm};
+use crate::vm::Vm;
 
 /// What the local layer decided for one request: the one outcome the flow
 /// acts on.
@@ -567,126 +567,6 @@ fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef, now_ms: u64) {
         .track_at(limited.group_id, &limited.tenant, at, now_ms)
     {
         log::debug!("tenant not tracked: the root tracks the most it may");
-    }
-}
-
-/// What a root pass is due to do for its tracked tenants.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Due {
-    /// Push sync tenants' unsynced hits (once per sync interval).
-    pub sync: bool,
-    /// Refill leases after their window ended.
-    pub lease: bool,
-}
-
-/// What a tracked tenant is owed by a root pass.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Owed {
-    /// The call to send for it, if any.
-    pub call: Option<TenantCall>,
-    /// It has nothing left pending: the root forgets it until its next
-    /// request.
-    pub idle: bool,
-}
-
-/// What a tracked tenant's slot gave up to the root pass.
-struct Taken {
-    /// The call's kind and hits (None: nothing owed).
-    call: Option<(CallKind, u32)>,
-    /// Lease tokens whose window ended unspent.
-    stranded: u32,
-    idle: bool,
-}
-
-/// The call a tracked tenant's root pass owes it at `now_ms`, taken out
-/// of its slot: when `due.sync` and its group syncs, a push of its
-/// unsynced hits (`sync::take_delta`); when `due.lease` and its group
-/// leases, the refill of its lease after a window ended
-/// (`lease::window_refill`), marked under way. No call when nothing is
-/// owed, or another worker has it under way.
-pub fn next_tracked<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    t: &Tracked,
-    now_ms: u64,
-    due: Due,
-) -> Owed {
-    let params = c.mode_params(t.group);
-    let (sync, lease) = (params.sync(), params.lease());
-    let nothing = |idle| Owed { call: None, idle };
-    if sync.is_none() && lease.is_none() {
-        // The group left both modes: nothing will be owed again.
-        return nothing(true);
-    }
-    let sync = sync.filter(|_| due.sync);
-    let lease = lease.filter(|_| due.lease);
-    if sync.is_none() && lease.is_none() {
-        return nothing(false);
-    }
-    // A lease this worker has not served in this second or the one before
-    // is idle to it (`lease::window_refill`'s rule; the slot may say
-    // otherwise only when another worker served it since, which tracks it
-    // and refills it): forgotten without reading its slot.
-    let unseen = t
-        .seen_s
-        .is_some_and(|s| s.saturating_add(1) < now_ms / 1_000);
-    if sync.is_none() && unseen {
-        return nothing(true);
-    }
-    let at = t.at;
-    let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        let none = Taken {
-            call: None,
-            stranded: 0,
-            idle: true,
-        };
-        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return (none, None);
-        };
-        match (slot.mode, sync, lease) {
-            (ModeState::Sync(held), Some(p), _) => {
-                let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
-                slot.mode = ModeState::Sync(state);
-                let taken = Taken {
-                    call: (delta > 0).then_some((CallKind::Push, delta)),
-                    stranded: 0,
-                    idle: state.pending() == 0,
-                };
-                (taken, (delta > 0).then_some(slot))
-            }
-            (ModeState::Lease(held), _, Some(p)) => {
-                let (l, batch, stranded, idle) = lease::window_refill(held, &p, now_ms);
-                slot.mode = ModeState::Lease(l);
-                let taken = Taken {
-                    call: batch.filter(|b| *b > 0).map(|b| (CallKind::Refill, b)),
-                    stranded,
-                    idle,
-                };
-                (taken, batch.map(|_| slot))
-            }
-            _ => (none, None),
-        }
-    });
-    // Not taken (the slot could not be read or written): the tenant's
-    // requests ask for themselves, as without the root.
-    let Ok(taken) = taken else {
-        return nothing(false);
-    };
-    if taken.stranded > 0 {
-        let stranded = u64::from(taken.stranded);
-        host.add_group(t.group, GroupCounter::LeaseStranded, stranded);
-    }
-    let call = taken.call.map(|(kind, hits)| TenantCall {
-        kind,
-        group: t.group,
-        tenant: t.tenant.clone(),
-        at,
-        hits,
-        route: None,
-    });
-    Owed {
-        call,
-        idle: taken.idle,
     }
 }
 

@@ -68,7 +68,7 @@ pub struct Tracked {
     /// The second of this worker's last request of the tenant (None: not
     /// known). A lease tenant this worker has not served in this second or
     /// the one before is forgotten without reading its slot
-    /// (`modes::next_tracked`): a worker that served it since tracks it.
+    /// (`root::pass_tracked`): a worker that served it since tracks it.
     pub seen_s: Option<u64>,
 }
 

@@ -13,6 +13,7 @@ use crate::lease::Outcome;
 use crate::local::state::Lease;
 use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
+use crate::root::{pass_tracked, DueWork, PassOutcome};
 use crate::testing::{answer, compiled, compiled_json, host, slot_of, status, Worker};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -292,17 +293,17 @@ mod sync_mode {
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
-        let due = Due {
-            sync: true,
-            lease: false,
+        let due = DueWork {
+            push_sync: true,
+            refill_leases: false,
         };
-        let Owed { call: push, idle } = next_tracked(&c, &h, &tracked[0], NOW, due);
+        let PassOutcome { call: push, idle } = pass_tracked(&c, &h, &tracked[0], NOW, due);
         let push = push.unwrap();
         assert!(!idle);
         let asked = RateLimitRequest::decode(&push.message(&c).unwrap()[..]).unwrap();
         assert_eq!(asked.hits_addend, 6);
         // Another worker's root finds nothing to push.
-        assert_eq!(next_tracked(&c, &h, &tracked[0], NOW, due).call, None);
+        assert_eq!(pass_tracked(&c, &h, &tracked[0], NOW, due).call, None);
         // The service counted 1 + 6: 5 remain, and the Envoy admits 5 more.
         let body = answer(
             Code::Ok,
