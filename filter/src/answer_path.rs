@@ -7,8 +7,11 @@
 //!    tenant's slot and its group's counters: a lease's batch
 //!    (`store_lease_answer`, over the pure `lease::after_answer`), a sync
 //!    view or a push's hits (`store_sync_answer`, over `sync::after_answer`),
-//!    a response's charge (`store_charge_answer`). An over-limit answer is
-//!    remembered in the over-limit cache by `remember`.
+//!    a response's charge (`store_charge_answer`); for a request still
+//!    waiting, what the fallback learns and a refusal remembered in the
+//!    over-limit cache of the tenant's slot and of its state on the route
+//!    (`store_request_answer`, over `remember`). `flow` only turns the
+//!    verdict into a reply.
 //! 3. A request's answer is handed to its stream: the stream calling gets
 //!    it back from `finish`; any other goes to the batcher's outbox
 //!    (`batch::Batcher::deliver`), which the glue empties acting for each
@@ -26,7 +29,7 @@ use crate::counters::GroupCounter;
 use crate::fallback;
 use crate::group::GroupId;
 use crate::host::Host;
-use crate::lease::{self, Outcome};
+use crate::lease::{self, smaller_may_fit, Outcome};
 use crate::local::names::intern;
 use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{remember_refusal, update, Claim, ModeState, Slot, SlotRef, CAS_ATTEMPTS};
@@ -81,7 +84,7 @@ fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8;
 /// `asked_at_ms`: `statuses` are that slot's part of the answer. Nothing
 /// is written when none of them is over its limit, or for no slot
 /// (fingerprint 0: the local layer was off).
-pub fn remember<H: Host + ?Sized>(
+fn remember<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     at: SlotRef,
@@ -292,6 +295,7 @@ pub fn finish<H: Host + ?Sized>(
         }
         if let Ok(answer) = &mut heard {
             with_lease_tokens(c, &part, answer, now);
+            store_request_answer(c, host, &part, answer);
         }
         match part.stream() {
             Some(id) if Some(id) == own => mine = Some(heard),
@@ -398,6 +402,37 @@ pub fn store_part_answer<H: Host + ?Sized>(
                 false
             }
         },
+    }
+}
+
+/// What a request's answer leaves for its tenant besides its mode's
+/// state, while its stream waits for it: the fallback's entry learns from
+/// it, and a refusal is remembered in the over-limit cache of the tenant's
+/// slot and of its state on the route, each with its part of the
+/// statuses (the group's descriptors first, then the route's). In shadow
+/// too: the cache then lets through (and counts) what it would have
+/// refused, as enforcing would, and spares the service the same calls. Not
+/// a batch the counter refused whole while one hit still fits
+/// (`lease::smaller_may_fit`).
+fn store_request_answer<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
+    let Owner::Stream {
+        id: Some(_),
+        slots: Some(slots),
+        ..
+    } = part.owner
+    else {
+        return;
+    };
+    fallback::on_answer(c, host, part.group, slots.at, part.hits, answer);
+    let statuses = &answer.response.statuses;
+    if !answer.over_limit || smaller_may_fit(part.hits, statuses) {
+        return;
+    }
+    let own = c.descriptor_count(part.group, None).min(statuses.len());
+    let (own, on_route) = statuses.split_at(own);
+    remember(c, host, slots.at, part.asked_at_ms, own);
+    if let Some(at) = slots.route_at {
+        remember(c, host, at, part.asked_at_ms, on_route);
     }
 }
 

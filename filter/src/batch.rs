@@ -58,7 +58,7 @@ use crate::decision::tenant_message;
 use crate::group::GroupId;
 use crate::health::{self, LogThrottle};
 use crate::host::Host;
-use crate::local::SlotRef;
+use crate::local::{SlotRef, Slots};
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
 use ratelimit_config::model::{RequestDescriptors, Service};
 
@@ -132,8 +132,14 @@ pub enum Settle {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
     /// A request paused for the answer: its stream's context id (None once
-    /// the stream has ended: the answer is settled, delivered to nobody).
-    Stream { id: Option<u32>, settle: Settle },
+    /// the stream has ended: the answer is settled, delivered to nobody),
+    /// and the tenant's slots (None: the local layer is off), where the
+    /// answer's refusal is remembered.
+    Stream {
+        id: Option<u32>,
+        settle: Settle,
+        slots: Option<Slots>,
+    },
     /// The root's call about the tenant at `at` (and, for a charge, its
     /// state on the route at `route_at`).
     Tenant {

@@ -14,9 +14,9 @@
 //!    `ShouldRateLimit` call of their own or shared with the worker's other
 //!    requests (`batch`).
 //! 2. `on_answer`: the service's answer for this request (its share of the
-//!    call's, split back by the root that received it). OK admits the
-//!    request (its X-RateLimit-* headers are kept for the response);
-//!    OVER_LIMIT is a 429, remembered in the over-limit cache; an error, a
+//!    call's, split back by the root that received it, which stored what
+//!    it leaves: `answer_path`). OK admits the request (its X-RateLimit-*
+//!    headers are kept for the response); OVER_LIMIT is a 429; an error, a
 //!    timeout or an open breaker (`breaker`: no call was made) gets
 //!    `on_failure`: let through, `status_on_error`, or the local fallback
 //!    (`fallback`).
@@ -32,7 +32,7 @@
 
 use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
-use crate::answer_path::{finish, remember};
+use crate::answer_path::finish;
 use crate::batch::{Owner, Part, Settle};
 use crate::compiled::Compiled;
 use crate::cost::{charge_response, request_cost, CostError};
@@ -44,9 +44,8 @@ use crate::fallback::{self, Decided};
 use crate::group::GroupId;
 use crate::health;
 use crate::host::{Host, HostError};
-use crate::lease::smaller_may_fit;
-use crate::local::SlotRef;
-use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
+use crate::local::{SlotRef, Slots};
+use crate::modes::{local_outcome, LocalOutcome, Request};
 use crate::tenant;
 use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
 use ratelimit_config::OnFailure;
@@ -73,8 +72,6 @@ pub struct Stream {
     forwarded: Vec<(String, String)>,
     /// The tenant's local-layer slot, when the layer is on.
     slot: Option<SlotRef>,
-    /// When the call to the service went out (for the over-limit cache).
-    asked_at_ms: u64,
     /// The tenant as the filter read it (the header's value escaped as the
     /// service sees it, or the verified property's), once known: what every
     /// log line, access-log field and warning about this request names.
@@ -85,13 +82,8 @@ pub struct Stream {
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
-    /// The request's cost (`cost_header`; 1 without), and the hits its
-    /// call carried (a lease's batch, hits a mode change carried).
+    /// The request's cost (`cost_header`; 1 without).
     cost: u32,
-    hits: u32,
-    /// The tenant's slot on its route, when the request is on a route with
-    /// limits of its own and the local layer is on.
-    route_slot: Option<SlotRef>,
     /// With `response_cost_header`: the charge to send once the response
     /// tells its cost, `hits` holding what the request was charged.
     charge: Option<Box<TenantCall>>,
@@ -157,11 +149,9 @@ impl Stream {
                 hits,
             } => {
                 self.slot = Some(slots.at);
-                self.route_slot = slots.route_at;
-                self.asked_at_ms = now_ms;
-                self.ask(c, host, vm, &req, settle, hits)
+                self.ask(c, host, vm, &req, (settle, Some(slots)), hits)
             }
-            LocalOutcome::Skip => self.ask(c, host, vm, &req, Settle::Exact, cost),
+            LocalOutcome::Skip => self.ask(c, host, vm, &req, (Settle::Exact, None), cost),
         }
     }
 
@@ -235,21 +225,22 @@ impl Stream {
     }
 
     /// Asks the service for `hits` hits of the request, whose answer leaves
-    /// `settle` in the tenant's slot: paused until the answer, unless the
-    /// call is over before it was sent.
+    /// `settle` in the tenant's slot (`slots`: None when the local layer is
+    /// off): paused until the answer, unless the call is over before it
+    /// was sent.
     fn ask<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
         vm: &Vm,
         req: &Request<'_, '_>,
-        settle: Settle,
+        (settle, slots): (Settle, Option<Slots>),
         hits: u32,
     ) -> Next {
-        self.hits = hits;
         let owner = Owner::Stream {
             id: Some(self.id),
             settle,
+            slots,
         };
         let limited = req.limited;
         let route = limited.route.map(|r| r.name.clone());
@@ -267,8 +258,9 @@ impl Stream {
     /// The service's answer for this request (or why there is none), as
     /// the root split it out of its call's: the request was paused since
     /// its headers, and is resumed unless a local reply went out. What the
-    /// answer leaves in the tenant's lease or sync view was stored before
-    /// (`answer_path::store_part_answer`).
+    /// answer leaves for the tenant (its lease or sync view, the fallback's
+    /// entry, a refusal in the over-limit cache) was stored before
+    /// (`answer_path::finish`).
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -284,8 +276,7 @@ impl Stream {
     }
 
     /// The verdict on the service's answer: admitted (headers kept),
-    /// refused (a 429, remembered in the over-limit cache), or the limiter
-    /// failed.
+    /// refused (a 429), or the limiter failed.
     fn act_on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
@@ -293,9 +284,6 @@ impl Stream {
         vm: &Vm,
         heard: Result<Answer, RlsError>,
     ) -> Next {
-        if let (Ok(answer), Some(at), Some(group)) = (&heard, self.slot, self.group) {
-            fallback::on_answer(c, host, group, at, self.hits, answer);
-        }
         let Decision {
             verdict,
             to_client,
@@ -334,25 +322,7 @@ impl Stream {
                 }
                 Next::Continue
             }
-            Verdict::OverLimit(headers, statuses) => {
-                // Remembered in shadow too: the cache then lets through
-                // (and counts) what it would have refused, as enforcing
-                // would, and spares the service the same calls. Each slot
-                // keeps its part of the answer (the group's descriptors
-                // first, then the route's).
-                // Not a batch the counter refused whole while one hit
-                // still fits (`lease::smaller_may_fit`).
-                let own = self.group.map_or(0, |g| c.descriptor_count(g, None));
-                let own = own.min(statuses.len());
-                let (own, on_route) = statuses.split_at(own);
-                if !smaller_may_fit(self.hits, &statuses) {
-                    if let Some(at) = self.slot {
-                        remember(c, host, at, self.asked_at_ms, own);
-                    }
-                    if let Some(at) = self.route_slot {
-                        remember(c, host, at, self.asked_at_ms, on_route);
-                    }
-                }
+            Verdict::OverLimit(headers, _) => {
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;
                 self.refuse(c, host, Source::Service, headers, to_client)

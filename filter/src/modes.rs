@@ -27,7 +27,7 @@ use crate::local::names::lookup;
 use crate::local::state::{Lease, SyncState};
 use crate::local::SLOT_PROBES;
 use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot};
-use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
+use crate::local::{route_slot_for, slot_for, SlotRef, Slots, Stranded, UpdateError, CAS_ATTEMPTS};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::Vm;
@@ -72,14 +72,6 @@ impl LocalOutcome {
             LocalOutcome::Skip | LocalOutcome::Refused { .. } => None,
         }
     }
-}
-
-/// The tenant's slots a request used: its own (after probing past those
-/// other tenants hold), and its state on its route's, if any.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slots {
-    pub at: SlotRef,
-    pub route_at: Option<SlotRef>,
 }
 
 /// One request, as the local layer sees it.
