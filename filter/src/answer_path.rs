@@ -7,10 +7,10 @@
 //!    tenant's slot and its group's counters: a lease's batch
 //!    (`store_lease_answer`, over the pure `lease::after_answer`), a sync
 //!    view or a push's hits (`store_sync_answer`, over `sync::after_answer`),
-//!    a response's charge (`store_charge_answer`); for a request still
-//!    waiting, what the fallback learns and a refusal remembered in the
+//!    a response's charge (`store_charge_answer`); what the fallback
+//!    learns, and for a request still waiting a refusal remembered in the
 //!    over-limit cache of the tenant's slot and of its state on the route
-//!    (`store_request_answer`, over `remember`). `flow` only turns the
+//!    (`store_learned`, over `remember`). `flow` only turns the
 //!    verdict into a reply.
 //! 3. A request's answer is handed to its stream: the stream calling gets
 //!    it back from `finish`; any other goes to the batcher's outbox
@@ -295,7 +295,7 @@ pub fn finish<H: Host + ?Sized>(
         }
         if let Ok(answer) = &mut heard {
             with_lease_tokens(c, &part, answer, now);
-            store_request_answer(c, host, &part, answer);
+            store_learned(c, host, &part, answer);
         }
         match part.stream() {
             Some(id) if Some(id) == own => mine = Some(heard),
@@ -354,10 +354,6 @@ pub fn store_part_answer<H: Host + ?Sized>(
         asked_at_ms: part.asked_at_ms,
         now_ms,
     };
-    // A root call's answer teaches the fallback (a request's, its stream).
-    if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
-        fallback::on_answer(c, host, part.group, *at, part.hits, answer);
-    }
     match part.owner {
         Owner::Tenant {
             kind: CallKind::Refill,
@@ -405,25 +401,29 @@ pub fn store_part_answer<H: Host + ?Sized>(
     }
 }
 
-/// What a request's answer leaves for its tenant besides its mode's
-/// state, while its stream waits for it: the fallback's entry learns from
-/// it, and a refusal is remembered in the over-limit cache of the tenant's
-/// slot and of its state on the route, each with its part of the
-/// statuses (the group's descriptors first, then the route's). In shadow
-/// too: the cache then lets through (and counts) what it would have
-/// refused, as enforcing would, and spares the service the same calls. Not
-/// a batch the counter refused whole while one hit still fits
-/// (`lease::smaller_may_fit`).
-fn store_request_answer<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
-    let Owner::Stream {
-        id: Some(_),
-        slots: Some(slots),
-        ..
-    } = part.owner
-    else {
-        return;
+/// What an answer teaches beyond its mode's state: the fallback's entry
+/// learns what the fleet has left from the answer to a root's call, or to
+/// a request while its stream waits for it; and a request's refusal is
+/// remembered in the over-limit cache of the tenant's slot and of its state
+/// on the route, each with its part of the statuses (the group's
+/// descriptors first, then the route's). In shadow too: the cache then
+/// lets through (and counts) what it would have refused, as enforcing
+/// would, and spares the service the same calls. Not a batch the counter
+/// refused whole while one hit still fits (`lease::smaller_may_fit`).
+fn store_learned<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
+    let slots = match part.owner {
+        Owner::Tenant { at, .. } => {
+            fallback::on_answer(c.fallback(part.group), host, at, part.hits, answer);
+            return;
+        }
+        Owner::Stream {
+            id: Some(_),
+            slots: Some(slots),
+            ..
+        } => slots,
+        Owner::Stream { .. } => return,
     };
-    fallback::on_answer(c, host, part.group, slots.at, part.hits, answer);
+    fallback::on_answer(c.fallback(part.group), host, slots.at, part.hits, answer);
     let statuses = &answer.response.statuses;
     if !answer.over_limit || smaller_may_fit(part.hits, statuses) {
         return;

@@ -1,10 +1,11 @@
 //! The configuration compiled once per VM in `on_configure` (`Compiled`),
 //! and what it knows of each group, by `GroupId`: the group itself, its
-//! local-layer scope, its mode with its settings, how many descriptors a
-//! call about one of its tenants sends.
+//! local-layer scope, its mode with its settings, its local fallback, how
+//! many descriptors a call about one of its tenants sends.
 
 use ratelimit_config::{Group, Mode, PluginConfig, TenantSource};
 
+use crate::fallback;
 use crate::group::GroupId;
 use crate::lease::LeaseParams;
 use crate::local::{Scope, ScopeBuilder};
@@ -31,6 +32,8 @@ struct CompiledGroup {
     scope: Scope,
     /// Its mode and the mode's settings.
     mode: ModeParams,
+    /// Its local fallback (`on_failure: "local"` only).
+    fallback: Option<fallback::Params>,
 }
 
 /// A group's mode, with its settings (compiled once with the
@@ -89,6 +92,7 @@ impl Compiled {
             .map(|g| CompiledGroup {
                 scope: group_scope(&config, g),
                 mode: ModeParams::of(&config, g),
+                fallback: fallback::Params::for_group(&config, g),
             })
             .collect();
         Compiled {
@@ -126,6 +130,12 @@ impl Compiled {
     /// Every group's mode, with its settings.
     pub fn group_modes(&self) -> impl Iterator<Item = ModeParams> + '_ {
         self.groups.iter().map(|g| g.mode)
+    }
+
+    /// The local fallback of group `id` (None unless `on_failure` is
+    /// `local`, or for an id no group has).
+    pub fn fallback(&self, id: GroupId) -> Option<&fallback::Params> {
+        self.groups.get(id.index())?.fallback.as_ref()
     }
 
     /// The local-layer scope of group `id` (`local::placement::Scope`).

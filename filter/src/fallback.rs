@@ -20,13 +20,11 @@
 //! left alone for `HOLD_MS` goes to the next tenant that needs it).
 
 use crate::answer::Answer;
-use crate::compiled::Compiled;
-use crate::group::GroupId;
 use crate::host::{Host, SharedData};
 use crate::local::slot::{put, u32_at, u64_at};
 use crate::local::{self, update_key, SlotRef, UpdateError, CAS_ATTEMPTS};
 use crate::window::{self, UNITS};
-use ratelimit_config::{OnFailure, Share};
+use ratelimit_config::{Group, OnFailure, PluginConfig, Share};
 
 /// The shared-data key of the fallback entry at `index` (the index of the
 /// tenant's slot).
@@ -158,18 +156,19 @@ pub struct Params {
 }
 
 impl Params {
-    /// The group's fallback, None unless `on_failure` is `local`.
-    pub fn for_group(c: &Compiled, group: GroupId) -> Option<Params> {
-        if c.config.on_failure != OnFailure::Local {
+    /// The group's fallback, None unless `on_failure` is `local`
+    /// (compiled once per group with the configuration:
+    /// `compiled::Compiled::fallback`).
+    pub fn for_group(config: &PluginConfig, g: &Group) -> Option<Params> {
+        if config.on_failure != OnFailure::Local {
             return None;
         }
-        let g = c.group(group)?;
         let (windows, units) = window::of_group(g);
         Some(Params {
             windows,
             units,
-            envoys: c.config.fallback.envoys.max(1),
-            learned: c.config.fallback.share == Share::Learned,
+            envoys: config.fallback.envoys.max(1),
+            learned: config.fallback.share == Share::Learned,
         })
     }
 
@@ -293,45 +292,44 @@ where
     )
 }
 
-/// The hook where an answer is known: with `on_failure: "local"`, the
-/// answer to a call about the tenant at `at` of group `group` that
-/// carried `hits` is remembered in its entry.
+/// The hook where an answer is known: with `on_failure: "local"` (`p`,
+/// the tenant's group's fallback), the answer to a call about the tenant at
+/// `at` that carried `hits` is remembered in its entry.
 pub fn on_answer<H: Host + ?Sized>(
-    c: &Compiled,
+    p: Option<&Params>,
     host: &H,
-    group: GroupId,
     at: SlotRef,
     hits: u32,
     answer: &Answer,
 ) {
-    let Some(p) = Params::for_group(c, group) else {
+    let Some(p) = p else {
         return;
     };
     let now = host.now_ms();
     // Not remembered (shared data failed): the share starts from a whole
     // limit, as for a tenant never heard of.
     let _ = update(host, at, now, &mut |e| {
-        e.map(|e| heard(e, &p, answer, hits, now))
+        e.map(|e| heard(e, p, answer, hits, now))
     });
 }
 
-/// The hook where the service cannot decide: the fallback's decision for a
-/// request of `cost` hits of the tenant at `at`, of group `group`.
-/// `Contended` also when the entry cannot be read or written.
+/// The hook where the service cannot decide: the fallback's decision (`p`,
+/// the tenant's group's fallback) for a request of `cost` hits of the
+/// tenant at `at`. `Contended` also when the entry cannot be read or
+/// written, or without a fallback.
 pub fn on_request<H: Host + ?Sized>(
-    c: &Compiled,
+    p: Option<&Params>,
     host: &H,
-    group: GroupId,
     at: SlotRef,
     cost: u32,
 ) -> Decided {
-    let Some(p) = Params::for_group(c, group) else {
+    let Some(p) = p else {
         return Decided::Contended;
     };
     let now = host.now_ms();
     let mut decided = Decided::Contended;
     let stored = update(host, at, now, &mut |e| {
-        let (d, write) = e.map_or((Decided::Contended, None), |e| decide(e, &p, cost, now));
+        let (d, write) = e.map_or((Decided::Contended, None), |e| decide(e, p, cost, now));
         decided = d;
         write
     });

@@ -391,7 +391,7 @@ impl Stream {
                 return local_reply(host, status, &[], "rate limiter unavailable\n");
             }
             (OnFailure::Local, Some(group), Some(at)) => {
-                fallback::on_request(c, host, group, at, self.cost.max(1))
+                fallback::on_request(c.fallback(group), host, at, self.cost.max(1))
             }
             _ => Decided::Contended,
         };

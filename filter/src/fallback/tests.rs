@@ -6,6 +6,7 @@ use prost::Message;
 
 use super::*;
 use crate::access_log;
+use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter};
 use crate::flow::Next;
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
