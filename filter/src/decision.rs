@@ -10,14 +10,14 @@ use ratelimit_config::model::{RequestDescriptors, Route};
 use ratelimit_config::plugin::PPM;
 use ratelimit_config::{tenant_value, Group, HeaderMode, MissingTenant};
 
-use crate::answer::{decode, Answer};
+use crate::answer::{decode, Answer, RlsError};
 use crate::compiled::Compiled;
 use crate::group::GroupId;
-use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
+use crate::headers::{
+    forwarded, limit_headers, retry_after, retry_after_from_headers, RETRY_AFTER,
+};
 use crate::proto::{encode_rate_limit_request, DescriptorStatus};
 use crate::tenant::Read;
-
-pub use crate::answer::RlsError;
 
 /// The first step for a request, from its tenant.
 #[derive(Debug, PartialEq, Eq)]
@@ -139,11 +139,6 @@ pub enum Verdict {
     Error(RlsError),
 }
 
-pub use crate::headers::{
-    draft03_headers, retry_after, RETRY_AFTER, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
-};
-
 /// What the flow does with the service's answer: the verdict, and the
 /// service's own headers to forward (`response_headers_to_add` to the
 /// client, on the 429 or the upstream's response; `request_headers_to_add`
@@ -262,6 +257,7 @@ mod tests {
     fn decide_body(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Decision {
         verdict_of(mode, decode(grpc_status, body))
     }
+    use crate::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
     use crate::testing::{answer, compiled_json, status};
     use ratelimit_config::parse_plugin_config;
     use serde_json::json;

@@ -33,21 +33,21 @@
 use crate::access_log::{record, record_admitted, Source};
 use crate::answer::{Answer, RlsError};
 use crate::answer_path::finish;
+use crate::batch::{CallKind, OnRoute, TenantCall};
 use crate::batch::{Owner, Part, Settle};
 use crate::compiled::Compiled;
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{
-    self, first_step, near_limit, verdict_of, Decision, Limited, Step, Verdict, RETRY_AFTER,
-};
+use crate::decision::{self, first_step, near_limit, verdict_of, Decision, Limited, Step, Verdict};
 use crate::fallback::{self, Decided};
 use crate::group::GroupId;
+use crate::headers::RETRY_AFTER;
 use crate::health;
 use crate::host::{Host, HostError};
 use crate::local::{SlotRef, Slots};
 use crate::modes::{local_outcome, LocalOutcome, Request};
 use crate::tenant;
-use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
+use crate::vm::Vm;
 use ratelimit_config::OnFailure;
 
 /// What Envoy does with the request after a callback.

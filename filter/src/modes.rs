@@ -31,6 +31,7 @@ use crate::local::{route_slot_for, slot_for, SlotRef, Slots, Stranded, UpdateErr
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
 use crate::vm::Vm;
+use crate::window::UNITS;
 
 /// What the local layer decided for one request: the one outcome the flow
 /// acts on.
@@ -130,9 +131,9 @@ impl Admission {
 /// may have taken some since), never more than that.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Left {
-    pub remaining: [u32; sync::UNITS],
+    pub remaining: [u32; UNITS],
     /// When each unit's window ends.
-    pub until_ms: [u64; sync::UNITS],
+    pub until_ms: [u64; UNITS],
     pub units: usize,
 }
 

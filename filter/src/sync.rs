@@ -12,7 +12,7 @@ use crate::headers::RETRY_AFTER;
 use crate::local::state::SyncState;
 use crate::window;
 
-pub use crate::window::UNITS;
+use crate::window::UNITS;
 
 impl SyncState {
     /// Starts the views of ended windows from 0, and takes a push that

@@ -20,8 +20,7 @@ use crate::compiled::Compiled;
 use crate::counters::{Counter, Gauge, GroupCounter, Histogram, COUNTERS, GAUGES, HISTOGRAMS};
 use crate::flow::Stream;
 use crate::group::GroupId;
-pub use crate::host::HostCall;
-use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
 use crate::local::{slot_for, SlotKey, SlotRef, SlotSecret};
 use crate::proto::{
     Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::batch::Batcher;
-pub use crate::batch::{CallKind, OnRoute, TenantCall};
+use crate::batch::TenantCall;
 use crate::group::GroupId;
 use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
@@ -196,6 +196,7 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::CallKind;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -3,8 +3,9 @@
 
 use super::*;
 use crate::flow::Next;
+use crate::host::HostCall;
 use crate::local::SlotSecret;
-use crate::testing::{compiled, compiled_json, HostCall, Worker, MEMHOST_SECRET};
+use crate::testing::{compiled, compiled_json, Worker, MEMHOST_SECRET};
 use crate::vm::Vm;
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]

@@ -9,8 +9,9 @@ use crate::access_log;
 use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter};
 use crate::flow::Next;
+use crate::host::HostCall;
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, compiled_json, status, HostCall, Worker};
+use crate::testing::{answer, compiled, compiled_json, status, Worker};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
@@ -519,7 +520,7 @@ fn the_fallback_logs_the_verified_tenant_not_the_header() {
     let mut service = Service::new(300);
     service.up = false;
     w.set_request_header("x-tenant-id", b"victim");
-    w.fail(crate::testing::HostCall::RequestHeader);
+    w.fail(HostCall::RequestHeader);
     let jwt = "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0tenant";
     w.set_attribute(jwt, TENANT.as_bytes());
     let mut verdicts = Vec::new();

@@ -7,11 +7,10 @@ use crate::access_log;
 use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter, Histogram};
 use crate::health::WARN_INTERVAL_MS;
+use crate::host::HostCall;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
-use crate::testing::{
-    compiled_json, group_id, host, slot_of, status, HostCall, MemHost, Worker, NOW,
-};
+use crate::testing::{compiled_json, group_id, host, slot_of, status, MemHost, Worker, NOW};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;

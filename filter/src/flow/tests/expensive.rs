@@ -8,9 +8,10 @@ use prost::Message;
 use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter};
 use crate::flow::{Next, Stream};
+use crate::host::HostCall;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::{tick_ms, Root};
-use crate::testing::{self, answer, compiled, compiled_json, status, HostCall, Worker};
+use crate::testing::{self, answer, compiled, compiled_json, status, Worker};
 use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
