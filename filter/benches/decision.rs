@@ -85,7 +85,7 @@ mod native {
 
     /// What the flow did with one request.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Outcome {
+    enum BatchOutcome {
         /// Not limited.
         Pass,
         /// Asked the service.
@@ -105,15 +105,15 @@ mod native {
     }
 
     /// What the last `decide` did, from what the host saw.
-    fn outcome(host: &MemHost, next: Next, calls: u64, replies: u64) -> Outcome {
+    fn outcome(host: &MemHost, next: Next, calls: u64, replies: u64) -> BatchOutcome {
         match (
             next,
             host.call_count() - calls,
             host.reply_count() - replies,
         ) {
-            (Next::Pause, 1, 0) => Outcome::Call,
-            (Next::Pause, 0, 1) => Outcome::Refuse,
-            _ => Outcome::Pass,
+            (Next::Pause, 1, 0) => BatchOutcome::Call,
+            (Next::Pause, 0, 1) => BatchOutcome::Refuse,
+            _ => BatchOutcome::Pass,
         }
     }
 
@@ -192,7 +192,13 @@ mod native {
 
     /// Every tenant's decision at `now_ms` must be `expected`, before the
     /// case is timed.
-    fn expect_all(c: &Compiled, host: &Worker, tenants: &[String], now_ms: u64, expected: Outcome) {
+    fn expect_all(
+        c: &Compiled,
+        host: &Worker,
+        tenants: &[String],
+        now_ms: u64,
+        expected: BatchOutcome,
+    ) {
         for t in tenants {
             let (calls, replies) = (host.call_count(), host.reply_count());
             let next = decide(c, host, t.as_bytes(), now_ms);
@@ -250,7 +256,7 @@ mod native {
         {
             let cfg = compiled(&gold, "");
             let store = new_host();
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, BatchOutcome::Call);
             let (mut i, mut now) = (0usize, EPOCH_MS);
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
             let n = allocations(|| decide(&cfg, &store, t, EPOCH_MS + 1_000));
@@ -272,7 +278,7 @@ mod native {
             let store = new_host();
             remember_all_over_limit(&cfg, &store, &tenants, EPOCH_MS);
             let now = EPOCH_MS + 10_250;
-            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_all(&cfg, &store, &tenants, now, BatchOutcome::Refuse);
             expect_counted(&store, Counter::CachedOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
@@ -292,9 +298,9 @@ mod native {
         {
             let cfg = compiled(&gold, ONE_TOKEN);
             let store = new_host();
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, BatchOutcome::Call);
             let now = EPOCH_MS + 500;
-            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_all(&cfg, &store, &tenants, now, BatchOutcome::Refuse);
             expect_counted(&store, Counter::LocalOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());

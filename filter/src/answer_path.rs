@@ -29,7 +29,7 @@ use crate::counters::GroupCounter;
 use crate::fallback;
 use crate::group::GroupId;
 use crate::host::Host;
-use crate::lease::{self, smaller_may_fit, Outcome};
+use crate::lease::{self, smaller_may_fit, BatchOutcome};
 use crate::local::names::intern;
 use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{remember_refusal, update, Claim, ModeState, Slot, SlotRef, CAS_ATTEMPTS};
@@ -120,10 +120,10 @@ pub fn store_charge_answer<H: Host + ?Sized>(
     host: &H,
     call: &TenantCall,
     asked_at_ms: u64,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
 ) {
     let group = call.group;
-    let Some(answer) = heard else {
+    let Some(answer) = answer else {
         host.count_group(group, GroupCounter::ResponseCostFailed);
         return;
     };
@@ -148,7 +148,7 @@ pub fn store_lease_answer<H: Host + ?Sized>(
     host: &H,
     asked: Asked,
     batch: LeaseBatch,
-    outcome: Outcome,
+    outcome: BatchOutcome,
 ) {
     let Asked {
         group,
@@ -164,18 +164,18 @@ pub fn store_lease_answer<H: Host + ?Sized>(
         return;
     };
     match outcome {
-        Outcome::Granted { .. } => {
+        BatchOutcome::Granted { .. } => {
             host.count_group(group, GroupCounter::LeasesTaken);
             host.add_group(group, GroupCounter::LeaseTokens, u64::from(batch));
         }
-        Outcome::Refused => {
+        BatchOutcome::Refused => {
             host.count_group(group, GroupCounter::LeasesRefused);
             host.add_group(group, GroupCounter::LeaseRefusedTokens, u64::from(batch));
         }
-        Outcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
+        BatchOutcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
     }
     let granted = match outcome {
-        Outcome::Granted { .. } => tokens,
+        BatchOutcome::Granted { .. } => tokens,
         _ => 0,
     };
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
@@ -209,10 +209,10 @@ pub fn store_lease_answer<H: Host + ?Sized>(
     }
 }
 
-/// Counts a push of `hits` sync hits the service answered (`heard`; None:
+/// Counts a push of `hits` sync hits the service answered (`answer`; None:
 /// it failed).
-fn count_push<H: Host + ?Sized>(host: &H, group: GroupId, hits: u32, heard: Option<&Answer>) {
-    match heard {
+fn count_push<H: Host + ?Sized>(host: &H, group: GroupId, hits: u32, answer: Option<&Answer>) {
+    match answer {
         None => host.count_group(group, GroupCounter::SyncFailed),
         Some(answer) => {
             host.count_group(group, GroupCounter::Syncs);
@@ -224,7 +224,7 @@ fn count_push<H: Host + ?Sized>(host: &H, group: GroupId, hits: u32, heard: Opti
     }
 }
 
-/// Stores what the service said (`heard`; None: the call failed) to a
+/// Stores what the service said (`answer`; None: the call failed) to a
 /// call about the tenant `asked` names that carried its sync hits (`hits`);
 /// a push is counted in the group. Returns whether the slot, as stored,
 /// holds no pending hit of the tenant (nothing left for a push).
@@ -233,7 +233,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
     host: &H,
     asked: Asked,
     hits: SyncHits,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
 ) -> bool {
     let Asked {
         group,
@@ -249,7 +249,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
         return false;
     };
     if pushed {
-        count_push(host, group, delta, heard);
+        count_push(host, group, delta, answer);
     }
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
@@ -261,7 +261,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
             // The tenant's next request drops it.
             ModeState::Lease(_) => return (false, None),
         };
-        let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, heard);
+        let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, answer);
         slot.mode = ModeState::Sync(s);
         (s.pending() == 0, Some(slot))
     });
@@ -285,21 +285,21 @@ pub fn finish<H: Host + ?Sized>(
     let mut mine = None;
     // The clock, read once, and only when a part is done.
     let now = if done.is_empty() { 0 } else { host.now_ms() };
-    for Done { part, mut heard } in done {
-        if store_part_answer(c, host, &part, heard.as_ref().ok(), now) {
-            if let Owner::Tenant { at, .. } = part.owner {
+    for Done { part, mut answer } in done {
+        if store_part_answer(c, host, &part, answer.as_ref().ok(), now) {
+            if let Owner::Root { at, .. } = part.owner {
                 // Nothing left to push: the root's next pass would read
                 // the slot only to forget the tenant (`root::pass_tracked`).
                 vm.mailbox.forget(at);
             }
         }
-        if let Ok(answer) = &mut heard {
-            with_lease_tokens(c, &part, answer, now);
-            store_learned(c, host, &part, answer);
+        if let Ok(a) = &mut answer {
+            with_lease_tokens(c, &part, a, now);
+            store_learned(c, host, &part, a);
         }
         match part.stream() {
-            Some(id) if Some(id) == own => mine = Some(heard),
-            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
+            Some(id) if Some(id) == own => mine = Some(answer),
+            Some(stream) => vm.batch.deliver(Delivery { stream, answer }),
             None => {}
         }
     }
@@ -308,7 +308,7 @@ pub fn finish<H: Host + ?Sized>(
 
 /// A request that asked for a lease batch and got it holds the batch's
 /// other tokens: its headers count them as remaining, as those of the
-/// requests that will spend them do (`Left::lease`). Not when the batch was
+/// requests that will spend them do (`RemainingEstimate::lease`). Not when the batch was
 /// granted after its window ended (the tokens were stranded).
 fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64) {
     let Owner::Stream {
@@ -337,7 +337,7 @@ fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64
     }
 }
 
-/// What the answer to a part (`heard`; None: the call failed) leaves in
+/// What the answer to a part (`answer`; None: the call failed) leaves in
 /// its tenant's slot and its group's counters: a lease's batch, a sync
 /// view, a push's hits. Returns true for a push whose tenant has no hit
 /// left pending once its answer is stored.
@@ -345,7 +345,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     part: &Part,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
     now_ms: u64,
 ) -> bool {
     let asked = |at| Asked {
@@ -355,7 +355,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
         now_ms,
     };
     match part.owner {
-        Owner::Tenant {
+        Owner::Root {
             kind: CallKind::Refill,
             at,
             ..
@@ -365,36 +365,36 @@ pub fn store_part_answer<H: Host + ?Sized>(
                 asked: part.hits,
                 tokens: part.hits,
             };
-            store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+            store_lease_answer(c, host, asked(at), batch, BatchOutcome::of(answer));
             false
         }
-        Owner::Tenant {
+        Owner::Root {
             kind: CallKind::Push,
             at,
             ..
-        } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), heard),
-        Owner::Tenant {
+        } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), answer),
+        Owner::Root {
             kind: CallKind::Charge,
             ..
         } => {
             if let Some(call) = part.call() {
-                store_charge_answer(c, host, &call, part.asked_at_ms, heard);
+                store_charge_answer(c, host, &call, part.asked_at_ms, answer);
             }
             false
         }
         Owner::Stream { settle, .. } => match settle {
-            Settle::Exact => false,
+            Settle::Nothing => false,
             // The request asked for a batch: the first hit is its own.
             Settle::Lease { at, batch } => {
                 let batch = LeaseBatch {
                     asked: batch,
                     tokens: batch.saturating_sub(1),
                 };
-                store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+                store_lease_answer(c, host, asked(at), batch, BatchOutcome::of(answer));
                 false
             }
             Settle::Sync { at } => {
-                store_sync_answer(c, host, asked(at), SyncHits::OwnHit, heard);
+                store_sync_answer(c, host, asked(at), SyncHits::OwnHit, answer);
                 false
             }
         },
@@ -412,7 +412,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
 /// refused whole while one hit still fits (`lease::smaller_may_fit`).
 fn store_learned<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
     let slots = match part.owner {
-        Owner::Tenant { at, .. } => {
+        Owner::Root { at, .. } => {
             fallback::on_answer(c.fallback(part.group), host, at, part.hits, answer);
             return;
         }

@@ -121,7 +121,7 @@ impl TenantCall {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settle {
     /// Nothing (exact mode, or no slot).
-    Exact,
+    Nothing,
     /// A lease's batch: `batch` hits asked, the first the request's own.
     Lease { at: SlotRef, batch: u32 },
     /// A sync view, refreshed by the answer to the request's own hit.
@@ -142,7 +142,7 @@ pub enum Owner {
     },
     /// The root's call about the tenant at `at` (and, for a charge, its
     /// state on the route at `route_at`).
-    Tenant {
+    Root {
         kind: CallKind,
         at: SlotRef,
         route_at: Option<SlotRef>,
@@ -198,7 +198,7 @@ impl Part {
             Some(r) => (Some(r.name), Some(r.at)),
             None => (None, None),
         };
-        let owner = Owner::Tenant {
+        let owner = Owner::Root {
             kind: t.kind,
             at: t.at,
             route_at,
@@ -208,7 +208,7 @@ impl Part {
 
     /// The root's call this part is (None: a request's).
     pub fn call(&self) -> Option<TenantCall> {
-        let Owner::Tenant { kind, at, route_at } = self.owner else {
+        let Owner::Root { kind, at, route_at } = self.owner else {
             return None;
         };
         let route = self.route.clone().zip(route_at);
@@ -227,7 +227,7 @@ impl Part {
     fn pushes(&self) -> bool {
         matches!(
             self.owner,
-            Owner::Tenant {
+            Owner::Root {
                 kind: CallKind::Push | CallKind::Charge,
                 ..
             }
@@ -239,7 +239,7 @@ impl Part {
     pub fn stream(&self) -> Option<u32> {
         match self.owner {
             Owner::Stream { id, .. } => id,
-            Owner::Tenant { .. } => None,
+            Owner::Root { .. } => None,
         }
     }
 }
@@ -249,14 +249,14 @@ impl Part {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Done {
     pub part: Part,
-    pub heard: Result<Answer, RlsError>,
+    pub answer: Result<Answer, RlsError>,
 }
 
 /// A request's answer, for the glue to deliver to its stream.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Delivery {
     pub stream: u32,
-    pub heard: Result<Answer, RlsError>,
+    pub answer: Result<Answer, RlsError>,
 }
 
 /// A call under way.
@@ -427,10 +427,10 @@ impl Batcher {
             } else {
                 None
             };
-            let heard = decode(grpc_status, body.as_deref());
+            let answer = decode(grpc_status, body.as_deref());
             // One call, one outcome for the breaker, however many parts.
-            breaker::record(c, host, &self.breaker, heard.as_ref().err(), now);
-            let again = self.split(c, host, flight.parts, heard, &mut done);
+            breaker::record(c, host, &self.breaker, answer.as_ref().err(), now);
+            let again = self.split(c, host, flight.parts, answer, &mut done);
             for part in again {
                 self.send(c, host, vec![part], now, &mut done);
             }
@@ -613,11 +613,11 @@ impl Batcher {
         c: &Compiled,
         host: &H,
         parts: Vec<Part>,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
         done: &mut Vec<Done>,
     ) -> Vec<Part> {
         let marks = marked(c, &parts);
-        let answer = match heard {
+        let answer = match answer {
             Err(e) => {
                 done.extend(parts.into_iter().map(|p| failed(p, e.clone())));
                 return Vec::new();
@@ -625,7 +625,7 @@ impl Batcher {
             Ok(a) if parts.len() == 1 && !marks => {
                 done.extend(parts.into_iter().map(|part| Done {
                     part,
-                    heard: Ok(a.clone()),
+                    answer: Ok(a.clone()),
                 }));
                 return Vec::new();
             }
@@ -648,7 +648,7 @@ impl Batcher {
             }
             done.extend(parts.into_iter().map(|part| Done {
                 part,
-                heard: Ok(share(answer.over_limit, Vec::new())),
+                answer: Ok(share(answer.over_limit, Vec::new())),
             }));
             return Vec::new();
         }
@@ -662,7 +662,7 @@ impl Batcher {
             let over = answer.over_limit && own.iter().any(|s| s.code() == Code::OverLimit);
             done.push(Done {
                 part,
-                heard: Ok(share(over, own)),
+                answer: Ok(share(over, own)),
             });
         }
         Vec::new()
@@ -690,7 +690,7 @@ fn share(over_limit: bool, statuses: Vec<crate::proto::DescriptorStatus>) -> Ans
 fn failed(part: Part, why: RlsError) -> Done {
     Done {
         part,
-        heard: Err(why),
+        answer: Err(why),
     }
 }
 

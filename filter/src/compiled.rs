@@ -11,7 +11,7 @@ use crate::lease::LeaseParams;
 use crate::local::{Scope, ScopeBuilder};
 use crate::proto::grpc_upstream;
 use crate::sync::SyncParams;
-use crate::tenant::Source;
+use crate::tenant::Location;
 
 /// The configuration compiled once per VM in `on_configure`.
 pub struct Compiled {
@@ -21,7 +21,7 @@ pub struct Compiled {
     /// `config.max_tenant_length`, as a length.
     pub max_tenant_length: usize,
     /// Where the tenant is read (`tenant_source`).
-    pub tenant: Source,
+    pub tenant_location: Location,
     /// What is compiled of each group, by `GroupId`.
     groups: Vec<CompiledGroup>,
 }
@@ -85,7 +85,7 @@ impl Compiled {
     pub fn new(config: PluginConfig) -> Compiled {
         let upstream = grpc_upstream(&config.cluster);
         let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
-        let tenant = Source::new(&config.tenant_source, &config.limits);
+        let tenant_location = Location::new(&config.tenant_source, &config.limits);
         let groups = config
             .limits
             .all_groups()
@@ -99,7 +99,7 @@ impl Compiled {
             config,
             upstream,
             max_tenant_length,
-            tenant,
+            tenant_location,
             groups,
         }
     }

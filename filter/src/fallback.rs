@@ -8,7 +8,7 @@
 //!   from the answers (`share`).
 //! - In the window where the outage begins, an Envoy starts from what the
 //!   fleet had left by the last answer it got (`limit_remaining`), not from
-//!   a whole limit: every answer is remembered (`heard`).
+//!   a whole limit: every answer is remembered (`learn`).
 //! - Its admissions are counted per unit and window; a request is admitted
 //!   while, for every unit, they stay within its share of what is left
 //!   (`decide`).
@@ -205,7 +205,7 @@ pub fn share(e: &Entry, p: &Params) -> (u64, u64) {
 /// share) the hits this Envoy sent in the window. An answer in a new window
 /// of the longest unit first folds the last window's estimate into the
 /// learned share.
-pub fn heard(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) -> Entry {
+pub fn learn(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) -> Entry {
     let (long_ms, _) = p.longest();
     if !window::same(long_ms, e.heard_ms, now_ms) {
         if let Some(est) = e.estimate(p) {
@@ -227,7 +227,7 @@ pub fn heard(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) 
 
 /// What the fallback decided for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decided {
+pub enum FallbackDecision {
     /// Within this Envoy's share of every limit: admitted, and counted.
     Admit,
     /// Over its share of a limit: 429, retry when that window ends.
@@ -238,7 +238,12 @@ pub enum Decided {
 
 /// Decides a request of `cost` hits at `now_ms` from the entry; returns
 /// the entry to store (an admission only: a refusal writes nothing).
-pub fn decide(mut e: Entry, p: &Params, cost: u32, now_ms: u64) -> (Decided, Option<Entry>) {
+pub fn decide(
+    mut e: Entry,
+    p: &Params,
+    cost: u32,
+    now_ms: u64,
+) -> (FallbackDecision, Option<Entry>) {
     let (num, den) = share(&e, p);
     let mut retry_ms = 0;
     let units = p.windows.iter().zip(&e.remaining).zip(&mut e.used);
@@ -259,10 +264,10 @@ pub fn decide(mut e: Entry, p: &Params, cost: u32, now_ms: u64) -> (Decided, Opt
     }
     if retry_ms > 0 {
         let retry_after_s = retry_ms.div_ceil(1_000).max(1);
-        return (Decided::Refuse { retry_after_s }, None);
+        return (FallbackDecision::Refuse { retry_after_s }, None);
     }
     e.spent_ms = now_ms;
-    (Decided::Admit, Some(e))
+    (FallbackDecision::Admit, Some(e))
 }
 
 /// Reads, steps and writes the entry of `at` under CAS: `step` gets the
@@ -309,7 +314,7 @@ pub fn on_answer<H: Host + ?Sized>(
     // Not remembered (shared data failed): the share starts from a whole
     // limit, as for a tenant never heard of.
     let _ = update(host, at, now, &mut |e| {
-        e.map(|e| heard(e, p, answer, hits, now))
+        e.map(|e| learn(e, p, answer, hits, now))
     });
 }
 
@@ -322,20 +327,22 @@ pub fn on_request<H: Host + ?Sized>(
     host: &H,
     at: SlotRef,
     cost: u32,
-) -> Decided {
+) -> FallbackDecision {
     let Some(p) = p else {
-        return Decided::Contended;
+        return FallbackDecision::Contended;
     };
     let now = host.now_ms();
-    let mut decided = Decided::Contended;
+    let mut decided = FallbackDecision::Contended;
     let stored = update(host, at, now, &mut |e| {
-        let (d, write) = e.map_or((Decided::Contended, None), |e| decide(e, p, cost, now));
+        let (d, write) = e.map_or((FallbackDecision::Contended, None), |e| {
+            decide(e, p, cost, now)
+        });
         decided = d;
         write
     });
     match stored {
         Ok(()) => decided,
-        Err(_) => Decided::Contended,
+        Err(_) => FallbackDecision::Contended,
     }
 }
 

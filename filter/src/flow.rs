@@ -30,7 +30,9 @@
 //! fails is a limiter failure (`on_failure`) or,
 //! in the local layer, skips that layer; it never panics.
 
-use crate::access_log::{record, record_admitted, Source};
+use std::ops::ControlFlow::{self, Break, Continue};
+
+use crate::access_log::{record, record_admitted, DecidedBy};
 use crate::answer::{Answer, RlsError};
 use crate::answer_path::finish;
 use crate::batch::{CallKind, OnRoute, TenantCall};
@@ -39,7 +41,7 @@ use crate::compiled::Compiled;
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
 use crate::decision::{self, first_step, near_limit, verdict_of, Decision, Limited, Step, Verdict};
-use crate::fallback::{self, Decided};
+use crate::fallback::{self, FallbackDecision};
 use crate::group::GroupId;
 use crate::headers::RETRY_AFTER;
 use crate::health;
@@ -115,13 +117,13 @@ impl Stream {
         host: &H,
         vm: &Vm,
     ) -> Next {
-        let tenant = match tenant::read(&c.tenant, host) {
+        let tenant = match tenant::read(&c.tenant_location, host) {
             Ok(t) => t,
             Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let (limited, cost) = match self.limited(c, host, &tenant) {
-            Ok(known) => known,
-            Err(next) => return next,
+            Continue(known) => known,
+            Break(answered) => return answered,
         };
         let now_ms = host.now_ms();
         let req = Request {
@@ -151,33 +153,33 @@ impl Stream {
                 self.slot = Some(slots.at);
                 self.ask(c, host, vm, &req, (settle, Some(slots)), hits)
             }
-            LocalOutcome::Skip => self.ask(c, host, vm, &req, (Settle::Exact, None), cost),
+            LocalOutcome::Skip => self.ask(c, host, vm, &req, (Settle::Nothing, None), cost),
         }
     }
 
     /// Who the request is for and what it costs: the tenant's group (and
-    /// its route), kept on the stream; `Err` when the request was answered
-    /// (or goes on unlimited) here.
+    /// its route), kept on the stream; `Break` with what Envoy does next
+    /// when the request was answered here, or goes on unlimited.
     fn limited<'c, H: Host + ?Sized>(
         &mut self,
         c: &'c Compiled,
         host: &H,
         tenant: &'c tenant::Read,
-    ) -> Result<(Limited<'c>, u32), Next> {
+    ) -> ControlFlow<Next, (Limited<'c>, u32)> {
         let mut limited = match first_step(c, tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
-                return Err(Next::Continue);
+                return Break(Next::Continue);
             }
             Step::DenyMissingTenant => {
                 host.count(Counter::MissingTenant);
-                record(host, None, None, false, Source::MissingTenant);
-                return Err(local_reply(host, 429, &[], "missing tenant header\n"));
+                record(host, None, None, false, DecidedBy::MissingTenant);
+                return Break(local_reply(host, 429, &[], "missing tenant header\n"));
             }
             Step::TenantTooLong => {
                 host.count(Counter::TenantTooLong);
-                record(host, None, None, false, Source::TenantTooLong);
-                return Err(local_reply(
+                record(host, None, None, false, DecidedBy::TenantTooLong);
+                return Break(local_reply(
                     host,
                     431,
                     &[],
@@ -186,11 +188,11 @@ impl Stream {
             }
             Step::RepeatedTenant => {
                 host.count(Counter::TenantRepeated);
-                record(host, None, None, false, Source::TenantRepeated);
+                record(host, None, None, false, DecidedBy::TenantRepeated);
                 let body = "tenant header sent more than once\n";
-                return Err(local_reply(host, 400, &[], body));
+                return Break(local_reply(host, 400, &[], body));
             }
-            Step::NotLimited => return Err(Next::Continue),
+            Step::NotLimited => return Break(Next::Continue),
             Step::Limit(limited) => limited,
         };
         // A hostcall per request only for the tenants of groups with routes.
@@ -211,17 +213,17 @@ impl Stream {
             Ok(cost) => cost,
             Err(CostError::Invalid(why)) => {
                 host.count(Counter::CostInvalid);
-                return Err(local_reply(host, 400, &[], &why));
+                return Break(local_reply(host, 400, &[], &why));
             }
             Err(CostError::Host(e)) => {
-                return Err(self.on_failure(c, host, Some(&RlsError::Host(e))))
+                return Break(self.on_failure(c, host, Some(&RlsError::Host(e))))
             }
         };
         self.tenant = Some(limited.tenant.to_string());
         self.cost = cost;
         self.group = Some(limited.group_id);
         self.shadow = c.config.shadowed(limited.group);
-        Ok((limited, cost))
+        Continue((limited, cost))
     }
 
     /// Asks the service for `hits` hits of the request, whose answer leaves
@@ -251,7 +253,7 @@ impl Stream {
         match finish(c, host, vm, done, Some(self.id)) {
             None => Next::Pause,
             // Over before it was sent: the call could not go out.
-            Some(heard) => self.act_on_answer(c, host, vm, heard),
+            Some(answer) => self.act_on_answer(c, host, vm, answer),
         }
     }
 
@@ -266,9 +268,9 @@ impl Stream {
         c: &Compiled,
         host: &H,
         vm: &Vm,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
     ) {
-        if self.act_on_answer(c, host, vm, heard) == Next::Continue {
+        if self.act_on_answer(c, host, vm, answer) == Next::Continue {
             if let Err(e) = host.resume_request() {
                 log::error!("cannot resume a request paused for the service: {e}");
             }
@@ -282,14 +284,14 @@ impl Stream {
         c: &Compiled,
         host: &H,
         vm: &Vm,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
     ) -> Next {
         let Decision {
             verdict,
             to_client,
             to_upstream,
             dropped,
-        } = verdict_of(c.config.headers, heard);
+        } = verdict_of(c.config.headers, answer);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
@@ -325,7 +327,7 @@ impl Stream {
             Verdict::OverLimit(headers, _) => {
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;
-                self.refuse(c, host, Source::Service, headers, to_client)
+                self.refuse(c, host, DecidedBy::Service, headers, to_client)
             }
             Verdict::Error(RlsError::BreakerOpen) => self.on_failure(c, host, None),
             Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
@@ -339,7 +341,7 @@ impl Stream {
         &mut self,
         c: &Compiled,
         host: &H,
-        source: Source,
+        source: DecidedBy,
         mut headers: Vec<(&'static str, String)>,
         service: Vec<(String, String)>,
     ) -> Next {
@@ -385,7 +387,7 @@ impl Stream {
                     tenant,
                     self.group_name(c),
                     false,
-                    Source::LimiterError,
+                    DecidedBy::LimiterError,
                 );
                 let status = u32::from(c.config.status_on_error);
                 return local_reply(host, status, &[], "rate limiter unavailable\n");
@@ -393,25 +395,25 @@ impl Stream {
             (OnFailure::Local, Some(group), Some(at)) => {
                 fallback::on_request(c.fallback(group), host, at, self.cost.max(1))
             }
-            _ => Decided::Contended,
+            _ => FallbackDecision::Contended,
         };
         let group = self.group;
         match decided {
-            Decided::Admit => {
+            FallbackDecision::Admit => {
                 host.count(Counter::FallbackAllowed);
                 if let Some(g) = group {
                     host.count_group(g, GroupCounter::Admitted);
                     host.count_group(g, GroupCounter::FallbackAdmitted);
                 }
                 let tenant = self.tenant.as_deref();
-                record_admitted(host, tenant, self.group_name(c), Source::Fallback);
+                record_admitted(host, tenant, self.group_name(c), DecidedBy::Fallback);
                 Next::Continue
             }
-            Decided::Refuse { retry_after_s } => {
+            FallbackDecision::Refuse { retry_after_s } => {
                 let headers = vec![(RETRY_AFTER, retry_after_s.to_string())];
-                self.refuse(c, host, Source::Fallback, headers, Vec::new())
+                self.refuse(c, host, DecidedBy::Fallback, headers, Vec::new())
             }
-            Decided::Contended => {
+            FallbackDecision::Contended => {
                 host.count(Counter::FailureModeAllowed);
                 if let Some(g) = group {
                     host.count_group(g, GroupCounter::FailedOpen);

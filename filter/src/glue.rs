@@ -318,7 +318,7 @@ fn deliver(shared: &Shared) {
         }
         let host = Envoy(&shared.metrics);
         let delivered = with_stream(d.stream, |http| {
-            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.heard)
+            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.answer)
         });
         if delivered.is_none() {
             log::debug!("an answer for stream {} not delivered", d.stream);

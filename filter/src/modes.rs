@@ -15,7 +15,7 @@
 
 use ratelimit_config::{BucketParams, HeaderMode, Unit};
 
-use crate::access_log::Source;
+use crate::access_log::DecidedBy;
 use crate::batch::{CallKind, Settle, TenantCall};
 use crate::compiled::{Compiled, ModeParams};
 use crate::counters::{Counter, GroupCounter};
@@ -43,11 +43,11 @@ pub enum LocalOutcome {
     /// (the tenant's, or its state on the route), or by a sync view at its
     /// limit (`source` says which), with the reply's headers.
     Refused {
-        source: Source,
+        source: DecidedBy,
         headers: Vec<(&'static str, String)>,
     },
     /// Admitted from local state without a call (a lease's token, or a
-    /// sync view), with the rate-limit headers of its estimate (`Left`).
+    /// sync view), with the rate-limit headers of its estimate (`RemainingEstimate`).
     Admitted {
         slots: Slots,
         headers: Vec<(&'static str, String)>,
@@ -56,7 +56,7 @@ pub enum LocalOutcome {
     /// cost, plus the hits of a sync block a mode change dropped, that no
     /// push took); `settle` is what its answer leaves in the tenant's slot.
     /// A slot another tenant holds, or a local layer that failed, asks as
-    /// exact mode does (`Settle::Exact`).
+    /// exact mode does (`Settle::Nothing`).
     Ask {
         slots: Slots,
         settle: Settle,
@@ -104,11 +104,14 @@ enum ModeStep {
     Local(LocalVerdict),
     /// A lease's token spent, with what it leaves (and, when the lease runs
     /// low, the batch of a refill to send).
-    LeaseToken { refill: Option<u32>, left: Left },
+    LeaseToken {
+        refill: Option<u32>,
+        left: RemainingEstimate,
+    },
     /// No token: the request asks for a batch of `batch` hits.
     LeaseAsk { batch: u32 },
     /// Sync: admitted from the view, with what it leaves.
-    SyncAdmit(Left),
+    SyncAdmit(RemainingEstimate),
     /// Sync: the view is at the limit.
     SyncRefuse { retry_after_s: u64 },
     /// Sync: the request asks the service (its answer refreshes the view).
@@ -130,19 +133,19 @@ impl Admission {
 /// service, less what this Envoy admitted since. An estimate (other Envoys
 /// may have taken some since), never more than that.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Left {
+pub struct RemainingEstimate {
     pub remaining: [u32; UNITS],
     /// When each unit's window ends.
     pub until_ms: [u64; UNITS],
     pub units: usize,
 }
 
-impl Left {
+impl RemainingEstimate {
     /// A lease's: the smallest `limit_remaining` of its last answer plus
     /// its tokens unspent (the service counted them with that answer), in
     /// every unit, at most the unit's limit.
-    fn lease(l: &Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
-        let mut left = Left::default();
+    fn lease(l: &Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> RemainingEstimate {
+        let mut left = RemainingEstimate::default();
         let estimate = l.remaining.saturating_add(l.tokens);
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
         for ((unit, limit), (remaining, until)) in limits.iter().zip(slots) {
@@ -155,8 +158,8 @@ impl Left {
 
     /// A sync view's: each unit's limit less the fleet's last reported
     /// count and this Envoy's hits the service has not counted yet.
-    fn sync(s: &SyncState, p: &SyncParams) -> Left {
-        let mut left = Left::default();
+    fn sync(s: &SyncState, p: &SyncParams) -> RemainingEstimate {
+        let mut left = RemainingEstimate::default();
         let pending = s.pending();
         let units = p.windows.iter().zip(s.views.iter().zip(&s.view_until_ms));
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
@@ -262,7 +265,7 @@ fn admit(stored: Option<&[u8]>, at: SlotRef, a: &Admit<'_>) -> (Admission, Optio
             admission.step = match spend {
                 Spend::Token { refill } => ModeStep::LeaseToken {
                     refill,
-                    left: Left::lease(&l, a.limits, now_ms),
+                    left: RemainingEstimate::lease(&l, a.limits, now_ms),
                 },
                 Spend::Ask { batch } => ModeStep::LeaseAsk { batch },
             };
@@ -279,7 +282,7 @@ fn admit(stored: Option<&[u8]>, at: SlotRef, a: &Admit<'_>) -> (Admission, Optio
             slot.mode = ModeState::Sync(state);
             let refused = matches!(step, SyncStep::Refuse { .. });
             admission.step = match step {
-                SyncStep::Admit => ModeStep::SyncAdmit(Left::sync(&state, &p)),
+                SyncStep::Admit => ModeStep::SyncAdmit(RemainingEstimate::sync(&state, &p)),
                 SyncStep::Refuse { retry_after_s } => ModeStep::SyncRefuse { retry_after_s },
                 SyncStep::Ask => ModeStep::SyncAsk,
             };
@@ -382,7 +385,7 @@ fn tenant_outcome<H: Host + ?Sized>(
     let group = limited.group_id;
     let exact = |hits| LocalOutcome::Ask {
         slots,
-        settle: Settle::Exact,
+        settle: Settle::Nothing,
         hits,
     };
     let a = match admitted {
@@ -432,7 +435,7 @@ fn tenant_outcome<H: Host + ?Sized>(
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
         ModeStep::SyncRefuse { retry_after_s } => LocalOutcome::Refused {
-            source: Source::Sync,
+            source: DecidedBy::Sync,
             headers: refusal_headers(retry_after_s),
         },
         ModeStep::SyncAsk => LocalOutcome::Ask {
@@ -452,7 +455,7 @@ fn admitted_locally<H: Host + ?Sized>(
     req: &Request<'_, '_>,
     slots: Slots,
     counter: GroupCounter,
-    left: Left,
+    left: RemainingEstimate,
 ) -> LocalOutcome {
     let limited = req.limited;
     track(vm, limited, slots.at, req.now_ms);
@@ -485,9 +488,9 @@ fn refusal<H: Host + ?Sized>(
         }
         Ok(LocalVerdict::BucketEmpty(mut headers)) => {
             headers.extend(group_policy(c.config.headers, limits));
-            (Source::Bucket, headers)
+            (DecidedBy::Bucket, headers)
         }
-        Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
+        Ok(LocalVerdict::CachedOverLimit(headers)) => (DecidedBy::Cache, headers),
     };
     Some(LocalOutcome::Refused { source, headers })
 }

@@ -25,17 +25,17 @@ use crate::host::{Host, HostError};
 /// Where the tenant is read, compiled once per configuration: the
 /// attribute path as the port takes it (segments joined by NUL).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
+pub enum Location {
     /// A request header: its name, and the path of all its values.
     Header { name: String, all_values: String },
     /// Any other attribute.
     Property(String),
 }
 
-impl Source {
-    pub fn new(source: &TenantSource, limits: &TeamLimits) -> Source {
+impl Location {
+    pub fn new(source: &TenantSource, limits: &TeamLimits) -> Location {
         match source {
-            TenantSource::Header => Source::Header {
+            TenantSource::Header => Location::Header {
                 name: limits.header.clone(),
                 all_values: format!("request\0headers\0{}", limits.header),
             },
@@ -47,7 +47,7 @@ impl Source {
                     }
                     joined.push_str(segment);
                 }
-                Source::Property(joined)
+                Location::Property(joined)
             }
         }
     }
@@ -65,10 +65,10 @@ pub enum Read {
 }
 
 /// Reads the tenant of the request the host is called for.
-pub fn read<H: Host + ?Sized>(source: &Source, host: &H) -> Result<Read, HostError> {
+pub fn read<H: Host + ?Sized>(source: &Location, host: &H) -> Result<Read, HostError> {
     let (path, header) = match source {
-        Source::Header { name, all_values } => (all_values, Some(name)),
-        Source::Property(path) => (path, None),
+        Location::Header { name, all_values } => (all_values, Some(name)),
+        Location::Property(path) => (path, None),
     };
     let Some(value) = host.property(path)? else {
         return Ok(Read::Missing);
@@ -93,10 +93,10 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn source(extra: Value) -> Source {
+    fn source(extra: Value) -> Location {
         let base = json!({"domain": "d", "rate_limit_service": {"cluster": "rl"},
             "limits": {"x-tenant-id": {"default": {"perhour": 1}}}});
-        compiled_json(base, extra).tenant
+        compiled_json(base, extra).tenant_location
     }
 
     fn value(v: &[u8]) -> Read {

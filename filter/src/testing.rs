@@ -906,7 +906,7 @@ impl Worker {
         let mut others = Vec::new();
         for d in self.vm.batch.take_deliveries() {
             match streams.iter_mut().find(|s| s.id() == d.stream) {
-                Some(s) => s.on_answer(c, self, &self.vm, d.heard),
+                Some(s) => s.on_answer(c, self, &self.vm, d.answer),
                 None => others.push(d),
             }
         }

@@ -174,7 +174,7 @@ fn the_queue_holds_at_most_max_queued_parts() {
         .map(|i| {
             let owner = Owner::Stream {
                 id: Some(1_000 + i as u32),
-                settle: Settle::Exact,
+                settle: Settle::Nothing,
                 slots: None,
             };
             Part::new(&c, owner, GroupId::new(0), (format!("t{i}"), None), 1, NOW)

@@ -113,7 +113,7 @@ fn failing_request(c: &Compiled, w: &Worker, vm: &Vm) -> Next {
         crate::root::Root::default().on_answer(c, w, vm, token, 14, 0);
         for d in vm.batch.take_deliveries() {
             if d.stream == s.id() {
-                s.on_answer(c, w, vm, d.heard);
+                s.on_answer(c, w, vm, d.answer);
             }
         }
     }

@@ -37,15 +37,15 @@ fn heard_remaining(e: Entry, p: &Params, remaining: &[u32], hits: u32, now: u64)
         .map(|r| status(Code::Ok, 0, RateLimitUnit::Minute, *r, 1))
         .collect();
     let a = crate::answer::decode(0, Some(&answer(Code::Ok, statuses))).unwrap();
-    heard(e, p, &a, hits, now)
+    learn(e, p, &a, hits, now)
 }
 
 /// Admits requests one at a time at `now` until one is refused.
-fn admitted(mut e: Entry, p: &Params, now: u64) -> (u32, Entry, Decided) {
+fn admitted(mut e: Entry, p: &Params, now: u64) -> (u32, Entry, FallbackDecision) {
     let mut n = 0;
     loop {
         match decide(e, p, 1, now) {
-            (Decided::Admit, Some(next)) => {
+            (FallbackDecision::Admit, Some(next)) => {
                 e = next;
                 n += 1;
             }
@@ -59,7 +59,7 @@ fn without_an_answer_each_envoy_gets_its_share_of_the_limit_per_window() {
     let p = params(&[(60_000, 300)], 3, false);
     let (n, e, refused) = admitted(Entry::empty(1), &p, MINUTE + 10_000);
     assert_eq!(n, 100);
-    assert_eq!(refused, Decided::Refuse { retry_after_s: 50 });
+    assert_eq!(refused, FallbackDecision::Refuse { retry_after_s: 50 });
     // A new window: a new share.
     let (n, _, _) = admitted(e, &p, MINUTE + 60_000);
     assert_eq!(n, 100);
@@ -76,7 +76,7 @@ fn in_the_window_of_the_last_answer_it_starts_from_what_the_fleet_had_left() {
     // An over-limit answer leaves nothing.
     let statuses = vec![status(Code::OverLimit, 300, RateLimitUnit::Minute, 0, 1)];
     let a = crate::answer::decode(0, Some(&answer(Code::OverLimit, statuses))).unwrap();
-    let over = heard(Entry::empty(1), &p, &a, 1, MINUTE);
+    let over = learn(Entry::empty(1), &p, &a, 1, MINUTE);
     assert_eq!(admitted(over, &p, MINUTE + 1).0, 0);
 }
 
@@ -92,12 +92,15 @@ fn every_unit_of_the_group_holds_in_its_own_windows() {
         total += n;
         e = next;
         if s < 9 {
-            assert_eq!((n, refused), (10, Decided::Refuse { retry_after_s: 1 }));
+            assert_eq!(
+                (n, refused),
+                (10, FallbackDecision::Refuse { retry_after_s: 1 })
+            );
         } else {
             // The minute's share is used up: retry when the minute ends.
             assert_eq!(
                 refused,
-                Decided::Refuse {
+                FallbackDecision::Refuse {
                     retry_after_s: 60 - s
                 }
             );
@@ -120,7 +123,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 100);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 3_600
         }
     );
@@ -132,7 +135,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 0);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 12 * 3_600
         }
     );
@@ -144,7 +147,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 0);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 24 * 3_600
         }
     );
@@ -155,7 +158,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 300);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 2 * 3_600
         }
     );
@@ -243,7 +246,7 @@ proptest! {
         for (dt, cost) in steps {
             now += dt;
             if now >= MINUTE + 60_000 { break; }
-            if let (Decided::Admit, Some(next)) = decide(e, &p, cost, now) {
+            if let (FallbackDecision::Admit, Some(next)) = decide(e, &p, cost, now) {
                 e = next;
                 got += cost;
             }

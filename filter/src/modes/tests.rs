@@ -9,7 +9,7 @@ use crate::answer::decode;
 use crate::answer_path::{store_lease_answer, store_sync_answer, Asked, LeaseBatch, SyncHits};
 use crate::flow::{Next, Stream};
 use crate::group::GroupId;
-use crate::lease::Outcome;
+use crate::lease::BatchOutcome;
 use crate::local::state::Lease;
 use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
@@ -76,7 +76,7 @@ mod lease_mode {
         grpc_status: u32,
         body: Option<&[u8]>,
     ) {
-        let outcome = Outcome::of(decode(grpc_status, body).ok().as_ref());
+        let outcome = BatchOutcome::of(decode(grpc_status, body).ok().as_ref());
         let asked = Asked {
             group: r.group,
             at: r.at,
