@@ -38,13 +38,13 @@ use crate::proto::{Code, DescriptorStatus};
 use crate::sync;
 use crate::vm::Vm;
 
-/// Who a call asked about: the tenant's slot (`at`) in its group, when
+/// Who a call asked about: the tenant's slot (`slot`) in its group, when
 /// the call was asked, and the time its answer is stored (`now_ms`, the
 /// clock read once in the callback that stores it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Asked {
     pub group: GroupId,
-    pub at: SlotRef,
+    pub slot: SlotRef,
     pub asked_at_ms: u64,
     pub now_ms: u64,
 }
@@ -134,9 +134,9 @@ pub fn store_charge_answer<H: Host + ?Sized>(
     }
     let statuses = &answer.response.statuses;
     let (own, on_route) = statuses.split_at(c.descriptor_count(group, None).min(statuses.len()));
-    remember(c, host, call.at, asked_at_ms, own);
+    remember(c, host, call.slot, asked_at_ms, own);
     if let Some(r) = &call.route {
-        remember(c, host, r.at, asked_at_ms, on_route);
+        remember(c, host, r.slot, asked_at_ms, on_route);
     }
 }
 
@@ -152,7 +152,7 @@ pub fn store_lease_answer<H: Host + ?Sized>(
 ) {
     let Asked {
         group,
-        at,
+        slot: at,
         asked_at_ms,
         now_ms: now,
     } = asked;
@@ -237,7 +237,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
 ) -> bool {
     let Asked {
         group,
-        at,
+        slot: at,
         asked_at_ms,
         now_ms: now,
     } = asked;
@@ -287,7 +287,7 @@ pub fn finish<H: Host + ?Sized>(
     let now = if done.is_empty() { 0 } else { host.now_ms() };
     for Done { part, mut answer } in done {
         if store_part_answer(c, host, &part, answer.as_ref().ok(), now) {
-            if let Owner::Root { at, .. } = part.owner {
+            if let Owner::Root { slot: at, .. } = part.owner {
                 // Nothing left to push: the root's next pass would read
                 // the slot only to forget the tenant (`root::pass_tracked`).
                 vm.mailbox.forget(at);
@@ -350,14 +350,14 @@ pub fn store_part_answer<H: Host + ?Sized>(
 ) -> bool {
     let asked = |at| Asked {
         group: part.group,
-        at,
+        slot: at,
         asked_at_ms: part.asked_at_ms,
         now_ms,
     };
     match part.owner {
         Owner::Root {
             kind: CallKind::Refill,
-            at,
+            slot: at,
             ..
         } => {
             // A refill's whole batch becomes the lease's.
@@ -370,7 +370,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
         }
         Owner::Root {
             kind: CallKind::Push,
-            at,
+            slot: at,
             ..
         } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), answer),
         Owner::Root {
@@ -385,7 +385,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
         Owner::Stream { settle, .. } => match settle {
             Settle::Nothing => false,
             // The request asked for a batch: the first hit is its own.
-            Settle::Lease { at, batch } => {
+            Settle::Lease { slot: at, batch } => {
                 let batch = LeaseBatch {
                     asked: batch,
                     tokens: batch.saturating_sub(1),
@@ -393,7 +393,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
                 store_lease_answer(c, host, asked(at), batch, BatchOutcome::of(answer));
                 false
             }
-            Settle::Sync { at } => {
+            Settle::Sync { slot: at } => {
                 store_sync_answer(c, host, asked(at), SyncHits::OwnHit, answer);
                 false
             }
@@ -412,7 +412,7 @@ pub fn store_part_answer<H: Host + ?Sized>(
 /// refused whole while one hit still fits (`lease::smaller_may_fit`).
 fn store_learned<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
     let slots = match part.owner {
-        Owner::Root { at, .. } => {
+        Owner::Root { slot: at, .. } => {
             fallback::on_answer(c.fallback(part.group), host, at, part.hits, answer);
             return;
         }
@@ -423,15 +423,15 @@ fn store_learned<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: 
         } => slots,
         Owner::Stream { .. } => return,
     };
-    fallback::on_answer(c.fallback(part.group), host, slots.at, part.hits, answer);
+    fallback::on_answer(c.fallback(part.group), host, slots.own, part.hits, answer);
     let statuses = &answer.response.statuses;
     if !answer.over_limit || smaller_may_fit(part.hits, statuses) {
         return;
     }
     let own = c.descriptor_count(part.group, None).min(statuses.len());
     let (own, on_route) = statuses.split_at(own);
-    remember(c, host, slots.at, part.asked_at_ms, own);
-    if let Some(at) = slots.route_at {
+    remember(c, host, slots.own, part.asked_at_ms, own);
+    if let Some(at) = slots.on_route {
         remember(c, host, at, part.asked_at_ms, on_route);
     }
 }
@@ -444,13 +444,13 @@ pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
     let now_ms = if dropped.is_empty() { 0 } else { host.now_ms() };
     for part in dropped {
         if let Owner::Stream {
-            settle: Settle::Sync { at },
+            settle: Settle::Sync { slot: at },
             ..
         } = part.owner
         {
             let asked = Asked {
                 group: part.group,
-                at,
+                slot: at,
                 asked_at_ms: part.asked_at_ms,
                 now_ms,
             };

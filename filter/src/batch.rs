@@ -92,7 +92,7 @@ pub struct TenantCall {
     pub group: GroupId,
     pub tenant: String,
     /// The tenant's slot (not used when the local layer is off).
-    pub at: SlotRef,
+    pub slot: SlotRef,
     pub hits: u32,
     /// A charge's route, when the request's route had limits of its own:
     /// its descriptors follow the group's in the call.
@@ -104,7 +104,7 @@ pub struct TenantCall {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OnRoute {
     pub name: String,
-    pub at: SlotRef,
+    pub slot: SlotRef,
 }
 
 impl TenantCall {
@@ -123,9 +123,9 @@ pub enum Settle {
     /// Nothing (exact mode, or no slot).
     Nothing,
     /// A lease's batch: `batch` hits asked, the first the request's own.
-    Lease { at: SlotRef, batch: u32 },
+    Lease { slot: SlotRef, batch: u32 },
     /// A sync view, refreshed by the answer to the request's own hit.
-    Sync { at: SlotRef },
+    Sync { slot: SlotRef },
 }
 
 /// Who a part is for.
@@ -140,12 +140,12 @@ pub enum Owner {
         settle: Settle,
         slots: Option<Slots>,
     },
-    /// The root's call about the tenant at `at` (and, for a charge, its
-    /// state on the route at `route_at`).
+    /// The root's call about the tenant in `slot` (and, for a charge, its
+    /// state on the route in `route_slot`).
     Root {
         kind: CallKind,
-        at: SlotRef,
-        route_at: Option<SlotRef>,
+        slot: SlotRef,
+        route_slot: Option<SlotRef>,
     },
 }
 
@@ -195,20 +195,25 @@ impl Part {
     /// The root's call `t`, asked at `now_ms`.
     pub fn tenant(c: &Compiled, t: TenantCall, now_ms: u64) -> Part {
         let (route, route_at) = match t.route {
-            Some(r) => (Some(r.name), Some(r.at)),
+            Some(r) => (Some(r.name), Some(r.slot)),
             None => (None, None),
         };
         let owner = Owner::Root {
             kind: t.kind,
-            at: t.at,
-            route_at,
+            slot: t.slot,
+            route_slot: route_at,
         };
         Part::new(c, owner, t.group, (t.tenant, route), t.hits, now_ms)
     }
 
     /// The root's call this part is (None: a request's).
     pub fn call(&self) -> Option<TenantCall> {
-        let Owner::Root { kind, at, route_at } = self.owner else {
+        let Owner::Root {
+            kind,
+            slot: at,
+            route_slot: route_at,
+        } = self.owner
+        else {
             return None;
         };
         let route = self.route.clone().zip(route_at);
@@ -216,9 +221,9 @@ impl Part {
             kind,
             group: self.group,
             tenant: self.tenant.clone(),
-            at,
+            slot: at,
             hits: self.hits,
-            route: route.map(|(name, at)| OnRoute { name, at }),
+            route: route.map(|(name, at)| OnRoute { name, slot: at }),
         })
     }
 

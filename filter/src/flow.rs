@@ -150,7 +150,7 @@ impl Stream {
                 settle,
                 hits,
             } => {
-                self.slot = Some(slots.at);
+                self.slot = Some(slots.own);
                 self.ask(c, host, vm, &req, (settle, Some(slots)), hits)
             }
             LocalOutcome::Skip => self.ask(c, host, vm, &req, (Settle::Nothing, None), cost),
@@ -506,16 +506,16 @@ fn charge_for(
         fingerprint: 0,
     };
     c.config.response_cost.as_ref()?;
-    let route_at = slots.and_then(|s| s.route_at).unwrap_or(NO_SLOT);
+    let route_at = slots.and_then(|s| s.on_route).unwrap_or(NO_SLOT);
     Some(Box::new(TenantCall {
         kind: CallKind::Charge,
         group: limited.group_id,
         tenant: limited.tenant.to_string(),
-        at: slots.map_or(NO_SLOT, |s| s.at),
+        slot: slots.map_or(NO_SLOT, |s| s.own),
         hits: cost,
         route: limited.route.map(|r| OnRoute {
             name: r.name.clone(),
-            at: route_at,
+            slot: route_at,
         }),
     }))
 }

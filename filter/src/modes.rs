@@ -330,8 +330,8 @@ pub fn local_outcome<H: Host + ?Sized>(
     }
     let (at, admitted) = probe(c, host, req, first, &names);
     let slots = Slots {
-        at,
-        route_at: on_route.map(|(_, at)| at),
+        own: at,
+        on_route: on_route.map(|(_, at)| at),
     };
     tenant_outcome(c, host, vm, req, slots, admitted)
 }
@@ -381,7 +381,7 @@ fn tenant_outcome<H: Host + ?Sized>(
     slots: Slots,
     admitted: Result<Admission, UpdateError>,
 ) -> LocalOutcome {
-    let (limited, at) = (req.limited, slots.at);
+    let (limited, at) = (req.limited, slots.own);
     let group = limited.group_id;
     let exact = |hits| LocalOutcome::Ask {
         slots,
@@ -425,7 +425,7 @@ fn tenant_outcome<H: Host + ?Sized>(
             track(vm, limited, at, req.now_ms);
             LocalOutcome::Ask {
                 slots,
-                settle: Settle::Lease { at, batch },
+                settle: Settle::Lease { slot: at, batch },
                 hits: batch.saturating_add(carried),
             }
         }
@@ -440,7 +440,7 @@ fn tenant_outcome<H: Host + ?Sized>(
         },
         ModeStep::SyncAsk => LocalOutcome::Ask {
             slots,
-            settle: Settle::Sync { at },
+            settle: Settle::Sync { slot: at },
             hits: req.cost.saturating_add(carried),
         },
     }
@@ -458,7 +458,7 @@ fn admitted_locally<H: Host + ?Sized>(
     left: RemainingEstimate,
 ) -> LocalOutcome {
     let limited = req.limited;
-    track(vm, limited, slots.at, req.now_ms);
+    track(vm, limited, slots.own, req.now_ms);
     host.count_group(limited.group_id, GroupCounter::Admitted);
     host.count_group(limited.group_id, counter);
     let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
@@ -500,7 +500,7 @@ fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) ->
         kind,
         group: limited.group_id,
         tenant: limited.tenant.to_string(),
-        at,
+        slot: at,
         hits,
         route: None,
     }

@@ -205,7 +205,7 @@ impl Root {
                 };
                 let PassOutcome { call, idle } = pass_tracked(c, host, &tracked, now, due);
                 if idle {
-                    vm.mailbox.forget(tracked.at);
+                    vm.mailbox.forget(tracked.slot);
                 }
                 parts.extend(call.map(|p| Part::tenant(c, p, now)));
             }
@@ -300,7 +300,7 @@ pub fn pass_tracked<H: Host + ?Sized>(
     if sync.is_none() && unseen {
         return nothing(true);
     }
-    let at = t.at;
+    let at = t.slot;
     let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
         let none = TakenFromSlot {
             call: None,
@@ -347,7 +347,7 @@ pub fn pass_tracked<H: Host + ?Sized>(
         kind,
         group: t.group,
         tenant: t.tenant.clone(),
-        at,
+        slot: at,
         hits,
         route: None,
     });

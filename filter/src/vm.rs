@@ -64,7 +64,7 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 pub struct Tracked {
     pub group: GroupId,
     pub tenant: String,
-    pub at: SlotRef,
+    pub slot: SlotRef,
     /// The second of this worker's last request of the tenant (None: not
     /// known). A lease tenant this worker has not served in this second or
     /// the one before is forgotten without reading its slot
@@ -143,7 +143,7 @@ impl Mailbox {
             Tracked {
                 group,
                 tenant: tenant.to_string(),
-                at,
+                slot: at,
                 seen_s,
             },
         );
@@ -212,7 +212,7 @@ mod tests {
             kind: CallKind::Refill,
             group: GroupId::new(0),
             tenant: format!("t{i}"),
-            at: at(i as u64 + 1),
+            slot: at(i as u64 + 1),
             hits: 1,
             route: None,
         }

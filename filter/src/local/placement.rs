@@ -20,8 +20,8 @@
 /// other tenants hold), and its state on its route's, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slots {
-    pub at: SlotRef,
-    pub route_at: Option<SlotRef>,
+    pub own: SlotRef,
+    pub on_route: Option<SlotRef>,
 }
 
 /// Where a tenant lives: a slot index and the fingerprint that says the

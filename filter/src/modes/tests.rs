@@ -79,7 +79,7 @@ mod lease_mode {
         let outcome = BatchOutcome::of(decode(grpc_status, body).ok().as_ref());
         let asked = Asked {
             group: r.group,
-            at: r.at,
+            slot: r.slot,
             asked_at_ms: asked_at,
             now_ms: h.now_ms(),
         };
@@ -312,7 +312,7 @@ mod sync_mode {
         let heard = decode(0, Some(&body)).unwrap();
         let asked = Asked {
             group: push.group,
-            at: push.at,
+            slot: push.slot,
             asked_at_ms: NOW,
             now_ms: h.now_ms(),
         };

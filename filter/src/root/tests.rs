@@ -174,7 +174,7 @@ fn queued_refill(h: &Worker, tenant: String) -> bool {
         kind: CallKind::Refill,
         group: GroupId::new(1),
         tenant,
-        at: SlotRef {
+        slot: SlotRef {
             index: 0,
             fingerprint: 1,
         },
@@ -220,7 +220,7 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
             kind: CallKind::Refill,
             group: GroupId::new(1),
             tenant: "tenant-b".into(),
-            at: b,
+            slot: b,
             hits: 7,
             route: None,
         })
