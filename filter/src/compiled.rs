@@ -241,46 +241,16 @@ mod tests {
         let lease = base(json!({"local": {"mode": "lease"}}));
         assert_eq!(lease.scope(DEFAULT), default);
         let apart = |c: Compiled| assert_ne!(c.scope(DEFAULT), default, "{:?}", c.config);
-        apart(instance(
-            "other",
-            "ratelimit",
-            "tenant",
-            "x-tenant-id",
-            30,
-            json!({}),
-        ));
-        apart(instance(
-            "internal-api",
-            "other",
-            "tenant",
-            "x-tenant-id",
-            30,
-            json!({}),
-        ));
-        apart(instance(
-            "internal-api",
-            "ratelimit",
-            "org",
-            "x-tenant-id",
-            30,
-            json!({}),
-        ));
-        apart(instance(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-org-id",
-            30,
-            json!({}),
-        ));
-        apart(instance(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-tenant-id",
-            31,
-            json!({}),
-        ));
+        // Each part of the instance on its own: another instance.
+        for (domain, cluster, key, header, limit) in [
+            ("other", "ratelimit", "tenant", "x-tenant-id", 30),
+            ("internal-api", "other", "tenant", "x-tenant-id", 30),
+            ("internal-api", "ratelimit", "org", "x-tenant-id", 30),
+            ("internal-api", "ratelimit", "tenant", "x-org-id", 30),
+            ("internal-api", "ratelimit", "tenant", "x-tenant-id", 31),
+        ] {
+            apart(instance(domain, cluster, key, header, limit, json!({})));
+        }
         apart(base(
             json!({"tenant_source": {"property": ["metadata", "x"]}}),
         ));

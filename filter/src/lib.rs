@@ -15,11 +15,14 @@
 //!
 //! - `flow`: one request, from its headers to its response.
 //! - `root`: what a worker's root context does at configure, on a tick and
-//!   on an answer (lease refills, sync pushes).
+//!   on an answer; its pass over the tenants it tracks (lease refills, sync
+//!   pushes: `pass_tracked`).
 //! - `modes`: the local layer's outcome for one request, by the group's
 //!   mode (exact, lease, sync).
-//! - `answer_path`: what an answer leaves in the tenant's slot and
-//!   counters, and where it goes (beside `batch`, which sends the calls).
+//! - `answer_path`: everything an answer leaves (the tenant's slot, its
+//!   route's, the fallback's entry, the counters), for a request or the
+//!   root's own calls, and where it goes (beside `batch`, which sends the
+//!   calls); `flow` only turns the verdict into a reply.
 //! - `lease`: lease mode's state machine (reserve a batch, spend it).
 //! - `sync`: sync mode's state machine (admit against a view, push hits).
 //! - `tenant`: the request's tenant, read from its source (a header, or an
