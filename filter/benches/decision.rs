@@ -15,9 +15,11 @@ mod native {
 
     use criterion::Criterion;
     use ratelimit_config::parse_plugin_config;
+    use tenant_ratelimit::compiled::Compiled;
     use tenant_ratelimit::counters::Counter;
-    use tenant_ratelimit::decision::{first_step, Compiled, Step};
+    use tenant_ratelimit::decision::{first_step, Step};
     use tenant_ratelimit::flow::{Next, Stream};
+    use tenant_ratelimit::group::GroupId;
     use tenant_ratelimit::local::{
         remember_over_limit, slot_for, update, SlotKey, SlotSecret, CAS_ATTEMPTS,
     };
@@ -83,7 +85,7 @@ mod native {
 
     /// What the flow did with one request.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Outcome {
+    enum BatchOutcome {
         /// Not limited.
         Pass,
         /// Asked the service.
@@ -103,15 +105,15 @@ mod native {
     }
 
     /// What the last `decide` did, from what the host saw.
-    fn outcome(host: &MemHost, next: Next, calls: u64, replies: u64) -> Outcome {
+    fn outcome(host: &MemHost, next: Next, calls: u64, replies: u64) -> BatchOutcome {
         match (
             next,
             host.call_count() - calls,
             host.reply_count() - replies,
         ) {
-            (Next::Pause, 1, 0) => Outcome::Call,
-            (Next::Pause, 0, 1) => Outcome::Refuse,
-            _ => Outcome::Pass,
+            (Next::Pause, 1, 0) => BatchOutcome::Call,
+            (Next::Pause, 0, 1) => BatchOutcome::Refuse,
+            _ => BatchOutcome::Pass,
         }
     }
 
@@ -133,7 +135,8 @@ mod native {
             (0..)
                 .map(|i| format!("{prefix}-{i:05}"))
                 .filter(|t| {
-                    let at = |c: &Compiled| slot_for(&KEY, c.scope(group), t, SLOTS).index;
+                    let at =
+                        |c: &Compiled| slot_for(&KEY, c.scope(GroupId::new(group)), t, SLOTS).index;
                     let (a, b) = (at(&scopes[0]), at(&scopes[1]));
                     if used[0].contains(&a) || used[1].contains(&b) {
                         return false;
@@ -189,7 +192,13 @@ mod native {
 
     /// Every tenant's decision at `now_ms` must be `expected`, before the
     /// case is timed.
-    fn expect_all(c: &Compiled, host: &Worker, tenants: &[String], now_ms: u64, expected: Outcome) {
+    fn expect_all(
+        c: &Compiled,
+        host: &Worker,
+        tenants: &[String],
+        now_ms: u64,
+        expected: BatchOutcome,
+    ) {
         for t in tenants {
             let (calls, replies) = (host.call_count(), host.reply_count());
             let next = decide(c, host, t.as_bytes(), now_ms);
@@ -208,12 +217,7 @@ mod native {
             let Step::Limit(l) = first_step(c, &read) else {
                 fail(&format!("{t} is not limited"));
             };
-            let at = slot_for(
-                &KEY,
-                c.scope(l.group_index),
-                &l.tenant,
-                c.config.local.slots,
-            );
+            let at = slot_for(&KEY, c.scope(l.group_id), &l.tenant, c.config.local.slots);
             let statuses = [
                 status(Code::Ok, 1000, RateLimitUnit::Second, 999, 1),
                 status(Code::OverLimit, 3600, RateLimitUnit::Hour, 0, 1_800),
@@ -252,7 +256,7 @@ mod native {
         {
             let cfg = compiled(&gold, "");
             let store = new_host();
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, BatchOutcome::Call);
             let (mut i, mut now) = (0usize, EPOCH_MS);
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
             let n = allocations(|| decide(&cfg, &store, t, EPOCH_MS + 1_000));
@@ -274,7 +278,7 @@ mod native {
             let store = new_host();
             remember_all_over_limit(&cfg, &store, &tenants, EPOCH_MS);
             let now = EPOCH_MS + 10_250;
-            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_all(&cfg, &store, &tenants, now, BatchOutcome::Refuse);
             expect_counted(&store, Counter::CachedOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
@@ -294,9 +298,9 @@ mod native {
         {
             let cfg = compiled(&gold, ONE_TOKEN);
             let store = new_host();
-            expect_all(&cfg, &store, &tenants, EPOCH_MS, Outcome::Call);
+            expect_all(&cfg, &store, &tenants, EPOCH_MS, BatchOutcome::Call);
             let now = EPOCH_MS + 500;
-            expect_all(&cfg, &store, &tenants, now, Outcome::Refuse);
+            expect_all(&cfg, &store, &tenants, now, BatchOutcome::Refuse);
             expect_counted(&store, Counter::LocalOverLimit);
             let mut i = 0usize;
             let t = tenants.get(1).map_or(&b""[..], |t| t.as_bytes());
@@ -327,7 +331,7 @@ mod native {
                 })
             });
             let mut i = 0usize;
-            let scope = cfg.scope(0);
+            let scope = cfg.scope(GroupId::new(0));
             group.bench_function("slot_for", |b| {
                 b.iter(|| {
                     i = (i + 1) % TENANTS;

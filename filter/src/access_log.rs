@@ -22,7 +22,7 @@ pub const SOURCE: &str = "tenant_ratelimit_source";
 
 /// What refused a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
+pub enum DecidedBy {
     /// The rate-limit service answered OVER_LIMIT.
     Service,
     /// The over-limit cache remembered an earlier OVER_LIMIT.
@@ -44,18 +44,18 @@ pub enum Source {
     LimiterError,
 }
 
-impl Source {
+impl DecidedBy {
     pub const fn name(self) -> &'static str {
         match self {
-            Source::Service => "service",
-            Source::Cache => "cache",
-            Source::Bucket => "bucket",
-            Source::Sync => "sync",
-            Source::Fallback => "fallback",
-            Source::MissingTenant => "missing_tenant",
-            Source::TenantTooLong => "tenant_too_long",
-            Source::TenantRepeated => "tenant_repeated",
-            Source::LimiterError => "limiter_error",
+            DecidedBy::Service => "service",
+            DecidedBy::Cache => "cache",
+            DecidedBy::Bucket => "bucket",
+            DecidedBy::Sync => "sync",
+            DecidedBy::Fallback => "fallback",
+            DecidedBy::MissingTenant => "missing_tenant",
+            DecidedBy::TenantTooLong => "tenant_too_long",
+            DecidedBy::TenantRepeated => "tenant_repeated",
+            DecidedBy::LimiterError => "limiter_error",
         }
     }
 
@@ -64,15 +64,15 @@ impl Source {
     /// own). Only the service's refusals are `over_limit`.
     pub const fn counter(self) -> Option<Counter> {
         match self {
-            Source::Service => Some(Counter::OverLimit),
-            Source::Cache => Some(Counter::CachedOverLimit),
-            Source::Bucket => Some(Counter::LocalOverLimit),
-            Source::Sync => Some(Counter::SyncOverLimit),
-            Source::Fallback => Some(Counter::FallbackOverLimit),
-            Source::MissingTenant
-            | Source::TenantTooLong
-            | Source::TenantRepeated
-            | Source::LimiterError => None,
+            DecidedBy::Service => Some(Counter::OverLimit),
+            DecidedBy::Cache => Some(Counter::CachedOverLimit),
+            DecidedBy::Bucket => Some(Counter::LocalOverLimit),
+            DecidedBy::Sync => Some(Counter::SyncOverLimit),
+            DecidedBy::Fallback => Some(Counter::FallbackOverLimit),
+            DecidedBy::MissingTenant
+            | DecidedBy::TenantTooLong
+            | DecidedBy::TenantRepeated
+            | DecidedBy::LimiterError => None,
         }
     }
 
@@ -81,16 +81,16 @@ impl Source {
     /// a rate limit.
     pub const fn group_counter(self, shadow: bool) -> Option<GroupCounter> {
         match (self, shadow) {
-            (Source::Service, false) => Some(GroupCounter::RefusedService),
-            (Source::Cache, false) => Some(GroupCounter::RefusedCache),
-            (Source::Bucket, false) => Some(GroupCounter::RefusedBucket),
-            (Source::Sync, false) => Some(GroupCounter::SyncRefused),
-            (Source::Sync, true) => Some(GroupCounter::ShadowRefusedSync),
-            (Source::Fallback, false) => Some(GroupCounter::FallbackRefused),
-            (Source::Fallback, true) => Some(GroupCounter::ShadowRefusedFallback),
-            (Source::Service, true) => Some(GroupCounter::ShadowRefusedService),
-            (Source::Cache, true) => Some(GroupCounter::ShadowRefusedCache),
-            (Source::Bucket, true) => Some(GroupCounter::ShadowRefusedBucket),
+            (DecidedBy::Service, false) => Some(GroupCounter::RefusedService),
+            (DecidedBy::Cache, false) => Some(GroupCounter::RefusedCache),
+            (DecidedBy::Bucket, false) => Some(GroupCounter::RefusedBucket),
+            (DecidedBy::Sync, false) => Some(GroupCounter::SyncRefused),
+            (DecidedBy::Sync, true) => Some(GroupCounter::ShadowRefusedSync),
+            (DecidedBy::Fallback, false) => Some(GroupCounter::FallbackRefused),
+            (DecidedBy::Fallback, true) => Some(GroupCounter::ShadowRefusedFallback),
+            (DecidedBy::Service, true) => Some(GroupCounter::ShadowRefusedService),
+            (DecidedBy::Cache, true) => Some(GroupCounter::ShadowRefusedCache),
+            (DecidedBy::Bucket, true) => Some(GroupCounter::ShadowRefusedBucket),
             _ => None,
         }
     }
@@ -113,7 +113,7 @@ pub fn record<H: Host + ?Sized>(
     tenant: Option<&str>,
     group: Option<&str>,
     shadow: bool,
-    source: Source,
+    source: DecidedBy,
 ) {
     set(host, tenant, group, verdict_name(shadow), source);
 }
@@ -124,7 +124,7 @@ pub fn record_admitted<H: Host + ?Sized>(
     host: &H,
     tenant: Option<&str>,
     group: Option<&str>,
-    source: Source,
+    source: DecidedBy,
 ) {
     set(host, tenant, group, "admitted", source);
 }
@@ -134,7 +134,7 @@ fn set<H: Host + ?Sized>(
     tenant: Option<&str>,
     group: Option<&str>,
     verdict: &str,
-    source: Source,
+    source: DecidedBy,
 ) {
     let fields = [
         (TENANT, tenant),

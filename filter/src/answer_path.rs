@@ -7,8 +7,11 @@
 //!    tenant's slot and its group's counters: a lease's batch
 //!    (`store_lease_answer`, over the pure `lease::after_answer`), a sync
 //!    view or a push's hits (`store_sync_answer`, over `sync::after_answer`),
-//!    a response's charge (`store_charge_answer`). An over-limit answer is
-//!    remembered in the over-limit cache by `remember`.
+//!    a response's charge (`store_charge_answer`); what the fallback
+//!    learns, and for a request still waiting a refusal remembered in the
+//!    over-limit cache of the tenant's slot and of its state on the route
+//!    (`store_learned`, over `remember`). `flow` only turns the
+//!    verdict into a reply.
 //! 3. A request's answer is handed to its stream: the stream calling gets
 //!    it back from `finish`; any other goes to the batcher's outbox
 //!    (`batch::Batcher::deliver`), which the glue empties acting for each
@@ -21,11 +24,12 @@ use ratelimit_config::HeaderMode;
 
 use crate::answer::{Answer, RlsError};
 use crate::batch::{CallKind, Delivery, Done, Owner, Part, Settle, TenantCall};
+use crate::compiled::Compiled;
 use crate::counters::GroupCounter;
-use crate::decision::{own_statuses, Compiled};
 use crate::fallback;
+use crate::group::GroupId;
 use crate::host::Host;
-use crate::lease::{self, Outcome};
+use crate::lease::{self, smaller_may_fit, BatchOutcome};
 use crate::local::names::intern;
 use crate::local::over_limit::MAX_STATUSES;
 use crate::local::{remember_refusal, update, Claim, ModeState, Slot, SlotRef, CAS_ATTEMPTS};
@@ -34,13 +38,13 @@ use crate::proto::{Code, DescriptorStatus};
 use crate::sync;
 use crate::vm::Vm;
 
-/// Who a call asked about: the tenant's slot (`at`) in its group, when
+/// Who a call asked about: the tenant's slot (`slot`) in its group, when
 /// the call was asked, and the time its answer is stored (`now_ms`, the
 /// clock read once in the callback that stores it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Asked {
-    pub group: usize,
-    pub at: SlotRef,
+    pub group: GroupId,
+    pub slot: SlotRef,
     pub asked_at_ms: u64,
     pub now_ms: u64,
 }
@@ -80,7 +84,7 @@ fn rule_names<H: Host + ?Sized>(host: &H, statuses: &[DescriptorStatus]) -> [u8;
 /// `asked_at_ms`: `statuses` are that slot's part of the answer. Nothing
 /// is written when none of them is over its limit, or for no slot
 /// (fingerprint 0: the local layer was off).
-pub fn remember<H: Host + ?Sized>(
+fn remember<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     at: SlotRef,
@@ -116,10 +120,10 @@ pub fn store_charge_answer<H: Host + ?Sized>(
     host: &H,
     call: &TenantCall,
     asked_at_ms: u64,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
 ) {
     let group = call.group;
-    let Some(answer) = heard else {
+    let Some(answer) = answer else {
         host.count_group(group, GroupCounter::ResponseCostFailed);
         return;
     };
@@ -129,10 +133,10 @@ pub fn store_charge_answer<H: Host + ?Sized>(
         return;
     }
     let statuses = &answer.response.statuses;
-    let (own, on_route) = statuses.split_at(own_statuses(c, group).min(statuses.len()));
-    remember(c, host, call.at, asked_at_ms, own);
+    let (own, on_route) = statuses.split_at(c.descriptor_count(group, None).min(statuses.len()));
+    remember(c, host, call.slot, asked_at_ms, own);
     if let Some(r) = &call.route {
-        remember(c, host, r.at, asked_at_ms, on_route);
+        remember(c, host, r.slot, asked_at_ms, on_route);
     }
 }
 
@@ -144,11 +148,11 @@ pub fn store_lease_answer<H: Host + ?Sized>(
     host: &H,
     asked: Asked,
     batch: LeaseBatch,
-    outcome: Outcome,
+    outcome: BatchOutcome,
 ) {
     let Asked {
         group,
-        at,
+        slot: at,
         asked_at_ms,
         now_ms: now,
     } = asked;
@@ -160,18 +164,18 @@ pub fn store_lease_answer<H: Host + ?Sized>(
         return;
     };
     match outcome {
-        Outcome::Granted { .. } => {
+        BatchOutcome::Granted { .. } => {
             host.count_group(group, GroupCounter::LeasesTaken);
             host.add_group(group, GroupCounter::LeaseTokens, u64::from(batch));
         }
-        Outcome::Refused => {
+        BatchOutcome::Refused => {
             host.count_group(group, GroupCounter::LeasesRefused);
             host.add_group(group, GroupCounter::LeaseRefusedTokens, u64::from(batch));
         }
-        Outcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
+        BatchOutcome::Failed => host.count_group(group, GroupCounter::LeasesFailed),
     }
     let granted = match outcome {
-        Outcome::Granted { .. } => tokens,
+        BatchOutcome::Granted { .. } => tokens,
         _ => 0,
     };
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
@@ -205,10 +209,10 @@ pub fn store_lease_answer<H: Host + ?Sized>(
     }
 }
 
-/// Counts a push of `hits` sync hits the service answered (`heard`; None:
+/// Counts a push of `hits` sync hits the service answered (`answer`; None:
 /// it failed).
-fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option<&Answer>) {
-    match heard {
+fn count_push<H: Host + ?Sized>(host: &H, group: GroupId, hits: u32, answer: Option<&Answer>) {
+    match answer {
         None => host.count_group(group, GroupCounter::SyncFailed),
         Some(answer) => {
             host.count_group(group, GroupCounter::Syncs);
@@ -220,7 +224,7 @@ fn count_push<H: Host + ?Sized>(host: &H, group: usize, hits: u32, heard: Option
     }
 }
 
-/// Stores what the service said (`heard`; None: the call failed) to a
+/// Stores what the service said (`answer`; None: the call failed) to a
 /// call about the tenant `asked` names that carried its sync hits (`hits`);
 /// a push is counted in the group. Returns whether the slot, as stored,
 /// holds no pending hit of the tenant (nothing left for a push).
@@ -229,11 +233,11 @@ pub fn store_sync_answer<H: Host + ?Sized>(
     host: &H,
     asked: Asked,
     hits: SyncHits,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
 ) -> bool {
     let Asked {
         group,
-        at,
+        slot: at,
         asked_at_ms,
         now_ms: now,
     } = asked;
@@ -245,7 +249,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
         return false;
     };
     if pushed {
-        count_push(host, group, delta, heard);
+        count_push(host, group, delta, answer);
     }
     let stored = update(host, at.index, CAS_ATTEMPTS, |stored| {
         let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
@@ -257,7 +261,7 @@ pub fn store_sync_answer<H: Host + ?Sized>(
             // The tenant's next request drops it.
             ModeState::Lease(_) => return (false, None),
         };
-        let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, heard);
+        let s = sync::after_answer(held, &p, asked_at_ms, now, delta, pushed, answer);
         slot.mode = ModeState::Sync(s);
         (s.pending() == 0, Some(slot))
     });
@@ -281,20 +285,21 @@ pub fn finish<H: Host + ?Sized>(
     let mut mine = None;
     // The clock, read once, and only when a part is done.
     let now = if done.is_empty() { 0 } else { host.now_ms() };
-    for Done { part, mut heard } in done {
-        if store_part_answer(c, host, &part, heard.as_ref().ok(), now) {
-            if let Owner::Tenant { at, .. } = part.owner {
+    for Done { part, mut answer } in done {
+        if store_part_answer(c, host, &part, answer.as_ref().ok(), now) {
+            if let Owner::Root { slot: at, .. } = part.owner {
                 // Nothing left to push: the root's next pass would read
-                // the slot only to forget the tenant (`next_tracked`).
+                // the slot only to forget the tenant (`root::pass_tracked`).
                 vm.mailbox.forget(at);
             }
         }
-        if let Ok(answer) = &mut heard {
-            with_lease_tokens(c, &part, answer, now);
+        if let Ok(a) = &mut answer {
+            with_lease_tokens(c, &part, a, now);
+            store_learned(c, host, &part, a);
         }
         match part.stream() {
-            Some(id) if Some(id) == own => mine = Some(heard),
-            Some(stream) => vm.batch.deliver(Delivery { stream, heard }),
+            Some(id) if Some(id) == own => mine = Some(answer),
+            Some(stream) => vm.batch.deliver(Delivery { stream, answer }),
             None => {}
         }
     }
@@ -303,7 +308,7 @@ pub fn finish<H: Host + ?Sized>(
 
 /// A request that asked for a lease batch and got it holds the batch's
 /// other tokens: its headers count them as remaining, as those of the
-/// requests that will spend them do (`Left::lease`). Not when the batch was
+/// requests that will spend them do (`RemainingEstimate::lease`). Not when the batch was
 /// granted after its window ended (the tokens were stranded).
 fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64) {
     let Owner::Stream {
@@ -332,7 +337,7 @@ fn with_lease_tokens(c: &Compiled, part: &Part, answer: &mut Answer, now_ms: u64
     }
 }
 
-/// What the answer to a part (`heard`; None: the call failed) leaves in
+/// What the answer to a part (`answer`; None: the call failed) leaves in
 /// its tenant's slot and its group's counters: a lease's batch, a sync
 /// view, a push's hits. Returns true for a push whose tenant has no hit
 /// left pending once its answer is stored.
@@ -340,23 +345,19 @@ pub fn store_part_answer<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     part: &Part,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
     now_ms: u64,
 ) -> bool {
     let asked = |at| Asked {
         group: part.group,
-        at,
+        slot: at,
         asked_at_ms: part.asked_at_ms,
         now_ms,
     };
-    // A root call's answer teaches the fallback (a request's, its stream).
-    if let (Owner::Tenant { at, .. }, Some(answer)) = (&part.owner, heard) {
-        fallback::on_answer(c, host, part.group, *at, part.hits, answer);
-    }
     match part.owner {
-        Owner::Tenant {
+        Owner::Root {
             kind: CallKind::Refill,
-            at,
+            slot: at,
             ..
         } => {
             // A refill's whole batch becomes the lease's.
@@ -364,39 +365,74 @@ pub fn store_part_answer<H: Host + ?Sized>(
                 asked: part.hits,
                 tokens: part.hits,
             };
-            store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+            store_lease_answer(c, host, asked(at), batch, BatchOutcome::of(answer));
             false
         }
-        Owner::Tenant {
+        Owner::Root {
             kind: CallKind::Push,
-            at,
+            slot: at,
             ..
-        } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), heard),
-        Owner::Tenant {
+        } => store_sync_answer(c, host, asked(at), SyncHits::Pushed(part.hits), answer),
+        Owner::Root {
             kind: CallKind::Charge,
             ..
         } => {
             if let Some(call) = part.call() {
-                store_charge_answer(c, host, &call, part.asked_at_ms, heard);
+                store_charge_answer(c, host, &call, part.asked_at_ms, answer);
             }
             false
         }
         Owner::Stream { settle, .. } => match settle {
-            Settle::Exact => false,
+            Settle::Nothing => false,
             // The request asked for a batch: the first hit is its own.
-            Settle::Lease { at, batch } => {
+            Settle::Lease { slot: at, batch } => {
                 let batch = LeaseBatch {
                     asked: batch,
                     tokens: batch.saturating_sub(1),
                 };
-                store_lease_answer(c, host, asked(at), batch, Outcome::of(heard));
+                store_lease_answer(c, host, asked(at), batch, BatchOutcome::of(answer));
                 false
             }
-            Settle::Sync { at } => {
-                store_sync_answer(c, host, asked(at), SyncHits::OwnHit, heard);
+            Settle::Sync { slot: at } => {
+                store_sync_answer(c, host, asked(at), SyncHits::OwnHit, answer);
                 false
             }
         },
+    }
+}
+
+/// What an answer teaches beyond its mode's state: the fallback's entry
+/// learns what the fleet has left from the answer to a root's call, or to
+/// a request while its stream waits for it; and a request's refusal is
+/// remembered in the over-limit cache of the tenant's slot and of its state
+/// on the route, each with its part of the statuses (the group's
+/// descriptors first, then the route's). In shadow too: the cache then
+/// lets through (and counts) what it would have refused, as enforcing
+/// would, and spares the service the same calls. Not a batch the counter
+/// refused whole while one hit still fits (`lease::smaller_may_fit`).
+fn store_learned<H: Host + ?Sized>(c: &Compiled, host: &H, part: &Part, answer: &Answer) {
+    let slots = match part.owner {
+        Owner::Root { slot: at, .. } => {
+            fallback::on_answer(c.fallback(part.group), host, at, part.hits, answer);
+            return;
+        }
+        Owner::Stream {
+            id: Some(_),
+            slots: Some(slots),
+            ..
+        } => slots,
+        Owner::Stream { .. } => return,
+    };
+    fallback::on_answer(c.fallback(part.group), host, slots.own, part.hits, answer);
+    let statuses = &answer.response.statuses;
+    if !answer.over_limit || smaller_may_fit(part.hits, statuses) {
+        return;
+    }
+    let own = c.descriptor_count(part.group, None).min(statuses.len());
+    let (own, on_route) = statuses.split_at(own);
+    remember(c, host, slots.own, part.asked_at_ms, own);
+    if let Some(at) = slots.on_route {
+        remember(c, host, at, part.asked_at_ms, on_route);
     }
 }
 
@@ -408,13 +444,13 @@ pub fn release<H: Host + ?Sized>(c: &Compiled, host: &H, dropped: Vec<Part>) {
     let now_ms = if dropped.is_empty() { 0 } else { host.now_ms() };
     for part in dropped {
         if let Owner::Stream {
-            settle: Settle::Sync { at },
+            settle: Settle::Sync { slot: at },
             ..
         } = part.owner
         {
             let asked = Asked {
                 group: part.group,
-                at,
+                slot: at,
                 asked_at_ms: part.asked_at_ms,
                 now_ms,
             };

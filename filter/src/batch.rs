@@ -52,11 +52,13 @@ use std::collections::HashMap;
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
+use crate::compiled::Compiled;
 use crate::counters::Counter;
-use crate::decision::{descriptor_count, tenant_message, Compiled};
+use crate::decision::tenant_message;
+use crate::group::GroupId;
 use crate::health::{self, LogThrottle};
 use crate::host::Host;
-use crate::local::SlotRef;
+use crate::local::{SlotRef, Slots};
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
 use ratelimit_config::model::{RequestDescriptors, Service};
 
@@ -87,11 +89,10 @@ pub enum CallKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TenantCall {
     pub kind: CallKind,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
     /// The tenant's slot (not used when the local layer is off).
-    pub at: SlotRef,
+    pub slot: SlotRef,
     pub hits: u32,
     /// A charge's route, when the request's route had limits of its own:
     /// its descriptors follow the group's in the call.
@@ -103,7 +104,7 @@ pub struct TenantCall {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OnRoute {
     pub name: String,
-    pub at: SlotRef,
+    pub slot: SlotRef,
 }
 
 impl TenantCall {
@@ -120,25 +121,31 @@ impl TenantCall {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settle {
     /// Nothing (exact mode, or no slot).
-    Exact,
+    Nothing,
     /// A lease's batch: `batch` hits asked, the first the request's own.
-    Lease { at: SlotRef, batch: u32 },
+    Lease { slot: SlotRef, batch: u32 },
     /// A sync view, refreshed by the answer to the request's own hit.
-    Sync { at: SlotRef },
+    Sync { slot: SlotRef },
 }
 
 /// Who a part is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Owner {
     /// A request paused for the answer: its stream's context id (None once
-    /// the stream has ended: the answer is settled, delivered to nobody).
-    Stream { id: Option<u32>, settle: Settle },
-    /// The root's call about the tenant at `at` (and, for a charge, its
-    /// state on the route at `route_at`).
-    Tenant {
+    /// the stream has ended: the answer is settled, delivered to nobody),
+    /// and the tenant's slots (None: the local layer is off), where the
+    /// answer's refusal is remembered.
+    Stream {
+        id: Option<u32>,
+        settle: Settle,
+        slots: Option<Slots>,
+    },
+    /// The root's call about the tenant in `slot` (and, for a charge, its
+    /// state on the route in `route_slot`).
+    Root {
         kind: CallKind,
-        at: SlotRef,
-        route_at: Option<SlotRef>,
+        slot: SlotRef,
+        route_slot: Option<SlotRef>,
     },
 }
 
@@ -147,8 +154,7 @@ pub enum Owner {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Part {
     pub owner: Owner,
-    /// The group's index in `limits.all_groups()`.
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
     /// The route whose descriptors follow the group's (a request on a
     /// route with limits of its own, a charge for one).
@@ -169,7 +175,7 @@ impl Part {
     pub fn new(
         c: &Compiled,
         owner: Owner,
-        group: usize,
+        group: GroupId,
         (tenant, route): (String, Option<String>),
         hits: u32,
         now_ms: u64,
@@ -177,7 +183,7 @@ impl Part {
         Part {
             owner,
             group,
-            descriptors: descriptor_count(c, group, route.as_deref()),
+            descriptors: c.descriptor_count(group, route.as_deref()),
             tenant,
             route,
             hits,
@@ -189,20 +195,25 @@ impl Part {
     /// The root's call `t`, asked at `now_ms`.
     pub fn tenant(c: &Compiled, t: TenantCall, now_ms: u64) -> Part {
         let (route, route_at) = match t.route {
-            Some(r) => (Some(r.name), Some(r.at)),
+            Some(r) => (Some(r.name), Some(r.slot)),
             None => (None, None),
         };
-        let owner = Owner::Tenant {
+        let owner = Owner::Root {
             kind: t.kind,
-            at: t.at,
-            route_at,
+            slot: t.slot,
+            route_slot: route_at,
         };
         Part::new(c, owner, t.group, (t.tenant, route), t.hits, now_ms)
     }
 
     /// The root's call this part is (None: a request's).
     pub fn call(&self) -> Option<TenantCall> {
-        let Owner::Tenant { kind, at, route_at } = self.owner else {
+        let Owner::Root {
+            kind,
+            slot: at,
+            route_slot: route_at,
+        } = self.owner
+        else {
             return None;
         };
         let route = self.route.clone().zip(route_at);
@@ -210,9 +221,9 @@ impl Part {
             kind,
             group: self.group,
             tenant: self.tenant.clone(),
-            at,
+            slot: at,
             hits: self.hits,
-            route: route.map(|(name, at)| OnRoute { name, at }),
+            route: route.map(|(name, at)| OnRoute { name, slot: at }),
         })
     }
 
@@ -221,7 +232,7 @@ impl Part {
     fn pushes(&self) -> bool {
         matches!(
             self.owner,
-            Owner::Tenant {
+            Owner::Root {
                 kind: CallKind::Push | CallKind::Charge,
                 ..
             }
@@ -233,7 +244,7 @@ impl Part {
     pub fn stream(&self) -> Option<u32> {
         match self.owner {
             Owner::Stream { id, .. } => id,
-            Owner::Tenant { .. } => None,
+            Owner::Root { .. } => None,
         }
     }
 }
@@ -243,14 +254,14 @@ impl Part {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Done {
     pub part: Part,
-    pub heard: Result<Answer, RlsError>,
+    pub answer: Result<Answer, RlsError>,
 }
 
 /// A request's answer, for the glue to deliver to its stream.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Delivery {
     pub stream: u32,
-    pub heard: Result<Answer, RlsError>,
+    pub answer: Result<Answer, RlsError>,
 }
 
 /// A call under way.
@@ -421,10 +432,10 @@ impl Batcher {
             } else {
                 None
             };
-            let heard = decode(grpc_status, body.as_deref());
+            let answer = decode(grpc_status, body.as_deref());
             // One call, one outcome for the breaker, however many parts.
-            breaker::record(c, host, &self.breaker, heard.as_ref().err(), now);
-            let again = self.split(c, host, flight.parts, heard, &mut done);
+            breaker::record(c, host, &self.breaker, answer.as_ref().err(), now);
+            let again = self.split(c, host, flight.parts, answer, &mut done);
             for part in again {
                 self.send(c, host, vec![part], now, &mut done);
             }
@@ -607,11 +618,11 @@ impl Batcher {
         c: &Compiled,
         host: &H,
         parts: Vec<Part>,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
         done: &mut Vec<Done>,
     ) -> Vec<Part> {
         let marks = marked(c, &parts);
-        let answer = match heard {
+        let answer = match answer {
             Err(e) => {
                 done.extend(parts.into_iter().map(|p| failed(p, e.clone())));
                 return Vec::new();
@@ -619,7 +630,7 @@ impl Batcher {
             Ok(a) if parts.len() == 1 && !marks => {
                 done.extend(parts.into_iter().map(|part| Done {
                     part,
-                    heard: Ok(a.clone()),
+                    answer: Ok(a.clone()),
                 }));
                 return Vec::new();
             }
@@ -642,7 +653,7 @@ impl Batcher {
             }
             done.extend(parts.into_iter().map(|part| Done {
                 part,
-                heard: Ok(share(answer.over_limit, Vec::new())),
+                answer: Ok(share(answer.over_limit, Vec::new())),
             }));
             return Vec::new();
         }
@@ -656,7 +667,7 @@ impl Batcher {
             let over = answer.over_limit && own.iter().any(|s| s.code() == Code::OverLimit);
             done.push(Done {
                 part,
-                heard: Ok(share(over, own)),
+                answer: Ok(share(over, own)),
             });
         }
         Vec::new()
@@ -684,7 +695,7 @@ fn share(over_limit: bool, statuses: Vec<crate::proto::DescriptorStatus>) -> Ans
 fn failed(part: Part, why: RlsError) -> Done {
     Done {
         part,
-        heard: Err(why),
+        answer: Err(why),
     }
 }
 
@@ -738,7 +749,7 @@ fn message(c: &Compiled, parts: &[Part]) -> Option<Vec<u8>> {
     let sets = parts
         .iter()
         .map(|p| {
-            let g = c.config.limits.all_groups().nth(p.group)?;
+            let g = c.group(p.group)?;
             let route = match p.route.as_deref() {
                 Some(name) => Some(g.route(name.as_bytes())?),
                 None => None,

@@ -24,8 +24,8 @@
 use std::cell::Cell;
 
 use crate::answer::RlsError;
+use crate::compiled::Compiled;
 use crate::counters::{Counter, Gauge};
-use crate::decision::Compiled;
 use crate::host::{Host, SharedData};
 use crate::local::slot::{put, u32_at, u64_at};
 use crate::local::{self, update_key, CAS_ATTEMPTS};

@@ -26,11 +26,11 @@
 
 use std::fmt;
 
+use crate::batch::TenantCall;
+use crate::compiled::Compiled;
 use crate::counters::Counter;
-use crate::decision::Compiled;
 use crate::health::{LogThrottle, WARN_INTERVAL_MS};
 use crate::host::{Host, HostError};
-use crate::vm::TenantCall;
 
 /// Why a request has no cost.
 #[derive(Debug, PartialEq, Eq)]

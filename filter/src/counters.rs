@@ -181,6 +181,8 @@ pub const GAUGES: usize = Gauge::ALL.len();
 
 use ratelimit_config::plugin::OTHER_GROUP;
 
+use crate::group::GroupId;
+
 macro_rules! group_counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
         /// A counter kept once per group (`default` included): its stat is
@@ -390,9 +392,9 @@ impl MetricIds {
     }
 
     /// The requests counter of the route at `route` in the routes of the
-    /// group with index `group`.
-    pub fn route(&self, group: usize, route: usize) -> Option<u32> {
-        let at = self.route_base.get(group)? + route;
+    /// group `group`.
+    pub fn route(&self, group: GroupId, route: usize) -> Option<u32> {
+        let at = self.route_base.get(group.index())? + route;
         self.routes.get(at).copied().flatten()
     }
 
@@ -400,10 +402,10 @@ impl MetricIds {
         self.counters.get(c.index()).copied().flatten()
     }
 
-    /// A counter of the group with index `group` (of its own series, or
-    /// of `OTHER_GROUP`'s).
-    pub fn group(&self, group: usize, c: GroupCounter) -> Option<u32> {
-        let series = usize::try_from(*self.series_of.get(group)?).ok()?;
+    /// A counter of group `group` (of its own series, or of
+    /// `OTHER_GROUP`'s).
+    pub fn group(&self, group: GroupId, c: GroupCounter) -> Option<u32> {
+        let series = usize::try_from(*self.series_of.get(group.index())?).ok()?;
         self.series.get(series)?.get(c.index()).copied().flatten()
     }
 
@@ -490,11 +492,11 @@ mod tests {
             id_of("tenant_ratelimit.sync_over_limit")
         );
         assert_eq!(
-            ids.group(0, GroupCounter::SyncRefused),
+            ids.group(GroupId::new(0), GroupCounter::SyncRefused),
             id_of("tenant_ratelimit.group.default.refused.sync")
         );
-        assert_eq!(ids.group(1, GroupCounter::Admitted), None);
-        assert_eq!(ids.group(2, GroupCounter::Admitted), None);
+        assert_eq!(ids.group(GroupId::new(1), GroupCounter::Admitted), None);
+        assert_eq!(ids.group(GroupId::new(2), GroupCounter::Admitted), None);
         assert_eq!(
             ids.histogram(Histogram::RlsLatencyMs),
             id_of("tenant_ratelimit.rls_latency_ms")
@@ -528,16 +530,16 @@ mod tests {
         let other = id_of("tenant_ratelimit.group.other.admitted");
         assert!(other.is_some());
         for g in [0, 2, 3] {
-            assert_eq!(ids.group(g, GroupCounter::Admitted), other);
+            assert_eq!(ids.group(GroupId::new(g), GroupCounter::Admitted), other);
         }
         assert_eq!(
-            ids.group(1, GroupCounter::NoRule),
+            ids.group(GroupId::new(1), GroupCounter::NoRule),
             id_of("tenant_ratelimit.group.gold.no_rule")
         );
         assert!(!defined
             .iter()
             .any(|n| n.contains(".silver.") || n.contains(".default.")));
-        assert_eq!(ids.group(4, GroupCounter::Admitted), None);
+        assert_eq!(ids.group(GroupId::new(4), GroupCounter::Admitted), None);
     }
 
     #[test]
@@ -547,13 +549,20 @@ mod tests {
             "tenant_ratelimit.route.export.requests"
         );
         let mut ids = MetricIds::define([("default", true)].into_iter(), |_, _| None);
-        assert_eq!(ids.route(0, 0), None);
+        assert_eq!(ids.route(GroupId::new(0), 0), None);
         // Routes 7 and 8 of group 0, none of group 1, 9 of group 2.
         ids.routes = vec![Some(7), Some(8), Some(9)];
         ids.route_base = vec![0, 2, 2];
-        assert_eq!((ids.route(0, 0), ids.route(0, 1)), (Some(7), Some(8)));
         assert_eq!(
-            (ids.route(2, 0), ids.route(2, 1), ids.route(3, 0)),
+            (ids.route(GroupId::new(0), 0), ids.route(GroupId::new(0), 1)),
+            (Some(7), Some(8))
+        );
+        assert_eq!(
+            (
+                ids.route(GroupId::new(2), 0),
+                ids.route(GroupId::new(2), 1),
+                ids.route(GroupId::new(3), 0)
+            ),
             (Some(9), None, None)
         );
     }

@@ -8,150 +8,16 @@ use std::borrow::Cow;
 
 use ratelimit_config::model::{RequestDescriptors, Route};
 use ratelimit_config::plugin::PPM;
-use ratelimit_config::{
-    tenant_value, Group, HeaderMode, MissingTenant, Mode, PluginConfig, TenantSource,
+use ratelimit_config::{tenant_value, Group, HeaderMode, MissingTenant};
+
+use crate::answer::{decode, Answer, RlsError};
+use crate::compiled::Compiled;
+use crate::group::GroupId;
+use crate::headers::{
+    forwarded, limit_headers, retry_after, retry_after_from_headers, RETRY_AFTER,
 };
-
-use crate::answer::{decode, Answer};
-use crate::headers::{forwarded, limit_headers, retry_after_from_headers};
-use crate::lease::LeaseParams;
-use crate::local::{Scope, ScopeBuilder};
-use crate::proto::{encode_rate_limit_request, grpc_upstream, DescriptorStatus};
-use crate::sync::SyncParams;
-use crate::tenant::{Read, Source};
-
-pub use crate::answer::RlsError;
-
-/// The configuration compiled once per VM in `on_configure`.
-pub struct Compiled {
-    pub config: PluginConfig,
-    /// What `dispatch_grpc_call` is given as its upstream.
-    pub upstream: String,
-    /// `config.max_tenant_length`, as a length.
-    pub max_tenant_length: usize,
-    /// Where the tenant is read (`tenant_source`).
-    pub tenant: Source,
-    /// Each group's scope in the local layer, by group index.
-    scopes: Vec<Scope>,
-    /// Each group's mode and its settings, by group index.
-    modes: Vec<ModeParams>,
-}
-
-/// A group's mode, with its settings (compiled once with the
-/// configuration: `Compiled::mode_params`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ModeParams {
-    Exact,
-    Lease(LeaseParams),
-    Sync(SyncParams),
-}
-
-impl ModeParams {
-    fn of(config: &PluginConfig, group: &Group) -> ModeParams {
-        if let Some(p) = LeaseParams::for_group(config, group) {
-            ModeParams::Lease(p)
-        } else if let Some(p) = SyncParams::for_group(config, group) {
-            ModeParams::Sync(p)
-        } else {
-            ModeParams::Exact
-        }
-    }
-
-    pub fn mode(&self) -> Mode {
-        match self {
-            ModeParams::Exact => Mode::Exact,
-            ModeParams::Lease(_) => Mode::Lease,
-            ModeParams::Sync(_) => Mode::Sync,
-        }
-    }
-
-    /// The lease settings, in lease mode.
-    pub fn lease(self) -> Option<LeaseParams> {
-        match self {
-            ModeParams::Lease(p) => Some(p),
-            _ => None,
-        }
-    }
-
-    /// The sync settings, in sync mode.
-    pub fn sync(self) -> Option<SyncParams> {
-        match self {
-            ModeParams::Sync(p) => Some(p),
-            _ => None,
-        }
-    }
-}
-
-impl Compiled {
-    pub fn new(config: PluginConfig) -> Compiled {
-        let upstream = grpc_upstream(&config.cluster);
-        let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
-        let tenant = Source::new(&config.tenant_source, &config.limits);
-        let mut scopes = Vec::with_capacity(config.limits.group_count());
-        let mut modes = Vec::with_capacity(config.limits.group_count());
-        for g in config.limits.all_groups() {
-            scopes.push(group_scope(&config, g));
-            modes.push(ModeParams::of(&config, g));
-        }
-        Compiled {
-            config,
-            upstream,
-            max_tenant_length,
-            tenant,
-            scopes,
-            modes,
-        }
-    }
-
-    /// The mode of the group with this index, with its settings (exact for
-    /// an index no group has).
-    pub fn mode_params(&self, group: usize) -> ModeParams {
-        self.modes.get(group).copied().unwrap_or(ModeParams::Exact)
-    }
-
-    /// Every group's mode, with its settings, by group index.
-    pub fn group_modes(&self) -> &[ModeParams] {
-        &self.modes
-    }
-
-    /// The local-layer scope of the group with this index
-    /// (`local::placement::Scope`).
-    pub fn scope(&self, group: usize) -> Scope {
-        self.scopes.get(group).copied().unwrap_or(Scope::NONE)
-    }
-}
-
-/// What a group's tenants' local state belongs to: the instance (the
-/// service's cluster, the domain, the descriptor key, where the tenant is
-/// read) and the group (its name, limits and local bucket: an instance with
-/// a tighter bucket never drains another's). The mode is left out: a live
-/// change of mode keeps the tenant's slot, and `modes` settles what the old
-/// mode's block held.
-fn group_scope(c: &PluginConfig, g: &Group) -> Scope {
-    let mut b = ScopeBuilder::new()
-        .part(c.cluster.as_bytes())
-        .part(c.domain.as_bytes())
-        .part(c.descriptor_key.as_bytes());
-    b = match &c.tenant_source {
-        TenantSource::Header => b.part(b"header").part(c.limits.header.as_bytes()),
-        TenantSource::Property(path) => path
-            .iter()
-            .fold(b.part(b"property"), |b, p| b.part(p.as_bytes())),
-    };
-    b = b.part(b"group").part(g.name.as_bytes());
-    for (unit, n) in g.limits.iter() {
-        b = b
-            .part(unit.descriptor_value().as_bytes())
-            .part(&n.to_le_bytes());
-    }
-    if let Some(p) = c.local.bucket_for(g) {
-        b = b
-            .part(b"bucket")
-            .part(&p.tokens_per_second.to_le_bytes())
-            .part(&p.burst.to_le_bytes());
-    }
-    b.finish()
-}
+use crate::proto::{encode_rate_limit_request, DescriptorStatus};
+use crate::tenant::Read;
 
 /// The first step for a request, from its tenant.
 #[derive(Debug, PartialEq, Eq)]
@@ -178,32 +44,12 @@ pub enum Step<'a> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Limited<'a> {
     pub group: &'a Group,
-    /// The group's index in `limits.all_groups()`: its per-group counters.
-    pub group_index: usize,
+    /// The group's id: its per-group counters.
+    pub group_id: GroupId,
     pub tenant: Cow<'a, str>,
     /// The route the request matched, when the group limits it (`routes`):
     /// its descriptors follow the group's in the call.
     pub route: Option<&'a Route>,
-}
-
-impl Limited<'_> {
-    /// How many descriptors the request's call carries, the group's first
-    /// (`own_statuses`), then the route's: the service answers one status
-    /// per descriptor, in that order.
-    pub fn descriptor_count(&self) -> usize {
-        self.group.limits.len() + self.route.map_or(0, |r| r.limits.len())
-    }
-}
-
-/// How many of the statuses answering a call about a tenant of group
-/// `group` are the tenant's own (the group's units): the rest are the
-/// route's. 0 when the configuration has no such group.
-pub fn own_statuses(c: &Compiled, group: usize) -> usize {
-    c.config
-        .limits
-        .all_groups()
-        .nth(group)
-        .map_or(0, |g| g.limits.len())
 }
 
 /// Decides the first step from the tenant as read (`tenant::read`). The
@@ -233,9 +79,9 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: &'a Read) -> Step<'a> {
         Err(_) => limits.default.as_ref().map(|g| (0, g)),
     };
     match group {
-        Some((group_index, group)) => Step::Limit(Limited {
+        Some((index, group)) => Step::Limit(Limited {
             group,
-            group_index,
+            group_id: GroupId::new(index),
             tenant: tenant_value(raw),
             route: None,
         }),
@@ -245,7 +91,7 @@ pub fn first_step<'a>(c: &'a Compiled, tenant: &'a Read) -> Step<'a> {
 
 /// The encoded `RateLimitRequest` for a limited tenant: one descriptor per
 /// unit its group limits, then one per unit of its route's limits
-/// (`Limited::descriptor_count`), each counting `hits_addend` hits (0
+/// (`Compiled::descriptor_count`), each counting `hits_addend` hits (0
 /// counts 1).
 pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8> {
     let key = &c.config.descriptor_key;
@@ -255,42 +101,29 @@ pub fn encode_request(c: &Compiled, l: &Limited<'_>, hits_addend: u32) -> Vec<u8
     })
 }
 
-/// The message of a call about `tenant` of the group with index `group`
+/// The message of a call about `tenant` of group `group`
 /// (a lease refill, a sync push; a charge, on `route` too): the group's
 /// descriptors (and the route's), each counting `hits`. None if the
 /// configuration has no such group, or the group no such route.
 pub fn tenant_message(
     c: &Compiled,
-    group: usize,
+    group: GroupId,
     tenant: &str,
     route: Option<&str>,
     hits: u32,
 ) -> Option<Vec<u8>> {
-    let g = c.config.limits.all_groups().nth(group)?;
+    let g = c.group(group)?;
     let route = match route {
         Some(name) => Some(g.route(name.as_bytes())?),
         None => None,
     };
     let limited = Limited {
         group: g,
-        group_index: group,
+        group_id: group,
         tenant: Cow::Borrowed(tenant),
         route,
     };
     Some(encode_request(c, &limited, hits))
-}
-
-/// How many descriptors a call about a tenant of group `group` (on
-/// `route`) sends: one per unit the group limits, then one per unit the
-/// route limits (0 if the configuration has no such group).
-pub fn descriptor_count(c: &Compiled, group: usize, route: Option<&str>) -> usize {
-    let Some(g) = c.config.limits.all_groups().nth(group) else {
-        return 0;
-    };
-    let on_route = route
-        .and_then(|name| g.route(name.as_bytes()))
-        .map_or(0, |r| r.limits.len());
-    g.limits.len() + on_route
 }
 
 /// The decision on a request that the service has answered.
@@ -305,11 +138,6 @@ pub enum Verdict {
     /// The limiter failed: fail open, or deny with `status_on_error`.
     Error(RlsError),
 }
-
-pub use crate::headers::{
-    draft03_headers, retry_after, RETRY_AFTER, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING,
-    X_RATELIMIT_RESET,
-};
 
 /// What the flow does with the service's answer: the verdict, and the
 /// service's own headers to forward (`response_headers_to_add` to the
@@ -429,19 +257,19 @@ mod tests {
     fn decide_body(mode: HeaderMode, grpc_status: u32, body: Option<&[u8]>) -> Decision {
         verdict_of(mode, decode(grpc_status, body))
     }
-    use crate::testing::{answer, status};
+    use crate::headers::{X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET};
+    use crate::testing::{answer, compiled_json, status};
     use ratelimit_config::parse_plugin_config;
+    use serde_json::json;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn compiled(extra: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit"}},
-               "limits": {{"x-tenant-id": {{
-                  "default": {{"persecond": 5, "perhour": 30}},
-                  "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}}{extra}}}"#
-        );
-        Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0)
+    fn compiled(extra: serde_json::Value) -> Compiled {
+        let base = json!({"domain": "internal-api", "rate_limit_service": {"cluster": "ratelimit"},
+            "limits": {"x-tenant-id": {
+                "default": {"persecond": 5, "perhour": 30},
+                "gold": {"perminute": 70, "header_value": ["tenant-b"]}}}});
+        compiled_json(base, extra)
     }
 
     fn some(tenant: &[u8]) -> Read {
@@ -473,7 +301,7 @@ mod tests {
 
     #[test]
     fn default_tenant_sends_one_descriptor_per_unit() {
-        let r = asked(&compiled(""), b"tenant-a");
+        let r = asked(&compiled(json!({})), b"tenant-a");
         assert_eq!(r.domain, "internal-api");
         assert_eq!(
             pairs(&r),
@@ -486,7 +314,7 @@ mod tests {
 
     #[test]
     fn listed_tenant_sends_its_groups_units() {
-        let r = asked(&compiled(""), b"tenant-b");
+        let r = asked(&compiled(json!({})), b"tenant-b");
         assert_eq!(
             pairs(&r),
             vec![vec![
@@ -499,12 +327,12 @@ mod tests {
     #[test]
     fn a_missing_tenant_follows_the_policy_and_an_empty_one_is_a_tenant() {
         assert_eq!(
-            first_step(&compiled(""), &Read::Missing),
+            first_step(&compiled(json!({})), &Read::Missing),
             Step::AllowMissingTenant
         );
-        let deny = compiled(r#", "missing_tenant": "deny""#);
+        let deny = compiled(json!({"missing_tenant": "deny"}));
         assert_eq!(first_step(&deny, &Read::Missing), Step::DenyMissingTenant);
-        for c in [compiled(""), deny] {
+        for c in [compiled(json!({})), deny] {
             let r = asked(&c, b"");
             assert_eq!(r.descriptors[0].entries[1].value, "");
             assert_eq!(first_step(&c, &Read::Repeated), Step::RepeatedTenant);
@@ -525,12 +353,12 @@ mod tests {
 
     #[test]
     fn hostile_bytes_are_each_a_limited_tenant_of_their_own() {
-        let r = asked(&compiled(""), &[0xff, 0xfe, b'a', 0]);
+        let r = asked(&compiled(json!({})), &[0xff, 0xfe, b'a', 0]);
         assert_eq!(r.descriptors[0].entries[1].value, "%FF%FEa\u{0}");
         // Distinct raw values, distinct values sent: no lossy form that two
         // share.
         let sent = |t: &[u8]| {
-            asked(&compiled(""), t).descriptors[0].entries[1]
+            asked(&compiled(json!({})), t).descriptors[0].entries[1]
                 .value
                 .clone()
         };
@@ -556,76 +384,6 @@ mod tests {
             (l.group.name.as_str(), l.tenant.as_ref()),
             ("gold", "50%25off")
         );
-    }
-
-    #[test]
-    fn each_group_of_each_instance_has_a_scope_of_its_own() {
-        let base = compiled("");
-        let (default, gold) = (base.scope(0), base.scope(1));
-        assert_ne!(default, gold);
-        // The same configuration: the same scopes (instances share).
-        assert_eq!(compiled("").scope(0), default);
-        // A mode is not part of it: a live mode change keeps the slots.
-        let lease = compiled(r#", "local": {"mode": "lease"}"#);
-        assert_eq!(lease.scope(0), default);
-        let apart = |text: &str| {
-            let c = Compiled::new(parse_plugin_config(text.as_bytes()).unwrap().0);
-            assert_ne!(c.scope(0), default, "{text}");
-        };
-        let t = |domain: &str, cluster: &str, key: &str, header: &str, limit: u32, extra: &str| {
-            format!(
-                r#"{{"domain": "{domain}", "rate_limit_service": {{"cluster": "{cluster}"}}, "descriptor_key": "{key}",
-                   "limits": {{"{header}": {{"default": {{"persecond": 5, "perhour": {limit}}},
-                      "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}}{extra}}}"#
-            )
-        };
-        let same = t("internal-api", "ratelimit", "tenant", "x-tenant-id", 30, "");
-        assert_eq!(
-            Compiled::new(parse_plugin_config(same.as_bytes()).unwrap().0).scope(0),
-            default
-        );
-        apart(&t("other", "ratelimit", "tenant", "x-tenant-id", 30, ""));
-        apart(&t("internal-api", "other", "tenant", "x-tenant-id", 30, ""));
-        apart(&t(
-            "internal-api",
-            "ratelimit",
-            "org",
-            "x-tenant-id",
-            30,
-            "",
-        ));
-        apart(&t(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-org-id",
-            30,
-            "",
-        ));
-        apart(&t(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-tenant-id",
-            31,
-            "",
-        ));
-        apart(&t(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-tenant-id",
-            30,
-            r#", "tenant_source": {"property": ["metadata", "x"]}"#,
-        ));
-        apart(&t(
-            "internal-api",
-            "ratelimit",
-            "tenant",
-            "x-tenant-id",
-            30,
-            r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
-        ));
     }
 
     #[test]
@@ -849,7 +607,7 @@ mod tests {
 
         #[test]
         fn any_tenant_bytes_give_a_step(tenant in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
-            let c = compiled("");
+            let c = compiled(json!({}));
             match first_step(&c, &Read::Value(tenant.clone())) {
                 Step::Limit(l) => {
                     // Never more than max_tenant_length raw bytes reach the

@@ -8,7 +8,7 @@
 //!   from the answers (`share`).
 //! - In the window where the outage begins, an Envoy starts from what the
 //!   fleet had left by the last answer it got (`limit_remaining`), not from
-//!   a whole limit: every answer is remembered (`heard`).
+//!   a whole limit: every answer is remembered (`learn`).
 //! - Its admissions are counted per unit and window; a request is admitted
 //!   while, for every unit, they stay within its share of what is left
 //!   (`decide`).
@@ -20,12 +20,11 @@
 //! left alone for `HOLD_MS` goes to the next tenant that needs it).
 
 use crate::answer::Answer;
-use crate::decision::Compiled;
 use crate::host::{Host, SharedData};
 use crate::local::slot::{put, u32_at, u64_at};
 use crate::local::{self, update_key, SlotRef, UpdateError, CAS_ATTEMPTS};
 use crate::window::{self, UNITS};
-use ratelimit_config::{OnFailure, Share};
+use ratelimit_config::{Group, OnFailure, PluginConfig, Share};
 
 /// The shared-data key of the fallback entry at `index` (the index of the
 /// tenant's slot).
@@ -157,18 +156,19 @@ pub struct Params {
 }
 
 impl Params {
-    /// The group's fallback, None unless `on_failure` is `local`.
-    pub fn for_group(c: &Compiled, group: usize) -> Option<Params> {
-        if c.config.on_failure != OnFailure::Local {
+    /// The group's fallback, None unless `on_failure` is `local`
+    /// (compiled once per group with the configuration:
+    /// `compiled::Compiled::fallback`).
+    pub fn for_group(config: &PluginConfig, g: &Group) -> Option<Params> {
+        if config.on_failure != OnFailure::Local {
             return None;
         }
-        let g = c.config.limits.all_groups().nth(group)?;
         let (windows, units) = window::of_group(g);
         Some(Params {
             windows,
             units,
-            envoys: c.config.fallback.envoys.max(1),
-            learned: c.config.fallback.share == Share::Learned,
+            envoys: config.fallback.envoys.max(1),
+            learned: config.fallback.share == Share::Learned,
         })
     }
 
@@ -205,7 +205,7 @@ pub fn share(e: &Entry, p: &Params) -> (u64, u64) {
 /// share) the hits this Envoy sent in the window. An answer in a new window
 /// of the longest unit first folds the last window's estimate into the
 /// learned share.
-pub fn heard(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) -> Entry {
+pub fn learn(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) -> Entry {
     let (long_ms, _) = p.longest();
     if !window::same(long_ms, e.heard_ms, now_ms) {
         if let Some(est) = e.estimate(p) {
@@ -227,7 +227,7 @@ pub fn heard(mut e: Entry, p: &Params, answer: &Answer, hits: u32, now_ms: u64) 
 
 /// What the fallback decided for a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decided {
+pub enum FallbackDecision {
     /// Within this Envoy's share of every limit: admitted, and counted.
     Admit,
     /// Over its share of a limit: 429, retry when that window ends.
@@ -238,7 +238,12 @@ pub enum Decided {
 
 /// Decides a request of `cost` hits at `now_ms` from the entry; returns
 /// the entry to store (an admission only: a refusal writes nothing).
-pub fn decide(mut e: Entry, p: &Params, cost: u32, now_ms: u64) -> (Decided, Option<Entry>) {
+pub fn decide(
+    mut e: Entry,
+    p: &Params,
+    cost: u32,
+    now_ms: u64,
+) -> (FallbackDecision, Option<Entry>) {
     let (num, den) = share(&e, p);
     let mut retry_ms = 0;
     let units = p.windows.iter().zip(&e.remaining).zip(&mut e.used);
@@ -259,10 +264,10 @@ pub fn decide(mut e: Entry, p: &Params, cost: u32, now_ms: u64) -> (Decided, Opt
     }
     if retry_ms > 0 {
         let retry_after_s = retry_ms.div_ceil(1_000).max(1);
-        return (Decided::Refuse { retry_after_s }, None);
+        return (FallbackDecision::Refuse { retry_after_s }, None);
     }
     e.spent_ms = now_ms;
-    (Decided::Admit, Some(e))
+    (FallbackDecision::Admit, Some(e))
 }
 
 /// Reads, steps and writes the entry of `at` under CAS: `step` gets the
@@ -292,51 +297,52 @@ where
     )
 }
 
-/// The hook where an answer is known: with `on_failure: "local"`, the
-/// answer to a call about the tenant at `at` of group `group` that
-/// carried `hits` is remembered in its entry.
+/// The hook where an answer is known: with `on_failure: "local"` (`p`,
+/// the tenant's group's fallback), the answer to a call about the tenant at
+/// `at` that carried `hits` is remembered in its entry.
 pub fn on_answer<H: Host + ?Sized>(
-    c: &Compiled,
+    p: Option<&Params>,
     host: &H,
-    group: usize,
     at: SlotRef,
     hits: u32,
     answer: &Answer,
 ) {
-    let Some(p) = Params::for_group(c, group) else {
+    let Some(p) = p else {
         return;
     };
     let now = host.now_ms();
     // Not remembered (shared data failed): the share starts from a whole
     // limit, as for a tenant never heard of.
     let _ = update(host, at, now, &mut |e| {
-        e.map(|e| heard(e, &p, answer, hits, now))
+        e.map(|e| learn(e, p, answer, hits, now))
     });
 }
 
-/// The hook where the service cannot decide: the fallback's decision for a
-/// request of `cost` hits of the tenant at `at`, of group `group`.
-/// `Contended` also when the entry cannot be read or written.
+/// The hook where the service cannot decide: the fallback's decision (`p`,
+/// the tenant's group's fallback) for a request of `cost` hits of the
+/// tenant at `at`. `Contended` also when the entry cannot be read or
+/// written, or without a fallback.
 pub fn on_request<H: Host + ?Sized>(
-    c: &Compiled,
+    p: Option<&Params>,
     host: &H,
-    group: usize,
     at: SlotRef,
     cost: u32,
-) -> Decided {
-    let Some(p) = Params::for_group(c, group) else {
-        return Decided::Contended;
+) -> FallbackDecision {
+    let Some(p) = p else {
+        return FallbackDecision::Contended;
     };
     let now = host.now_ms();
-    let mut decided = Decided::Contended;
+    let mut decided = FallbackDecision::Contended;
     let stored = update(host, at, now, &mut |e| {
-        let (d, write) = e.map_or((Decided::Contended, None), |e| decide(e, &p, cost, now));
+        let (d, write) = e.map_or((FallbackDecision::Contended, None), |e| {
+            decide(e, p, cost, now)
+        });
         decided = d;
         write
     });
     match stored {
         Ok(()) => decided,
-        Err(_) => Decided::Contended,
+        Err(_) => FallbackDecision::Contended,
     }
 }
 

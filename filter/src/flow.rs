@@ -14,9 +14,9 @@
 //!    `ShouldRateLimit` call of their own or shared with the worker's other
 //!    requests (`batch`).
 //! 2. `on_answer`: the service's answer for this request (its share of the
-//!    call's, split back by the root that received it). OK admits the
-//!    request (its X-RateLimit-* headers are kept for the response);
-//!    OVER_LIMIT is a 429, remembered in the over-limit cache; an error, a
+//!    call's, split back by the root that received it, which stored what
+//!    it leaves: `answer_path`). OK admits the request (its X-RateLimit-*
+//!    headers are kept for the response); OVER_LIMIT is a 429; an error, a
 //!    timeout or an open breaker (`breaker`: no call was made) gets
 //!    `on_failure`: let through, `status_on_error`, or the local fallback
 //!    (`fallback`).
@@ -30,24 +30,26 @@
 //! fails is a limiter failure (`on_failure`) or,
 //! in the local layer, skips that layer; it never panics.
 
-use crate::access_log::{record, record_admitted, Source};
+use std::ops::ControlFlow::{self, Break, Continue};
+
+use crate::access_log::{record, record_admitted, DecidedBy};
 use crate::answer::{Answer, RlsError};
-use crate::answer_path::{finish, remember};
+use crate::answer_path::finish;
+use crate::batch::{CallKind, OnRoute, TenantCall};
 use crate::batch::{Owner, Part, Settle};
+use crate::compiled::Compiled;
 use crate::cost::{charge_response, request_cost, CostError};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{
-    self, first_step, near_limit, verdict_of, Compiled, Decision, Limited, Step, Verdict,
-    RETRY_AFTER,
-};
-use crate::fallback::{self, Decided};
+use crate::decision::{self, first_step, near_limit, verdict_of, Decision, Limited, Step, Verdict};
+use crate::fallback::{self, FallbackDecision};
+use crate::group::GroupId;
+use crate::headers::RETRY_AFTER;
 use crate::health;
 use crate::host::{Host, HostError};
-use crate::lease::smaller_may_fit;
-use crate::local::SlotRef;
-use crate::modes::{local_outcome, LocalOutcome, Request, Slots};
+use crate::local::{SlotRef, Slots};
+use crate::modes::{local_outcome, LocalOutcome, Request};
 use crate::tenant;
-use crate::vm::{CallKind, OnRoute, TenantCall, Vm};
+use crate::vm::Vm;
 use ratelimit_config::OnFailure;
 
 /// What Envoy does with the request after a callback.
@@ -72,28 +74,18 @@ pub struct Stream {
     forwarded: Vec<(String, String)>,
     /// The tenant's local-layer slot, when the layer is on.
     slot: Option<SlotRef>,
-    /// When the call to the service went out (for the over-limit cache).
-    asked_at_ms: u64,
     /// The tenant as the filter read it (the header's value escaped as the
     /// service sees it, or the verified property's), once known: what every
     /// log line, access-log field and warning about this request names.
     tenant: Option<String>,
-    /// The tenant's group (its index in `limits.all_groups()`), once known:
-    /// whose per-group counters this request counts in.
-    group: Option<usize>,
+    /// The tenant's group, once known: whose per-group counters this
+    /// request counts in.
+    group: Option<GroupId>,
     /// The group is in shadow (`shadow`, globally or its own): a refusal
     /// is counted and the request let through.
     shadow: bool,
-    /// The request's cost (`cost_header`; 1 without), and the hits its
-    /// call carried (a lease's batch, hits a mode change carried).
+    /// The request's cost (`cost_header`; 1 without).
     cost: u32,
-    hits: u32,
-    /// The tenant's slot on its route, when the request is on a route with
-    /// limits of its own and the local layer is on.
-    route_slot: Option<SlotRef>,
-    /// How many of the answer's statuses are the tenant's own (its group's
-    /// units); the rest are its route's.
-    own_statuses: usize,
     /// With `response_cost_header`: the charge to send once the response
     /// tells its cost, `hits` holding what the request was charged.
     charge: Option<Box<TenantCall>>,
@@ -125,13 +117,13 @@ impl Stream {
         host: &H,
         vm: &Vm,
     ) -> Next {
-        let tenant = match tenant::read(&c.tenant, host) {
+        let tenant = match tenant::read(&c.tenant_location, host) {
             Ok(t) => t,
             Err(e) => return self.on_failure(c, host, Some(&RlsError::Host(e))),
         };
         let (limited, cost) = match self.limited(c, host, &tenant) {
-            Ok(known) => known,
-            Err(next) => return next,
+            Continue(known) => known,
+            Break(answered) => return answered,
         };
         let now_ms = host.now_ms();
         let req = Request {
@@ -158,38 +150,36 @@ impl Stream {
                 settle,
                 hits,
             } => {
-                self.slot = Some(slots.at);
-                self.route_slot = slots.route_at;
-                self.asked_at_ms = now_ms;
-                self.ask(c, host, vm, &req, settle, hits)
+                self.slot = Some(slots.own);
+                self.ask(c, host, vm, &req, (settle, Some(slots)), hits)
             }
-            LocalOutcome::Skip => self.ask(c, host, vm, &req, Settle::Exact, cost),
+            LocalOutcome::Skip => self.ask(c, host, vm, &req, (Settle::Nothing, None), cost),
         }
     }
 
     /// Who the request is for and what it costs: the tenant's group (and
-    /// its route), kept on the stream; `Err` when the request was answered
-    /// (or goes on unlimited) here.
+    /// its route), kept on the stream; `Break` with what Envoy does next
+    /// when the request was answered here, or goes on unlimited.
     fn limited<'c, H: Host + ?Sized>(
         &mut self,
         c: &'c Compiled,
         host: &H,
         tenant: &'c tenant::Read,
-    ) -> Result<(Limited<'c>, u32), Next> {
+    ) -> ControlFlow<Next, (Limited<'c>, u32)> {
         let mut limited = match first_step(c, tenant) {
             Step::AllowMissingTenant => {
                 host.count(Counter::MissingTenant);
-                return Err(Next::Continue);
+                return Break(Next::Continue);
             }
             Step::DenyMissingTenant => {
                 host.count(Counter::MissingTenant);
-                record(host, None, None, false, Source::MissingTenant);
-                return Err(local_reply(host, 429, &[], "missing tenant header\n"));
+                record(host, None, None, false, DecidedBy::MissingTenant);
+                return Break(local_reply(host, 429, &[], "missing tenant header\n"));
             }
             Step::TenantTooLong => {
                 host.count(Counter::TenantTooLong);
-                record(host, None, None, false, Source::TenantTooLong);
-                return Err(local_reply(
+                record(host, None, None, false, DecidedBy::TenantTooLong);
+                return Break(local_reply(
                     host,
                     431,
                     &[],
@@ -198,11 +188,11 @@ impl Stream {
             }
             Step::RepeatedTenant => {
                 host.count(Counter::TenantRepeated);
-                record(host, None, None, false, Source::TenantRepeated);
+                record(host, None, None, false, DecidedBy::TenantRepeated);
                 let body = "tenant header sent more than once\n";
-                return Err(local_reply(host, 400, &[], body));
+                return Break(local_reply(host, 400, &[], body));
             }
-            Step::NotLimited => return Err(Next::Continue),
+            Step::NotLimited => return Break(Next::Continue),
             Step::Limit(limited) => limited,
         };
         // A hostcall per request only for the tenants of groups with routes.
@@ -211,7 +201,7 @@ impl Stream {
                 Ok(Some(name)) => {
                     let mut routes = limited.group.routes.iter().enumerate();
                     if let Some((i, r)) = routes.find(|(_, r)| r.name.as_bytes() == name) {
-                        host.count_route(limited.group_index, i);
+                        host.count_route(limited.group_id, i);
                         limited.route = Some(r);
                     }
                 }
@@ -223,63 +213,64 @@ impl Stream {
             Ok(cost) => cost,
             Err(CostError::Invalid(why)) => {
                 host.count(Counter::CostInvalid);
-                return Err(local_reply(host, 400, &[], &why));
+                return Break(local_reply(host, 400, &[], &why));
             }
             Err(CostError::Host(e)) => {
-                return Err(self.on_failure(c, host, Some(&RlsError::Host(e))))
+                return Break(self.on_failure(c, host, Some(&RlsError::Host(e))))
             }
         };
         self.tenant = Some(limited.tenant.to_string());
         self.cost = cost;
-        self.group = Some(limited.group_index);
+        self.group = Some(limited.group_id);
         self.shadow = c.config.shadowed(limited.group);
-        self.own_statuses = limited.group.limits.len();
-        Ok((limited, cost))
+        Continue((limited, cost))
     }
 
     /// Asks the service for `hits` hits of the request, whose answer leaves
-    /// `settle` in the tenant's slot: paused until the answer, unless the
-    /// call is over before it was sent.
+    /// `settle` in the tenant's slot (`slots`: None when the local layer is
+    /// off): paused until the answer, unless the call is over before it
+    /// was sent.
     fn ask<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
         vm: &Vm,
         req: &Request<'_, '_>,
-        settle: Settle,
+        (settle, slots): (Settle, Option<Slots>),
         hits: u32,
     ) -> Next {
-        self.hits = hits;
         let owner = Owner::Stream {
             id: Some(self.id),
             settle,
+            slots,
         };
         let limited = req.limited;
         let route = limited.route.map(|r| r.name.clone());
         let tenant = self.tenant.clone().unwrap_or_default();
-        let group = limited.group_index;
+        let group = limited.group_id;
         let part = Part::new(c, owner, group, (tenant, route), hits, req.now_ms);
         let done = vm.batch.ask(c, host, part);
         match finish(c, host, vm, done, Some(self.id)) {
             None => Next::Pause,
             // Over before it was sent: the call could not go out.
-            Some(heard) => self.act_on_answer(c, host, vm, heard),
+            Some(answer) => self.act_on_answer(c, host, vm, answer),
         }
     }
 
     /// The service's answer for this request (or why there is none), as
     /// the root split it out of its call's: the request was paused since
     /// its headers, and is resumed unless a local reply went out. What the
-    /// answer leaves in the tenant's lease or sync view was stored before
-    /// (`answer_path::store_part_answer`).
+    /// answer leaves for the tenant (its lease or sync view, the fallback's
+    /// entry, a refusal in the over-limit cache) was stored before
+    /// (`answer_path::finish`).
     pub fn on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
         vm: &Vm,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
     ) {
-        if self.act_on_answer(c, host, vm, heard) == Next::Continue {
+        if self.act_on_answer(c, host, vm, answer) == Next::Continue {
             if let Err(e) = host.resume_request() {
                 log::error!("cannot resume a request paused for the service: {e}");
             }
@@ -287,24 +278,20 @@ impl Stream {
     }
 
     /// The verdict on the service's answer: admitted (headers kept),
-    /// refused (a 429, remembered in the over-limit cache), or the limiter
-    /// failed.
+    /// refused (a 429), or the limiter failed.
     fn act_on_answer<H: Host + ?Sized>(
         &mut self,
         c: &Compiled,
         host: &H,
         vm: &Vm,
-        heard: Result<Answer, RlsError>,
+        answer: Result<Answer, RlsError>,
     ) -> Next {
-        if let (Ok(answer), Some(at), Some(group)) = (&heard, self.slot, self.group) {
-            fallback::on_answer(c, host, group, at, self.hits, answer);
-        }
         let Decision {
             verdict,
             to_client,
             to_upstream,
             dropped,
-        } = verdict_of(c.config.headers, heard);
+        } = verdict_of(c.config.headers, answer);
         if dropped > 0 {
             log::debug!("{dropped} of the service's headers were not forwarded");
         }
@@ -337,26 +324,10 @@ impl Stream {
                 }
                 Next::Continue
             }
-            Verdict::OverLimit(headers, statuses) => {
-                // Remembered in shadow too: the cache then lets through
-                // (and counts) what it would have refused, as enforcing
-                // would, and spares the service the same calls. Each slot
-                // keeps its part of the answer (`own_statuses`).
-                // Not a batch the counter refused whole while one hit
-                // still fits (`lease::smaller_may_fit`).
-                let own = self.own_statuses.min(statuses.len());
-                let (own, on_route) = statuses.split_at(own);
-                if !smaller_may_fit(self.hits, &statuses) {
-                    if let Some(at) = self.slot {
-                        remember(c, host, at, self.asked_at_ms, own);
-                    }
-                    if let Some(at) = self.route_slot {
-                        remember(c, host, at, self.asked_at_ms, on_route);
-                    }
-                }
+            Verdict::OverLimit(headers, _) => {
                 // In shadow the request goes upstream, counted.
                 self.charge_armed = self.shadow;
-                self.refuse(c, host, Source::Service, headers, to_client)
+                self.refuse(c, host, DecidedBy::Service, headers, to_client)
             }
             Verdict::Error(RlsError::BreakerOpen) => self.on_failure(c, host, None),
             Verdict::Error(why) => self.on_failure(c, host, Some(&why)),
@@ -370,7 +341,7 @@ impl Stream {
         &mut self,
         c: &Compiled,
         host: &H,
-        source: Source,
+        source: DecidedBy,
         mut headers: Vec<(&'static str, String)>,
         service: Vec<(String, String)>,
     ) -> Next {
@@ -416,33 +387,33 @@ impl Stream {
                     tenant,
                     self.group_name(c),
                     false,
-                    Source::LimiterError,
+                    DecidedBy::LimiterError,
                 );
                 let status = u32::from(c.config.status_on_error);
                 return local_reply(host, status, &[], "rate limiter unavailable\n");
             }
             (OnFailure::Local, Some(group), Some(at)) => {
-                fallback::on_request(c, host, group, at, self.cost.max(1))
+                fallback::on_request(c.fallback(group), host, at, self.cost.max(1))
             }
-            _ => Decided::Contended,
+            _ => FallbackDecision::Contended,
         };
         let group = self.group;
         match decided {
-            Decided::Admit => {
+            FallbackDecision::Admit => {
                 host.count(Counter::FallbackAllowed);
                 if let Some(g) = group {
                     host.count_group(g, GroupCounter::Admitted);
                     host.count_group(g, GroupCounter::FallbackAdmitted);
                 }
                 let tenant = self.tenant.as_deref();
-                record_admitted(host, tenant, self.group_name(c), Source::Fallback);
+                record_admitted(host, tenant, self.group_name(c), DecidedBy::Fallback);
                 Next::Continue
             }
-            Decided::Refuse { retry_after_s } => {
+            FallbackDecision::Refuse { retry_after_s } => {
                 let headers = vec![(RETRY_AFTER, retry_after_s.to_string())];
-                self.refuse(c, host, Source::Fallback, headers, Vec::new())
+                self.refuse(c, host, DecidedBy::Fallback, headers, Vec::new())
             }
-            Decided::Contended => {
+            FallbackDecision::Contended => {
                 host.count(Counter::FailureModeAllowed);
                 if let Some(g) = group {
                     host.count_group(g, GroupCounter::FailedOpen);
@@ -453,9 +424,7 @@ impl Stream {
     }
 
     fn group_name<'c>(&self, c: &'c Compiled) -> Option<&'c str> {
-        self.group
-            .and_then(|g| c.config.limits.all_groups().nth(g))
-            .map(|g| g.name.as_str())
+        self.group.and_then(|g| c.group_name(g))
     }
 
     /// The upstream's response headers have arrived (also for the filter's
@@ -537,16 +506,16 @@ fn charge_for(
         fingerprint: 0,
     };
     c.config.response_cost.as_ref()?;
-    let route_at = slots.and_then(|s| s.route_at).unwrap_or(NO_SLOT);
+    let route_at = slots.and_then(|s| s.on_route).unwrap_or(NO_SLOT);
     Some(Box::new(TenantCall {
         kind: CallKind::Charge,
-        group: limited.group_index,
+        group: limited.group_id,
         tenant: limited.tenant.to_string(),
-        at: slots.map_or(NO_SLOT, |s| s.at),
+        slot: slots.map_or(NO_SLOT, |s| s.own),
         hits: cost,
         route: limited.route.map(|r| OnRoute {
             name: r.name.clone(),
-            at: route_at,
+            slot: route_at,
         }),
     }))
 }

@@ -16,11 +16,12 @@ use std::rc::Rc;
 use ratelimit_config::parse_plugin_config;
 
 use crate::abi::{self, Level};
+use crate::compiled::Compiled;
 use crate::counters::{
     route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
 };
-use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
+use crate::group::GroupId;
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
 use crate::local::SlotSecret;
 use crate::root::{self, Root};
@@ -214,11 +215,11 @@ impl Host for Envoy<'_> {
         add_metric(self.0.counter(counter), n);
     }
 
-    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+    fn add_group(&self, group: GroupId, counter: GroupCounter, n: u64) {
         add_metric(self.0.group(group, counter), n);
     }
 
-    fn count_route(&self, group: usize, route: usize) {
+    fn count_route(&self, group: GroupId, route: usize) {
         add_metric(self.0.route(group, route), 1);
     }
 
@@ -317,7 +318,7 @@ fn deliver(shared: &Shared) {
         }
         let host = Envoy(&shared.metrics);
         let delivered = with_stream(d.stream, |http| {
-            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.heard)
+            (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.answer)
         });
         if delivered.is_none() {
             log::debug!("an answer for stream {} not delivered", d.stream);

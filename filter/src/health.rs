@@ -12,8 +12,9 @@
 
 use std::cell::Cell;
 
+use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter, Histogram};
-use crate::decision::Compiled;
+use crate::group::GroupId;
 use crate::host::{Host, HostError};
 use ratelimit_config::OnFailure;
 
@@ -97,7 +98,7 @@ pub fn no_rule<H: Host + ?Sized>(
     c: &Compiled,
     host: &H,
     warnings: &LogThrottle,
-    group: usize,
+    group: GroupId,
     index: usize,
     tenant: &str,
 ) {
@@ -105,7 +106,7 @@ pub fn no_rule<H: Host + ?Sized>(
     let Some(held) = warnings.due(host.now_ms(), WARN_INTERVAL_MS) else {
         return;
     };
-    let Some(g) = c.config.limits.all_groups().nth(group) else {
+    let Some(g) = c.group(group) else {
         return;
     };
     // The descriptor as the flow sends it (`model::descriptors`): the

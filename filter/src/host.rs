@@ -9,6 +9,7 @@
 use std::fmt;
 
 use crate::counters::{Counter, Gauge, GroupCounter, Histogram};
+use crate::group::GroupId;
 
 /// A call of the ports, to say which one failed (and, in the tests, to
 /// make one fail).
@@ -181,19 +182,18 @@ pub trait Host: SharedData {
         self.add(counter, 1);
     }
 
-    /// Adds `n` to a counter of the group with index `group` (its position
-    /// in `limits.all_groups()`, `Limited::group_index`).
-    fn add_group(&self, group: usize, counter: GroupCounter, n: u64);
+    /// Adds `n` to a counter of group `group`.
+    fn add_group(&self, group: GroupId, counter: GroupCounter, n: u64);
 
     /// Adds one to a group's counter.
-    fn count_group(&self, group: usize, counter: GroupCounter) {
+    fn count_group(&self, group: GroupId, counter: GroupCounter) {
         self.add_group(group, counter, 1);
     }
 
     /// Adds one to the requests counter of the route at `route` in the
-    /// routes of the group with index `group`:
+    /// routes of group `group`:
     /// `tenant_ratelimit.route.<route>.requests`.
-    fn count_route(&self, group: usize, route: usize);
+    fn count_route(&self, group: GroupId, route: usize);
 
     /// Records a value in a histogram (a failure to record is the host's to
     /// log).

@@ -151,7 +151,7 @@ pub fn window_refill(
 
 /// How a call for a batch ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum BatchOutcome {
     /// Granted; the smallest `limit_remaining` of the answer.
     Granted { remaining: u32 },
     /// Refused (OVER_LIMIT): none of the batch is ours.
@@ -160,16 +160,16 @@ pub enum Outcome {
     Failed,
 }
 
-impl Outcome {
+impl BatchOutcome {
     /// From the service's answer (`answer::decode`; None: the call
     /// failed).
-    pub fn of(answer: Option<&Answer>) -> Outcome {
+    pub fn of(answer: Option<&Answer>) -> BatchOutcome {
         match answer {
-            Some(a) if a.over_limit => Outcome::Refused,
-            Some(a) => Outcome::Granted {
+            Some(a) if a.over_limit => BatchOutcome::Refused,
+            Some(a) => BatchOutcome::Granted {
                 remaining: a.remaining(),
             },
-            None => Outcome::Failed,
+            None => BatchOutcome::Failed,
         }
     }
 }
@@ -184,14 +184,14 @@ pub fn after_answer(
     asked_at_ms: u64,
     now_ms: u64,
     tokens: u32,
-    outcome: Outcome,
+    outcome: BatchOutcome,
 ) -> (Lease, u32) {
     let mut l = lease.unwrap_or_default();
     l.refill_at_ms = 0;
     let until = p.window_end(asked_at_ms);
     let mut stranded = l.expire(now_ms);
     match outcome {
-        Outcome::Granted { remaining } => {
+        BatchOutcome::Granted { remaining } => {
             if now_ms >= until {
                 stranded = stranded.saturating_add(tokens);
             } else {
@@ -212,12 +212,12 @@ pub fn after_answer(
                 l.remaining_until_ms = until;
             }
         }
-        Outcome::Refused => {
+        BatchOutcome::Refused => {
             // Nothing left in this window: the next ask is for one hit.
             l.remaining = 0;
             l.remaining_until_ms = until;
         }
-        Outcome::Failed => {}
+        BatchOutcome::Failed => {}
     }
     (l, stranded)
 }

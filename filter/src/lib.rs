@@ -15,17 +15,24 @@
 //!
 //! - `flow`: one request, from its headers to its response.
 //! - `root`: what a worker's root context does at configure, on a tick and
-//!   on an answer (lease refills, sync pushes).
+//!   on an answer; its pass over the tenants it tracks (lease refills, sync
+//!   pushes: `pass_tracked`).
 //! - `modes`: the local layer's outcome for one request, by the group's
 //!   mode (exact, lease, sync).
-//! - `answer_path`: what an answer leaves in the tenant's slot and
-//!   counters, and where it goes (beside `batch`, which sends the calls).
+//! - `answer_path`: everything an answer leaves (the tenant's slot, its
+//!   route's, the fallback's entry, the counters), for a request or the
+//!   root's own calls, and where it goes (beside `batch`, which sends the
+//!   calls); `flow` only turns the verdict into a reply.
 //! - `lease`: lease mode's state machine (reserve a batch, spend it).
 //! - `sync`: sync mode's state machine (admit against a view, push hits).
 //! - `tenant`: the request's tenant, read from its source (a header, or an
 //!   Envoy attribute): missing, sent more than once, or its raw value.
-//! - `decision`: the compiled configuration, the first step, the call's
-//!   message, the verdict from the service's answer.
+//! - `compiled`: the configuration compiled once per VM, and each group's
+//!   part of it by `GroupId` (the group, its scope, its mode).
+//! - `group`: `GroupId`, a group by its position, the key of all that is
+//!   kept per group.
+//! - `decision`: the first step, the call's message, the verdict from the
+//!   service's answer.
 //! - `answer`: the service's answer, decoded once.
 //! - `breaker`: when the service keeps failing, no calls, one probe per
 //!   interval (one state per Envoy, in shared data).
@@ -70,11 +77,13 @@ pub mod answer;
 pub mod answer_path;
 pub mod batch;
 pub mod breaker;
+pub mod compiled;
 pub mod cost;
 pub mod counters;
 pub mod decision;
 pub mod fallback;
 pub mod flow;
+pub mod group;
 pub mod headers;
 pub mod health;
 pub mod host;

@@ -15,10 +15,11 @@
 
 use ratelimit_config::{BucketParams, HeaderMode, Unit};
 
-use crate::access_log::Source;
+use crate::access_log::DecidedBy;
 use crate::batch::{CallKind, Settle, TenantCall};
+use crate::compiled::{Compiled, ModeParams};
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::{Compiled, Limited, ModeParams};
+use crate::decision::Limited;
 use crate::headers::{group_policy, limit_headers};
 use crate::host::Host;
 use crate::lease::{self, Spend};
@@ -26,10 +27,11 @@ use crate::local::names::lookup;
 use crate::local::state::{Lease, SyncState};
 use crate::local::SLOT_PROBES;
 use crate::local::{self, update, Claim, LocalVerdict, ModeState, Slot};
-use crate::local::{route_slot_for, slot_for, SlotRef, Stranded, UpdateError, CAS_ATTEMPTS};
+use crate::local::{route_slot_for, slot_for, SlotRef, Slots, Stranded, UpdateError, CAS_ATTEMPTS};
 use crate::proto::{Code, DescriptorStatus, Duration, RateLimit, RateLimitUnit};
 use crate::sync::{self, refusal_headers, SyncParams, SyncStep};
-use crate::vm::{Tracked, Vm};
+use crate::vm::Vm;
+use crate::window::UNITS;
 
 /// What the local layer decided for one request: the one outcome the flow
 /// acts on.
@@ -41,11 +43,11 @@ pub enum LocalOutcome {
     /// (the tenant's, or its state on the route), or by a sync view at its
     /// limit (`source` says which), with the reply's headers.
     Refused {
-        source: Source,
+        source: DecidedBy,
         headers: Vec<(&'static str, String)>,
     },
     /// Admitted from local state without a call (a lease's token, or a
-    /// sync view), with the rate-limit headers of its estimate (`Left`).
+    /// sync view), with the rate-limit headers of its estimate (`RemainingEstimate`).
     Admitted {
         slots: Slots,
         headers: Vec<(&'static str, String)>,
@@ -54,7 +56,7 @@ pub enum LocalOutcome {
     /// cost, plus the hits of a sync block a mode change dropped, that no
     /// push took); `settle` is what its answer leaves in the tenant's slot.
     /// A slot another tenant holds, or a local layer that failed, asks as
-    /// exact mode does (`Settle::Exact`).
+    /// exact mode does (`Settle::Nothing`).
     Ask {
         slots: Slots,
         settle: Settle,
@@ -71,14 +73,6 @@ impl LocalOutcome {
             LocalOutcome::Skip | LocalOutcome::Refused { .. } => None,
         }
     }
-}
-
-/// The tenant's slots a request used: its own (after probing past those
-/// other tenants hold), and its state on its route's, if any.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slots {
-    pub at: SlotRef,
-    pub route_at: Option<SlotRef>,
 }
 
 /// One request, as the local layer sees it.
@@ -110,11 +104,14 @@ enum ModeStep {
     Local(LocalVerdict),
     /// A lease's token spent, with what it leaves (and, when the lease runs
     /// low, the batch of a refill to send).
-    LeaseToken { refill: Option<u32>, left: Left },
+    LeaseToken {
+        refill: Option<u32>,
+        left: RemainingEstimate,
+    },
     /// No token: the request asks for a batch of `batch` hits.
     LeaseAsk { batch: u32 },
     /// Sync: admitted from the view, with what it leaves.
-    SyncAdmit(Left),
+    SyncAdmit(RemainingEstimate),
     /// Sync: the view is at the limit.
     SyncRefuse { retry_after_s: u64 },
     /// Sync: the request asks the service (its answer refreshes the view).
@@ -136,19 +133,19 @@ impl Admission {
 /// service, less what this Envoy admitted since. An estimate (other Envoys
 /// may have taken some since), never more than that.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Left {
-    pub remaining: [u32; sync::UNITS],
+pub struct RemainingEstimate {
+    pub remaining: [u32; UNITS],
     /// When each unit's window ends.
-    pub until_ms: [u64; sync::UNITS],
+    pub until_ms: [u64; UNITS],
     pub units: usize,
 }
 
-impl Left {
+impl RemainingEstimate {
     /// A lease's: the smallest `limit_remaining` of its last answer plus
     /// its tokens unspent (the service counted them with that answer), in
     /// every unit, at most the unit's limit.
-    fn lease(l: &Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> Left {
-        let mut left = Left::default();
+    fn lease(l: &Lease, limits: &ratelimit_config::UnitLimits, now_ms: u64) -> RemainingEstimate {
+        let mut left = RemainingEstimate::default();
         let estimate = l.remaining.saturating_add(l.tokens);
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
         for ((unit, limit), (remaining, until)) in limits.iter().zip(slots) {
@@ -161,8 +158,8 @@ impl Left {
 
     /// A sync view's: each unit's limit less the fleet's last reported
     /// count and this Envoy's hits the service has not counted yet.
-    fn sync(s: &SyncState, p: &SyncParams) -> Left {
-        let mut left = Left::default();
+    fn sync(s: &SyncState, p: &SyncParams) -> RemainingEstimate {
+        let mut left = RemainingEstimate::default();
         let pending = s.pending();
         let units = p.windows.iter().zip(s.views.iter().zip(&s.view_until_ms));
         let slots = left.remaining.iter_mut().zip(left.until_ms.iter_mut());
@@ -268,7 +265,7 @@ fn admit(stored: Option<&[u8]>, at: SlotRef, a: &Admit<'_>) -> (Admission, Optio
             admission.step = match spend {
                 Spend::Token { refill } => ModeStep::LeaseToken {
                     refill,
-                    left: Left::lease(&l, a.limits, now_ms),
+                    left: RemainingEstimate::lease(&l, a.limits, now_ms),
                 },
                 Spend::Ask { batch } => ModeStep::LeaseAsk { batch },
             };
@@ -285,7 +282,7 @@ fn admit(stored: Option<&[u8]>, at: SlotRef, a: &Admit<'_>) -> (Admission, Optio
             slot.mode = ModeState::Sync(state);
             let refused = matches!(step, SyncStep::Refuse { .. });
             admission.step = match step {
-                SyncStep::Admit => ModeStep::SyncAdmit(Left::sync(&state, &p)),
+                SyncStep::Admit => ModeStep::SyncAdmit(RemainingEstimate::sync(&state, &p)),
                 SyncStep::Refuse { retry_after_s } => ModeStep::SyncRefuse { retry_after_s },
                 SyncStep::Ask => ModeStep::SyncAsk,
             };
@@ -316,7 +313,7 @@ pub fn local_outcome<H: Host + ?Sized>(
     }
     let limited = req.limited;
     let (secret, tenant) = (&vm.slot_secret, &limited.tenant);
-    let scope = c.scope(limited.group_index);
+    let scope = c.scope(limited.group_id);
     let first = slot_for(secret, scope, tenant, local.slots);
     let on_route = limited.route.map(|r| {
         (
@@ -333,8 +330,8 @@ pub fn local_outcome<H: Host + ?Sized>(
     }
     let (at, admitted) = probe(c, host, req, first, &names);
     let slots = Slots {
-        at,
-        route_at: on_route.map(|(_, at)| at),
+        own: at,
+        on_route: on_route.map(|(_, at)| at),
     };
     tenant_outcome(c, host, vm, req, slots, admitted)
 }
@@ -356,7 +353,7 @@ fn probe<H: Host + ?Sized>(
         bucket: c.config.local.bucket_for(limited.group),
         headers: c.config.headers,
         names,
-        params: c.mode_params(limited.group_index),
+        params: c.mode_params(limited.group_id),
         on_route: limited.route.is_some(),
         limits: &limited.group.limits,
     };
@@ -384,11 +381,11 @@ fn tenant_outcome<H: Host + ?Sized>(
     slots: Slots,
     admitted: Result<Admission, UpdateError>,
 ) -> LocalOutcome {
-    let (limited, at) = (req.limited, slots.at);
-    let group = limited.group_index;
+    let (limited, at) = (req.limited, slots.own);
+    let group = limited.group_id;
     let exact = |hits| LocalOutcome::Ask {
         slots,
-        settle: Settle::Exact,
+        settle: Settle::Nothing,
         hits,
     };
     let a = match admitted {
@@ -428,7 +425,7 @@ fn tenant_outcome<H: Host + ?Sized>(
             track(vm, limited, at, req.now_ms);
             LocalOutcome::Ask {
                 slots,
-                settle: Settle::Lease { at, batch },
+                settle: Settle::Lease { slot: at, batch },
                 hits: batch.saturating_add(carried),
             }
         }
@@ -438,12 +435,12 @@ fn tenant_outcome<H: Host + ?Sized>(
         // Counted by the flow, as a refusal (or, in shadow, a would-be
         // refusal) from the source `sync`.
         ModeStep::SyncRefuse { retry_after_s } => LocalOutcome::Refused {
-            source: Source::Sync,
+            source: DecidedBy::Sync,
             headers: refusal_headers(retry_after_s),
         },
         ModeStep::SyncAsk => LocalOutcome::Ask {
             slots,
-            settle: Settle::Sync { at },
+            settle: Settle::Sync { slot: at },
             hits: req.cost.saturating_add(carried),
         },
     }
@@ -458,12 +455,12 @@ fn admitted_locally<H: Host + ?Sized>(
     req: &Request<'_, '_>,
     slots: Slots,
     counter: GroupCounter,
-    left: Left,
+    left: RemainingEstimate,
 ) -> LocalOutcome {
     let limited = req.limited;
-    track(vm, limited, slots.at, req.now_ms);
-    host.count_group(limited.group_index, GroupCounter::Admitted);
-    host.count_group(limited.group_index, counter);
+    track(vm, limited, slots.own, req.now_ms);
+    host.count_group(limited.group_id, GroupCounter::Admitted);
+    host.count_group(limited.group_id, counter);
     let headers = left.headers(c.config.headers, &limited.group.limits, req.now_ms);
     LocalOutcome::Admitted { slots, headers }
 }
@@ -491,9 +488,9 @@ fn refusal<H: Host + ?Sized>(
         }
         Ok(LocalVerdict::BucketEmpty(mut headers)) => {
             headers.extend(group_policy(c.config.headers, limits));
-            (Source::Bucket, headers)
+            (DecidedBy::Bucket, headers)
         }
-        Ok(LocalVerdict::CachedOverLimit(headers)) => (Source::Cache, headers),
+        Ok(LocalVerdict::CachedOverLimit(headers)) => (DecidedBy::Cache, headers),
     };
     Some(LocalOutcome::Refused { source, headers })
 }
@@ -501,9 +498,9 @@ fn refusal<H: Host + ?Sized>(
 fn tenant_call(kind: CallKind, limited: &Limited<'_>, at: SlotRef, hits: u32) -> TenantCall {
     TenantCall {
         kind,
-        group: limited.group_index,
+        group: limited.group_id,
         tenant: limited.tenant.to_string(),
-        at,
+        slot: at,
         hits,
         route: None,
     }
@@ -563,129 +560,9 @@ fn mode_changed<H: Host + ?Sized>(host: &H, stranded: Stranded) -> u32 {
 fn track(vm: &Vm, limited: &Limited<'_>, at: SlotRef, now_ms: u64) {
     if !vm
         .mailbox
-        .track_at(limited.group_index, &limited.tenant, at, now_ms)
+        .track_at(limited.group_id, &limited.tenant, at, now_ms)
     {
         log::debug!("tenant not tracked: the root tracks the most it may");
-    }
-}
-
-/// What a root pass is due to do for its tracked tenants.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Due {
-    /// Push sync tenants' unsynced hits (once per sync interval).
-    pub sync: bool,
-    /// Refill leases after their window ended.
-    pub lease: bool,
-}
-
-/// What a tracked tenant is owed by a root pass.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Owed {
-    /// The call to send for it, if any.
-    pub call: Option<TenantCall>,
-    /// It has nothing left pending: the root forgets it until its next
-    /// request.
-    pub idle: bool,
-}
-
-/// What a tracked tenant's slot gave up to the root pass.
-struct Taken {
-    /// The call's kind and hits (None: nothing owed).
-    call: Option<(CallKind, u32)>,
-    /// Lease tokens whose window ended unspent.
-    stranded: u32,
-    idle: bool,
-}
-
-/// The call a tracked tenant's root pass owes it at `now_ms`, taken out
-/// of its slot: when `due.sync` and its group syncs, a push of its
-/// unsynced hits (`sync::take_delta`); when `due.lease` and its group
-/// leases, the refill of its lease after a window ended
-/// (`lease::window_refill`), marked under way. No call when nothing is
-/// owed, or another worker has it under way.
-pub fn next_tracked<H: Host + ?Sized>(
-    c: &Compiled,
-    host: &H,
-    t: &Tracked,
-    now_ms: u64,
-    due: Due,
-) -> Owed {
-    let params = c.mode_params(t.group);
-    let (sync, lease) = (params.sync(), params.lease());
-    let nothing = |idle| Owed { call: None, idle };
-    if sync.is_none() && lease.is_none() {
-        // The group left both modes: nothing will be owed again.
-        return nothing(true);
-    }
-    let sync = sync.filter(|_| due.sync);
-    let lease = lease.filter(|_| due.lease);
-    if sync.is_none() && lease.is_none() {
-        return nothing(false);
-    }
-    // A lease this worker has not served in this second or the one before
-    // is idle to it (`lease::window_refill`'s rule; the slot may say
-    // otherwise only when another worker served it since, which tracks it
-    // and refills it): forgotten without reading its slot.
-    let unseen = t
-        .seen_s
-        .is_some_and(|s| s.saturating_add(1) < now_ms / 1_000);
-    if sync.is_none() && unseen {
-        return nothing(true);
-    }
-    let at = t.at;
-    let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
-        let none = Taken {
-            call: None,
-            stranded: 0,
-            idle: true,
-        };
-        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
-            return (none, None);
-        };
-        match (slot.mode, sync, lease) {
-            (ModeState::Sync(held), Some(p), _) => {
-                let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
-                slot.mode = ModeState::Sync(state);
-                let taken = Taken {
-                    call: (delta > 0).then_some((CallKind::Push, delta)),
-                    stranded: 0,
-                    idle: state.pending() == 0,
-                };
-                (taken, (delta > 0).then_some(slot))
-            }
-            (ModeState::Lease(held), _, Some(p)) => {
-                let (l, batch, stranded, idle) = lease::window_refill(held, &p, now_ms);
-                slot.mode = ModeState::Lease(l);
-                let taken = Taken {
-                    call: batch.filter(|b| *b > 0).map(|b| (CallKind::Refill, b)),
-                    stranded,
-                    idle,
-                };
-                (taken, batch.map(|_| slot))
-            }
-            _ => (none, None),
-        }
-    });
-    // Not taken (the slot could not be read or written): the tenant's
-    // requests ask for themselves, as without the root.
-    let Ok(taken) = taken else {
-        return nothing(false);
-    };
-    if taken.stranded > 0 {
-        let stranded = u64::from(taken.stranded);
-        host.add_group(t.group, GroupCounter::LeaseStranded, stranded);
-    }
-    let call = taken.call.map(|(kind, hits)| TenantCall {
-        kind,
-        group: t.group,
-        tenant: t.tenant.clone(),
-        at,
-        hits,
-        route: None,
-    });
-    Owed {
-        call,
-        idle: taken.idle,
     }
 }
 

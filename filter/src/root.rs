@@ -14,7 +14,9 @@
 //!   and, once per sync interval, the unsynced hits of every tracked tenant
 //!   join the worker's queue of calls (`batch`), and so, after each end of
 //!   the shortest lease window, do the refills of the leases of the tenants
-//!   it tracks that were served in the last second (`lease::window_refill`);
+//!   it tracks that were served in the last second (`lease::window_refill`),
+//!   each taken out of the tenant's slot by the pass over it
+//!   (`pass_tracked`);
 //!   the queue goes at once:
 //!   everything due in one call (or a few, of `max_descriptors` each). A
 //!   tenant with nothing left pending is forgotten until its next request.
@@ -42,15 +44,18 @@
 use ratelimit_config::{OnFailure, LEASE_TICK_MS};
 
 use crate::answer_path::{finish, release};
-use crate::batch::Part;
+use crate::batch::{CallKind, Part, TenantCall};
 use crate::breaker;
-use crate::decision::Compiled;
+use crate::compiled::Compiled;
+use crate::counters::GroupCounter;
 use crate::fallback;
 use crate::host::{Host, SharedData};
+use crate::lease;
 use crate::local::names::{empty_entry, name_key, NAME_ENTRIES};
-use crate::local::{agree, create, Agreed, SlotKey, SlotSecret, SLOT_BYTES};
-use crate::modes::{next_tracked, Due, Owed};
-use crate::vm::Vm;
+use crate::local::{agree, create, update, Agreed, ModeState, Slot, SlotKey, SlotSecret};
+use crate::local::{CAS_ATTEMPTS, SLOT_BYTES};
+use crate::sync;
+use crate::vm::{Tracked, Vm};
 use crate::window;
 
 /// How many slots and rule-name entries could not be created.
@@ -131,7 +136,6 @@ pub fn prepare_failure<H: Host + ?Sized>(host: &H, c: &Compiled) {
 /// Sync mode's push period (None: no group syncs).
 pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
     c.group_modes()
-        .iter()
         .any(|m| m.sync().is_some())
         .then_some(u64::from(c.config.local.sync_interval_ms))
 }
@@ -140,7 +144,7 @@ pub fn sync_interval_ms(c: &Compiled) -> Option<u64> {
 /// pushes' (None: no group needs a tick). A response's cost needs none: it
 /// is charged when the response tells it (`cost::charge_response`).
 pub fn tick_ms(c: &Compiled) -> Option<u64> {
-    let leases = c.group_modes().iter().any(|m| m.lease().is_some());
+    let leases = c.group_modes().any(|m| m.lease().is_some());
     let lease_tick = leases.then_some(u64::from(LEASE_TICK_MS));
     match (lease_tick, sync_interval_ms(c)) {
         (Some(l), Some(s)) => Some(l.min(s)),
@@ -153,7 +157,6 @@ pub fn tick_ms(c: &Compiled) -> Option<u64> {
 /// tracks, in one call.
 pub fn lease_window_ms(c: &Compiled) -> Option<u64> {
     c.group_modes()
-        .iter()
         .filter_map(|m| m.lease())
         .map(|p| p.window_ms)
         .min()
@@ -196,13 +199,13 @@ impl Root {
         };
         if sync_due || lease_due {
             for tracked in vm.mailbox.tracked() {
-                let due = Due {
-                    sync: sync_due,
-                    lease: lease_due,
+                let due = DueWork {
+                    push_sync: sync_due,
+                    refill_leases: lease_due,
                 };
-                let Owed { call, idle } = next_tracked(c, host, &tracked, now, due);
+                let PassOutcome { call, idle } = pass_tracked(c, host, &tracked, now, due);
                 if idle {
-                    vm.mailbox.forget(tracked.at);
+                    vm.mailbox.forget(tracked.slot);
                 }
                 parts.extend(call.map(|p| Part::tenant(c, p, now)));
             }
@@ -231,6 +234,126 @@ impl Root {
     /// held released.
     pub fn on_stream_end<H: Host + ?Sized>(c: &Compiled, host: &H, vm: &Vm, id: u32) {
         release(c, host, vm.batch.forget_stream(id));
+    }
+}
+
+/// What a root pass is due to do for its tracked tenants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DueWork {
+    /// Push sync tenants' unsynced hits (once per sync interval).
+    pub push_sync: bool,
+    /// Refill leases after their window ended.
+    pub refill_leases: bool,
+}
+
+/// What a root pass does for one tracked tenant.
+#[derive(Debug, PartialEq, Eq)]
+pub struct PassOutcome {
+    /// The call to send for it, if any.
+    pub call: Option<TenantCall>,
+    /// It has nothing left pending: the root forgets it until its next
+    /// request.
+    pub idle: bool,
+}
+
+/// What a tracked tenant's slot gave up to the root pass.
+struct TakenFromSlot {
+    /// The call's kind and hits (None: nothing owed).
+    call: Option<(CallKind, u32)>,
+    /// Lease tokens whose window ended unspent.
+    stranded: u32,
+    idle: bool,
+}
+
+/// The call a tracked tenant's root pass owes it at `now_ms`, taken out
+/// of its slot: when `due.push_sync` and its group syncs, a push of its
+/// unsynced hits (`sync::take_delta`); when `due.refill_leases` and its group
+/// leases, the refill of its lease after a window ended
+/// (`lease::window_refill`), marked under way. No call when nothing is
+/// owed, or another worker has it under way.
+pub fn pass_tracked<H: Host + ?Sized>(
+    c: &Compiled,
+    host: &H,
+    t: &Tracked,
+    now_ms: u64,
+    due: DueWork,
+) -> PassOutcome {
+    let params = c.mode_params(t.group);
+    let (sync, lease) = (params.sync(), params.lease());
+    let nothing = |idle| PassOutcome { call: None, idle };
+    if sync.is_none() && lease.is_none() {
+        // The group left both modes: nothing will be owed again.
+        return nothing(true);
+    }
+    let sync = sync.filter(|_| due.push_sync);
+    let lease = lease.filter(|_| due.refill_leases);
+    if sync.is_none() && lease.is_none() {
+        return nothing(false);
+    }
+    // A lease this worker has not served in this second or the one before
+    // is idle to it (`lease::window_refill`'s rule; the slot may say
+    // otherwise only when another worker served it since, which tracks it
+    // and refills it): forgotten without reading its slot.
+    let unseen = t
+        .seen_s
+        .is_some_and(|s| s.saturating_add(1) < now_ms / 1_000);
+    if sync.is_none() && unseen {
+        return nothing(true);
+    }
+    let at = t.slot;
+    let taken = update(host, at.index, CAS_ATTEMPTS, |stored| {
+        let none = TakenFromSlot {
+            call: None,
+            stranded: 0,
+            idle: true,
+        };
+        let Some(mut slot) = Slot::decode_for(stored, at.fingerprint) else {
+            return (none, None);
+        };
+        match (slot.mode, sync, lease) {
+            (ModeState::Sync(held), Some(p), _) => {
+                let (state, delta) = sync::take_delta(Some(held), &p, now_ms);
+                slot.mode = ModeState::Sync(state);
+                let taken = TakenFromSlot {
+                    call: (delta > 0).then_some((CallKind::Push, delta)),
+                    stranded: 0,
+                    idle: state.pending() == 0,
+                };
+                (taken, (delta > 0).then_some(slot))
+            }
+            (ModeState::Lease(held), _, Some(p)) => {
+                let (l, batch, stranded, idle) = lease::window_refill(held, &p, now_ms);
+                slot.mode = ModeState::Lease(l);
+                let taken = TakenFromSlot {
+                    call: batch.filter(|b| *b > 0).map(|b| (CallKind::Refill, b)),
+                    stranded,
+                    idle,
+                };
+                (taken, batch.map(|_| slot))
+            }
+            _ => (none, None),
+        }
+    });
+    // Not taken (the slot could not be read or written): the tenant's
+    // requests ask for themselves, as without the root.
+    let Ok(taken) = taken else {
+        return nothing(false);
+    };
+    if taken.stranded > 0 {
+        let stranded = u64::from(taken.stranded);
+        host.add_group(t.group, GroupCounter::LeaseStranded, stranded);
+    }
+    let call = taken.call.map(|(kind, hits)| TenantCall {
+        kind,
+        group: t.group,
+        tenant: t.tenant.clone(),
+        slot: at,
+        hits,
+        route: None,
+    });
+    PassOutcome {
+        call,
+        idle: taken.idle,
     }
 }
 

@@ -12,7 +12,7 @@ use crate::headers::RETRY_AFTER;
 use crate::local::state::SyncState;
 use crate::window;
 
-pub use crate::window::UNITS;
+use crate::window::UNITS;
 
 impl SyncState {
     /// Starts the views of ended windows from 0, and takes a push that
@@ -140,7 +140,7 @@ pub fn after_answer(
     now_ms: u64,
     delta: u32,
     pushed: bool,
-    heard: Option<&Answer>,
+    answer: Option<&Answer>,
 ) -> SyncState {
     let mut s = state.unwrap_or_default();
     if delta > 0 {
@@ -150,12 +150,12 @@ pub fn after_answer(
         if s.in_flight == 0 {
             s.push_at_ms = 0;
         }
-        if heard.is_none() && pushed {
+        if answer.is_none() && pushed {
             s.unsynced = s.unsynced.saturating_add(delta);
         }
     }
     s.roll(p, now_ms);
-    if let Some(answer) = heard {
+    if let Some(answer) = answer {
         let units = s.views.iter_mut().zip(&mut s.view_until_ms).zip(&p.windows);
         for (i, (((view, view_until), (_, limit)), (over, remaining))) in
             units.zip(answer.counts()).enumerate().take(p.units)

@@ -25,17 +25,17 @@ use crate::host::{Host, HostError};
 /// Where the tenant is read, compiled once per configuration: the
 /// attribute path as the port takes it (segments joined by NUL).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Source {
+pub enum Location {
     /// A request header: its name, and the path of all its values.
     Header { name: String, all_values: String },
     /// Any other attribute.
     Property(String),
 }
 
-impl Source {
-    pub fn new(source: &TenantSource, limits: &TeamLimits) -> Source {
+impl Location {
+    pub fn new(source: &TenantSource, limits: &TeamLimits) -> Location {
         match source {
-            TenantSource::Header => Source::Header {
+            TenantSource::Header => Location::Header {
                 name: limits.header.clone(),
                 all_values: format!("request\0headers\0{}", limits.header),
             },
@@ -47,7 +47,7 @@ impl Source {
                     }
                     joined.push_str(segment);
                 }
-                Source::Property(joined)
+                Location::Property(joined)
             }
         }
     }
@@ -65,10 +65,10 @@ pub enum Read {
 }
 
 /// Reads the tenant of the request the host is called for.
-pub fn read<H: Host + ?Sized>(source: &Source, host: &H) -> Result<Read, HostError> {
+pub fn read<H: Host + ?Sized>(source: &Location, host: &H) -> Result<Read, HostError> {
     let (path, header) = match source {
-        Source::Header { name, all_values } => (all_values, Some(name)),
-        Source::Property(path) => (path, None),
+        Location::Header { name, all_values } => (all_values, Some(name)),
+        Location::Property(path) => (path, None),
     };
     let Some(value) = host.property(path)? else {
         return Ok(Read::Missing);
@@ -88,18 +88,15 @@ pub fn read<H: Host + ?Sized>(source: &Source, host: &H) -> Result<Read, HostErr
 mod tests {
     use super::*;
     use crate::host::HostCall;
-    use crate::testing::MemHost;
-    use ratelimit_config::parse_plugin_config;
+    use crate::testing::{compiled_json, MemHost};
+    use serde_json::{json, Value};
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn source(extra: &str) -> Source {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl"}},
-               "limits": {{"x-tenant-id": {{"default": {{"perhour": 1}}}}}}{extra}}}"#
-        );
-        let c = parse_plugin_config(text.as_bytes()).unwrap().0;
-        Source::new(&c.tenant_source, &c.limits)
+    fn source(extra: Value) -> Location {
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "rl"},
+            "limits": {"x-tenant-id": {"default": {"perhour": 1}}}});
+        compiled_json(base, extra).tenant_location
     }
 
     fn value(v: &[u8]) -> Read {
@@ -108,7 +105,7 @@ mod tests {
 
     #[test]
     fn a_header_is_one_value_or_refused_as_several() {
-        let s = source("");
+        let s = source(json!({}));
         let h = MemHost::new();
         assert_eq!(read(&s, &h), Ok(Read::Missing));
         h.set_request_header("x-tenant-id", b"acme");
@@ -138,7 +135,7 @@ mod tests {
     #[test]
     fn a_property_source_reads_no_header() {
         let s = source(
-            r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+            json!({"tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}}),
         );
         let h = MemHost::new();
         h.fail(HostCall::RequestHeader);
@@ -159,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_host_call_that_fails_is_an_error() {
-        let s = source("");
+        let s = source(json!({}));
         let h = MemHost::new();
         h.set_request_header("x-tenant-id", b"a");
         h.append_request_header("x-tenant-id", b"b");

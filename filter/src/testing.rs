@@ -16,11 +16,11 @@ use std::ops::Deref;
 
 #[cfg(test)]
 use crate::batch::Delivery;
+use crate::compiled::Compiled;
 use crate::counters::{Counter, Gauge, GroupCounter, Histogram, COUNTERS, GAUGES, HISTOGRAMS};
-use crate::decision::Compiled;
 use crate::flow::Stream;
-pub use crate::host::HostCall;
-use crate::host::{Host, HostError, SharedData, SharedDataError};
+use crate::group::GroupId;
+use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
 use crate::local::{slot_for, SlotKey, SlotRef, SlotSecret};
 use crate::proto::{
     Code, DescriptorStatus, Duration, HeaderValue, RateLimit, RateLimitResponse, RateLimitUnit,
@@ -65,12 +65,46 @@ pub struct Call {
     pub timeout_ms: u32,
 }
 
+/// The tests' clock: 2023-11-14T22:13:20.250Z, 20.25 s into its minute.
+pub const NOW: u64 = 1_700_000_000_250;
+
 /// A plugin configuration compiled, for a test (it panics on a bad one).
 #[cfg(test)]
 pub fn compiled(text: &str) -> Compiled {
     match ratelimit_config::parse_plugin_config(text.as_bytes()) {
         Ok((config, _)) => Compiled::new(config),
         Err(e) => panic!("test configuration: {e:?}"),
+    }
+}
+
+/// A worker ready for `c` (its slots created) at the tests' clock.
+#[cfg(test)]
+pub fn host(c: &Compiled) -> Worker {
+    Worker::ready(c, NOW)
+}
+
+/// A plugin configuration built with `json!` and compiled, for a test;
+/// `extra`'s keys (an object's) are set on top of `base`'s.
+#[cfg(test)]
+pub fn compiled_json(base: serde_json::Value, extra: serde_json::Value) -> Compiled {
+    compiled(&with_keys(base, extra).to_string())
+}
+
+/// `base` (an object) with each key of `extra` (an object) set on it.
+#[cfg(test)]
+pub fn with_keys(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+    if let (Some(b), serde_json::Value::Object(e)) = (base.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    base
+}
+
+/// JSON text parsed, for a test (it panics on bad text).
+#[cfg(test)]
+pub fn json_of(text: &str) -> serde_json::Value {
+    match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(e) => panic!("test JSON {text}: {e}"),
     }
 }
 
@@ -471,8 +505,8 @@ impl MemHost {
         self.counters.get(c.index()).map_or(0, Cell::get)
     }
 
-    /// A group counter (`group` is the group's index in
-    /// `limits.all_groups()`).
+    /// A counter of the group at position `group` in
+    /// `limits.all_groups()` (`GroupId::new(group)`).
     pub fn group_counter(&self, group: usize, c: GroupCounter) -> u64 {
         self.group_counters
             .borrow()
@@ -703,7 +737,8 @@ impl Host for MemHost {
         }
     }
 
-    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+    fn add_group(&self, group: GroupId, counter: GroupCounter, n: u64) {
+        let group = group.index();
         let mut counters = self.group_counters.borrow_mut();
         match counters.iter_mut().find(|(k, _)| *k == (group, counter)) {
             Some((_, v)) => *v += n,
@@ -711,8 +746,10 @@ impl Host for MemHost {
         }
     }
 
-    fn count_route(&self, group: usize, route: usize) {
-        self.routes_counted.borrow_mut().push((group, route));
+    fn count_route(&self, group: GroupId, route: usize) {
+        self.routes_counted
+            .borrow_mut()
+            .push((group.index(), route));
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
@@ -744,9 +781,14 @@ impl Host for MemHost {
 /// Where the flow puts `tenant` of the group named `group` under `c`, with
 /// the slot secret `secret` (`local::slot_for` in the group's scope).
 pub fn slot_of(c: &Compiled, secret: &SlotSecret, group: &str, tenant: &str) -> SlotRef {
+    let id = group_id(c, group).unwrap_or(GroupId::new(usize::MAX));
+    slot_for(secret, c.scope(id), tenant, c.config.local.slots)
+}
+
+/// The id of the group named `name` under `c`.
+pub fn group_id(c: &Compiled, name: &str) -> Option<GroupId> {
     let mut groups = c.config.limits.all_groups();
-    let index = groups.position(|g| g.name == group).unwrap_or(usize::MAX);
-    slot_for(secret, c.scope(index), tenant, c.config.local.slots)
+    groups.position(|g| g.name == name).map(GroupId::new)
 }
 
 /// One worker of one Envoy, for the tests: the in-memory host and one VM's
@@ -864,7 +906,7 @@ impl Worker {
         let mut others = Vec::new();
         for d in self.vm.batch.take_deliveries() {
             match streams.iter_mut().find(|s| s.id() == d.stream) {
-                Some(s) => s.on_answer(c, self, &self.vm, d.heard),
+                Some(s) => s.on_answer(c, self, &self.vm, d.answer),
                 None => others.push(d),
             }
         }
@@ -967,11 +1009,11 @@ impl Host for Worker {
         self.host.add(counter, n);
     }
 
-    fn add_group(&self, group: usize, counter: GroupCounter, n: u64) {
+    fn add_group(&self, group: GroupId, counter: GroupCounter, n: u64) {
         self.host.add_group(group, counter, n);
     }
 
-    fn count_route(&self, group: usize, route: usize) {
+    fn count_route(&self, group: GroupId, route: usize) {
         self.host.count_route(group, route);
     }
 

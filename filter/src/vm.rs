@@ -13,7 +13,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::batch::Batcher;
-pub use crate::batch::{CallKind, OnRoute, TenantCall};
+use crate::batch::TenantCall;
+use crate::group::GroupId;
 use crate::health::LogThrottle;
 use crate::local::{SlotRef, SlotSecret};
 
@@ -61,13 +62,13 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// refills when a window ends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tracked {
-    pub group: usize,
+    pub group: GroupId,
     pub tenant: String,
-    pub at: SlotRef,
+    pub slot: SlotRef,
     /// The second of this worker's last request of the tenant (None: not
     /// known). A lease tenant this worker has not served in this second or
     /// the one before is forgotten without reading its slot
-    /// (`modes::next_tracked`): a worker that served it since tracks it.
+    /// (`root::pass_tracked`): a worker that served it since tracks it.
     pub seen_s: Option<u64>,
 }
 
@@ -114,17 +115,17 @@ impl Mailbox {
     /// window, until it is idle). False when it is not tracked (the mailbox
     /// holds `MAX_TRACKED` others); a tenant tracked already stays as it is
     /// (no allocation).
-    pub fn track(&self, group: usize, tenant: &str, at: SlotRef) -> bool {
+    pub fn track(&self, group: GroupId, tenant: &str, at: SlotRef) -> bool {
         self.track_seen(group, tenant, at, None)
     }
 
     /// `track`, for a request of the tenant at `now_ms` (the tenant's
     /// `seen_s`).
-    pub fn track_at(&self, group: usize, tenant: &str, at: SlotRef, now_ms: u64) -> bool {
+    pub fn track_at(&self, group: GroupId, tenant: &str, at: SlotRef, now_ms: u64) -> bool {
         self.track_seen(group, tenant, at, Some(now_ms / 1_000))
     }
 
-    fn track_seen(&self, group: usize, tenant: &str, at: SlotRef, seen_s: Option<u64>) -> bool {
+    fn track_seen(&self, group: GroupId, tenant: &str, at: SlotRef, seen_s: Option<u64>) -> bool {
         let Ok(mut t) = self.tracked.try_borrow_mut() else {
             return false;
         };
@@ -142,7 +143,7 @@ impl Mailbox {
             Tracked {
                 group,
                 tenant: tenant.to_string(),
-                at,
+                slot: at,
                 seen_s,
             },
         );
@@ -195,6 +196,7 @@ impl Vm {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::CallKind;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -208,9 +210,9 @@ mod tests {
     fn refill(i: usize) -> TenantCall {
         TenantCall {
             kind: CallKind::Refill,
-            group: 0,
+            group: GroupId::new(0),
             tenant: format!("t{i}"),
-            at: at(i as u64 + 1),
+            slot: at(i as u64 + 1),
             hits: 1,
             route: None,
         }
@@ -234,14 +236,14 @@ mod tests {
     fn at_most_max_tracked_tenants_each_once_until_forgotten() {
         let m = Mailbox::default();
         for i in 0..MAX_TRACKED as u64 {
-            assert!(m.track(0, "t", at(i + 1)));
+            assert!(m.track(GroupId::new(0), "t", at(i + 1)));
         }
         // Tracked already: still tracked, not added twice.
-        assert!(m.track(0, "t", at(1)));
-        assert!(!m.track(0, "t", at(u64::MAX)));
+        assert!(m.track(GroupId::new(0), "t", at(1)));
+        assert!(!m.track(GroupId::new(0), "t", at(u64::MAX)));
         assert_eq!(m.tracked().len(), MAX_TRACKED);
         m.forget(at(1));
-        assert!(m.track(0, "other", at(u64::MAX)));
+        assert!(m.track(GroupId::new(0), "other", at(u64::MAX)));
         assert_eq!(m.tracked().len(), MAX_TRACKED);
     }
 }

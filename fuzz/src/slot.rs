@@ -16,7 +16,7 @@
 //! own tenant's slot, and what it writes decodes to itself.
 
 use ratelimit_config::{BucketParams, HeaderMode};
-use tenant_ratelimit::decision::RETRY_AFTER;
+use tenant_ratelimit::headers::RETRY_AFTER;
 use tenant_ratelimit::local::{admit, LocalVerdict, Slot, SlotRef, SLOT_BYTES};
 
 fn field<const N: usize>(data: &[u8], at: usize) -> [u8; N] {

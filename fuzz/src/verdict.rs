@@ -18,7 +18,9 @@
 //! stored as 0, unknown, which the headers treat alike).
 
 use ratelimit_config::HeaderMode;
-use tenant_ratelimit::decision::{retry_after, verdict, RlsError, Verdict, RETRY_AFTER};
+use tenant_ratelimit::answer::RlsError;
+use tenant_ratelimit::decision::{verdict, Verdict};
+use tenant_ratelimit::headers::{retry_after, RETRY_AFTER};
 use tenant_ratelimit::local::{cached_headers, remember_over_limit, Slot, SlotRef};
 
 /// Some time in 2026, in milliseconds.

@@ -8,28 +8,28 @@ use prost::Message;
 use super::*;
 use crate::counters::GroupCounter;
 use crate::flow::{Next, Stream};
+use crate::group::GroupId;
 use crate::proto::{DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::Root;
-use crate::testing::{answer, answer_with_headers, compiled, status, Worker};
+use crate::testing::{answer, answer_with_headers, compiled, compiled_json, status, Worker, NOW};
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
-const NOW: u64 = 1_700_000_000_250;
-
 /// No local layer: every request asks the service. `batch` is
 /// `rate_limit_service.batch`; `extra` more top-level keys.
-fn config(batch: &str, extra: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 100, "batch": {batch}}},
-            "limits": {{"x-tenant-id": {{
-                "default": {{"perminute": 20, "perhour": 100}},
-                "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}},
-            "local": {{"enabled": false}}, "cost_header": "x-cost"{extra}}}"#
-    ))
+fn config(batch: Value, extra: Value) -> Compiled {
+    let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 100, "batch": batch},
+        "limits": {"x-tenant-id": {
+            "default": {"perminute": 20, "perhour": 100},
+            "gold": {"perminute": 70, "header_value": ["tenant-b"]}}},
+        "local": {"enabled": false}, "cost_header": "x-cost"});
+    compiled_json(base, extra)
 }
 
-const ONE_IN_FLIGHT: &str = r#"{"max_in_flight": 1}"#;
+fn one_in_flight() -> Value {
+    json!({"max_in_flight": 1})
+}
 
 fn worker() -> Worker {
     let w = Worker::new();
@@ -76,7 +76,7 @@ fn respond(c: &Compiled, w: &Worker, token: u32, body: Vec<u8>, streams: &mut [&
 
 #[test]
 fn requests_go_at_once_until_max_in_flight_then_queue_for_the_next_call() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     assert_eq!((w.call_count(), w.vm.batch.queued()), (1, 0));
@@ -136,7 +136,7 @@ fn requests_go_at_once_until_max_in_flight_then_queue_for_the_next_call() {
 
 #[test]
 fn a_call_holds_whole_requests_up_to_max_descriptors_and_a_full_queue_goes_at_once() {
-    let c = config(r#"{"max_in_flight": 1, "max_descriptors": 5}"#, "");
+    let c = config(json!({"max_in_flight": 1, "max_descriptors": 5}), json!({}));
     let w = worker();
     let _first = ask(&c, &w, "tenant-a", 1);
     // Two descriptors each: the third request fills five, and a full call
@@ -156,7 +156,7 @@ fn a_call_holds_whole_requests_up_to_max_descriptors_and_a_full_queue_goes_at_on
     assert_eq!(sent(&w, w.calls()[2].token).len(), 2);
     // A request with more descriptors than max_descriptors still goes,
     // alone.
-    let c = config(r#"{"max_in_flight": 1, "max_descriptors": 1}"#, "");
+    let c = config(json!({"max_in_flight": 1, "max_descriptors": 1}), json!({}));
     let w = worker();
     let _a = ask(&c, &w, "tenant-a", 1);
     let _b = ask(&c, &w, "tenant-c", 1);
@@ -166,7 +166,7 @@ fn a_call_holds_whole_requests_up_to_max_descriptors_and_a_full_queue_goes_at_on
 
 #[test]
 fn the_queue_holds_at_most_max_queued_parts() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let _first = ask(&c, &w, "tenant-a", 1);
     // The tick's work is what can fill it: parts beyond the bound fail.
@@ -174,9 +174,10 @@ fn the_queue_holds_at_most_max_queued_parts() {
         .map(|i| {
             let owner = Owner::Stream {
                 id: Some(1_000 + i as u32),
-                settle: Settle::Exact,
+                settle: Settle::Nothing,
+                slots: None,
             };
-            Part::new(&c, owner, 0, (format!("t{i}"), None), 1, NOW)
+            Part::new(&c, owner, GroupId::new(0), (format!("t{i}"), None), 1, NOW)
         })
         .collect();
     let queue_room = MAX_QUEUED_PARTS;
@@ -196,7 +197,7 @@ fn the_queue_holds_at_most_max_queued_parts() {
 
 #[test]
 fn no_request_waits_longer_than_timeout_ms_queueing_included() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let _first = ask(&c, &w, "tenant-a", 1);
     assert_eq!(w.calls()[0].timeout_ms, 100);
@@ -244,11 +245,11 @@ fn no_request_waits_longer_than_timeout_ms_queueing_included() {
 fn a_failed_call_fails_each_of_its_requests_open_or_closed() {
     for deny in [false, true] {
         let extra = if deny {
-            r#", "failure_mode_deny": true, "status_on_error": 503"#
+            json!({"failure_mode_deny": true, "status_on_error": 503})
         } else {
-            ""
+            json!({})
         };
-        let c = config(ONE_IN_FLIGHT, extra);
+        let c = config(one_in_flight(), extra);
         let w = worker();
         let mut first = ask(&c, &w, "tenant-a", 1);
         let mut a = ask(&c, &w, "tenant-a", 1);
@@ -271,7 +272,7 @@ fn a_failed_call_fails_each_of_its_requests_open_or_closed() {
     }
     // A call that cannot be sent: every request in it fails, the one that
     // sent it at once.
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     let mut queued = ask(&c, &w, "tenant-c", 1);
@@ -287,7 +288,7 @@ fn a_failed_call_fails_each_of_its_requests_open_or_closed() {
 
 #[test]
 fn a_stream_that_ends_while_queued_is_dropped_and_the_rest_answered() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     let gone = ask(&c, &w, "tenant-a", 5);
@@ -326,7 +327,7 @@ fn a_stream_that_ends_while_queued_is_dropped_and_the_rest_answered() {
 
 #[test]
 fn a_service_that_answers_a_batch_without_statuses_gets_one_request_per_call() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     let mut a = ask(&c, &w, "tenant-a", 1);
@@ -362,7 +363,7 @@ fn a_service_that_answers_a_batch_without_statuses_gets_one_request_per_call() {
     assert_eq!((w.call_count(), w.vm.batch.queued()), (6, 0));
     assert_eq!(w.counter(Counter::BatchUnsplittable), 1);
     // An OK batch answer without statuses admits every request of it.
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     let mut a = ask(&c, &w, "tenant-a", 1);
@@ -383,7 +384,7 @@ fn a_service_that_answers_a_batch_without_statuses_gets_one_request_per_call() {
 
 #[test]
 fn a_batch_answer_is_ok_for_all_when_the_service_says_ok_and_its_headers_stay_with_one_request() {
-    let c = config(ONE_IN_FLIGHT, "");
+    let c = config(one_in_flight(), json!({}));
     let w = worker();
     let mut first = ask(&c, &w, "tenant-a", 1);
     let mut a = ask(&c, &w, "tenant-a", 1);
@@ -428,7 +429,7 @@ fn a_batch_answer_is_ok_for_all_when_the_service_says_ok_and_its_headers_stay_wi
 
 #[test]
 fn batch_false_sends_one_request_per_call() {
-    let c = config("false", "");
+    let c = config(json!(false), json!({}));
     let w = worker();
     for _ in 0..5 {
         ask(&c, &w, "tenant-a", 1);
@@ -476,13 +477,13 @@ fn a_tick_sends_the_queue_with_the_roots_calls() {
 
 /// The batch tests' configuration, calling `service`.
 fn config_for(service: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "service": "{service}", "timeout_ms": 100, "batch": {ONE_IN_FLIGHT}}},
-            "limits": {{"x-tenant-id": {{
-                "default": {{"perminute": 20, "perhour": 100}},
-                "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}},
-            "local": {{"enabled": false}}}}"#
-    ))
+    let base = json!({"domain": "d",
+        "rate_limit_service": {"cluster": "ratelimit", "service": service, "timeout_ms": 100, "batch": one_in_flight()},
+        "limits": {"x-tenant-id": {
+            "default": {"perminute": 20, "perhour": 100},
+            "gold": {"perminute": 70, "header_value": ["tenant-b"]}}},
+        "local": {"enabled": false}});
+    compiled_json(base, json!({}))
 }
 
 /// Each descriptor of a call, as its entries' keys and values joined.
@@ -546,7 +547,10 @@ fn a_batched_call_to_the_counter_marks_where_each_request_begins_and_only_to_the
         ]
     );
     // envoyproxy/ratelimit, named or by default, gets today's messages.
-    for c in [config_for("envoy-ratelimit"), config(ONE_IN_FLIGHT, "")] {
+    for c in [
+        config_for("envoy-ratelimit"),
+        config(one_in_flight(), json!({})),
+    ] {
         let w = worker();
         let (_a, _b, token) = first_then_two(&c, &w);
         assert_eq!(
@@ -638,11 +642,11 @@ fn the_counters_answer_splits_around_the_marks_one_request_refused_the_other_adm
 
 /// Sync mode against `service`: 20 a minute, `max_unsynced` 10.
 fn sync_config(service: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "service": "{service}", "timeout_ms": 100, "batch": {ONE_IN_FLIGHT}}},
-            "limits": {{"x-tenant-id": {{"default": {{"perminute": 20}}}}}},
-            "local": {{"mode": "sync", "sync": {{"interval_ms": 50}}}}, "cost_header": "x-cost"}}"#
-    ))
+    let base = json!({"domain": "d",
+        "rate_limit_service": {"cluster": "ratelimit", "service": service, "timeout_ms": 100, "batch": one_in_flight()},
+        "limits": {"x-tenant-id": {"default": {"perminute": 20}}},
+        "local": {"mode": "sync", "sync": {"interval_ms": 50}}, "cost_header": "x-cost"});
+    compiled_json(base, json!({}))
 }
 
 #[test]

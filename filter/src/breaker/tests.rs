@@ -3,9 +3,11 @@
 
 use super::*;
 use crate::flow::Next;
+use crate::host::HostCall;
 use crate::local::SlotSecret;
-use crate::testing::{compiled, HostCall, Worker, MEMHOST_SECRET};
+use crate::testing::{compiled, compiled_json, Worker, MEMHOST_SECRET};
 use crate::vm::Vm;
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -13,7 +15,7 @@ const P: Params = Params {
     failures: 3,
     probe_interval_ms: 1_000,
 };
-const NOW: u64 = 1_700_000_000_000;
+use crate::testing::NOW;
 
 fn fail(s: State, now: u64) -> (State, Option<Transition>) {
     let (w, t) = settle(s, &P, true, now);
@@ -86,13 +88,12 @@ fn its_state_round_trips_and_anything_else_is_closed() {
 
 /// Exact mode, no local layer (only the breaker reads shared data), the
 /// breaker at 3 failures and 1 s probes, and `extra`.
-fn config(extra: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl", "timeout_ms": 300}},
-            "limits": {{"x-tenant-id": {{"default": {{"perminute": 100}}}}}},
-            "local": {{"enabled": false}},
-            "breaker": {{"failures": 3, "probe_interval_ms": 1000}}{extra}}}"#
-    ))
+fn config(extra: Value) -> Compiled {
+    let base = json!({"domain": "d", "rate_limit_service": {"cluster": "rl", "timeout_ms": 300},
+        "limits": {"x-tenant-id": {"default": {"perminute": 100}}},
+        "local": {"enabled": false},
+        "breaker": {"failures": 3, "probe_interval_ms": 1000}});
+    compiled_json(base, extra)
 }
 
 fn worker(c: &Compiled) -> Worker {
@@ -112,7 +113,7 @@ fn failing_request(c: &Compiled, w: &Worker, vm: &Vm) -> Next {
         crate::root::Root::default().on_answer(c, w, vm, token, 14, 0);
         for d in vm.batch.take_deliveries() {
             if d.stream == s.id() {
-                s.on_answer(c, w, vm, d.heard);
+                s.on_answer(c, w, vm, d.answer);
             }
         }
     }
@@ -121,7 +122,7 @@ fn failing_request(c: &Compiled, w: &Worker, vm: &Vm) -> Next {
 
 #[test]
 fn the_workers_of_an_envoy_share_it_through_shared_data() {
-    let c = config("");
+    let c = config(json!({}));
     let w = worker(&c);
     let other = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
     // Failures on two workers add up: the third opens it.
@@ -144,7 +145,7 @@ fn the_workers_of_an_envoy_share_it_through_shared_data() {
 
 #[test]
 fn one_request_probes_per_interval_and_an_answer_closes_it_for_every_worker() {
-    let c = config("");
+    let c = config(json!({}));
     let w = worker(&c);
     let other = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
     for _ in 0..3 {
@@ -172,7 +173,7 @@ fn one_request_probes_per_interval_and_an_answer_closes_it_for_every_worker() {
 
 #[test]
 fn a_worker_that_read_it_closed_trusts_that_for_a_moment() {
-    let c = config("");
+    let c = config(json!({}));
     let w = worker(&c);
     let other = Vm::new(SlotSecret::from_bytes(MEMHOST_SECRET));
     // `other` reads it closed, with no failure, at NOW.
@@ -205,7 +206,7 @@ fn a_worker_that_read_it_closed_trusts_that_for_a_moment() {
 
 #[test]
 fn with_deny_an_open_breaker_refuses_at_once() {
-    let c = config(r#", "on_failure": "deny", "status_on_error": 503"#);
+    let c = config(json!({"on_failure": "deny", "status_on_error": 503}));
     let w = worker(&c);
     for _ in 0..3 {
         failing_request(&c, &w, &w.vm);
@@ -219,7 +220,7 @@ fn with_deny_an_open_breaker_refuses_at_once() {
 
 #[test]
 fn calls_that_cannot_be_sent_open_it_and_off_it_never_opens() {
-    let c = config("");
+    let c = config(json!({}));
     let w = worker(&c);
     w.fail(HostCall::Dispatch);
     for _ in 0..4 {
@@ -245,7 +246,7 @@ fn calls_that_cannot_be_sent_open_it_and_off_it_never_opens() {
 
 #[test]
 fn a_shared_data_failure_never_keeps_a_request_from_calling() {
-    let c = config("");
+    let c = config(json!({}));
     let w = worker(&c);
     for _ in 0..3 {
         failing_request(&c, &w, &w.vm);

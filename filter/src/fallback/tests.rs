@@ -6,11 +6,14 @@ use prost::Message;
 
 use super::*;
 use crate::access_log;
+use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter};
 use crate::flow::Next;
+use crate::host::HostCall;
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, status, HostCall, Worker};
+use crate::testing::{answer, compiled, compiled_json, status, Worker};
 use proptest::prelude::*;
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -34,15 +37,15 @@ fn heard_remaining(e: Entry, p: &Params, remaining: &[u32], hits: u32, now: u64)
         .map(|r| status(Code::Ok, 0, RateLimitUnit::Minute, *r, 1))
         .collect();
     let a = crate::answer::decode(0, Some(&answer(Code::Ok, statuses))).unwrap();
-    heard(e, p, &a, hits, now)
+    learn(e, p, &a, hits, now)
 }
 
 /// Admits requests one at a time at `now` until one is refused.
-fn admitted(mut e: Entry, p: &Params, now: u64) -> (u32, Entry, Decided) {
+fn admitted(mut e: Entry, p: &Params, now: u64) -> (u32, Entry, FallbackDecision) {
     let mut n = 0;
     loop {
         match decide(e, p, 1, now) {
-            (Decided::Admit, Some(next)) => {
+            (FallbackDecision::Admit, Some(next)) => {
                 e = next;
                 n += 1;
             }
@@ -56,7 +59,7 @@ fn without_an_answer_each_envoy_gets_its_share_of_the_limit_per_window() {
     let p = params(&[(60_000, 300)], 3, false);
     let (n, e, refused) = admitted(Entry::empty(1), &p, MINUTE + 10_000);
     assert_eq!(n, 100);
-    assert_eq!(refused, Decided::Refuse { retry_after_s: 50 });
+    assert_eq!(refused, FallbackDecision::Refuse { retry_after_s: 50 });
     // A new window: a new share.
     let (n, _, _) = admitted(e, &p, MINUTE + 60_000);
     assert_eq!(n, 100);
@@ -73,7 +76,7 @@ fn in_the_window_of_the_last_answer_it_starts_from_what_the_fleet_had_left() {
     // An over-limit answer leaves nothing.
     let statuses = vec![status(Code::OverLimit, 300, RateLimitUnit::Minute, 0, 1)];
     let a = crate::answer::decode(0, Some(&answer(Code::OverLimit, statuses))).unwrap();
-    let over = heard(Entry::empty(1), &p, &a, 1, MINUTE);
+    let over = learn(Entry::empty(1), &p, &a, 1, MINUTE);
     assert_eq!(admitted(over, &p, MINUTE + 1).0, 0);
 }
 
@@ -89,12 +92,15 @@ fn every_unit_of_the_group_holds_in_its_own_windows() {
         total += n;
         e = next;
         if s < 9 {
-            assert_eq!((n, refused), (10, Decided::Refuse { retry_after_s: 1 }));
+            assert_eq!(
+                (n, refused),
+                (10, FallbackDecision::Refuse { retry_after_s: 1 })
+            );
         } else {
             // The minute's share is used up: retry when the minute ends.
             assert_eq!(
                 refused,
-                Decided::Refuse {
+                FallbackDecision::Refuse {
                     retry_after_s: 60 - s
                 }
             );
@@ -117,7 +123,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 100);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 3_600
         }
     );
@@ -129,7 +135,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 0);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 12 * 3_600
         }
     );
@@ -141,7 +147,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 0);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 24 * 3_600
         }
     );
@@ -152,7 +158,7 @@ fn months_and_years_are_the_calendars() {
     assert_eq!(n, 300);
     assert_eq!(
         refused,
-        Decided::Refuse {
+        FallbackDecision::Refuse {
             retry_after_s: 2 * 3_600
         }
     );
@@ -240,7 +246,7 @@ proptest! {
         for (dt, cost) in steps {
             now += dt;
             if now >= MINUTE + 60_000 { break; }
-            if let (Decided::Admit, Some(next)) = decide(e, &p, cost, now) {
+            if let (FallbackDecision::Admit, Some(next)) = decide(e, &p, cost, now) {
                 e = next;
                 got += cost;
             }
@@ -253,17 +259,16 @@ proptest! {
 
 const TENANT: &str = "tenant-a";
 
-fn local_config(extra: &str) -> Compiled {
-    local_config_with(r#"{"envoys": 3}"#, extra)
+fn local_config(extra: Value) -> Compiled {
+    local_config_with(json!({"envoys": 3}), extra)
 }
 
-fn local_config_with(fallback: &str, extra: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "rl", "timeout_ms": 300}},
-            "limits": {{"x-tenant-id": {{"default": {{"perminute": 300}},
-                                       "gold": {{"perminute": 300, "header_value": ["gold-a"], "shadow": true}}}}}},
-            "on_failure": "local", "fallback": {fallback}{extra}}}"#
-    ))
+fn local_config_with(fallback: Value, extra: Value) -> Compiled {
+    let base = json!({"domain": "d", "rate_limit_service": {"cluster": "rl", "timeout_ms": 300},
+        "limits": {"x-tenant-id": {"default": {"perminute": 300},
+                                   "gold": {"perminute": 300, "header_value": ["gold-a"], "shadow": true}}},
+        "on_failure": "local", "fallback": fallback});
+    compiled_json(base, extra)
 }
 
 fn worker(c: &Compiled, now: u64) -> Worker {
@@ -352,7 +357,7 @@ fn send(c: &Compiled, w: &Worker, service: &mut Service, tenant: &str) -> bool {
 
 #[test]
 fn a_failed_call_and_an_open_breaker_get_the_tenants_share() {
-    let c = local_config("");
+    let c = local_config(json!({}));
     let w = worker(&c, MINUTE + 1_000);
     let mut service = Service::new(300);
     // 60 admitted by the service: the fleet has 240 left.
@@ -385,7 +390,7 @@ fn a_failed_call_and_an_open_breaker_get_the_tenants_share() {
 
 #[test]
 fn a_shadow_group_only_counts_the_fallbacks_refusals() {
-    let c = local_config("");
+    let c = local_config(json!({}));
     let w = worker(&c, MINUTE + 1_000);
     let mut service = Service::new(300);
     service.up = false;
@@ -401,7 +406,7 @@ fn a_shadow_group_only_counts_the_fallbacks_refusals() {
 
 #[test]
 fn without_its_entry_a_request_fails_open() {
-    let c = local_config("");
+    let c = local_config(json!({}));
     let w = worker(&c, MINUTE + 1_000);
     let mut service = Service::new(300);
     service.up = false;
@@ -418,7 +423,7 @@ fn without_its_entry_a_request_fails_open() {
 
 #[test]
 fn entries_are_created_at_configure_only_for_local() {
-    let c = local_config(r#", "local": {"slots": 8}"#);
+    let c = local_config(json!({"local": {"slots": 8}}));
     let w = worker(&c, MINUTE);
     let keys = w.shared_keys();
     assert_eq!(keys.iter().filter(|k| k.starts_with("trl.fb.")).count(), 8);
@@ -432,7 +437,7 @@ fn entries_are_created_at_configure_only_for_local() {
 
 #[test]
 fn lease_groups_spend_their_lease_then_the_fallback() {
-    let c = local_config(r#", "local": {"mode": "lease", "lease": {"max_batch": 50}}"#);
+    let c = local_config(json!({"local": {"mode": "lease", "lease": {"max_batch": 50}}}));
     let w = worker(&c, MINUTE + 1_000);
     let mut service = Service::new(300);
     // Two seconds of traffic: the rate is known, leases of 50 are held.
@@ -466,9 +471,9 @@ fn lease_groups_spend_their_lease_then_the_fallback() {
 /// Three Envoys with `extra` settings; clients send 3 × the quota per
 /// minute, spread over `envoys` of them; the service stops 10 s into the
 /// second minute and stays down. Admitted per minute, from the first.
-fn outage(fallback: &str, spread_over: usize) -> Vec<u32> {
+fn outage(fallback: Value, spread_over: usize) -> Vec<u32> {
     const QUOTA: u32 = 300;
-    let c = local_config_with(fallback, "");
+    let c = local_config_with(fallback, json!({}));
     let fleet: Vec<Worker> = (0..3).map(|_| worker(&c, MINUTE)).collect();
     let mut service = Service::new(QUOTA);
     let per_minute = 3 * u64::from(QUOTA);
@@ -487,7 +492,7 @@ fn outage(fallback: &str, spread_over: usize) -> Vec<u32> {
 
 #[test]
 fn with_the_configured_share_the_fleet_stays_near_the_quota_through_an_outage() {
-    let admitted = outage(r#"{"envoys": 3}"#, 3);
+    let admitted = outage(json!({"envoys": 3}), 3);
     println!("admitted per minute, quota 300, 900 sent: {admitted:?}");
     // The first minute: the service decides, exactly. Then the outage's
     // first minute (the fleet had used most of it by the last answer) and
@@ -500,8 +505,8 @@ fn with_the_configured_share_the_fleet_stays_near_the_quota_through_an_outage() 
 
 #[test]
 fn a_tenant_pinned_to_one_envoy_keeps_its_quota_only_with_the_learned_share() {
-    let configured = outage(r#"{"envoys": 3}"#, 1);
-    let learned = outage(r#"{"envoys": 3, "share": "learned"}"#, 1);
+    let configured = outage(json!({"envoys": 3}), 1);
+    let learned = outage(json!({"envoys": 3, "share": "learned"}), 1);
     println!("pinned: configured share {configured:?}, learned {learned:?}");
     assert_eq!(configured[0], 300);
     // The whole minutes of the outage: a third, or the whole quota.
@@ -512,13 +517,13 @@ fn a_tenant_pinned_to_one_envoy_keeps_its_quota_only_with_the_learned_share() {
 #[test]
 fn the_fallback_logs_the_verified_tenant_not_the_header() {
     let c = local_config(
-        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+        json!({"tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}}),
     );
     let w = worker(&c, MINUTE + 1_000);
     let mut service = Service::new(300);
     service.up = false;
     w.set_request_header("x-tenant-id", b"victim");
-    w.fail(crate::testing::HostCall::RequestHeader);
+    w.fail(HostCall::RequestHeader);
     let jwt = "metadata\0filter_metadata\0envoy.filters.http.jwt_authn\0jwt_payload\0tenant";
     w.set_attribute(jwt, TENANT.as_bytes());
     let mut verdicts = Vec::new();

@@ -1,51 +1,39 @@
 //! The whole flow against the in-memory host, one path each.
 
 use prost::Message;
-use ratelimit_config::parse_plugin_config;
 
 use super::{Next, Stream};
 use crate::access_log;
+use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter, Histogram};
-use crate::decision::Compiled;
 use crate::health::WARN_INTERVAL_MS;
+use crate::host::HostCall;
 use crate::local::{slot_for, Slot, SlotKey};
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit, METHOD, SERVICE};
-use crate::testing::{slot_of, status, HostCall, MemHost, Worker};
+use crate::testing::{compiled_json, group_id, host, slot_of, status, MemHost, Worker, NOW};
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const HEADER: &str = "x-tenant-id";
-/// 2023-11-14T22:13:20.250Z.
-const NOW: u64 = 1_700_000_000_250;
 
 /// The seed's groups (tenant-b is gold), plus `extra` top-level keys.
-fn config(extra: &str) -> Compiled {
+fn config(extra: Value) -> Compiled {
     config_with_limits(
-        r#"{"x-tenant-id": {
+        json!({"x-tenant-id": {
             "default": {"persecond": 5, "perminute": 20, "perhour": 30},
-            "gold": {"persecond": 50, "perhour": 100, "header_value": ["tenant-b"]}}}"#,
+            "gold": {"persecond": 50, "perhour": 100, "header_value": ["tenant-b"]}}}),
         extra,
     )
 }
 
 /// Each request's call goes at once (`max_in_flight` 64): how requests
 /// share calls is `batch`'s tests'.
-fn config_with_limits(limits: &str, extra: &str) -> Compiled {
-    let text = format!(
-        r#"{{"domain": "internal-api", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25, "batch": {{"max_in_flight": 64}}}},
-            "limits": {limits}{extra}}}"#
-    );
-    match parse_plugin_config(text.as_bytes()) {
-        Ok((config, _)) => Compiled::new(config),
-        Err(e) => panic!("test configuration: {e:?}"),
-    }
-}
-
-fn host(c: &Compiled) -> Worker {
-    let h = Worker::new();
-    h.create_slots(c.config.local.slots);
-    h.set_now_ms(NOW);
-    h
+fn config_with_limits(limits: Value, extra: Value) -> Compiled {
+    let base = json!({"domain": "internal-api",
+        "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25, "batch": {"max_in_flight": 64}},
+        "limits": limits});
+    compiled_json(base, extra)
 }
 
 /// A request of `tenant` (None: without the header) up to its first answer.
@@ -105,7 +93,7 @@ fn n(c: Counter, times: u64) -> (&'static str, u64) {
 
 #[test]
 fn a_missing_tenant_is_allowed_and_counted() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (_, next) = request(&c, &h, None);
     assert_eq!(next, Next::Continue);
@@ -126,7 +114,7 @@ fn an_empty_tenant_is_a_tenant_with_its_own_counter() {
     // Everyone who sends it empty shares that one counter; it is never a
     // way around the limit, with either policy.
     for policy in ["allow", "deny"] {
-        let c = config(&format!(r#", "missing_tenant": "{policy}""#));
+        let c = config(json!({"missing_tenant": policy}));
         let h = host(&c);
         let (_, next) = request(&c, &h, Some(""));
         assert_eq!((next, h.call_count(), h.reply_count()), (Next::Pause, 1, 0));
@@ -137,7 +125,7 @@ fn an_empty_tenant_is_a_tenant_with_its_own_counter() {
 
 #[test]
 fn a_tenant_header_sent_twice_is_a_400_never_asked() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let slots_before = h.shared_snapshot();
     // An empty first value would once have been no tenant at all.
@@ -174,7 +162,7 @@ fn a_tenant_header_sent_twice_is_a_400_never_asked() {
 #[test]
 fn the_tenant_from_a_property_reads_no_header() {
     let c = config(
-        r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#,
+        json!({"tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}}),
     );
     let h = host(&c);
     h.fail(HostCall::RequestHeader);
@@ -194,7 +182,7 @@ fn the_tenant_from_a_property_reads_no_header() {
 
 #[test]
 fn a_missing_tenant_is_denied_with_the_deny_policy() {
-    let c = config(r#", "missing_tenant": "deny""#);
+    let c = config(json!({"missing_tenant": "deny"}));
     let h = host(&c);
     let (_, next) = request(&c, &h, None);
     assert_eq!(next, Next::Pause);
@@ -209,8 +197,8 @@ fn a_missing_tenant_is_denied_with_the_deny_policy() {
 #[test]
 fn a_tenant_no_group_limits_passes_uncounted() {
     let c = config_with_limits(
-        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
-        "",
+        json!({"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}),
+        json!({}),
     );
     let h = host(&c);
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
@@ -224,7 +212,7 @@ fn a_tenant_no_group_limits_passes_uncounted() {
 
 #[test]
 fn an_admitted_request_asks_once_and_carries_the_headers() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
@@ -270,7 +258,7 @@ fn an_admitted_request_asks_once_and_carries_the_headers() {
 
 #[test]
 fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
@@ -300,7 +288,7 @@ fn a_refusal_by_the_service_is_a_429_and_fills_the_cache() {
 
 #[test]
 fn a_cached_refusal_answers_without_a_call_until_the_window_ends() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
@@ -328,7 +316,7 @@ fn a_cached_refusal_answers_without_a_call_until_the_window_ends() {
 
 #[test]
 fn an_empty_bucket_refuses_without_a_call() {
-    let c = config(r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 2}}}"#);
+    let c = config(json!({"local": {"groups": {"default": {"tokens_per_second": 1, "burst": 2}}}}));
     let h = host(&c);
     for _ in 0..2 {
         let (mut s, next) = request(&c, &h, Some("tenant-a"));
@@ -356,7 +344,7 @@ fn an_empty_bucket_refuses_without_a_call() {
 #[test]
 fn a_tenant_whose_slot_another_uses_is_asked_about_and_counted() {
     // One slot for everyone: tenant-a takes a token and holds it.
-    let c = config(r#", "local": {"slots": 1}"#);
+    let c = config(json!({"local": {"slots": 1}}));
     let h = host(&c);
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
@@ -372,16 +360,12 @@ fn a_tenant_whose_slot_another_holds_takes_the_next_free_one() {
     // hash to the same slot, yet each holds one, so both are shed locally;
     // the third finds both held and is asked about every time.
     let c = config(
-        r#", "local": {"slots": 2, "groups": {"default": {"tokens_per_second": 1, "burst": 2}}}"#,
+        json!({"local": {"slots": 2, "groups": {"default": {"tokens_per_second": 1, "burst": 2}}}}),
     );
     let h = host(&c);
     // A second tenant whose own slot is tenant-a's (the default group).
-    let group = c
-        .config
-        .limits
-        .all_groups()
-        .position(|g| g.name == "default");
-    let home = |t: &str| slot_for(&h.vm.slot_secret, c.scope(group.unwrap_or(0)), t, 2).index;
+    let group = group_id(&c, "default").unwrap_or_default();
+    let home = |t: &str| slot_for(&h.vm.slot_secret, c.scope(group), t, 2).index;
     let second = (0..100)
         .map(|i| format!("tenant-{i}"))
         .find(|t| home(t) == home("tenant-a"))
@@ -409,7 +393,7 @@ fn a_tenant_whose_slot_another_holds_takes_the_next_free_one() {
 
 #[test]
 fn a_failed_call_fails_open_by_default() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     // A timeout and a refused connection both arrive as UNAVAILABLE (14).
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
@@ -426,7 +410,7 @@ fn a_failed_call_fails_open_by_default() {
 
 #[test]
 fn a_failed_call_fails_closed_with_failure_mode_deny() {
-    let c = config(r#", "failure_mode_deny": true, "status_on_error": 503"#);
+    let c = config(json!({"failure_mode_deny": true, "status_on_error": 503}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     h.answer(&c, &mut s, 4, 0);
@@ -445,7 +429,7 @@ fn a_failed_call_fails_closed_with_failure_mode_deny() {
 
 #[test]
 fn an_undecodable_answer_is_a_limiter_error() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     h.set_grpc_response(Some(vec![0x12, 0x05, 0x08]));
@@ -465,7 +449,7 @@ fn an_undecodable_answer_is_a_limiter_error() {
 
 #[test]
 fn a_header_that_cannot_be_read_is_a_limiter_error() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     h.fail(HostCall::Property);
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -476,7 +460,7 @@ fn a_header_that_cannot_be_read_is_a_limiter_error() {
         vec![n(Counter::FailureModeAllowed, 1), n(Counter::RlsError, 1)]
     );
     // Failing closed, it is refused.
-    let c = config(r#", "failure_mode_deny": true"#);
+    let c = config(json!({"failure_mode_deny": true}));
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
     assert_eq!(h.replies()[0].status, 500);
@@ -484,7 +468,7 @@ fn a_header_that_cannot_be_read_is_a_limiter_error() {
 
 #[test]
 fn shared_data_failures_skip_the_local_layer() {
-    let c = config("");
+    let c = config(json!({}));
     for broken in [HostCall::GetShared, HostCall::SetShared] {
         let h = host(&c);
         h.fail(broken);
@@ -505,7 +489,7 @@ fn shared_data_failures_skip_the_local_layer() {
 
 #[test]
 fn lost_cas_races_skip_the_local_layer() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     // Another worker writes between every read and write.
     h.interfere(u32::MAX, |stored| {
@@ -519,7 +503,7 @@ fn lost_cas_races_skip_the_local_layer() {
 
 #[test]
 fn a_failed_dispatch_fails_open_or_closed() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     h.fail(HostCall::Dispatch);
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -532,7 +516,7 @@ fn a_failed_dispatch_fails_open_or_closed() {
             n(Counter::RlsDispatchFailed, 1)
         ]
     );
-    let c = config(r#", "failure_mode_deny": true"#);
+    let c = config(json!({"failure_mode_deny": true}));
     let (_, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
     assert_eq!(h.replies()[0].status, 500);
@@ -543,7 +527,7 @@ fn a_failed_dispatch_fails_open_or_closed() {
 fn a_local_reply_that_fails_lets_the_request_through() {
     // Refused locally: nothing can be sent, so the request goes on rather
     // than hang.
-    let c = config(r#", "missing_tenant": "deny""#);
+    let c = config(json!({"missing_tenant": "deny"}));
     let h = host(&c);
     h.fail(HostCall::Reply);
     let (_, next) = request(&c, &h, None);
@@ -557,7 +541,7 @@ fn a_local_reply_that_fails_lets_the_request_through() {
 
 #[test]
 fn without_the_local_layer_nothing_is_read_or_written() {
-    let c = config(r#", "local": {"enabled": false}"#);
+    let c = config(json!({"local": {"enabled": false}}));
     let h = Worker::new();
     h.set_now_ms(NOW);
     // Any shared-data call would fail: none is made.
@@ -572,11 +556,13 @@ fn without_the_local_layer_nothing_is_read_or_written() {
     assert_eq!((next, h.call_count()), (Next::Pause, 2));
 }
 
-const DEFAULT_ONLY: &str = r#"{"x-tenant-id": {"default": {"perhour": 30}}}"#;
+fn default_only() -> Value {
+    json!({"x-tenant-id": {"default": {"perhour": 30}}})
+}
 
 #[test]
 fn a_tenant_longer_than_max_tenant_length_is_a_431_never_asked_and_never_stored() {
-    let c = config(r#", "max_tenant_length": 16"#);
+    let c = config(json!({"max_tenant_length": 16}));
     let h = host(&c);
     let slots_before = h.shared_snapshot();
     // 17 bytes: one more than allowed.
@@ -596,7 +582,7 @@ fn a_tenant_longer_than_max_tenant_length_is_a_431_never_asked_and_never_stored(
 
 #[test]
 fn a_tenant_of_exactly_max_tenant_length_is_limited_as_before() {
-    let c = config(r#", "max_tenant_length": 16"#);
+    let c = config(json!({"max_tenant_length": 16}));
     let h = host(&c);
     let (_, next) = request(&c, &h, Some("tenant-aaaaaaaaa"));
     assert_eq!(next, Next::Pause);
@@ -606,7 +592,7 @@ fn a_tenant_of_exactly_max_tenant_length_is_limited_as_before() {
 
 #[test]
 fn the_length_is_counted_in_raw_bytes_not_in_lossy_characters() {
-    let c = config_with_limits(DEFAULT_ONLY, r#", "max_tenant_length": 4"#);
+    let c = config_with_limits(default_only(), json!({"max_tenant_length": 4}));
     let h = host(&c);
     // Four bytes that are not UTF-8 (four replacement characters, twelve
     // bytes, once lossy): within the cap, limited.
@@ -627,7 +613,7 @@ fn the_length_is_counted_in_raw_bytes_not_in_lossy_characters() {
 fn a_431_that_cannot_be_sent_lets_the_request_through_unasked() {
     // The reply failing is a host failure: the request goes on rather than
     // hang (as for every local reply); it still never reaches the service.
-    let c = config_with_limits(DEFAULT_ONLY, r#", "max_tenant_length": 4"#);
+    let c = config_with_limits(default_only(), json!({"max_tenant_length": 4}));
     let h = host(&c);
     h.fail(HostCall::Reply);
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -640,8 +626,8 @@ fn a_431_that_cannot_be_sent_lets_the_request_through_unasked() {
 fn a_long_tenant_is_refused_even_where_no_group_would_limit_it() {
     // The length is decided before the group: one documented outcome.
     let c = config_with_limits(
-        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
-        r#", "max_tenant_length": 8"#,
+        json!({"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}),
+        json!({"max_tenant_length": 8}),
     );
     let h = host(&c);
     let (_, next) = request(&c, &h, Some("tenant-bb"));
@@ -658,7 +644,7 @@ fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
     // One shared-data store, as every VM of one Envoy has. Bucket: the
     // default group's 5 per second. The calls fail: no breaker, which would
     // open and write its own shared value.
-    let c = config(r#", "breaker": {"enabled": false}"#);
+    let c = config(json!({"breaker": {"enabled": false}}));
     let h = host(&c);
     for _ in 0..5 {
         answered(&c, &h, "tenant-a");
@@ -697,7 +683,7 @@ fn the_slot_secret_decides_where_a_tenant_lives_so_vms_must_share_it() {
 
 // ---- Shadow mode, per-group counters, near limit, access-log properties.
 
-/// Group indices in `config("")`'s `all_groups()`.
+/// Group indices in `config(json!({}))`'s `all_groups()`.
 const DEFAULT: usize = 0;
 const GOLD: usize = 1;
 
@@ -725,7 +711,7 @@ fn logged(
 
 #[test]
 fn an_admitted_request_counts_in_its_group_and_sets_no_property() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-b"));
     respond(
@@ -741,7 +727,7 @@ fn an_admitted_request_counts_in_its_group_and_sets_no_property() {
 
 #[test]
 fn refusals_count_by_group_and_source_and_tell_the_access_log() {
-    let c = config(r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#);
+    let c = config(json!({"local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}}));
     let h = host(&c);
     // Service: the tenant is read again for the log.
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
@@ -792,7 +778,7 @@ fn refusals_count_by_group_and_source_and_tell_the_access_log() {
 
 #[test]
 fn a_shadowed_service_refusal_is_let_through_with_the_admitted_headers() {
-    let c = config(r#", "shadow": true"#);
+    let c = config(json!({"shadow": true}));
     let h = host(&c);
     let (mut s, next) = request(&c, &h, Some("tenant-a"));
     assert_eq!(next, Next::Pause);
@@ -830,7 +816,7 @@ fn a_shadowed_service_refusal_is_let_through_with_the_admitted_headers() {
 
 #[test]
 fn a_shadowed_refusal_is_remembered_and_then_counted_from_the_cache() {
-    let c = config(r#", "shadow": true"#);
+    let c = config(json!({"shadow": true}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
@@ -865,7 +851,7 @@ fn a_shadowed_refusal_is_remembered_and_then_counted_from_the_cache() {
 #[test]
 fn a_shadowed_empty_bucket_lets_through_without_a_call() {
     let c = config(
-        r#", "shadow": true, "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
+        json!({"shadow": true, "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}}),
     );
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
@@ -901,10 +887,10 @@ fn a_shadowed_empty_bucket_lets_through_without_a_call() {
 #[test]
 fn a_shadowed_group_beside_an_enforced_one() {
     let c = config_with_limits(
-        r#"{"x-tenant-id": {
+        json!({"x-tenant-id": {
             "default": {"perminute": 20},
-            "gold": {"perminute": 100, "header_value": ["tenant-b"], "shadow": true}}}"#,
-        "",
+            "gold": {"perminute": 100, "header_value": ["tenant-b"], "shadow": true}}}),
+        json!({}),
     );
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-b"));
@@ -926,7 +912,7 @@ fn a_shadowed_group_beside_an_enforced_one() {
 
 #[test]
 fn a_failed_property_changes_nothing_else() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     h.fail(HostCall::SetProperty);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
@@ -941,11 +927,11 @@ fn near_limit_follows_near_limit_ratio() {
     let answer = || vec![status(Code::Ok, 100, RateLimitUnit::Minute, 10, 30)];
     // 90 of 100 used: near at 0.8 (the default) and 0.9, not at 0.95.
     for (extra, near) in [
-        ("", 1),
-        (r#", "near_limit_ratio": 0.9"#, 1),
-        (r#", "near_limit_ratio": 0.95"#, 0),
+        (json!({}), 1),
+        (json!({"near_limit_ratio": 0.9}), 1),
+        (json!({"near_limit_ratio": 0.95}), 0),
     ] {
-        let c = config(extra);
+        let c = config(extra.clone());
         let h = host(&c);
         let (mut s, _) = request(&c, &h, Some("tenant-a"));
         respond(&c, &h, &mut s, Code::Ok, answer());
@@ -960,13 +946,13 @@ fn near_limit_follows_near_limit_ratio() {
 
 #[test]
 fn failing_open_counts_in_the_group_and_denied_requests_tell_the_log() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-b"));
     h.answer(&c, &mut s, 14, 0);
     assert_eq!(h.group_counted(), vec![(GOLD, "failed_open", 1)]);
     assert!(props(&h).is_empty());
-    let deny = config(r#", "failure_mode_deny": true, "missing_tenant": "deny""#);
+    let deny = config(json!({"failure_mode_deny": true, "missing_tenant": "deny"}));
     let h = host(&deny);
     let (mut s, _) = request(&deny, &h, Some("tenant-b"));
     h.answer(&deny, &mut s, 14, 0);
@@ -1005,7 +991,7 @@ fn pairs(h: &[(&str, &str)]) -> Vec<(String, String)> {
 fn a_refusal_without_statuses_carries_no_guessed_retry_after() {
     // A server that sends no per-descriptor statuses (Limitador): the
     // window may have a minute left, so "Retry-After: 1" would be a lie.
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond_with_headers(&c, &h, &mut s, Code::OverLimit, vec![], &[], &[]);
@@ -1034,7 +1020,7 @@ fn a_refusal_without_statuses_carries_no_guessed_retry_after() {
 
 #[test]
 fn the_services_headers_reach_the_client_and_the_upstream() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     respond_with_headers(
@@ -1085,7 +1071,7 @@ fn the_services_headers_reach_the_client_and_the_upstream() {
 #[test]
 fn the_ietf_family_comes_from_the_service_the_cache_and_the_bucket() {
     let c = config(
-        r#", "headers": "ietf_draft_10", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#,
+        json!({"headers": "ietf_draft_10", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}}),
     );
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
@@ -1127,7 +1113,7 @@ fn the_ietf_family_comes_from_the_service_the_cache_and_the_bucket() {
 
 #[test]
 fn a_cached_refusal_carries_the_rule_names_of_the_services() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let mut answer = over_limit_answer();
     for (s, name) in answer
@@ -1153,7 +1139,7 @@ fn a_cached_refusal_carries_the_rule_names_of_the_services() {
 
 #[test]
 fn the_latency_of_answered_calls_is_recorded_and_failed_calls_are_not() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     h.set_now_ms(NOW + 7);
@@ -1181,7 +1167,7 @@ fn the_latency_of_answered_calls_is_recorded_and_failed_calls_are_not() {
 fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
     // No breaker: it would open after five failures and keep the last
     // call in.
-    let c = config(r#", "breaker": {"enabled": false}"#);
+    let c = config(json!({"breaker": {"enabled": false}}));
     let h = host(&c);
     h.fail(HostCall::Dispatch);
     for _ in 0..5 {
@@ -1208,7 +1194,9 @@ fn a_call_that_cannot_be_sent_is_counted_and_warned_at_most_once_a_minute() {
     assert_eq!(h.counter(Counter::RlsError), 6);
 }
 
-const COST: &str = r#", "cost_header": "x-cost", "max_cost": 100"#;
+fn cost() -> Value {
+    json!({"cost_header": "x-cost", "max_cost": 100})
+}
 
 fn asked_hits(h: &MemHost) -> Vec<u32> {
     h.calls()
@@ -1223,7 +1211,10 @@ fn asked_hits(h: &MemHost) -> Vec<u32> {
 
 #[test]
 fn a_request_costs_the_value_of_its_cost_header_and_1_without_it() {
-    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, COST);
+    let c = config_with_limits(
+        json!({"x-tenant-id": {"default": {"perhour": 100}}}),
+        cost(),
+    );
     let h = host(&c);
     h.set_request_header("x-cost", b"10");
     answered(&c, &h, "tenant-a");
@@ -1236,7 +1227,10 @@ fn a_request_costs_the_value_of_its_cost_header_and_1_without_it() {
     // 0 is left out: the service counts 1.
     assert_eq!(asked_hits(&h), vec![10, 100, 0, 0]);
     // Without a cost_header, the header means nothing.
-    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, "");
+    let c = config_with_limits(
+        json!({"x-tenant-id": {"default": {"perhour": 100}}}),
+        json!({}),
+    );
     let h = host(&c);
     h.set_request_header("x-cost", b"10");
     request(&c, &h, Some("tenant-a"));
@@ -1245,7 +1239,10 @@ fn a_request_costs_the_value_of_its_cost_header_and_1_without_it() {
 
 #[test]
 fn a_bad_cost_is_a_400_counted_and_never_asked() {
-    let c = config_with_limits(r#"{"x-tenant-id": {"default": {"perhour": 100}}}"#, COST);
+    let c = config_with_limits(
+        json!({"x-tenant-id": {"default": {"perhour": 100}}}),
+        cost(),
+    );
     let h = host(&c);
     let bad: [&[u8]; 6] = [b"0", b"101", b"-1", b"abc", b"", b"1.5"];
     for value in bad {
@@ -1275,8 +1272,8 @@ fn a_bad_cost_is_a_400_counted_and_never_asked() {
 #[test]
 fn the_cost_of_a_tenant_no_group_limits_is_not_read() {
     let c = config_with_limits(
-        r#"{"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}"#,
-        COST,
+        json!({"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}),
+        cost(),
     );
     let h = host(&c);
     h.set_request_header("x-cost", b"abc");
@@ -1289,7 +1286,7 @@ fn the_cost_of_a_tenant_no_group_limits_is_not_read() {
 #[test]
 fn the_local_bucket_takes_the_cost() {
     // default: 5 per second, so a bucket of 5.
-    let c = config(COST);
+    let c = config(cost());
     let h = host(&c);
     h.set_request_header("x-cost", b"3");
     let (_, next) = request(&c, &h, Some("tenant-a"));
@@ -1319,7 +1316,7 @@ fn unmatched(unlimited: bool) -> DescriptorStatus {
 
 #[test]
 fn a_descriptor_no_rule_matched_is_counted_in_its_group() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     // gold sends one descriptor (per_second); an unknown domain answers OK with no limit.
     let (mut s, _) = request(&c, &h, Some("tenant-b"));
@@ -1343,7 +1340,7 @@ fn a_descriptor_no_rule_matched_is_counted_in_its_group() {
 
 #[test]
 fn a_refusal_by_one_limit_still_tells_of_another_without_a_rule() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     let (mut s, _) = request(&c, &h, Some("tenant-a"));
     let over = status(Code::OverLimit, 5, RateLimitUnit::Second, 0, 1);
@@ -1377,9 +1374,9 @@ fn verified(c: &Compiled, h: &Worker, tenant: &[u8]) -> (Stream, Next) {
 
 #[test]
 fn every_refusal_logs_the_verified_tenant_not_the_header() {
-    let property = r#", "tenant_source": {"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]}"#;
-    let local = r#", "local": {"groups": {"default": {"tokens_per_second": 1, "burst": 1}}}"#;
-    let c = config(&format!("{property}{local}"));
+    let property = json!({"property": ["metadata", "filter_metadata", "envoy.filters.http.jwt_authn", "jwt_payload", "tenant"]});
+    let local = json!({"groups": {"default": {"tokens_per_second": 1, "burst": 1}}});
+    let c = config(json!({"tenant_source": property, "local": local}));
     let h = host(&c);
     let (mut s, _) = verified(&c, &h, b"tenant-a");
     respond(&c, &h, &mut s, Code::OverLimit, over_limit_answer());
@@ -1396,7 +1393,7 @@ fn every_refusal_logs_the_verified_tenant_not_the_header() {
     let bucket = logged(Some("tenant-c"), Some("default"), "refused", "bucket");
     assert_eq!(props(&h), bucket);
     // The service fails and the filter denies: the tenant is still named.
-    let deny = config(&format!(r#"{property}, "failure_mode_deny": true"#));
+    let deny = config(json!({"tenant_source": property, "failure_mode_deny": true}));
     let h = host(&deny);
     let (mut s, _) = verified(&deny, &h, b"tenant-b");
     h.answer(&deny, &mut s, 14, 0);
@@ -1406,7 +1403,7 @@ fn every_refusal_logs_the_verified_tenant_not_the_header() {
 
 #[test]
 fn a_header_tenant_is_logged_escaped_as_the_service_sees_it() {
-    let c = config("");
+    let c = config(json!({}));
     let h = host(&c);
     h.set_request_header(HEADER, b"vic\xfftim%");
     let mut s = h.stream();

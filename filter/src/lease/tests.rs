@@ -4,8 +4,7 @@ use super::*;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
-const NOW: u64 = 1_700_000_000_250;
+use crate::testing::NOW;
 const MINUTE_END: u64 = 1_700_000_040_000;
 
 const P: LeaseParams = LeaseParams {
@@ -40,7 +39,7 @@ fn a_granted_batch_is_spent_without_calls_and_refilled_at_half() {
         NOW,
         NOW + 5,
         10,
-        Outcome::Granted { remaining: 500 },
+        BatchOutcome::Granted { remaining: 500 },
     );
     assert_eq!((l.tokens, l.until_ms, stranded), (10, MINUTE_END, 0));
     let mut l = Some(l);
@@ -67,7 +66,14 @@ fn a_granted_batch_is_spent_without_calls_and_refilled_at_half() {
 
 #[test]
 fn tokens_never_outlive_their_window_and_are_counted_as_stranded() {
-    let (l, _) = after_answer(None, &P, NOW, NOW + 3, 7, Outcome::Granted { remaining: 9 });
+    let (l, _) = after_answer(
+        None,
+        &P,
+        NOW,
+        NOW + 3,
+        7,
+        BatchOutcome::Granted { remaining: 9 },
+    );
     let (l, step, stranded) = spend(Some(l), &P, MINUTE_END - 1);
     assert_eq!((step, stranded), (Spend::Token { refill: None }, 0));
     assert_eq!(l.tokens, 6);
@@ -88,7 +94,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         NOW + 2,
         NOW + 4,
         5,
-        Outcome::Granted { remaining: 1_489 },
+        BatchOutcome::Granted { remaining: 1_489 },
     );
     let (l, _) = after_answer(
         Some(l),
@@ -96,7 +102,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         NOW,
         NOW + 5,
         4,
-        Outcome::Granted { remaining: 1_494 },
+        BatchOutcome::Granted { remaining: 1_494 },
     );
     assert_eq!((l.tokens, l.remaining), (9, 1_489));
     // In the next window the first answer stands as it is.
@@ -106,7 +112,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         MINUTE_END + 1,
         MINUTE_END + 3,
         2,
-        Outcome::Granted { remaining: 1_497 },
+        BatchOutcome::Granted { remaining: 1_497 },
     );
     assert_eq!(l.remaining, 1_497);
     // A refusal's 0 gives way to a later grant of one hit.
@@ -116,7 +122,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         MINUTE_END + 4,
         MINUTE_END + 5,
         0,
-        Outcome::Refused,
+        BatchOutcome::Refused,
     );
     let (l, _) = after_answer(
         Some(l),
@@ -124,7 +130,7 @@ fn of_two_answers_in_one_window_the_later_count_stands_whatever_their_order() {
         MINUTE_END + 6,
         MINUTE_END + 7,
         0,
-        Outcome::Granted { remaining: 2 },
+        BatchOutcome::Granted { remaining: 2 },
     );
     assert_eq!(l.remaining, 2);
 }
@@ -138,7 +144,7 @@ fn a_batch_granted_after_its_window_ended_is_stranded_whole() {
         MINUTE_END - 1,
         MINUTE_END + 2,
         9,
-        Outcome::Granted { remaining: 3 },
+        BatchOutcome::Granted { remaining: 3 },
     );
     assert_eq!((l.tokens, stranded), (0, 9));
 }
@@ -161,7 +167,7 @@ fn the_batch_follows_the_rate_within_one_and_max_batch_and_never_above_remaining
     assert_eq!(near.batch(&P, MINUTE_END), 50);
     // A refused batch: the next ask is for one hit, so a refusal at the
     // limit costs the service's counter one.
-    let (l, _) = after_answer(Some(busy), &P, NOW, NOW + 1, 49, Outcome::Refused);
+    let (l, _) = after_answer(Some(busy), &P, NOW, NOW + 1, 49, BatchOutcome::Refused);
     assert_eq!(l.batch(&P, NOW + 2), 1);
     assert_eq!(Lease::default().batch(&P, NOW), 1);
 }
@@ -215,7 +221,7 @@ fn a_batch_refused_with_room_left_may_be_followed_by_a_smaller_ask() {
     assert!(!smaller_may_fit(1, &counter));
     // After the refusal the next ask is for one hit, then a grant's
     // remaining bounds the batches again.
-    let (l, _) = after_answer(None, &P, NOW, NOW + 2, 0, Outcome::Refused);
+    let (l, _) = after_answer(None, &P, NOW, NOW + 2, 0, BatchOutcome::Refused);
     let (l, step, _) = spend(Some(l), &P, NOW + 3);
     assert_eq!(step, Spend::Ask { batch: 1 });
     let (l, _) = after_answer(
@@ -224,7 +230,7 @@ fn a_batch_refused_with_room_left_may_be_followed_by_a_smaller_ask() {
         NOW + 3,
         NOW + 4,
         0,
-        Outcome::Granted { remaining: 11 },
+        BatchOutcome::Granted { remaining: 11 },
     );
     assert_eq!(
         l.batch(&P, NOW + 5),

@@ -42,7 +42,7 @@ pub use bucket::TokenBucket;
 pub use cas::{create, update, update_key, UpdateError, CAS_ATTEMPTS};
 pub use over_limit::{cached_headers, cached_headers_named, OverLimit, StatusSnapshot};
 pub use placement::{
-    route_slot_for, slot_for, Scope, ScopeBuilder, SlotKey, SlotRef, SlotSecret, SLOT_PROBES,
+    route_slot_for, slot_for, Scope, ScopeBuilder, SlotKey, SlotRef, SlotSecret, Slots, SLOT_PROBES,
 };
 pub use secret::{agree, Agreed, SECRET_KEY};
 pub use slot::{Claim, ModeState, Slot, Stranded, SLOT_BYTES, SLOT_HOLD_MS};

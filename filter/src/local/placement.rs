@@ -16,6 +16,14 @@
 //! instance keeps the keyspace at `local.slots` keys, however many
 //! instances and configurations come and go.
 
+/// The tenant's slots a request used: its own (after probing past those
+/// other tenants hold), and its state on its route's, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    pub own: SlotRef,
+    pub on_route: Option<SlotRef>,
+}
+
 /// Where a tenant lives: a slot index and the fingerprint that says the
 /// slot is that tenant's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,35 +8,31 @@ use super::*;
 use crate::answer::decode;
 use crate::answer_path::{store_lease_answer, store_sync_answer, Asked, LeaseBatch, SyncHits};
 use crate::flow::{Next, Stream};
-use crate::lease::Outcome;
+use crate::group::GroupId;
+use crate::lease::BatchOutcome;
 use crate::local::state::Lease;
 use crate::local::SlotKey;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, slot_of, status, Worker};
+use crate::root::{pass_tracked, DueWork, PassOutcome};
+use crate::testing::{answer, compiled, compiled_json, host, slot_of, status, Worker};
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
-const NOW: u64 = 1_700_000_000_250;
+use crate::testing::NOW;
 
 mod lease_mode {
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn config(local: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-                "limits": {{"x-tenant-id": {{
-                    "default": {{"perminute": 1000, "perhour": 5000}},
-                    "gold": {{"perminute": 70, "header_value": ["tenant-b"]}}}}}},
-                "local": {local}}}"#
-        );
-        compiled(&text)
-    }
-
-    fn host(c: &Compiled) -> Worker {
-        Worker::ready(c, NOW)
+    fn config(local: Value) -> Compiled {
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+            "limits": {"x-tenant-id": {
+                "default": {"perminute": 1000, "perhour": 5000},
+                "gold": {"perminute": 70, "header_value": ["tenant-b"]}}},
+            "local": local});
+        compiled_json(base, json!({}))
     }
 
     fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
@@ -80,10 +76,10 @@ mod lease_mode {
         grpc_status: u32,
         body: Option<&[u8]>,
     ) {
-        let outcome = Outcome::of(decode(grpc_status, body).ok().as_ref());
+        let outcome = BatchOutcome::of(decode(grpc_status, body).ok().as_ref());
         let asked = Asked {
             group: r.group,
-            at: r.at,
+            slot: r.slot,
             asked_at_ms: asked_at,
             now_ms: h.now_ms(),
         };
@@ -105,7 +101,7 @@ mod lease_mode {
 
     #[test]
     fn a_lease_admits_without_calls_and_the_root_refills_it_ahead_of_time() {
-        let c = config(r#"{"mode": "lease", "lease": {"max_batch": 20}}"#);
+        let c = config(json!({"mode": "lease", "lease": {"max_batch": 20}}));
         let h = host(&c);
         // The first second: 30 requests, each asking for one hit (the first
         // one's answer has not come).
@@ -142,7 +138,7 @@ mod lease_mode {
         let r = &refills[0];
         assert_eq!(
             (r.kind, r.group, r.tenant.as_str(), r.hits),
-            (CallKind::Refill, 0, "acme", 20)
+            (CallKind::Refill, GroupId::new(0), "acme", 20)
         );
         let message = r.message(&c).unwrap();
         let asked = RateLimitRequest::decode(&message[..]).unwrap();
@@ -159,7 +155,7 @@ mod lease_mode {
 
     #[test]
     fn a_request_admitted_from_a_lease_gets_headers_from_the_last_answer_less_what_was_spent() {
-        let c = config(r#"{"mode": "lease", "lease": {"max_batch": 20}}"#);
+        let c = config(json!({"mode": "lease", "lease": {"max_batch": 20}}));
         let h = host(&c);
         // 30 requests in a second: the next one asks for a batch of 20.
         let mut waiting: Vec<Stream> = (0..30).map(|_| request(&c, &h, "acme").0).collect();
@@ -195,7 +191,7 @@ mod lease_mode {
 
     #[test]
     fn when_the_service_fails_the_lease_left_is_spent_then_failure_mode_decides() {
-        let c = config(r#"{"mode": "lease", "lease": {"max_batch": 4}}"#);
+        let c = config(json!({"mode": "lease", "lease": {"max_batch": 4}}));
         let h = host(&c);
         h.set_now_ms(NOW + 2_000);
         let (mut s, _) = request(&c, &h, "acme");
@@ -226,7 +222,7 @@ mod lease_mode {
 
     #[test]
     fn a_refused_batch_is_a_429_remembered_and_the_group_in_exact_mode_is_untouched() {
-        let c = config(r#"{"groups": {"default": {"mode": "lease"}}}"#);
+        let c = config(json!({"groups": {"default": {"mode": "lease"}}}));
         let h = host(&c);
         let (mut s, _) = request(&c, &h, "acme");
         respond(
@@ -297,17 +293,17 @@ mod sync_mode {
         // The root's tick: the tracked tenant's 6 hits go out in one call.
         let tracked = h.vm.mailbox.tracked();
         assert_eq!(tracked.len(), 1);
-        let due = Due {
-            sync: true,
-            lease: false,
+        let due = DueWork {
+            push_sync: true,
+            refill_leases: false,
         };
-        let Owed { call: push, idle } = next_tracked(&c, &h, &tracked[0], NOW, due);
+        let PassOutcome { call: push, idle } = pass_tracked(&c, &h, &tracked[0], NOW, due);
         let push = push.unwrap();
         assert!(!idle);
         let asked = RateLimitRequest::decode(&push.message(&c).unwrap()[..]).unwrap();
         assert_eq!(asked.hits_addend, 6);
         // Another worker's root finds nothing to push.
-        assert_eq!(next_tracked(&c, &h, &tracked[0], NOW, due).call, None);
+        assert_eq!(pass_tracked(&c, &h, &tracked[0], NOW, due).call, None);
         // The service counted 1 + 6: 5 remain, and the Envoy admits 5 more.
         let body = answer(
             Code::Ok,
@@ -316,7 +312,7 @@ mod sync_mode {
         let heard = decode(0, Some(&body)).unwrap();
         let asked = Asked {
             group: push.group,
-            at: push.at,
+            slot: push.slot,
             asked_at_ms: NOW,
             now_ms: h.now_ms(),
         };
@@ -366,13 +362,11 @@ mod sync_mode {
         );
     }
 
-    fn config_with(extra: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-            "limits": {{"x-tenant-id": {{"default": {{"perminute": 12}}}}}},
-            "local": {{"mode": "sync", "sync": {{"interval_ms": 50, "max_unsynced": 6}}}}{extra}}}"#
-        );
-        compiled(&text)
+    fn config_with(extra: Value) -> Compiled {
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+            "limits": {"x-tenant-id": {"default": {"perminute": 12}}},
+            "local": {"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}}});
+        compiled_json(base, extra)
     }
 
     /// Fills the view: 6 admitted locally, the seventh asks and hears that
@@ -393,7 +387,7 @@ mod sync_mode {
 
     #[test]
     fn a_local_sync_refusal_is_the_source_sync_and_shadow_lets_it_through() {
-        let c = config_with("");
+        let c = config_with(json!({}));
         let h = Worker::ready(&c, NOW);
         fill_the_view(&c, &h);
         assert_eq!(request(&c, &h, "acme").1, Next::Pause);
@@ -404,7 +398,7 @@ mod sync_mode {
             "tenant_ratelimit.group.default.refused.sync"
         );
         // In shadow: let through, counted as a would-be refusal of source sync.
-        let c = config_with(r#", "shadow": true"#);
+        let c = config_with(json!({"shadow": true}));
         let h = Worker::ready(&c, NOW);
         fill_the_view(&c, &h);
         assert_eq!(request(&c, &h, "acme").1, Next::Continue);
@@ -415,7 +409,7 @@ mod sync_mode {
 
     #[test]
     fn a_request_that_costs_more_than_one_asks_the_service_with_its_cost() {
-        let c = config_with(r#", "cost_header": "x-cost""#);
+        let c = config_with(json!({"cost_header": "x-cost"}));
         let h = Worker::ready(&c, NOW);
         h.set_request_header("x-cost", b"3");
         let (_, next) = request(&c, &h, "acme");
@@ -439,12 +433,10 @@ mod all_modes {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn config(limits: &str, local: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-                "limits": {{"x-tenant-id": {{"default": {limits}}}}}, "local": {local}}}"#
-        );
-        compiled(&text)
+    fn config(limits: Value, local: Value) -> Compiled {
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+            "limits": {"x-tenant-id": {"default": limits}}, "local": local});
+        compiled_json(base, json!({}))
     }
 
     fn request(c: &Compiled, h: &Worker) -> (Stream, Next) {
@@ -457,7 +449,7 @@ mod all_modes {
         // admitted from the view (max_unsynced: half of 5), 3 asking the
         // service (no answer yet), 35 refused by the view, none by the
         // service.
-        let c = config(r#"{"perminute": 5}"#, r#"{"mode": "sync"}"#);
+        let c = config(json!({"perminute": 5}), json!({"mode": "sync"}));
         let h = Worker::ready(&c, NOW);
         let nexts: Vec<Next> = (0..40).map(|_| request(&c, &h).1).collect();
         assert_eq!(nexts.iter().filter(|n| **n == Next::Continue).count(), 2);
@@ -491,11 +483,11 @@ mod all_modes {
         // Sync asks the service once max_unsynced (1) hits are pending:
         // the second request.
         for local in [
-            r#"{"mode": "exact"}"#,
-            r#"{"mode": "lease"}"#,
-            r#"{"mode": "sync", "sync": {"max_unsynced": 1}}"#,
+            json!({"mode": "exact"}),
+            json!({"mode": "lease"}),
+            json!({"mode": "sync", "sync": {"max_unsynced": 1}}),
         ] {
-            let c = config(r#"{"perminute": 10}"#, local);
+            let c = config(json!({"perminute": 10}), local.clone());
             let h = Worker::ready(&c, NOW);
             let (mut s, mut next) = request(&c, &h);
             if next == Next::Continue {
@@ -521,12 +513,12 @@ mod all_modes {
     #[test]
     fn a_lease_then_sync_admits_at_most_max_unsynced_before_asking() {
         let lease = config(
-            r#"{"perminute": 600}"#,
-            r#"{"mode": "lease", "lease": {"max_batch": 50}}"#,
+            json!({"perminute": 600}),
+            json!({"mode": "lease", "lease": {"max_batch": 50}}),
         );
         let sync = config(
-            r#"{"perminute": 600}"#,
-            r#"{"mode": "sync", "sync": {"max_unsynced": 4}}"#,
+            json!({"perminute": 600}),
+            json!({"mode": "sync", "sync": {"max_unsynced": 4}}),
         );
         let h = Worker::ready(&lease, NOW);
         // A lease with tokens.
@@ -570,13 +562,11 @@ mod mode_change {
     const MODES: [&str; 3] = ["exact", "lease", "sync"];
 
     fn config(mode: &str) -> Compiled {
-        let text = format!(
-            r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-                "limits": {{"x-tenant-id": {{"default": {{"perminute": {LIMIT}}}}}}},
-                "local": {{"mode": "{mode}", "lease": {{"max_batch": 5}},
-                           "sync": {{"interval_ms": 50, "max_unsynced": 4}}}}}}"#
-        );
-        compiled(&text)
+        let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+            "limits": {"x-tenant-id": {"default": {"perminute": LIMIT}}},
+            "local": {"mode": mode, "lease": {"max_batch": 5},
+                      "sync": {"interval_ms": 50, "max_unsynced": 4}}});
+        compiled_json(base, json!({}))
     }
 
     /// One Envoy worker and the service's count of this minute (`sync`'s

@@ -8,34 +8,34 @@ use super::*;
 use crate::batch::{CallKind, TenantCall};
 use crate::counters::GroupCounter;
 use crate::flow::{Next, Stream};
+use crate::group::GroupId;
 use crate::host::HostCall;
 use crate::local::state::Lease;
 use crate::local::{ModeState, Slot, SlotRef};
 use crate::proto::{Code, RateLimitRequest, RateLimitUnit};
-use crate::testing::{answer, compiled, slot_of, status, MemHost, Worker};
+use crate::testing::{answer, compiled, compiled_json, host, slot_of, status, MemHost, Worker};
 use crate::vm::MAX_QUEUED_CALLS;
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
-const NOW: u64 = 1_700_000_000_250;
+use crate::testing::NOW;
 
-fn config(local: &str) -> Compiled {
-    let text = format!(
-        r#"{{"domain": "d", "rate_limit_service": {{"cluster": "ratelimit", "timeout_ms": 25}},
-            "limits": {{"x-tenant-id": {{
-                "default": {{"perminute": 12}},
-                "gold": {{"perminute": 1000, "header_value": ["tenant-b"]}}}}}},
-            "local": {local}}}"#
-    );
-    compiled(&text)
+fn config(local: Value) -> Compiled {
+    let base = json!({"domain": "d", "rate_limit_service": {"cluster": "ratelimit", "timeout_ms": 25},
+        "limits": {"x-tenant-id": {
+            "default": {"perminute": 12},
+            "gold": {"perminute": 1000, "header_value": ["tenant-b"]}}},
+        "local": local});
+    compiled_json(base, json!({}))
 }
 
-const SYNC: &str = r#"{"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}}"#;
-const LEASE: &str = r#"{"groups": {"gold": {"mode": "lease"}}, "lease": {"max_batch": 20}}"#;
+fn sync_local() -> Value {
+    json!({"mode": "sync", "sync": {"interval_ms": 50, "max_unsynced": 6}})
+}
 
-fn worker(c: &Compiled) -> Worker {
-    Worker::ready(c, NOW)
+fn lease_local() -> Value {
+    json!({"groups": {"gold": {"mode": "lease"}}, "lease": {"max_batch": 20}})
 }
 
 fn request(c: &Compiled, h: &Worker, tenant: &str) -> (Stream, Next) {
@@ -100,19 +100,22 @@ fn minute(remaining: u32) -> Vec<u8> {
 
 #[test]
 fn the_tick_is_as_fast_as_the_fastest_need_and_none_without_one() {
-    assert_eq!(tick_ms(&config("{}")), None);
-    assert_eq!(sync_interval_ms(&config("{}")), None);
-    assert_eq!(tick_ms(&config(LEASE)), Some(u64::from(LEASE_TICK_MS)));
-    assert_eq!(tick_ms(&config(SYNC)), Some(50));
-    assert_eq!(sync_interval_ms(&config(SYNC)), Some(50));
-    let both = r#"{"mode": "sync", "sync": {"interval_ms": 1000},
-                  "groups": {"gold": {"mode": "lease"}}}"#;
+    assert_eq!(tick_ms(&config(json!({}))), None);
+    assert_eq!(sync_interval_ms(&config(json!({}))), None);
+    assert_eq!(
+        tick_ms(&config(lease_local())),
+        Some(u64::from(LEASE_TICK_MS))
+    );
+    assert_eq!(tick_ms(&config(sync_local())), Some(50));
+    assert_eq!(sync_interval_ms(&config(sync_local())), Some(50));
+    let both = json!({"mode": "sync", "sync": {"interval_ms": 1000},
+                  "groups": {"gold": {"mode": "lease"}}});
     assert_eq!(tick_ms(&config(both)), Some(u64::from(LEASE_TICK_MS)));
-    let fast = r#"{"mode": "sync", "sync": {"interval_ms": 10},
-                  "groups": {"gold": {"mode": "lease"}}}"#;
+    let fast = json!({"mode": "sync", "sync": {"interval_ms": 10},
+                  "groups": {"gold": {"mode": "lease"}}});
     assert_eq!(tick_ms(&config(fast)), Some(10));
     // The local layer off: no mode needs a tick.
-    assert_eq!(tick_ms(&config(r#"{"enabled": false}"#)), None);
+    assert_eq!(tick_ms(&config(json!({"enabled": false}))), None);
 }
 
 /// A stream's call answered by the service: the gold group's minute.
@@ -128,8 +131,8 @@ fn respond_gold(c: &Compiled, h: &Worker, s: &mut Stream, remaining: u32) {
 
 #[test]
 fn a_tick_sends_the_queued_refills_and_their_answers_fill_the_leases() {
-    let c = config(LEASE);
-    let h = worker(&c);
+    let c = config(lease_local());
+    let h = host(&c);
     let mut root = Root::default();
     // No lease: the first request asks for 1 hit, the second (the rate is
     // now 2 a second) for 2, and keeps 1 token.
@@ -169,9 +172,9 @@ fn a_tick_sends_the_queued_refills_and_their_answers_fill_the_leases() {
 fn queued_refill(h: &Worker, tenant: String) -> bool {
     h.vm.mailbox.queue(TenantCall {
         kind: CallKind::Refill,
-        group: 1,
+        group: GroupId::new(1),
         tenant,
-        at: SlotRef {
+        slot: SlotRef {
             index: 0,
             fingerprint: 1,
         },
@@ -182,7 +185,7 @@ fn queued_refill(h: &Worker, tenant: String) -> bool {
 
 #[test]
 fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once_in_full_calls() {
-    let c = config(LEASE);
+    let c = config(lease_local());
     let h = Worker::with(MemHost::counting());
     h.create_slots(c.config.local.slots);
     let mut root = Root::default();
@@ -208,16 +211,16 @@ fn the_mailbox_holds_max_queued_calls_and_a_tick_sends_each_once_in_full_calls()
 
 #[test]
 fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again() {
-    let c = config(LEASE);
-    let h = worker(&c);
+    let c = config(lease_local());
+    let h = host(&c);
     let mut root = Root::default();
     let b = at(&c, &h, "gold", "tenant-b");
     let refill = |h: &Worker| {
         h.vm.mailbox.queue(TenantCall {
             kind: CallKind::Refill,
-            group: 1,
+            group: GroupId::new(1),
             tenant: "tenant-b".into(),
-            at: b,
+            slot: b,
             hits: 7,
             route: None,
         })
@@ -247,7 +250,7 @@ fn a_refill_that_cannot_be_sent_or_fails_is_counted_and_the_tenant_may_ask_again
     assert_eq!(h.group_counter(1, GroupCounter::LeasesTaken), 0);
 }
 
-/// 6 hits of `tenant` admitted locally (`SYNC`'s max_unsynced).
+/// 6 hits of `tenant` admitted locally (`sync_local()`'s max_unsynced).
 fn six_local_hits(c: &Compiled, h: &Worker, tenant: &str) {
     for _ in 0..6 {
         assert_eq!(request(c, h, tenant).1, Next::Continue);
@@ -256,8 +259,8 @@ fn six_local_hits(c: &Compiled, h: &Worker, tenant: &str) {
 
 #[test]
 fn pushes_go_out_once_per_interval_in_one_call_split_back_per_tenant() {
-    let c = config(SYNC);
-    let h = worker(&c);
+    let c = config(sync_local());
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     for _ in 0..2 {
@@ -306,8 +309,8 @@ fn pushes_go_out_once_per_interval_in_one_call_split_back_per_tenant() {
 
 #[test]
 fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
-    let c = config(SYNC);
-    let h = worker(&c);
+    let c = config(sync_local());
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     h.fail(HostCall::Dispatch);
@@ -327,8 +330,8 @@ fn a_push_that_cannot_be_sent_or_fails_puts_its_hits_back() {
 
 #[test]
 fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
-    let c = config(SYNC);
-    let h = worker(&c);
+    let c = config(sync_local());
+    let h = host(&c);
     let mut root = Root::default();
     six_local_hits(&c, &h, "acme");
     assert_eq!(h.vm.mailbox.tracked().len(), 1);
@@ -352,7 +355,7 @@ fn a_tenant_with_nothing_pending_is_forgotten_until_its_next_request() {
     assert!(other
         .vm
         .mailbox
-        .track(0, "ghost", at(&c, &h, "default", "ghost")));
+        .track(GroupId::new(0), "ghost", at(&c, &h, "default", "ghost")));
     Root::default().on_tick(&c, &other, &other.vm);
     assert!(other.vm.mailbox.tracked().is_empty());
 }
@@ -367,7 +370,7 @@ fn after_a_window_ends_the_root_refills_its_tenants_leases_in_one_call() {
             "local": {"mode": "lease"}}"#,
     );
     let window_end = window::end(60_000, NOW);
-    let h = worker(&c);
+    let h = host(&c);
     h.set_now_ms(window_end - 500);
     let mut root = Root::default();
     let lease_of = |tenant: &str| match slot(&c, &h, "default", tenant).mode {

@@ -8,8 +8,7 @@ use crate::testing::{answer, status};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-/// 2023-11-14T22:13:20.250Z: 20.25 s into its minute.
-const NOW: u64 = 1_700_000_000_250;
+use crate::testing::NOW;
 const MINUTE_END: u64 = 1_700_000_040_000;
 
 /// The service's answer: per status, over the limit or not, and what

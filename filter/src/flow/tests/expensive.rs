@@ -5,43 +5,43 @@
 
 use prost::Message;
 
+use crate::compiled::Compiled;
 use crate::counters::{Counter, GroupCounter};
-use crate::decision::Compiled;
 use crate::flow::{Next, Stream};
+use crate::host::HostCall;
 use crate::proto::{Code, DescriptorStatus, RateLimitRequest, RateLimitUnit};
 use crate::root::{tick_ms, Root};
-use crate::testing::{answer, compiled, status, HostCall, Worker};
+use crate::testing::{self, answer, compiled, compiled_json, status, Worker};
+use serde_json::{json, Value};
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
 const HEADER: &str = "x-tenant-id";
-const NOW: u64 = 1_700_000_000_250;
 
 /// 600 a minute per tenant, 5 on `reports`, 2 a second on `burst`; `gold`
 /// (tenant `acme`) has no routes. `extra`: more top-level keys. One request
 /// per call, so that each request's call is the last one.
-fn config(extra: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit", "batch": false}},
-            "limits": {{"x-tenant-id": {{
-              "default": {{"perminute": 600,
-                           "routes": {{"reports": {{"perminute": 5}}, "burst": {{"persecond": 2}}}}}},
-              "gold": {{"perminute": 6000, "header_value": ["acme"]}}}}}}{extra}}}"#
-    ))
+fn config(extra: Value) -> Compiled {
+    let base = json!({"domain": "api", "rate_limit_service": {"cluster": "ratelimit", "batch": false},
+        "limits": {"x-tenant-id": {
+          "default": {"perminute": 600,
+                      "routes": {"reports": {"perminute": 5}, "burst": {"persecond": 2}}},
+          "gold": {"perminute": 6000, "header_value": ["acme"]}}}});
+    compiled_json(base, extra)
 }
 
 /// Quota 100 a minute, costs from `x-cost` in the response.
-fn costly(extra: &str) -> Compiled {
-    compiled(&format!(
-        r#"{{"domain": "api", "rate_limit_service": {{"cluster": "ratelimit"}},
-            "limits": {{"x-tenant-id": {{
-              "default": {{"perminute": 100, "routes": {{"reports": {{"perhour": 50}}}}}}}}}},
-            "response_cost_header": "x-cost"{extra}}}"#
-    ))
+fn costly(extra: Value) -> Compiled {
+    let base = json!({"domain": "api", "rate_limit_service": {"cluster": "ratelimit"},
+        "limits": {"x-tenant-id": {
+          "default": {"perminute": 100, "routes": {"reports": {"perhour": 50}}}}},
+        "response_cost_header": "x-cost"});
+    compiled_json(base, extra)
 }
 
-fn host(c: &Compiled) -> Worker {
-    let h = Worker::ready(c, NOW);
+/// A worker ready for `c`, its requests on route `reports`.
+fn on_reports(c: &Compiled) -> Worker {
+    let h = testing::host(c);
     h.set_route_name(Some("reports"));
     h
 }
@@ -116,8 +116,8 @@ fn minute(code: Code, limit: u32, remaining: u32) -> DescriptorStatus {
 
 #[test]
 fn a_request_on_a_limited_route_sends_the_routes_descriptors_after_the_tenants() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
     assert_eq!(next, Next::Pause);
     assert_eq!(
@@ -159,8 +159,8 @@ fn a_request_on_a_limited_route_sends_the_routes_descriptors_after_the_tenants()
 
 #[test]
 fn both_must_admit_and_the_headers_describe_the_tightest_window() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -192,8 +192,8 @@ fn both_must_admit_and_the_headers_describe_the_tightest_window() {
 
 #[test]
 fn a_refusal_on_the_route_is_remembered_apart_from_the_tenants() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -224,8 +224,8 @@ fn a_refusal_on_the_route_is_remembered_apart_from_the_tenants() {
 
 #[test]
 fn a_refusal_of_the_tenant_on_a_route_refuses_its_other_routes_too() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
     respond(
         &c,
@@ -242,8 +242,8 @@ fn a_refusal_of_the_tenant_on_a_route_refuses_its_other_routes_too() {
 
 #[test]
 fn a_routes_persecond_is_a_bucket_of_its_own() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     for _ in 0..2 {
         let (_, next) = request(&c, &h, "tenant-a", Some("burst"));
         assert_eq!(next, Next::Pause);
@@ -262,8 +262,8 @@ fn a_routes_persecond_is_a_bucket_of_its_own() {
 #[test]
 fn a_request_on_a_limited_route_asks_the_service_in_lease_and_sync_mode() {
     for mode in ["lease", "sync"] {
-        let c = config(&format!(r#", "local": {{"mode": "{mode}"}}"#));
-        let h = host(&c);
+        let c = config(json!({"local": {"mode": mode}}));
+        let h = on_reports(&c);
         let (_, next) = request(&c, &h, "tenant-a", Some("reports"));
         assert_eq!(next, Next::Pause, "{mode}");
         // One hit of its own, on both: no batch, no local admission.
@@ -291,8 +291,8 @@ fn admitted_with_cost(c: &Compiled, h: &Worker, cost: Option<&[u8]>, trailer: Op
 
 #[test]
 fn a_response_cost_is_charged_at_once_on_the_same_descriptors() {
-    let c = costly("");
-    let h = host(&c);
+    let c = costly(json!({}));
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
     // Sent with the response's headers, no tick in between.
     assert_eq!(h.call_count(), 2);
@@ -324,8 +324,8 @@ fn a_response_cost_is_charged_at_once_on_the_same_descriptors() {
 
 #[test]
 fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call() {
-    let c = costly("");
-    let h = host(&c);
+    let c = costly(json!({}));
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"95"), None);
     let mut root = Root::default();
     let body = answer(
@@ -349,8 +349,8 @@ fn a_charge_the_service_refuses_refuses_the_tenants_next_request_without_a_call(
 
 #[test]
 fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
-    let c = costly("");
-    let h = host(&c);
+    let c = costly(json!({}));
+    let h = on_reports(&c);
     assert_eq!(charged(&c, &h, None, Some(b"7")), [6]);
     let (descriptors, _) = last_call(&h);
     assert_eq!(
@@ -365,8 +365,8 @@ fn a_cost_in_the_trailers_counts_when_the_headers_have_none_and_once() {
 
 #[test]
 fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() {
-    let c = costly(r#", "max_cost": 500"#);
-    let h = host(&c);
+    let c = costly(json!({"max_cost": 500}));
+    let h = on_reports(&c);
     let before = h.calls().len();
     admitted_with_cost(&c, &h, Some(b"10"), None);
     answer_charges(&c, &h, before + 1);
@@ -398,8 +398,8 @@ fn bad_response_costs_are_counted_charge_nothing_and_leave_the_response_alone() 
 
 #[test]
 fn a_cost_no_higher_than_the_requests_is_not_refunded() {
-    let c = costly(r#", "cost_header": "x-request-cost""#);
-    let h = host(&c);
+    let c = costly(json!({"cost_header": "x-request-cost"}));
+    let h = on_reports(&c);
     h.set_request_header("x-request-cost", b"5");
     for (cost, more) in [(&b"3"[..], None), (b"5", None), (b"8", Some(3))] {
         let sent = charged(&c, &h, Some(cost), None);
@@ -409,8 +409,8 @@ fn a_cost_no_higher_than_the_requests_is_not_refunded() {
 
 #[test]
 fn refused_and_failed_open_requests_are_not_charged() {
-    let c = costly("");
-    let h = host(&c);
+    let c = costly(json!({}));
+    let h = on_reports(&c);
     h.set_response(false, &[("x-cost", b"10")]);
     // Refused by the service: the local reply's headers pass here too.
     let (mut s, _) = request(&c, &h, "tenant-a", None);
@@ -432,7 +432,7 @@ fn refused_and_failed_open_requests_are_not_charged() {
     // One call per request, and no charge.
     assert_eq!(h.call_count(), 2);
     // In shadow, a refusal goes upstream counted: charged.
-    let c = costly(r#", "shadow": true"#);
+    let c = costly(json!({"shadow": true}));
     let (mut s, _) = request(&c, &h, "tenant-d", None);
     respond(
         &c,
@@ -448,8 +448,8 @@ fn refused_and_failed_open_requests_are_not_charged() {
 
 #[test]
 fn a_lease_token_admission_is_charged_too() {
-    let c = costly(r#", "local": {"mode": "lease"}"#);
-    let h = host(&c);
+    let c = costly(json!({"local": {"mode": "lease"}}));
+    let h = on_reports(&c);
     // The first two requests ask (for 1 hit, then for 2: one token is
     // left); the third spends the token.
     for _ in 0..2 {
@@ -466,8 +466,8 @@ fn a_lease_token_admission_is_charged_too() {
 
 #[test]
 fn a_charge_that_fails_is_counted() {
-    let c = costly("");
-    let h = host(&c);
+    let c = costly(json!({}));
+    let h = on_reports(&c);
     let mut root = Root::default();
     // A charge that cannot be sent.
     let (mut s, _) = request(&c, &h, "tenant-a", Some("reports"));
@@ -487,8 +487,8 @@ fn a_charge_that_fails_is_counted() {
 
 #[test]
 fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
-    let c = costly(r#", "local": {"enabled": false}"#);
-    let h = host(&c);
+    let c = costly(json!({"local": {"enabled": false}}));
+    let h = on_reports(&c);
     admitted_with_cost(&c, &h, Some(b"10"), None);
     let mut root = Root::default();
     let before = h.shared_snapshot();
@@ -502,8 +502,8 @@ fn without_the_local_layer_a_charge_is_sent_and_nothing_is_stored() {
 
 #[test]
 fn requests_on_a_limited_route_count_on_that_route_and_no_other() {
-    let c = config("");
-    let h = host(&c);
+    let c = config(json!({}));
+    let h = on_reports(&c);
     let _ = request(&c, &h, "t1", Some("reports"));
     let _ = request(&c, &h, "t2", Some("burst"));
     let _ = request(&c, &h, "t3", Some("reports"));
