@@ -2,6 +2,7 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` from the
 //! team files themselves, counting in memory or in Redis.
 
+mod health;
 mod metrics;
 mod service;
 mod teams;
@@ -22,7 +23,8 @@ struct Args {
     /// A team file (its domain: --domain, else the file's name without
     /// .json), or a directory of them (each NAME.json serves domain NAME:
     /// a mounted ConfigMap). Re-read when it changes; a bad file keeps the
-    /// last good one.
+    /// last good one. At start, a path that is missing or unreadable, an
+    /// empty directory, or no file that parses: the counter exits, saying why.
     #[arg(long, env = "TRL_COUNTER_LIMITS")]
     limits: PathBuf,
     /// The domain of a single team file.
@@ -89,7 +91,7 @@ async fn run(args: Args) -> Result<(), String> {
         descriptor_key: args.descriptor_key.clone(),
     };
     let teams = Arc::new(teams::Teams::default());
-    teams.reload(&source, &metrics);
+    teams.load_at_start(&source, &metrics)?;
     let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
     let password = std::env::var("REDIS_AUTH").ok().filter(|p| !p.is_empty());
     let store = Arc::new(store::connect(&args.store, password, deadline).await?);
@@ -124,12 +126,13 @@ async fn run(args: Args) -> Result<(), String> {
         })
     };
 
-    let (mut health, health_service) = tonic_health::server::health_reporter();
-    for name in HEALTH_NAMES {
-        health
-            .set_service_status(name, tonic_health::ServingStatus::Serving)
-            .await;
-    }
+    let (mut health, health_service) = health::server(state.clone()).await;
+    // The health's watchers follow readiness (a `Check` reads it live).
+    let health_sync = tokio::spawn(health::follow_readiness(
+        health.clone(),
+        state.clone(),
+        Duration::from_millis(args.reload_interval_ms.max(10)),
+    ));
 
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -155,7 +158,7 @@ async fn run(args: Args) -> Result<(), String> {
     ));
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(service::RateLimitServer::new(state.clone()))
+        .add_service(service::rate_limit_server(state.clone()))
         .serve_with_incoming_shutdown(
             tokio_stream_listener(grpc_listener),
             stopped(stop_rx.clone()),
@@ -164,31 +167,14 @@ async fn run(args: Args) -> Result<(), String> {
 
     shutdown_signal().await;
     eprintln!("ratelimit-counter: stopping; finishing the calls under way");
-    health_stopping(&mut health).await;
+    health_sync.abort();
+    let _ = health_sync.await;
+    health::stopping(&mut health).await;
     let _ = stop_tx.send(true);
     reloader.abort();
     let _ = grpc.await;
     let _ = http.await;
     Ok(())
-}
-
-/// The names the gRPC health answers for: the server as a whole, and the
-/// rate-limit service.
-const HEALTH_NAMES: [&str; 2] = ["", proto::SERVICE];
-
-/// The gRPC health on SIGTERM: every name NOT_SERVING, then the statuses
-/// dropped, so that each open `Watch` stream sends NOT_SERVING and ends
-/// (a stream that never ends would hold the drain until the process is
-/// killed). A `Check` from then on is refused with the connection.
-async fn health_stopping(health: &mut tonic_health::server::HealthReporter) {
-    for name in HEALTH_NAMES {
-        health
-            .set_service_status(name, tonic_health::ServingStatus::NotServing)
-            .await;
-    }
-    for name in HEALTH_NAMES {
-        health.clear_service_status(name).await;
-    }
 }
 
 fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
@@ -207,41 +193,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use futures_util::StreamExt;
-    use tonic_health::pb::health_server::Health;
-    use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
-    use tonic_health::server::{health_reporter, HealthService};
-
-    #[tokio::test]
-    async fn stopping_turns_every_watch_not_serving_then_ends_it() {
-        let (mut health, _) = health_reporter();
-        for name in super::HEALTH_NAMES {
-            health
-                .set_service_status(name, tonic_health::ServingStatus::Serving)
-                .await;
-        }
-        let service = HealthService::from_health_reporter(health.clone());
-        let mut watches = Vec::new();
-        for name in super::HEALTH_NAMES {
-            let request = tonic::Request::new(HealthCheckRequest {
-                service: name.to_string(),
-            });
-            let mut w = service.watch(request).await.unwrap().into_inner();
-            let first = w.next().await.unwrap().unwrap();
-            assert_eq!(first.status, ServingStatus::Serving as i32);
-            watches.push(w);
-        }
-        super::health_stopping(&mut health).await;
-        for mut w in watches {
-            let last = w.next().await.unwrap().unwrap();
-            assert_eq!(last.status, ServingStatus::NotServing as i32);
-            let end = tokio::time::timeout(std::time::Duration::from_secs(5), w.next()).await;
-            assert!(matches!(end, Ok(None)), "the watch stream did not end");
-        }
     }
 }
