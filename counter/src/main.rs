@@ -6,6 +6,7 @@ mod health;
 mod metrics;
 mod service;
 mod teams;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -47,7 +48,30 @@ struct Args {
     /// Every Redis call fails after this long.
     #[arg(long, default_value_t = 100)]
     store_timeout_ms: u64,
-    /// How often the team files are checked for changes.
+    /// gRPC over TLS: the server's certificate chain (PEM), with
+    /// --tls-key. Re-read when it changes (a rotation needs no restart).
+    /// Without it, gRPC is plaintext (keep it on loopback).
+    #[arg(long, env = "TRL_COUNTER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "TRL_COUNTER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA (PEM) that signs the clients' certificates; a
+    /// client without a certificate it signed is refused.
+    #[arg(long, env = "TRL_COUNTER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: a client name allowed (a DNS name or an IP
+    /// address among the SANs of its certificate); repeat the flag for more
+    /// (in the environment: comma-separated). Without it, any certificate
+    /// the CA signed.
+    #[arg(
+        long,
+        env = "TRL_COUNTER_TLS_CLIENT_SAN",
+        value_delimiter = ',',
+        requires = "tls_client_ca"
+    )]
+    tls_client_san: Vec<String>,
+    /// How often the team files (and the TLS files) are checked for changes.
     #[arg(long, default_value_t = 1_000)]
     reload_interval_ms: u64,
 }
@@ -85,6 +109,19 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     let metrics = Arc::new(metrics::Metrics::default());
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(tls::Tls::load(
+            tls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                client_sans: args.tls_client_san.clone(),
+            },
+            metrics.clone(),
+        )?)),
+        _ => None,
+    };
+
     let source = teams::Source {
         path: args.limits.clone(),
         domain: args.domain.clone(),
@@ -113,8 +150,13 @@ async fn run(args: Args) -> Result<(), String> {
 
     // Reload the team files, and sweep the memory store.
     let reloader = {
-        let (teams, metrics, store, state) =
-            (teams.clone(), metrics.clone(), store.clone(), state.clone());
+        let (teams, metrics, store, state, tls) = (
+            teams.clone(),
+            metrics.clone(),
+            store.clone(),
+            state.clone(),
+            tls.clone(),
+        );
         tokio::spawn(async move {
             let mut tick =
                 tokio::time::interval(Duration::from_millis(args.reload_interval_ms.max(10)));
@@ -122,6 +164,9 @@ async fn run(args: Args) -> Result<(), String> {
                 tick.tick().await;
                 teams.reload(&source, &metrics);
                 store.sweep(state.now());
+                if let Some(tls) = &tls {
+                    tls.reload();
+                }
             }
         })
     };
@@ -141,7 +186,12 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("HTTP address {}: {e}", args.http_addr))?;
     eprintln!(
-        "ratelimit-counter: gRPC on {}, HTTP on {}, store {}",
+        "ratelimit-counter: gRPC{} on {}, HTTP on {}, store {}",
+        match (&tls, &args.tls_client_ca) {
+            (None, _) => "",
+            (Some(_), None) => " (TLS)",
+            (Some(_), Some(_)) => " (mutual TLS)",
+        },
         grpc_listener.local_addr().map_or(args.grpc_addr, |a| a),
         http_listener.local_addr().map_or(args.http_addr, |a| a),
         store.name()
@@ -156,14 +206,19 @@ async fn run(args: Args) -> Result<(), String> {
         state.clone(),
         stopped(stop_rx.clone()),
     ));
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(service::rate_limit_server(state.clone()))
-        .serve_with_incoming_shutdown(
+        .add_service(service::rate_limit_server(state.clone()));
+    let grpc = match &tls {
+        Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+            tls::incoming(grpc_listener, tls.clone()),
+            stopped(stop_rx.clone()),
+        )),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
             tokio_stream_listener(grpc_listener),
             stopped(stop_rx.clone()),
-        );
-    let grpc = tokio::spawn(grpc);
+        )),
+    };
 
     shutdown_signal().await;
     eprintln!("ratelimit-counter: stopping; finishing the calls under way");
