@@ -299,3 +299,66 @@ def test_certificates_rotated_under_paced_calls(stack, pki):
     # The count held across it: exactly the calls made.
     status, r, _ = tls_call(counter.grpc_port, sender.message, pki["ca"].cert, pki["client"])
     assert status == 0 and r["statuses"][0]["remaining"] == limit - len(results) - 1
+
+
+def _upstream_tls(client: Pair | None, ca: Path) -> str:
+    """The rate-limit cluster's transport socket: an UpstreamTlsContext that
+    checks the counter's certificate (CA and SAN) and shows `client`'s."""
+    certs = "" if client is None else f"""
+          tls_certificates:
+          - certificate_chain: {{ filename: "{client.cert}" }}
+            private_key: {{ filename: "{client.key}" }}"""
+    return f"""    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: {SERVER_NAME}
+        common_tls_context:
+          alpn_protocols: ["h2"]{certs}
+          validation_context:
+            trusted_ca: {{ filename: "{ca}" }}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{ exact: {SERVER_NAME} }}
+"""
+
+
+def test_envoy_reaches_the_counter_over_mutual_tls_and_counts_exactly(stack, pki):
+    """The filter's Envoy with a hand-written UpstreamTlsContext on its
+    rate-limit cluster: exact through the filter. The same Envoy without a
+    client certificate is refused by the counter: the filter fails open and
+    nothing is counted."""
+    limit = 20
+    limits = {"x-tenant-id": {"default": {"perhour": limit}}}
+    gen = stack.generate(limits, service="counter")
+    counter = Counter(stack, {gen.domain: limits}, extra_args=[
+        "--tls-cert", str(pki["server"].cert), "--tls-key", str(pki["server"].key),
+        "--tls-client-ca", str(pki["ca"].cert), "--tls-client-san", CLIENT_NAME])
+    upstream = stack.upstream()
+    config = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS)
+    cluster = config["rate_limit_service"]["cluster"]
+
+    def with_tls(client: Pair | None):
+        def edit(text: str) -> str:
+            head = f"  - name: {cluster}\n    type: STATIC\n    connect_timeout: 1s\n"
+            assert head in text, text
+            return text.replace(head, head + _upstream_tls(client, pki["ca"].cert), 1)
+        return edit
+
+    envoy = stack.envoy(config, counter, upstream, edit=with_tls(pki["client"]))
+    ensure_window_room(3600, 30)
+    t = unique("tenant")
+    results = harness.run_sequential([envoy.url], limit + 5, tenant=t)
+    assert [r.status for r in results] == [200] * limit + [429] * 5, harness.summary(results)
+    # Every admission decided by the counter, over TLS (the refusals after
+    # the first may come from the filter's own over-limit cache).
+    assert counter.group_total("admitted", gen.domain) == limit
+    calls = counter.metrics()["trl_counter_calls_total"]
+
+    bare = stack.envoy(config, counter, upstream, name="envoy-no-cert", edit=with_tls(None))
+    failed = counter.metrics()["trl_counter_tls_handshakes_failed_total"]
+    results = harness.run_sequential([bare.url], 3, tenant=unique("tenant"))
+    assert [r.status for r in results] == [200] * 3, harness.summary(results)
+    m = counter.metrics()
+    assert m["trl_counter_calls_total"] == calls
+    assert m["trl_counter_tls_handshakes_failed_total"] > failed
