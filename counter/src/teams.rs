@@ -246,3 +246,75 @@ impl Teams {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("trl-teams-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn source(path: PathBuf) -> Source {
+        Source {
+            path,
+            domain: None,
+            descriptor_key: "tenant".to_string(),
+        }
+    }
+
+    #[test]
+    fn nothing_to_serve_at_start_is_an_error_that_says_why() {
+        let metrics = Metrics::default();
+        let missing = dir("missing").join("nope");
+        let e = Teams::default()
+            .load_at_start(&source(missing.clone()), &metrics)
+            .unwrap_err();
+        assert!(
+            e.starts_with(&format!("--limits {}: cannot read: ", missing.display())),
+            "{e}"
+        );
+
+        let empty = dir("empty");
+        let e = Teams::default()
+            .load_at_start(&source(empty.clone()), &metrics)
+            .unwrap_err();
+        assert!(
+            e.contains("no team file (NAME.json) in the directory"),
+            "{e}"
+        );
+
+        let bad = dir("bad");
+        std::fs::write(bad.join("d.json"), "{").unwrap();
+        let e = Teams::default()
+            .load_at_start(&source(bad.clone()), &metrics)
+            .unwrap_err();
+        assert!(e.contains("d.json: has errors: line "), "{e}");
+    }
+
+    #[test]
+    fn a_good_file_beside_a_bad_one_starts_and_names_the_bad_one() {
+        let metrics = Metrics::default();
+        let d = dir("mixed");
+        std::fs::write(d.join("bad.json"), "{").unwrap();
+        std::fs::write(
+            d.join("good.json"),
+            r#"{"x-tenant-id": {"default": {"perhour": 5}, "gold": {"perhour": 9, "header_value": ["a"]}}}"#,
+        )
+        .unwrap();
+        let teams = Teams::default();
+        teams.load_at_start(&source(d.clone()), &metrics).unwrap();
+        let status = teams.status().unwrap();
+        assert!(
+            status.starts_with("domains: good; the last good version kept of: "),
+            "{status}"
+        );
+        assert!(status.contains("bad.json: has errors"), "{status}");
+        let good = teams.get("good").unwrap();
+        let names: Vec<&str> = (0..3).map(|i| good.group_name(i)).collect();
+        assert_eq!(names, ["default", "gold", ""]);
+    }
+}
