@@ -2,9 +2,11 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` from the
 //! team files themselves, counting in memory or in Redis.
 
+mod health;
 mod metrics;
 mod service;
 mod teams;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,7 +24,8 @@ struct Args {
     /// A team file (its domain: --domain, else the file's name without
     /// .json), or a directory of them (each NAME.json serves domain NAME:
     /// a mounted ConfigMap). Re-read when it changes; a bad file keeps the
-    /// last good one.
+    /// last good one. At start, a path that is missing or unreadable, an
+    /// empty directory, or no file that parses: the counter exits, saying why.
     #[arg(long, env = "TRL_COUNTER_LIMITS")]
     limits: PathBuf,
     /// The domain of a single team file.
@@ -43,7 +46,30 @@ struct Args {
     /// Every Redis call fails after this long.
     #[arg(long, default_value_t = 100)]
     store_timeout_ms: u64,
-    /// How often the team files are checked for changes.
+    /// gRPC over TLS: the server's certificate chain (PEM), with
+    /// --tls-key. Re-read when it changes (a rotation needs no restart).
+    /// Without it, gRPC is plaintext (keep it on loopback).
+    #[arg(long, env = "TRL_COUNTER_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "TRL_COUNTER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA (PEM) that signs the clients' certificates; a
+    /// client without a certificate it signed is refused.
+    #[arg(long, env = "TRL_COUNTER_TLS_CLIENT_CA", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: a client name allowed (a DNS name or an IP
+    /// address among the SANs of its certificate); repeat the flag for more
+    /// (in the environment: comma-separated). Without it, any certificate
+    /// the CA signed.
+    #[arg(
+        long,
+        env = "TRL_COUNTER_TLS_CLIENT_SAN",
+        value_delimiter = ',',
+        requires = "tls_client_ca"
+    )]
+    tls_client_san: Vec<String>,
+    /// How often the team files (and the TLS files) are checked for changes.
     #[arg(long, default_value_t = 1_000)]
     reload_interval_ms: u64,
 }
@@ -81,13 +107,26 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     let metrics = Arc::new(metrics::Metrics::default());
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Arc::new(tls::Tls::load(
+            tls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.tls_client_ca.clone(),
+                client_sans: args.tls_client_san.clone(),
+            },
+            metrics.clone(),
+        )?)),
+        _ => None,
+    };
+
     let source = teams::Source {
         path: args.limits.clone(),
         domain: args.domain.clone(),
         descriptor_key: args.descriptor_key.clone(),
     };
     let teams = Arc::new(teams::Teams::default());
-    teams.reload(&source, &metrics);
+    teams.load_at_start(&source, &metrics)?;
     let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
     let store = Arc::new(store::connect(&args.store, deadline).await?);
     if let Err(e) = store.ping().await {
@@ -108,8 +147,13 @@ async fn run(args: Args) -> Result<(), String> {
 
     // Reload the team files, and sweep the memory store.
     let reloader = {
-        let (teams, metrics, store, state) =
-            (teams.clone(), metrics.clone(), store.clone(), state.clone());
+        let (teams, metrics, store, state, tls) = (
+            teams.clone(),
+            metrics.clone(),
+            store.clone(),
+            state.clone(),
+            tls.clone(),
+        );
         tokio::spawn(async move {
             let mut tick =
                 tokio::time::interval(Duration::from_millis(args.reload_interval_ms.max(10)));
@@ -117,16 +161,20 @@ async fn run(args: Args) -> Result<(), String> {
                 tick.tick().await;
                 teams.reload(&source, &metrics);
                 store.sweep(state.now());
+                if let Some(tls) = &tls {
+                    tls.reload();
+                }
             }
         })
     };
 
-    let (mut health, health_service) = tonic_health::server::health_reporter();
-    for name in HEALTH_NAMES {
-        health
-            .set_service_status(name, tonic_health::ServingStatus::Serving)
-            .await;
-    }
+    let (mut health, health_service) = health::server(state.clone()).await;
+    // The health's watchers follow readiness (a `Check` reads it live).
+    let health_sync = tokio::spawn(health::follow_readiness(
+        health.clone(),
+        state.clone(),
+        Duration::from_millis(args.reload_interval_ms.max(10)),
+    ));
 
     let grpc_listener = tokio::net::TcpListener::bind(args.grpc_addr)
         .await
@@ -135,7 +183,12 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("HTTP address {}: {e}", args.http_addr))?;
     eprintln!(
-        "ratelimit-counter: gRPC on {}, HTTP on {}, store {}",
+        "ratelimit-counter: gRPC{} on {}, HTTP on {}, store {}",
+        match (&tls, &args.tls_client_ca) {
+            (None, _) => "",
+            (Some(_), None) => " (TLS)",
+            (Some(_), Some(_)) => " (mutual TLS)",
+        },
         grpc_listener.local_addr().map_or(args.grpc_addr, |a| a),
         http_listener.local_addr().map_or(args.http_addr, |a| a),
         store.name()
@@ -150,42 +203,30 @@ async fn run(args: Args) -> Result<(), String> {
         state.clone(),
         stopped(stop_rx.clone()),
     ));
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(service::RateLimitServer::new(state.clone()))
-        .serve_with_incoming_shutdown(
+        .add_service(service::rate_limit_server(state.clone()));
+    let grpc = match &tls {
+        Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
+            tls::incoming(grpc_listener, tls.clone()),
+            stopped(stop_rx.clone()),
+        )),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
             tokio_stream_listener(grpc_listener),
             stopped(stop_rx.clone()),
-        );
-    let grpc = tokio::spawn(grpc);
+        )),
+    };
 
     shutdown_signal().await;
     eprintln!("ratelimit-counter: stopping; finishing the calls under way");
-    health_stopping(&mut health).await;
+    health_sync.abort();
+    let _ = health_sync.await;
+    health::stopping(&mut health).await;
     let _ = stop_tx.send(true);
     reloader.abort();
     let _ = grpc.await;
     let _ = http.await;
     Ok(())
-}
-
-/// The names the gRPC health answers for: the server as a whole, and the
-/// rate-limit service.
-const HEALTH_NAMES: [&str; 2] = ["", proto::SERVICE];
-
-/// The gRPC health on SIGTERM: every name NOT_SERVING, then the statuses
-/// dropped, so that each open `Watch` stream sends NOT_SERVING and ends
-/// (a stream that never ends would hold the drain until the process is
-/// killed). A `Check` from then on is refused with the connection.
-async fn health_stopping(health: &mut tonic_health::server::HealthReporter) {
-    for name in HEALTH_NAMES {
-        health
-            .set_service_status(name, tonic_health::ServingStatus::NotServing)
-            .await;
-    }
-    for name in HEALTH_NAMES {
-        health.clear_service_status(name).await;
-    }
 }
 
 fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
@@ -204,41 +245,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use futures_util::StreamExt;
-    use tonic_health::pb::health_server::Health;
-    use tonic_health::pb::{health_check_response::ServingStatus, HealthCheckRequest};
-    use tonic_health::server::{health_reporter, HealthService};
-
-    #[tokio::test]
-    async fn stopping_turns_every_watch_not_serving_then_ends_it() {
-        let (mut health, _) = health_reporter();
-        for name in super::HEALTH_NAMES {
-            health
-                .set_service_status(name, tonic_health::ServingStatus::Serving)
-                .await;
-        }
-        let service = HealthService::from_health_reporter(health.clone());
-        let mut watches = Vec::new();
-        for name in super::HEALTH_NAMES {
-            let request = tonic::Request::new(HealthCheckRequest {
-                service: name.to_string(),
-            });
-            let mut w = service.watch(request).await.unwrap().into_inner();
-            let first = w.next().await.unwrap().unwrap();
-            assert_eq!(first.status, ServingStatus::Serving as i32);
-            watches.push(w);
-        }
-        super::health_stopping(&mut health).await;
-        for mut w in watches {
-            let last = w.next().await.unwrap().unwrap();
-            assert_eq!(last.status, ServingStatus::NotServing as i32);
-            let end = tokio::time::timeout(std::time::Duration::from_secs(5), w.next()).await;
-            assert!(matches!(end, Ok(None)), "the watch stream did not end");
-        }
     }
 }

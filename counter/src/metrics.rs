@@ -56,6 +56,7 @@ pub struct Metrics {
     pub bad_calls: AtomicU64,
     pub calls: AtomicU64,
     pub cache_refused: AtomicU64,
+    pub tls_handshakes_failed: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -203,6 +204,11 @@ impl Metrics {
                 "cache_refused",
                 "Requests refused from the over-limit cache, without asking the store.",
                 &self.cache_refused,
+            ),
+            (
+                "tls_handshakes_failed",
+                "gRPC connections refused in the TLS handshake (no client certificate, one the client CA did not sign, a name not allowed, or no handshake within 10 s).",
+                &self.tls_handshakes_failed,
             ),
         ] {
             let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");

@@ -3,13 +3,13 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use tonic::codegen::{http, Body, BoxFuture, Service, StdError};
+use axum::extract;
+use tonic::codegen::http;
 
 use crate::decide::{answer, plan};
 use crate::metrics::{GroupCounts, Metrics};
-use crate::proto::{RateLimitRequest, RateLimitResponse, PATH, SERVICE};
+use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::Store;
 use crate::teams::Teams;
 
@@ -35,7 +35,7 @@ impl State {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let now = self.now();
         let domain = self.teams.get(&req.domain);
-        let planned = plan(domain.as_deref(), &req, now).map_err(|e| {
+        let planned = plan(domain.as_deref().map(|d| &d.domain), &req, now).map_err(|e| {
             self.metrics.bad_calls.fetch_add(1, Ordering::Relaxed);
             tonic::Status::invalid_argument(e.to_string())
         })?;
@@ -71,77 +71,94 @@ impl State {
                     }
                 }
             }
-            per_group.sort_unstable_by_key(|(g, _)| *g);
-            let mut groups = d.limits.all_groups().enumerate();
-            let named = per_group.into_iter().map(|(i, c)| {
-                let name = groups
-                    .find(|(j, _)| *j == i)
-                    .map_or("", |(_, g)| g.name.as_str());
-                (name, c)
-            });
+            let named = per_group.into_iter().map(|(g, c)| (d.group_name(g), c));
             self.metrics.requests(&req.domain, named);
         }
         Ok(response)
     }
 }
 
-#[derive(Clone)]
-pub struct RateLimitServer {
-    state: Arc<State>,
+/// The server side tonic generates (`build.rs`) for the rate-limit
+/// service: routing, decoding and the `RateLimitService` trait.
+#[allow(clippy::all, clippy::pedantic, missing_docs, unused_qualifications)]
+mod generated {
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/envoy.service.ratelimit.v3.RateLimitService.rs"
+    ));
 }
 
-impl RateLimitServer {
-    pub fn new(state: Arc<State>) -> RateLimitServer {
-        RateLimitServer { state }
+pub use generated::rate_limit_service_server::RateLimitService;
+use generated::rate_limit_service_server::RateLimitServiceServer;
+
+/// The rate-limit service: each call decided by [`State::should_rate_limit`].
+pub struct Rls(pub Arc<State>);
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        self.0
+            .should_rate_limit(request.into_inner())
+            .await
+            .map(tonic::Response::new)
     }
 }
 
-impl tonic::server::NamedService for RateLimitServer {
-    const NAME: &'static str = SERVICE;
+/// The gRPC service to add to the server, its message size bounded.
+pub fn rate_limit_server(state: Arc<State>) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls(state)).max_decoding_message_size(MAX_MESSAGE_BYTES)
 }
 
-struct Unary(Arc<State>);
+/// What `/readyz` and the gRPC health both answer from: ready only with a
+/// team file loaded and a store that answers, and otherwise what is missing.
+pub struct Readiness {
+    pub teams: Result<String, String>,
+    pub store: Result<(), String>,
+}
 
-impl tonic::server::UnaryService<RateLimitRequest> for Unary {
-    type Response = RateLimitResponse;
-    type Future = BoxFuture<tonic::Response<RateLimitResponse>, tonic::Status>;
+impl Readiness {
+    pub fn ready(&self) -> bool {
+        self.teams.is_ok() && self.store.is_ok()
+    }
 
-    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> Self::Future {
-        let state = self.0.clone();
-        Box::pin(async move {
-            state
-                .should_rate_limit(request.into_inner())
-                .await
-                .map(tonic::Response::new)
-        })
+    /// The body of `/readyz`: one line each, with what is missing.
+    pub fn body(&self) -> String {
+        let teams = match &self.teams {
+            Ok(shown) => format!("team file loaded: true ({shown})\n"),
+            Err(why) => format!("team file loaded: false ({why})\n"),
+        };
+        let store = match &self.store {
+            Ok(()) => "store answers: true\n".to_string(),
+            Err(why) => format!("store answers: false ({why})\n"),
+        };
+        teams + &store
     }
 }
 
-impl<B> Service<http::Request<B>> for RateLimitServer
-where
-    B: Body + Send + 'static,
-    B::Error: Into<StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        if req.uri().path() != PATH {
-            return Box::pin(async move { Ok(tonic::Status::unimplemented("").into_http()) });
+impl State {
+    pub async fn readiness(&self) -> Readiness {
+        Readiness {
+            teams: self.teams.status(),
+            store: self.store.ping().await.map_err(|e| e.to_string()),
         }
-        let state = self.state.clone();
-        Box::pin(async move {
-            let codec = tonic_prost::ProstCodec::<RateLimitResponse, RateLimitRequest>::default();
-            let mut grpc = tonic::server::Grpc::new(codec)
-                .apply_max_message_size_config(Some(MAX_MESSAGE_BYTES), None);
-            Ok(grpc.unary(Unary(state), req).await)
-        })
     }
+}
+
+async fn metrics(extract::State(state): extract::State<Arc<State>>) -> String {
+    state.metrics.render(state.store.name()) + &state.store.metrics()
+}
+
+async fn ready(extract::State(state): extract::State<Arc<State>>) -> (http::StatusCode, String) {
+    let r = state.readiness().await;
+    let code = if r.ready() {
+        http::StatusCode::OK
+    } else {
+        http::StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, r.body())
 }
 
 /// /metrics, /healthz (the process runs), /readyz (a team file is loaded
@@ -152,36 +169,11 @@ pub async fn serve_http(
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     use axum::routing::get;
-    let metrics = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            async move { state.metrics.render(state.store.name()) + &state.store.metrics() }
-        }
-    };
-    let ready = {
-        let state = state.clone();
-        move || {
-            let state = state.clone();
-            async move {
-                let loaded = state.teams.loaded();
-                let answers = state.store.answers().await;
-                let code = if loaded && answers {
-                    http::StatusCode::OK
-                } else {
-                    http::StatusCode::SERVICE_UNAVAILABLE
-                };
-                (
-                    code,
-                    format!("team file loaded: {loaded}\nstore answers: {answers}\n"),
-                )
-            }
-        }
-    };
     let app = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready));
+        .route("/readyz", get(ready))
+        .with_state(state);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await
