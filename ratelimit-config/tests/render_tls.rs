@@ -448,3 +448,44 @@ fn bad_combinations_are_refused_naming_the_field() {
     .unwrap();
     assert!(file(&ok, "ratelimit-service.yaml").contains("replicas: 1"));
 }
+
+#[test]
+fn envoyproxy_ratelimit_takes_the_counters_url_forms_as_its_redis_type_and_url() {
+    for (url, tls, want) in [
+        (
+            "rediss://r.example.com:6380",
+            true,
+            &[
+                "REDIS_URL\n          value: r.example.com:6380",
+                "REDIS_TLS\n",
+            ][..],
+        ),
+        (
+            "redis-cluster://a:7000,b:7001",
+            false,
+            &[
+                "REDIS_TYPE\n          value: cluster",
+                "REDIS_URL\n          value: 'a:7000,b:7001'",
+            ][..],
+        ),
+        (
+            "redis-sentinel://s1:26379,s2:26379/mymaster",
+            false,
+            &[
+                "REDIS_TYPE\n          value: sentinel",
+                "REDIS_URL\n          value: 'mymaster,s1:26379,s2:26379'",
+            ][..],
+        ),
+    ] {
+        let url_set = format!("redis.url={url}");
+        let mut sets = vec![url_set.as_str()];
+        if tls {
+            sets.push("redis.tls=true");
+        }
+        let files = render_with(Target::EnvoyGateway, false, &sets).unwrap();
+        let svc = file(&files, "ratelimit-service.yaml");
+        for w in want {
+            assert!(svc.contains(w), "{url}: {w:?} not in\n{svc}");
+        }
+    }
+}
