@@ -249,7 +249,10 @@ def test_only_the_proxies_reach_the_service_and_only_the_service_reaches_redis(v
     else:
         policy = policies["ratelimit-from-proxies"]
         (pod,) = selected(policy, docs)
-        assert pod["labels"] == service_pods
+        # Under Istio the service's pods get a sidecar: the mesh's mutual
+        # TLS covers the hop (peerauthentication.yaml).
+        inject = {"sidecar.istio.io/inject": "true"} if variant == "istio" else {}
+        assert pod["labels"] == service_pods | inject
         ((rule,),) = [policy["spec"]["ingress"]]
         assert rule["ports"] == [{"protocol": "TCP", "port": 8081}]
         (peer,) = rule["from"]
@@ -727,7 +730,8 @@ def test_only_the_proxies_reach_the_counter_and_only_the_counter_reaches_redis(v
         policy = policies["ratelimit-from-proxies"]
         (pod,) = selected(policy, docs)
         service_pods = {"app.kubernetes.io/name": "ratelimit"}
-        assert pod["labels"] == service_pods
+        inject = {"sidecar.istio.io/inject": "true"} if variant == "istio" else {}
+        assert pod["labels"] == service_pods | inject
         assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8081}]
     redis_policy = policies[next(n for n in policies if n.startswith("ratelimit-redis-from-"))]
     assert redis_policy["spec"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": service_pods}}]
@@ -808,3 +812,134 @@ def test_the_plain_envoy_pieces_limit_with_the_counter_on_a_real_stack(stack, tm
                        "envoy /ready", process=proc)
     results = run_sequential([f"http://127.0.0.1:{listen}/"], 6, tenant=gold)
     assert tally(results) == Counter({200: 3, 429: 3}), harness.summary(results)
+
+
+# ------------------------------------------------------------------ TLS to the service and to Redis
+
+KUBE_TLS = ("--set", "service.tls.server_secret=ratelimit-server-tls",
+            "--set", "service.tls.client_secret=ratelimit-client-tls",
+            "--set", "redis.url=rediss://redis.example.com:6380",
+            "--set", "redis.tls.secret=ratelimit-redis-tls", "--set", "redis.tls.mutual=true")
+# Where render mounts the Secrets (tls.crt, tls.key, ca.crt in each).
+MOUNTS = {"/etc/ratelimit-tls/client": "client", "/etc/ratelimit-tls/server": "server"}
+
+
+def render_refused(tmp_path: Path, target: str, *args: str) -> str:
+    """render's error output for settings it must refuse."""
+    proc = harness.run_cli("render", harness.REPO / "e2e" / "limits.json", "--deployment",
+                           DEPLOY / "deployment.yaml", "--target", target, "--out", tmp_path / target,
+                           *args, check=False)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return proc.stderr
+
+
+def _local_certs(text: str, certs) -> str:
+    """The Secrets' mounted files replaced by the test's own, so that a real
+    Envoy can load what render wrote."""
+    files = {"client/ca.crt": certs.ca, "client/tls.crt": certs.client_cert,
+             "client/tls.key": certs.client_key}
+    for name, path in files.items():
+        text = text.replace(f"/etc/ratelimit-tls/{name}", str(path))
+    return text
+
+
+def _validate(bootstrap: dict, tmp_path: Path, name: str) -> None:
+    bootstrap["admin"] = {"address": {"socket_address": {
+        "address": harness.LOOPBACK, "port_value": harness.free_port()}}}
+    for listener in bootstrap.get("static_resources", {}).get("listeners", []):
+        listener["address"]["socket_address"] = {"address": harness.LOOPBACK,
+                                                 "port_value": harness.free_port()}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(bootstrap))
+    proc = subprocess.run([str(harness.ENVOY_BIN), "--mode", "validate", "-c", str(path),
+                           "--disable-hot-restart"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("service", ("envoy-ratelimit", "counter"))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tls_renders_for_every_target_and_both_services_and_check_reads_it_back(
+        variant, service, tmp_path, schemas):
+    """service.tls and redis.tls: the manifests pass their schemas, Envoy
+    accepts the rate-limit cluster's transport_socket (its files replaced by
+    certificates made here), and check finds both sides agreeing. Istio
+    takes none of ours: the mesh's mutual TLS, required on the service's
+    pods by a PeerAuthentication, covers the hop."""
+    from redis_extra import make_certs
+    args = ("--service", service) + (() if variant == "istio" else KUBE_TLS)
+    out = render_example(tmp_path, variant, *args)
+    docs = build(out)
+    assert [e for d in docs for e in schemas.errors(d)] == []
+    if variant == "istio":
+        pa = find(docs, "PeerAuthentication", "ratelimit")
+        assert pa["spec"] == {"selector": {"matchLabels": {"app.kubernetes.io/name": "ratelimit"}},
+                              "mtls": {"mode": "STRICT"}}
+        pod = find(docs, "Deployment", "ratelimit")["spec"]["template"]["metadata"]
+        assert pod["labels"]["sidecar.istio.io/inject"] == "true"
+        assert "transport_socket" not in json.dumps(docs)
+        refused = render_refused(tmp_path / "tls", variant, *KUBE_TLS)
+        assert "service.tls: under Istio the mesh's mutual TLS covers the hop" in refused
+        return
+    certs = make_certs(tmp_path / "certs")
+    eg = variant == "envoy-gateway"
+    if eg:
+        proxy = find(docs, "EnvoyProxy")
+        fragment = yaml.safe_load(_local_certs(proxy["spec"]["bootstrap"]["value"], certs))
+        mounts = proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]
+        assert mounts["pod"]["volumes"][0]["secret"]["secretName"] == "ratelimit-client-tls"
+        assert mounts["container"]["volumeMounts"][0]["mountPath"] == "/etc/ratelimit-tls/client"
+        # Its cluster's DNS name resolves only in the cluster: validate the
+        # TLS of it against an address.
+        (cluster,) = fragment["static_resources"]["clusters"]
+        endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+        endpoint["address"]["socket_address"]["address"] = harness.LOOPBACK
+        cluster["type"] = "STATIC"
+        cluster.pop("dns_lookup_family")
+        _validate(fragment, tmp_path, "eg-fragment")
+        service_pods = find(docs, "Deployment", "ratelimit")
+    else:
+        bootstrap = yaml.safe_load(_local_certs(
+            find(docs, "ConfigMap", "envoy-config")["data"]["envoy.yaml"], certs))
+        wasm_config(bootstrap)["vm_config"]["code"]["local"]["filename"] = str(harness.WASM)
+        _validate(bootstrap, tmp_path, "sidecar-envoy")
+        service_pods = find(docs, "Deployment", "my-api")
+        envoy = container(service_pods["spec"]["template"]["spec"], "envoy")
+        assert {"name": "ratelimit-client-tls", "mountPath": "/etc/ratelimit-tls/client",
+                "readOnly": True} in envoy["volumeMounts"]
+    volumes = {v["name"]: v.get("secret", {}).get("secretName")
+               for v in service_pods["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["service-tls"] == "ratelimit-server-tls"
+    assert volumes["redis-tls"] == "ratelimit-redis-tls"
+    text = json.dumps(service_pods)
+    if service == "counter":
+        for flag in ("--tls-cert", "--tls-key", "--tls-client-ca", "--redis-ca", "--redis-cert",
+                     "rediss://redis.example.com:6380"):
+            assert flag in text
+    else:
+        for env in ("GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT", "GRPC_CLIENT_TLS_CACERT",
+                    "REDIS_TLS_CACERT", "REDIS_TLS_CLIENT_CERT"):
+            assert f'"name": "{env}"' in text
+    rules = out / ("internal-api.json" if service == "counter" else "ratelimit.yaml")
+    plugin = out / ("envoyextensionpolicy.yaml" if eg else "envoy.yaml")
+    sides = ["envoyproxy.yaml", "ratelimit-service.yaml"] if eg else ["envoy.yaml", "sidecar.yaml"]
+    deployed = [a for s in sides for a in ("--deployed", out / s)]
+    proc = harness.run_cli("check", "--plugin-config", plugin, "--service-config", rules, *deployed)
+    assert "agree on TLS (mutual TLS)" in proc.stdout
+    # The same service against an Envoy rendered without TLS: named.
+    plain = render_example(tmp_path / "plain", variant, "--service", service)
+    proc = harness.run_cli("check", "--plugin-config", plugin, "--service-config", rules,
+                           "--deployed", plain / sides[0], "--deployed", out / sides[1], check=False)
+    assert proc.returncode == 1
+    assert "has no transport_socket, but" in proc.stderr and "serves gRPC over TLS only" in proc.stderr
+
+
+def test_a_tls_url_without_its_settings_is_refused_naming_what_is_missing(tmp_path):
+    for service, url in (("counter", "rediss://redis.example.com:6380"),
+                         ("envoy-ratelimit", "rediss://redis.example.com:6380")):
+        refused = render_refused(tmp_path / service, "envoy-gateway", "--service", service,
+                                 "--set", f"redis.url={url}")
+        assert f'--set redis.url: redis.url: "{url}" is Redis over TLS, and redis.tls is not set' in refused
+    refused = render_refused(tmp_path / "memory", "istio", "--service", "counter",
+                             "--set", "redis.url=memory", "--set", "service.replicas=3")
+    assert ("service.replicas: 3 replicas of a counter with the memory store (redis.url: memory) "
+            "would each count alone") in refused

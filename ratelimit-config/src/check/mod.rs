@@ -15,6 +15,7 @@
 mod counter;
 mod lookup;
 mod service;
+pub mod tls;
 pub mod yaml_tree;
 
 use std::collections::BTreeSet;

@@ -201,6 +201,12 @@ pub struct CheckArgs {
     /// no route is named. A bootstrap given as --plugin-config is read too.
     #[arg(long, value_name = "FILE")]
     pub envoy_config: Vec<PathBuf>,
+    /// What is deployed on each side of the hop from Envoy to the service
+    /// (repeatable): Envoy's bootstrap, bootstrap-fragment.yaml or
+    /// envoyproxy.yaml, and the service's Deployment or the counter's
+    /// systemd unit and .env: their TLS must agree.
+    #[arg(long, value_name = "FILE")]
+    pub deployed: Vec<PathBuf>,
 }
 
 #[derive(Args)]

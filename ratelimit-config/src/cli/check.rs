@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use ratelimit_config::check::{
-    check, check_counter, is_counter_team_file, parse_counter_team_file, ServiceConfig,
+    check, check_counter, is_counter_team_file, parse_counter_team_file, tls, ServiceConfig,
 };
 use ratelimit_config::deployed;
 use ratelimit_config::render::team_routes;
@@ -46,6 +46,35 @@ fn deployed_routes(a: &CheckArgs) -> Result<Option<DeployedRoutes>, CliError> {
         }
     }
     Ok((!files.is_empty()).then_some(DeployedRoutes { names, files }))
+}
+
+/// `--deployed`: the TLS of the hop from Envoy to the service, each side
+/// read back from what is deployed; each disagreement, or a missing side.
+fn deployed_tls(a: &CheckArgs, cluster: &str) -> Result<Vec<String>, CliError> {
+    if a.deployed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut all = tls::Deployed::default();
+    for path in &a.deployed {
+        let d = tls::read_deployed(&shown(path), &read(path)?, cluster);
+        all.clusters.extend(d.clusters);
+        all.services.extend(d.services);
+    }
+    if let Some(m) = tls::missing_side(&all, cluster) {
+        return Err(CliError::Usage(m));
+    }
+    let problems = tls::disagreements(&all, cluster);
+    if problems.is_empty() {
+        println!(
+            "ok: the rate-limit cluster {cluster:?} and the service agree on TLS ({})",
+            match all.clusters.first() {
+                Some(c) if c.client_cert => "mutual TLS",
+                Some(c) if c.tls => "TLS",
+                _ => "plaintext",
+            }
+        );
+    }
+    Ok(problems)
 }
 
 /// Checks the filter's configuration against the service's rules; every
@@ -130,6 +159,13 @@ pub fn run(a: CheckArgs) -> Result<ExitCode, CliError> {
     }
     for p in &report.problems {
         eprintln!("{p}");
+    }
+    let tls_problems = deployed_tls(a, &plugin.cluster)?;
+    for p in &tls_problems {
+        eprintln!("{p}");
+    }
+    if !tls_problems.is_empty() {
+        return Ok(ExitCode::FAILURE);
     }
     if report.problems.is_empty() {
         println!(

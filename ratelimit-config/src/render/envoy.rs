@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use super::deployment::FailStrategy;
+use super::deployment::{FailStrategy, ServiceTls};
 
 /// The labels of the per-group counters
 /// (`wasmcustom.tenant_ratelimit.group.<group>.<counter>`): `group` on
@@ -59,11 +59,55 @@ pub fn cluster(name: &str, address: &str, port: u32, http2: bool) -> Value {
 /// What to merge into a bootstrap (`envoy --config-yaml`, Envoy Gateway's
 /// `spec.bootstrap` Merge, Istio's bootstrap override): the rate-limit
 /// cluster, static (no xDS update removes or renames it), and the labels.
-pub fn bootstrap_fragment(cluster_name: &str, address: &str, port: u32) -> Value {
+pub fn bootstrap_fragment(
+    cluster_name: &str,
+    address: &str,
+    port: u32,
+    tls: Option<&ServiceTls>,
+) -> Value {
+    let mut c = cluster(cluster_name, address, port, true);
+    if let (Some(tls), Value::Object(m)) = (tls, &mut c) {
+        let name = tls.sni.as_deref().unwrap_or(address);
+        m.insert("transport_socket".into(), transport_socket(tls, name));
+    }
     json!({
-        "static_resources": {"clusters": [cluster(cluster_name, address, port, true)]},
+        "static_resources": {"clusters": [c]},
         "stats_config": stats_config(),
     })
+}
+
+/// The rate-limit cluster's TLS (`service.tls`): Envoy checks the
+/// service's certificate against the CA and wants `name` among its SANs
+/// (sent as SNI unless it is an IP address); for mutual TLS it presents
+/// its own certificate. ALPN h2: gRPC servers may insist on it.
+pub fn transport_socket(tls: &ServiceTls, name: &str) -> Value {
+    let ip = name.parse::<std::net::IpAddr>().is_ok();
+    let mut common = json!({
+        "alpn_protocols": ["h2"],
+        "validation_context": {
+            "trusted_ca": {"filename": tls.ca},
+            "match_typed_subject_alt_names": [{
+                "san_type": if ip { "IP_ADDRESS" } else { "DNS" },
+                "matcher": {"exact": name}
+            }]
+        }
+    });
+    if let (Some((cert, key)), Value::Object(m)) = (&tls.client_cert, &mut common) {
+        m.insert(
+            "tls_certificates".into(),
+            json!([{"certificate_chain": {"filename": cert}, "private_key": {"filename": key}}]),
+        );
+    }
+    let mut context = json!({
+        "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+    });
+    if let Value::Object(m) = &mut context {
+        if !ip {
+            m.insert("sni".into(), json!(name));
+        }
+        m.insert("common_tls_context".into(), common);
+    }
+    json!({"name": "envoy.transport_sockets.tls", "typed_config": context})
 }
 
 /// The filter as an entry of an HTTP connection manager's `http_filters`

@@ -6,7 +6,10 @@
 
 use serde_json::{json, Value};
 
-use super::deployment::{Deployment, SecretRef, MEMORY_STORE};
+use super::deployment::{
+    redis_scheme, Deployment, SecretRef, CLIENT_TLS_DIR, MEMORY_STORE, REDIS_TLS_DIR,
+    SERVICE_TLS_DIR,
+};
 use super::object;
 use crate::model::Service;
 
@@ -64,11 +67,106 @@ pub fn counter_limits_file(dep: &Deployment) -> String {
 /// The counter's `--store`: `memory`, the URL given, or the Redis `render`
 /// writes.
 pub fn counter_store(dep: &Deployment) -> String {
+    let scheme = if dep.redis.tls.is_some() {
+        "rediss"
+    } else {
+        "redis"
+    };
     match dep.redis.url.as_deref() {
         None => format!("redis://{}:6379", redis_name(dep)),
         Some(MEMORY_STORE) => MEMORY_STORE.to_string(),
         Some(u) if u.contains("://") => u.to_string(),
-        Some(u) => format!("redis://{u}"),
+        Some(u) => format!("{scheme}://{u}"),
+    }
+}
+
+/// The counter's TLS flags: gRPC (`service.tls`: its certificate, and for
+/// mutual TLS the CA of Envoy's and the names allowed), then Redis
+/// (`redis.tls`).
+pub fn counter_tls_args(dep: &Deployment) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(t) = &dep.service.tls {
+        args.extend([
+            "--tls-cert".into(),
+            t.cert.clone(),
+            "--tls-key".into(),
+            t.key.clone(),
+        ]);
+        if let Some(ca) = &t.client_ca {
+            args.extend(["--tls-client-ca".into(), ca.clone()]);
+            for san in &t.client_sans {
+                args.extend(["--tls-client-san".into(), san.clone()]);
+            }
+        }
+    }
+    if let Some(t) = &dep.redis.tls {
+        if let Some(ca) = &t.ca {
+            args.extend(["--redis-ca".into(), ca.clone()]);
+        }
+        if let Some((cert, key)) = &t.client_cert {
+            args.extend([
+                "--redis-cert".into(),
+                cert.clone(),
+                "--redis-key".into(),
+                key.clone(),
+            ]);
+        }
+        if t.insecure_skip_verify {
+            args.push("--redis-insecure-skip-verify".into());
+        }
+    }
+    args
+}
+
+/// The Secrets the service's container mounts (`service.tls.server_secret`,
+/// `redis.tls.secret`): the pod's volumes and the container's mounts.
+pub fn service_tls_volumes(dep: &Deployment) -> (Vec<Value>, Vec<Value>) {
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    let secrets = [
+        (
+            "service-tls",
+            dep.service
+                .tls
+                .as_ref()
+                .and_then(|t| t.server_secret.as_ref()),
+            SERVICE_TLS_DIR,
+        ),
+        (
+            "redis-tls",
+            dep.redis.tls.as_ref().and_then(|t| t.secret.as_ref()),
+            REDIS_TLS_DIR,
+        ),
+    ];
+    for (name, secret, dir) in secrets {
+        if let Some(secret) = secret {
+            volumes.push(json!({"name": name, "secret": {"secretName": secret}}));
+            mounts.push(json!({"name": name, "mountPath": dir, "readOnly": true}));
+        }
+    }
+    (volumes, mounts)
+}
+
+/// The Secret Envoy's container mounts for `service.tls` (the CA of the
+/// service's certificate, and Envoy's own): its volume and mount.
+pub fn client_tls_volume(dep: &Deployment) -> Option<(Value, Value)> {
+    let secret = dep.service.tls.as_ref()?.client_secret.as_ref()?;
+    Some((
+        json!({"name": CLIENT_TLS_VOLUME, "secret": {"secretName": secret}}),
+        json!({"name": CLIENT_TLS_VOLUME, "mountPath": CLIENT_TLS_DIR, "readOnly": true}),
+    ))
+}
+
+/// The name of the volume of `service.tls.client_secret` in Envoy's pods.
+pub const CLIENT_TLS_VOLUME: &str = "ratelimit-client-tls";
+
+/// Appends `mounts` to a container's `volumeMounts`.
+fn add_mounts(container: &mut Value, mounts: Vec<Value>) {
+    if mounts.is_empty() {
+        return;
+    }
+    if let Some(Value::Array(m)) = container.get_mut("volumeMounts") {
+        m.extend(mounts);
     }
 }
 
@@ -82,17 +180,27 @@ pub fn counter_container(
     (http_name, http_port): (&str, u32),
     volume: &str,
 ) -> Value {
+    let mut args: Vec<String> = [
+        "--limits",
+        COUNTER_LIMITS_DIR,
+        "--store",
+        &counter_store(dep),
+        "--descriptor-key",
+        descriptor_key,
+        "--grpc-addr",
+        &format!("{grpc_host}:{}", dep.service.port),
+        "--http-addr",
+        &format!("0.0.0.0:{http_port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(counter_tls_args(dep));
     let mut c = json!({
         "name": "counter",
         "image": dep.service.image,
         "command": ["/bin/ratelimit-counter"],
-        "args": [
-            "--limits", COUNTER_LIMITS_DIR,
-            "--store", counter_store(dep),
-            "--descriptor-key", descriptor_key,
-            "--grpc-addr", format!("{grpc_host}:{}", dep.service.port),
-            "--http-addr", format!("0.0.0.0:{http_port}")
-        ],
+        "args": args,
     });
     if let (Some(SecretRef { name: secret, key }), Value::Object(m)) = (&dep.redis.auth, &mut c) {
         m.insert(
@@ -122,7 +230,68 @@ pub fn counter_container(
             json!([{"name": volume, "mountPath": COUNTER_LIMITS_DIR, "readOnly": true}]),
         );
     }
+    add_mounts(&mut c, service_tls_volumes(dep).1);
     c
+}
+
+/// envoyproxy/ratelimit's REDIS_TYPE and REDIS_URL for `redis.url`: a
+/// `host:port`, or the counter's forms (`rediss://H:P`,
+/// `redis-cluster://H:P,H:P`, `redis-sentinel://H:P,H:P/MASTER`).
+pub fn ratelimit_redis(dep: &Deployment) -> (&'static str, String) {
+    let Some(url) = dep.redis.url.as_deref() else {
+        return ("single", format!("{}:6379", redis_name(dep)));
+    };
+    let Some((kind, _)) = redis_scheme(url) else {
+        return ("single", url.to_string());
+    };
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    // No credentials in the URL: envoyproxy/ratelimit takes REDIS_AUTH.
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    match kind {
+        "redis-cluster" => ("cluster", rest.to_string()),
+        "redis-sentinel" => {
+            let mut parts = rest.split('/');
+            let hosts = parts.next().unwrap_or_default();
+            let master = parts.next().unwrap_or_default();
+            ("sentinel", format!("{master},{hosts}"))
+        }
+        _ => (
+            "single",
+            rest.split('/').next().unwrap_or_default().to_string(),
+        ),
+    }
+}
+
+/// envoyproxy/ratelimit's TLS settings: gRPC (`service.tls`) and Redis
+/// (`redis.tls`), as its `src/settings/settings.go` names them.
+pub fn ratelimit_tls_env(dep: &Deployment) -> Vec<Value> {
+    let mut env = Vec::new();
+    let mut set = |name: &str, value: &str| env.push(json!({"name": name, "value": value}));
+    if let Some(t) = &dep.service.tls {
+        set("GRPC_SERVER_USE_TLS", "true");
+        set("GRPC_SERVER_TLS_CERT", &t.cert);
+        set("GRPC_SERVER_TLS_KEY", &t.key);
+        if let Some(ca) = &t.client_ca {
+            set("GRPC_CLIENT_TLS_CACERT", ca);
+            if let Some(san) = t.client_sans.first() {
+                set("GRPC_CLIENT_TLS_SAN", san);
+            }
+        }
+    }
+    if let Some(t) = &dep.redis.tls {
+        set("REDIS_TLS", "true");
+        if let Some(ca) = &t.ca {
+            set("REDIS_TLS_CACERT", ca);
+        }
+        if let Some((cert, key)) = &t.client_cert {
+            set("REDIS_TLS_CLIENT_CERT", cert);
+            set("REDIS_TLS_CLIENT_KEY", key);
+        }
+        if t.insecure_skip_verify {
+            set("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true");
+        }
+    }
+    env
 }
 
 /// `{"app.kubernetes.io/name": name}`.
@@ -134,11 +303,7 @@ pub fn name_labels(name: &str) -> Value {
 /// Secret when there is one), no statsd, the rules from the mounted
 /// ConfigMap. `grpc_host`: where it listens for the proxies.
 pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Value> {
-    let redis_url = dep
-        .redis
-        .url
-        .clone()
-        .unwrap_or_else(|| format!("{}:6379", redis_name(dep)));
+    let (redis_type, redis_url) = ratelimit_redis(dep);
     let mut env = vec![
         json!({"name": "HOST", "value": "0.0.0.0"}),
         json!({"name": "PORT", "value": http_port.to_string()}),
@@ -147,8 +312,11 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "DEBUG_HOST", "value": "127.0.0.1"}),
         json!({"name": "DEBUG_PORT", "value": "6070"}),
         json!({"name": "REDIS_SOCKET_TYPE", "value": "tcp"}),
-        json!({"name": "REDIS_URL", "value": redis_url}),
     ];
+    if redis_type != "single" {
+        env.push(json!({"name": "REDIS_TYPE", "value": redis_type}));
+    }
+    env.push(json!({"name": "REDIS_URL", "value": redis_url}));
     if let Some(SecretRef { name: secret, key }) = &dep.redis.auth {
         env.push(json!({"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}));
     }
@@ -160,6 +328,7 @@ pub fn service_env(dep: &Deployment, grpc_host: &str, http_port: u32) -> Vec<Val
         json!({"name": "RUNTIME_WATCH_ROOT", "value": "false"}),
         json!({"name": "LOG_LEVEL", "value": "info"}),
     ]);
+    env.extend(ratelimit_tls_env(dep));
     if dep.monitoring.is_some() {
         env.extend(prometheus_env());
     }
@@ -176,12 +345,19 @@ pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
     }
     let name = &dep.service.name;
     let labels = name_labels(name);
+    let (tls_volumes, tls_mounts) = service_tls_volumes(dep);
+    let mut mounts =
+        vec![json!({"name": "config", "mountPath": "/data/ratelimit/config", "readOnly": true})];
+    mounts.extend(tls_mounts);
+    let mut volumes =
+        vec![json!({"name": "config", "configMap": {"name": rules_configmap_name(dep)}})];
+    volumes.extend(tls_volumes);
     let mut deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(name, dep, labels.clone()),
         "spec": {
-            "replicas": 2,
+            "replicas": dep.service.replicas,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
@@ -197,9 +373,9 @@ pub fn ratelimit_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "http"}, "periodSeconds": 5},
                         "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-                        "volumeMounts": [{"name": "config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
+                        "volumeMounts": mounts
                     }],
-                    "volumes": [{"name": "config", "configMap": {"name": rules_configmap_name(dep)}}]
+                    "volumes": volumes
                 }
             }
         }
@@ -236,24 +412,22 @@ fn counter_service(dep: &Deployment, descriptor_key: &str) -> Vec<Value> {
     if let Some(Value::Array(p)) = container.get_mut("ports") {
         p.push(json!({"name": "grpc", "containerPort": dep.service.port}));
     }
-    let replicas = if dep.redis.url.as_deref() == Some(MEMORY_STORE) {
-        1
-    } else {
-        2
-    };
+    let mut volumes =
+        vec![json!({"name": "limits", "configMap": {"name": rules_configmap_name(dep)}})];
+    volumes.extend(service_tls_volumes(dep).0);
     let deployment = json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata(name, dep, labels.clone()),
         "spec": {
-            "replicas": replicas,
+            "replicas": dep.service.replicas,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
                     "terminationGracePeriodSeconds": 30,
                     "containers": [container],
-                    "volumes": [{"name": "limits", "configMap": {"name": rules_configmap_name(dep)}}]
+                    "volumes": volumes
                 }
             }
         }

@@ -10,13 +10,15 @@
 //!   per-group labels), shared by every target;
 //! - [`kube`]: the rate-limit service, Redis, NetworkPolicies, kustomization;
 //! - [`monitoring`]: the Prometheus Operator's monitors and what they scrape;
-//! - [`targets`]: the files of each target.
+//! - [`targets`]: the files of each target;
+//! - [`vm`]: the counter on a VM (a systemd unit).
 
 pub mod deployment;
 pub mod envoy;
 pub mod kube;
 pub mod monitoring;
 pub mod targets;
+pub mod vm;
 
 use serde_json::{Map, Value};
 

@@ -10,8 +10,9 @@ use serde_json::{json, Value};
 use super::deployment::{Deployment, FailStrategy, Target};
 use super::envoy::{bootstrap, bootstrap_fragment, stats_config, wasm_filter, Ports};
 use super::kube::{
-    counter_container, ingress_policy, kustomization, name_labels, ratelimit_service, redis,
-    redis_policy, rules_configmap_name, service_env, COUNTER_HTTP_PORT, SERVICE_METRICS_PORT,
+    client_tls_volume, counter_container, ingress_policy, kustomization, name_labels,
+    ratelimit_service, redis, redis_policy, rules_configmap_name, service_env, service_tls_volumes,
+    COUNTER_HTTP_PORT, NAME_LABEL, SERVICE_METRICS_PORT,
 };
 use super::monitoring::{
     monitors, prometheus_policy, SIDECAR_ENVOY_PORT_NAME, SIDECAR_SERVICE_PORT_NAME,
@@ -20,6 +21,33 @@ use super::{
     header, service_host, yaml_file, File, Plugin, Team, RESOURCE_NAME, ROOT_ID, STATIC_CLUSTER,
 };
 use crate::model::Service;
+
+/// The label that has Istio inject its sidecar into a pod.
+pub const ISTIO_INJECT_LABEL: &str = "sidecar.istio.io/inject";
+
+/// Istio: mutual TLS required on the pods of the service (and of the Redis
+/// `render` writes): the hop from the filter's sidecar is the mesh's
+/// mutual TLS, with no certificate of ours.
+fn peer_authentications(dep: &Deployment) -> Vec<Value> {
+    let mut names = vec![dep.service.name.clone()];
+    if dep.redis.url.is_none() {
+        names.push(super::kube::redis_name(dep));
+    }
+    names
+        .iter()
+        .map(|name| {
+            json!({
+                "apiVersion": "security.istio.io/v1",
+                "kind": "PeerAuthentication",
+                "metadata": {"name": name, "namespace": namespace(dep)},
+                "spec": {
+                    "selector": {"matchLabels": {NAME_LABEL: name}},
+                    "mtls": {"mode": "STRICT"}
+                }
+            })
+        })
+        .collect()
+}
 
 /// The ConfigMap of Istio's bootstrap override, and its one key (the file
 /// name istio-agent reads: `/etc/istio/custom-bootstrap/custom_bootstrap.json`).
@@ -66,12 +94,23 @@ fn shared(
     (rules, descriptor_key): (&File, &str),
 ) -> Vec<File> {
     let svc = &dep.service.name;
+    let mut service_docs = ratelimit_service(dep, descriptor_key);
+    let mut redis_docs = redis(dep);
+    if target == Target::Istio {
+        // The mesh's mutual TLS covers the hops to the service and to
+        // Redis only if their pods have a sidecar (peerauthentication.yaml).
+        for d in service_docs.iter_mut().chain(redis_docs.iter_mut()) {
+            if let Some(Value::Object(l)) = d.pointer_mut("/spec/template/metadata/labels") {
+                l.insert(ISTIO_INJECT_LABEL.into(), json!("true"));
+            }
+        }
+    }
     let mut files = vec![
         rules.clone(),
         yaml_file(
             "ratelimit-service.yaml",
             &header(team, target, service_comment(dep)),
-            &ratelimit_service(dep, descriptor_key),
+            &service_docs,
         ),
     ];
     let mut resources: Vec<&str> = own.to_vec();
@@ -87,7 +126,7 @@ fn shared(
                     "file, fsync every second), so a restart does not start every window again.",
                 ],
             ),
-            &redis(dep),
+            &redis_docs,
         ));
         resources.push("redis.yaml");
     }
@@ -287,12 +326,32 @@ pub fn istio(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
             &[patch],
         ),
     ];
+    files.push(yaml_file(
+        "peerauthentication.yaml",
+        &header(
+            team,
+            Target::Istio,
+            &[
+                "The hop from the workload's sidecar to the rate-limit service (and the",
+                "service's to Redis) is the mesh's mutual TLS: the service's pods (and Redis's)",
+                "get a sidecar (the sidecar.istio.io/inject label of ratelimit-service.yaml),",
+                "and these PeerAuthentications refuse any connection to them that is not mutual",
+                "TLS from the mesh. Istio's own certificates, rotated by istiod: render writes no",
+                "transport_socket and takes no service.tls under Istio.",
+            ],
+        ),
+        &peer_authentications(dep),
+    ));
     files.extend(shared(
         team,
         dep,
         Target::Istio,
         (proxies, labels(&dep.workload.labels)),
-        &["wasmplugin.yaml", "stats-bootstrap.yaml"],
+        &[
+            "wasmplugin.yaml",
+            "stats-bootstrap.yaml",
+            "peerauthentication.yaml",
+        ],
         (rules, &p.config.descriptor_key),
     ));
     files.sort_by(|a, b| a.name.cmp(&b.name));
@@ -334,13 +393,31 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
         "",
     ];
     comment.extend(fail_comment(Target::EnvoyGateway));
-    let fragment = bootstrap_fragment(STATIC_CLUSTER, &service_host(dep), dep.service.port);
-    let proxy = json!({
+    let fragment = bootstrap_fragment(
+        STATIC_CLUSTER,
+        &service_host(dep),
+        dep.service.port,
+        dep.service.tls.as_ref(),
+    );
+    let mut proxy = json!({
         "apiVersion": "gateway.envoyproxy.io/v1alpha1",
         "kind": "EnvoyProxy",
         "metadata": {"name": RESOURCE_NAME, "namespace": ns},
         "spec": {"bootstrap": {"type": "Merge", "value": crate::yaml_out::document(&fragment)}}
     });
+    // service.tls: the proxies mount the CA of the service's certificate
+    // (and their own) where the cluster's transport_socket reads them.
+    if let (Some((volume, mount)), Some(Value::Object(spec))) =
+        (client_tls_volume(dep), proxy.get_mut("spec"))
+    {
+        spec.insert(
+            "provider".into(),
+            json!({"type": "Kubernetes", "kubernetes": {"envoyDeployment": {
+                "pod": {"volumes": [volume]},
+                "container": {"volumeMounts": [mount]}
+            }}}),
+        );
+    }
     let patch = json!({
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "Gateway",
@@ -377,7 +454,9 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
                     "- the static cluster the filter calls the rate-limit service through",
                     "  (HTTP/2): Envoy Gateway creates no cluster for a Wasm filter's own calls;",
                     "  a static one has a name no xDS update removes or renames;",
-                    "- the per-group counters' labels (group, source).",
+                    "- the per-group counters' labels (group, source);",
+                    "- with service.tls, the cluster's TLS (transport_socket) and the Secret",
+                    "  of its certificates mounted in the proxies (provider).",
                     "A Gateway takes one EnvoyProxy (gateway-patch.yaml names this one); if yours",
                     "has one with a bootstrap already, merge these lines into it.",
                 ],
@@ -418,7 +497,12 @@ pub fn envoy_gateway(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File
 /// rules; with a namespace, also the sidecar pattern for Kubernetes.
 pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec<File> {
     let filter = wasm_filter(&p.json, &dep.envoy.wasm_path, dep.fail_strategy);
-    let fragment = bootstrap_fragment(STATIC_CLUSTER, &dep.envoy.service_address, dep.service.port);
+    let fragment = bootstrap_fragment(
+        STATIC_CLUSTER,
+        &dep.envoy.service_address,
+        dep.service.port,
+        dep.service.tls.as_ref(),
+    );
     let ports = Ports {
         listen: dep.envoy.listen_port,
         admin: dep.envoy.admin_port,
@@ -472,6 +556,8 @@ pub fn envoy(team: &Team<'_>, dep: &Deployment, p: &Plugin, rules: &File) -> Vec
     ];
     if dep.namespace.is_some() {
         files.extend(sidecar(team, dep, rules, &p.config.descriptor_key));
+    } else if dep.service.kind == Service::Counter {
+        files.extend(super::vm::counter_unit(team, dep, &p.config.descriptor_key));
     }
     files.sort_by(|a, b| a.name.cmp(&b.name));
     files
@@ -544,6 +630,7 @@ fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str
     if let Some(m) = &dep.monitoring {
         sidecar_metrics(&mut deployment, m.envoy_metrics_port);
     }
+    sidecar_tls(&mut deployment, dep);
     let service = json!({
         "apiVersion": "v1",
         "kind": "Service",
@@ -645,20 +732,52 @@ fn sidecar(team: &Team<'_>, dep: &Deployment, rules: &File, descriptor_key: &str
     files
 }
 
+/// `service.tls` and `redis.tls` in the sidecar pod: the Secrets as its
+/// volumes, Envoy's mounted in Envoy's container (the service's container
+/// mounts its own).
+fn sidecar_tls(deployment: &mut Value, dep: &Deployment) {
+    let mut volumes = service_tls_volumes(dep).0;
+    let client = client_tls_volume(dep);
+    if let Some((volume, _)) = &client {
+        volumes.push(volume.clone());
+    }
+    if let Some(Value::Array(v)) = deployment.pointer_mut("/spec/template/spec/volumes") {
+        v.extend(volumes);
+    }
+    if let (Some((_, mount)), Some(Value::Array(containers))) = (
+        client,
+        deployment.pointer_mut("/spec/template/spec/containers"),
+    ) {
+        for c in containers.iter_mut() {
+            if c.get("name").and_then(Value::as_str) == Some("envoy") {
+                if let Some(Value::Array(m)) = c.get_mut("volumeMounts") {
+                    m.push(mount.clone());
+                }
+            }
+        }
+    }
+}
+
 /// The rate-limit service's container in the sidecar pod, on 127.0.0.1
 /// beside Envoy; its HTTP port (the kubelet's probes) on the pod's address.
 fn service_container(dep: &Deployment, descriptor_key: &str) -> Value {
     match dep.service.kind {
-        Service::EnvoyRatelimit => json!({
-            "name": "ratelimit",
-            "image": dep.service.image,
-            "command": ["/bin/ratelimit"],
-            "env": service_env(dep, "127.0.0.1", 8090),
-            "ports": [{"name": "rl-health", "containerPort": 8090}],
-            "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "rl-health"}, "periodSeconds": 5},
-            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
-            "volumeMounts": [{"name": "ratelimit-config", "mountPath": "/data/ratelimit/config", "readOnly": true}]
-        }),
+        Service::EnvoyRatelimit => {
+            let mut mounts = vec![
+                json!({"name": "ratelimit-config", "mountPath": "/data/ratelimit/config", "readOnly": true}),
+            ];
+            mounts.extend(service_tls_volumes(dep).1);
+            json!({
+                "name": "ratelimit",
+                "image": dep.service.image,
+                "command": ["/bin/ratelimit"],
+                "env": service_env(dep, "127.0.0.1", 8090),
+                "ports": [{"name": "rl-health", "containerPort": 8090}],
+                "readinessProbe": {"httpGet": {"path": "/healthcheck", "port": "rl-health"}, "periodSeconds": 5},
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                "volumeMounts": mounts
+            })
+        }
         // Its one HTTP port serves the probes and /metrics: the port the
         // PodMonitor names.
         Service::Counter => counter_container(

@@ -14,5 +14,5 @@ mod sections;
 mod types;
 
 pub use description::{parse_assignment, read_description, set_path, DescriptionError, Sources};
-pub use sections::deployment;
+pub use sections::{deployment, redis_scheme, REDIS_SCHEMES};
 pub use types::*;

@@ -6,14 +6,16 @@ use serde_json::{Map, Value};
 use crate::error::{excerpt, join, ConfigError};
 use crate::field::{describe, unknown_keys};
 use crate::model::Service;
+use crate::render::kube::{COUNTER_HTTP_PORT, SERVICE_METRICS_PORT};
 use crate::render::RESOURCE_NAME;
 
 use super::description::{DescriptionError, Sources};
 use super::types::{
     Deployment, Envoy, EnvoyGateway, FailStrategy, Istio, IstioMode, IstioPhase, Monitoring,
-    RateLimitService, Redis, SecretRef, Target, Workload, COUNTER_IMAGE, ENVOY_IMAGE, ENVOY_KEYS,
-    GATEWAY_KEYS, ISTIO_KEYS, KEYS, MEMORY_STORE, MONITORING_KEYS, RATELIMIT_IMAGE, REDIS_IMAGE,
-    REDIS_KEYS, SECRET_KEYS, SERVICE_KEYS, WORKLOAD_KEYS,
+    RateLimitService, Redis, RedisTls, SecretRef, ServiceTls, Target, Workload, CLIENT_TLS_DIR,
+    COUNTER_IMAGE, ENVOY_IMAGE, ENVOY_KEYS, GATEWAY_KEYS, ISTIO_KEYS, KEYS, MEMORY_STORE,
+    MONITORING_KEYS, RATELIMIT_IMAGE, REDIS_IMAGE, REDIS_KEYS, REDIS_TLS_DIR, REDIS_TLS_KEYS,
+    SECRET_KEYS, SERVICE_KEYS, SERVICE_TLS_DIR, SERVICE_TLS_KEYS, WORKLOAD_KEYS,
 };
 
 /// Collects a description's problems, each at its place.
@@ -130,7 +132,7 @@ pub fn deployment(
     let top = r.object(Some(v), "", KEYS);
     let section = |key: &str| top.and_then(|t| t.get(key));
     let general = general(&mut r, top, target);
-    let service = service(&mut r, section("service"));
+    let mut service = service(&mut r, section("service"), target, general.kube);
     let cluster_domain = r
         .string(top, "", "cluster_domain")
         .unwrap_or_else(|| "cluster.local".into());
@@ -138,12 +140,28 @@ pub fn deployment(
         counter_domain(&mut r, general.domain.as_deref());
     }
     let redis = redis(&mut r, section("redis"), service.kind, target, general.kube);
+    let memory = service.kind == Service::Counter && redis.url.as_deref() == Some(MEMORY_STORE);
+    if service.replicas == 0 {
+        service.replicas = if memory { 1 } else { 2 };
+    }
+    if memory && service.replicas > 1 {
+        r.push(
+            "service.replicas",
+            format!(
+                "{} replicas of a counter with the memory store (redis.url: memory) would each count alone: every tenant would get its limit from each; run 1, or give a Redis they share (redis.url)",
+                service.replicas
+            ),
+        );
+    }
     let workload = workload(&mut r, section("workload"), target, general.kube);
     let istio = istio(&mut r, section("istio"));
     let envoy_gateway = envoy_gateway(&mut r, section("envoy_gateway"), target);
     let envoy = envoy(&mut r, section("envoy"));
     let plugin = plugin(&mut r, section("plugin"));
     let monitoring = monitoring(&mut r, top);
+    if target == Target::Envoy {
+        distinct_ports(&mut r, &envoy, &service, monitoring.as_ref(), general.kube);
+    }
     let errors = r.into_errors();
     match (errors.is_empty(), general.domain) {
         (true, Some(domain)) => Ok(Deployment {
@@ -273,7 +291,12 @@ fn fail_strategy(r: &mut Reader<'_>, v: Option<&Value>, target: Target) -> Optio
 }
 
 /// `service:`: its kind, name, port and image (by default, the kind's).
-pub(super) fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService {
+pub(super) fn service(
+    r: &mut Reader<'_>,
+    v: Option<&Value>,
+    target: Target,
+    kube: bool,
+) -> RateLimitService {
     let m = r.object(v, "service", SERVICE_KEYS);
     let name = r
         .string(m, "service", "name")
@@ -316,12 +339,244 @@ pub(super) fn service(r: &mut Reader<'_>, v: Option<&Value>) -> RateLimitService
             ),
         );
     }
+    let replicas = match m.and_then(|m| m.get("replicas")) {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64().filter(|n| (1..=1000).contains(n)) {
+            Some(n) => u32::try_from(n).ok(),
+            None => {
+                r.push(
+                    "service.replicas",
+                    format!("must be a number from 1 to 1000, got {}", describe(v)),
+                );
+                None
+            }
+        },
+    };
+    // The counter's memory store takes one replica: the default then is 1
+    // (set once `redis` is read).
+    let replicas = replicas.unwrap_or(0);
+    let tls = service_tls(r, m.and_then(|m| m.get("tls")), kind, target, kube);
     RateLimitService {
         kind,
         name,
         port,
         image,
+        replicas,
+        tls,
     }
+}
+
+/// The keys of a TLS section that are file paths, and those that name a
+/// Kubernetes Secret: a VM takes the first, Kubernetes the second.
+const SERVICE_TLS_FILES: &[&str] = &[
+    "cert",
+    "key",
+    "client_ca",
+    "ca",
+    "client_cert",
+    "client_key",
+];
+const SERVICE_TLS_SECRETS: &[&str] = &["server_secret", "client_secret", "mutual"];
+
+/// `true`/`false` at `path` (None when not given).
+fn boolean(
+    r: &mut Reader<'_>,
+    m: Option<&Map<String, Value>>,
+    path: &str,
+    key: &str,
+) -> Option<bool> {
+    match m?.get(key)? {
+        Value::Bool(b) => Some(*b),
+        Value::Null => None,
+        other => {
+            r.push(
+                &join(path, key),
+                format!("must be true or false, got {}", describe(other)),
+            );
+            None
+        }
+    }
+}
+
+/// Keys of `m` that this kind of place does not take: on Kubernetes the
+/// certificates come from Secrets, on a VM from files.
+fn misplaced(r: &mut Reader<'_>, m: &Map<String, Value>, path: &str, keys: &[&str], why: &str) {
+    for k in keys {
+        if m.get(*k).is_some_and(|v| !v.is_null()) {
+            r.push(&join(path, k), why);
+        }
+    }
+}
+
+/// `service.tls`: on Kubernetes two Secrets (the service's, Envoy's) and
+/// `mutual`; on a VM the files. Every half-given pair is refused, naming
+/// the missing half.
+fn service_tls(
+    r: &mut Reader<'_>,
+    v: Option<&Value>,
+    kind: Service,
+    target: Target,
+    kube: bool,
+) -> Option<ServiceTls> {
+    let path = "service.tls";
+    let m = r.object(v, path, SERVICE_TLS_KEYS)?;
+    if target == Target::Istio {
+        r.push(
+            path,
+            "under Istio the mesh's mutual TLS covers the hop from the sidecar to the service (render writes a PeerAuthentication STRICT for the service's pods: peerauthentication.yaml); leave service.tls out",
+        );
+        return None;
+    }
+    let sni = r.string(Some(m), path, "sni");
+    let client_sans = match m.get("client_sans") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) if !s.is_empty() => vec![s.clone()],
+        Some(Value::Array(a)) if a.iter().all(|x| x.as_str().is_some_and(|s| !s.is_empty())) => a
+            .iter()
+            .filter_map(|x| x.as_str().map(str::to_string))
+            .collect(),
+        Some(other) => {
+            r.push(
+                "service.tls.client_sans",
+                format!(
+                    "must be a list of client names (DNS names or IP addresses), got {}",
+                    describe(other)
+                ),
+            );
+            Vec::new()
+        }
+    };
+    if kind == Service::EnvoyRatelimit && client_sans.len() > 1 {
+        r.push(
+            "service.tls.client_sans",
+            "envoyproxy/ratelimit accepts one client name (GRPC_CLIENT_TLS_SAN): give one",
+        );
+    }
+    let tls = if kube {
+        misplaced(
+            r,
+            m,
+            path,
+            SERVICE_TLS_FILES,
+            "a file path: on Kubernetes the certificates come from Secrets (service.tls.server_secret, mounted in the service's pods; service.tls.client_secret, mounted in Envoy's; each with tls.crt, tls.key, ca.crt)",
+        );
+        let server = r.string(Some(m), path, "server_secret");
+        let server = r.require(
+            server,
+            "service.tls.server_secret",
+            "the Secret of the service's certificate (tls.crt, tls.key; ca.crt: the CA of Envoy's certificate, for mutual TLS)",
+        );
+        let client = r.string(Some(m), path, "client_secret");
+        let client = r.require(
+            client,
+            "service.tls.client_secret",
+            "the Secret mounted in Envoy's pods (ca.crt: the CA of the service's certificate; tls.crt, tls.key: Envoy's certificate, for mutual TLS)",
+        );
+        let mutual = boolean(r, Some(m), path, "mutual").unwrap_or(true);
+        let (server, client) = (server?, client?);
+        let file = |dir: &str, f: &str| format!("{dir}/{f}");
+        ServiceTls {
+            cert: file(SERVICE_TLS_DIR, "tls.crt"),
+            key: file(SERVICE_TLS_DIR, "tls.key"),
+            client_ca: mutual.then(|| file(SERVICE_TLS_DIR, "ca.crt")),
+            ca: file(CLIENT_TLS_DIR, "ca.crt"),
+            client_cert: mutual.then(|| {
+                (
+                    file(CLIENT_TLS_DIR, "tls.crt"),
+                    file(CLIENT_TLS_DIR, "tls.key"),
+                )
+            }),
+            sni,
+            client_sans,
+            server_secret: Some(server),
+            client_secret: Some(client),
+        }
+    } else {
+        misplaced(
+            r,
+            m,
+            path,
+            SERVICE_TLS_SECRETS,
+            "a Kubernetes setting, and render writes for a VM here (no namespace): give the files (service.tls.cert, key, ca; for mutual TLS client_ca, client_cert, client_key)",
+        );
+        let cert = r.string(Some(m), path, "cert");
+        let cert = r.require(
+            cert,
+            "service.tls.cert",
+            "the service's certificate chain (PEM)",
+        );
+        let key = r.string(Some(m), path, "key");
+        let key = r.require(
+            key,
+            "service.tls.key",
+            "the private key of service.tls.cert (PEM)",
+        );
+        let ca = r.string(Some(m), path, "ca");
+        let ca = r.require(
+            ca,
+            "service.tls.ca",
+            "the CA (PEM) Envoy checks the service's certificate with",
+        );
+        let client_ca = r.string(Some(m), path, "client_ca");
+        let client_cert = r.string(Some(m), path, "client_cert");
+        let client_key = r.string(Some(m), path, "client_key");
+        let pair = match (client_cert, client_key) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (Some(_), None) => {
+                r.push(
+                    "service.tls.client_key",
+                    "missing: the private key of service.tls.client_cert (PEM)",
+                );
+                None
+            }
+            (None, Some(_)) => {
+                r.push(
+                    "service.tls.client_cert",
+                    "missing: the certificate of service.tls.client_key (PEM)",
+                );
+                None
+            }
+            (None, None) => None,
+        };
+        match (&client_ca, &pair) {
+            (Some(_), None) if !m.contains_key("client_cert") && !m.contains_key("client_key") => {
+                r.push(
+                    "service.tls.client_cert",
+                    "missing: with service.tls.client_ca the service refuses a client without a certificate that CA signed: give Envoy's (service.tls.client_cert and service.tls.client_key)",
+                )
+            }
+            (None, Some(_)) => r.push(
+                "service.tls.client_ca",
+                "missing: Envoy would send service.tls.client_cert to a service that asks for none: give the CA that signed it (the service then requires it)",
+            ),
+            _ => {}
+        }
+        if !client_sans.is_empty() && client_ca.is_none() {
+            r.push(
+                "service.tls.client_sans",
+                "needs mutual TLS (service.tls.client_ca): without a client certificate there is no client name to check",
+            );
+        }
+        let (cert, key, ca) = (cert?, key?, ca?);
+        ServiceTls {
+            cert,
+            key,
+            client_ca,
+            ca,
+            client_cert: pair,
+            sni,
+            client_sans,
+            server_secret: None,
+            client_secret: None,
+        }
+    };
+    if kube && tls.client_ca.is_none() && !tls.client_sans.is_empty() {
+        r.push(
+            "service.tls.client_sans",
+            "needs mutual TLS (service.tls.mutual: true): without a client certificate there is no client name to check",
+        );
+    }
+    Some(tls)
 }
 
 /// The counter serves a domain from the file `<domain>.json` of its
@@ -354,11 +609,19 @@ pub(super) fn redis(
     let m = r.object(v, "redis", REDIS_KEYS);
     let url = r.string(m, "redis", "url");
     match (&url, kind) {
-        (Some(u), Service::EnvoyRatelimit) if u == MEMORY_STORE || u.contains("://") => r.push(
+        (Some(u), Service::EnvoyRatelimit) if u == MEMORY_STORE => r.push(
             "redis.url",
             format!(
                 "{} is for the counter (service.kind: counter); envoyproxy/ratelimit takes host:port",
                 excerpt(u)
+            ),
+        ),
+        (Some(u), _) if u.contains("://") && redis_scheme(u).is_none() => r.push(
+            "redis.url",
+            format!(
+                "{}: the scheme must be one of {}",
+                excerpt(u),
+                REDIS_SCHEMES.join(", ")
             ),
         ),
         (Some(u), Service::Counter) if u == MEMORY_STORE && target == Target::Envoy && kube => {
@@ -379,7 +642,137 @@ pub(super) fn redis(
     let image = r
         .string(m, "redis", "image")
         .unwrap_or_else(|| REDIS_IMAGE.into());
-    Redis { url, auth, image }
+    let tls = redis_tls(r, m.and_then(|m| m.get("tls")), kube);
+    match (url.as_deref(), &tls) {
+        (None, Some(_)) => r.push(
+            "redis.tls",
+            "the Redis render writes serves no TLS: give redis.url, a Redis of your own that does",
+        ),
+        (Some(MEMORY_STORE), Some(_)) => r.push(
+            "redis.tls",
+            "redis.url is memory: there is no Redis to reach over TLS",
+        ),
+        (Some(u), None) if redis_scheme(u).is_some_and(|(_, tls)| tls) => r.push(
+            "redis.url",
+            format!(
+                "{} is Redis over TLS, and redis.tls is not set: the service would not reach it; set redis.tls (true: Redis's certificate checked against the system's CAs; or its CA: {})",
+                excerpt(u),
+                if kube { "redis.tls.secret, a Secret with ca.crt" } else { "redis.tls.ca, a file" }
+            ),
+        ),
+        (Some(u), Some(_)) if redis_scheme(u).is_some_and(|(_, tls)| !tls) => r.push(
+            "redis.tls",
+            format!(
+                "redis.url {} is plaintext: write it rediss://…, rediss-cluster://… or rediss-sentinel://… for TLS",
+                excerpt(u)
+            ),
+        ),
+        _ => {}
+    }
+    Redis {
+        url,
+        auth,
+        image,
+        tls,
+    }
+}
+
+/// The forms of `redis.url` with a scheme: what the counter's `--store`
+/// takes (and `render` turns into envoyproxy/ratelimit's REDIS_TYPE and
+/// REDIS_URL).
+pub const REDIS_SCHEMES: &[&str] = &[
+    "redis://",
+    "rediss://",
+    "redis-cluster://",
+    "rediss-cluster://",
+    "redis-sentinel://",
+    "rediss-sentinel://",
+];
+
+/// A URL's scheme without `s` (`redis`, `redis-cluster`, `redis-sentinel`),
+/// and whether it is TLS; None for another scheme or none.
+pub fn redis_scheme(url: &str) -> Option<(&'static str, bool)> {
+    let (scheme, _) = url.split_once("://")?;
+    Some(match scheme {
+        "redis" => ("redis", false),
+        "rediss" => ("redis", true),
+        "redis-cluster" => ("redis-cluster", false),
+        "rediss-cluster" => ("redis-cluster", true),
+        "redis-sentinel" => ("redis-sentinel", false),
+        "rediss-sentinel" => ("redis-sentinel", true),
+        _ => return None,
+    })
+}
+
+/// `redis.tls`: `true` (the system's CAs), or its CA, client certificate
+/// and key (files on a VM; on Kubernetes a Secret mounted in the service's
+/// pods: `ca.crt`, and with `mutual`, `tls.crt` and `tls.key`).
+fn redis_tls(r: &mut Reader<'_>, v: Option<&Value>, kube: bool) -> Option<RedisTls> {
+    let path = "redis.tls";
+    let m = match v {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => return None,
+        Some(Value::Bool(true)) => return Some(RedisTls::default()),
+        other => r.object(other, path, REDIS_TLS_KEYS)?,
+    };
+    let insecure_skip_verify = boolean(r, Some(m), path, "insecure_skip_verify").unwrap_or(false);
+    if kube {
+        misplaced(
+            r,
+            m,
+            path,
+            &["ca", "cert", "key"],
+            "a file path: on Kubernetes Redis's certificates come from a Secret (redis.tls.secret: ca.crt; with redis.tls.mutual, tls.crt and tls.key), mounted in the service's pods",
+        );
+        let secret = r.string(Some(m), path, "secret");
+        let mutual = boolean(r, Some(m), path, "mutual").unwrap_or(false);
+        if mutual && secret.is_none() {
+            r.push(
+                "redis.tls.secret",
+                "missing: redis.tls.mutual needs the Secret holding the service's certificate (tls.crt, tls.key)",
+            );
+        }
+        let file = |f: &str| format!("{REDIS_TLS_DIR}/{f}");
+        return Some(RedisTls {
+            ca: secret.as_ref().map(|_| file("ca.crt")),
+            client_cert: (mutual && secret.is_some()).then(|| (file("tls.crt"), file("tls.key"))),
+            insecure_skip_verify,
+            secret,
+        });
+    }
+    misplaced(
+        r,
+        m,
+        path,
+        &["secret", "mutual"],
+        "a Kubernetes setting, and render writes for a VM here (no namespace): give the files (redis.tls.ca; for mutual TLS redis.tls.cert and redis.tls.key)",
+    );
+    let ca = r.string(Some(m), path, "ca");
+    let cert = r.string(Some(m), path, "cert");
+    let key = r.string(Some(m), path, "key");
+    let client_cert = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (Some(_), None) => {
+            r.push(
+                "redis.tls.key",
+                "missing: the private key of redis.tls.cert (PEM)",
+            );
+            None
+        }
+        (None, Some(_)) => {
+            r.push(
+                "redis.tls.cert",
+                "missing: the certificate of redis.tls.key (PEM)",
+            );
+            None
+        }
+        (None, None) => None,
+    };
+    Some(RedisTls {
+        ca,
+        client_cert,
+        insecure_skip_verify,
+        secret: None,
+    })
 }
 
 /// A `{name, key}` mapping at `path`: `name` required (`what` says what
@@ -610,6 +1003,54 @@ pub(super) fn envoy(r: &mut Reader<'_>, v: Option<&Value>) -> Envoy {
         wasm_path,
         service_address,
         routes,
+    }
+}
+
+/// Plain Envoy: Envoy, the app and the rate-limit service share one
+/// machine (or one pod): every port `render` has them listen on must be
+/// its own. A clash is refused, naming both settings.
+fn distinct_ports(
+    r: &mut Reader<'_>,
+    envoy: &Envoy,
+    service: &RateLimitService,
+    monitoring: Option<&Monitoring>,
+    kube: bool,
+) {
+    let mut ports: Vec<(String, u32)> = vec![
+        ("envoy.listen_port".into(), envoy.listen_port),
+        ("envoy.admin_port".into(), envoy.admin_port),
+        ("envoy.app_port".into(), envoy.app_port),
+        ("service.port".into(), service.port),
+    ];
+    if let Some(m) = monitoring {
+        ports.push(("monitoring.envoy_metrics_port".into(), m.envoy_metrics_port));
+    }
+    match service.kind {
+        Service::Counter => ports.push((
+            format!("the counter's HTTP port ({COUNTER_HTTP_PORT}: /readyz, /metrics)"),
+            COUNTER_HTTP_PORT,
+        )),
+        Service::EnvoyRatelimit if kube => {
+            ports.push(("envoyproxy/ratelimit's HTTP port (8090)".into(), 8090));
+            ports.push(("envoyproxy/ratelimit's debug port (6070)".into(), 6070));
+            if monitoring.is_some() {
+                ports.push((
+                    format!("envoyproxy/ratelimit's metrics port ({SERVICE_METRICS_PORT})"),
+                    SERVICE_METRICS_PORT,
+                ));
+            }
+        }
+        Service::EnvoyRatelimit => {}
+    }
+    for (i, (field, port)) in ports.iter().enumerate() {
+        if let Some((other, _)) = ports.iter().take(i).find(|(_, p)| p == port) {
+            // Blame a setting, not a fixed port.
+            let path = if field.contains(' ') { other } else { field };
+            r.push(
+                path,
+                format!("port {port} is both {other} and {field}: every port render has listen beside Envoy must be its own"),
+            );
+        }
     }
 }
 

@@ -100,6 +100,55 @@ pub struct RateLimitService {
     /// Its gRPC port.
     pub port: u32,
     pub image: String,
+    /// `service.replicas`: how many replicas of its Deployment (2; 1 for
+    /// the counter's memory store, which takes no more).
+    pub replicas: u32,
+    /// `service.tls`: TLS on the hop from the filter's Envoy to the service.
+    pub tls: Option<ServiceTls>,
+}
+
+/// Where `render` mounts the Secrets of `service.tls` and `redis.tls`.
+pub const SERVICE_TLS_DIR: &str = "/etc/ratelimit-tls/server";
+pub const CLIENT_TLS_DIR: &str = "/etc/ratelimit-tls/client";
+pub const REDIS_TLS_DIR: &str = "/etc/ratelimit-tls/redis";
+
+/// `service.tls`: the hop from the filter's Envoy to the rate-limit
+/// service over TLS, as files on each side: given (a VM) or where the
+/// Secrets are mounted (Kubernetes: `server_secret` in the service's pods,
+/// `client_secret` in Envoy's, each with `tls.crt`, `tls.key`, `ca.crt`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceTls {
+    /// The service's certificate chain and key.
+    pub cert: String,
+    pub key: String,
+    /// Mutual TLS: the CA the service checks Envoy's certificate with.
+    pub client_ca: Option<String>,
+    /// The CA Envoy checks the service's certificate with.
+    pub ca: String,
+    /// Mutual TLS: Envoy's certificate chain and key.
+    pub client_cert: Option<(String, String)>,
+    /// The name Envoy sends (SNI) and wants among the service's SANs;
+    /// None: the service's address.
+    pub sni: Option<String>,
+    /// The client names the service accepts (among Envoy's SANs).
+    pub client_sans: Vec<String>,
+    /// Kubernetes: the Secrets mounted in the service's pods and Envoy's.
+    pub server_secret: Option<String>,
+    pub client_secret: Option<String>,
+}
+
+/// `redis.tls`: the hop from the service to Redis over TLS.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// The CA Redis's certificate is checked with (None: the system's).
+    pub ca: Option<String>,
+    /// Mutual TLS: the service's certificate chain and key.
+    pub client_cert: Option<(String, String)>,
+    /// Redis's certificate not checked (the counter: not at all;
+    /// envoyproxy/ratelimit: its name only).
+    pub insecure_skip_verify: bool,
+    /// Kubernetes: the Secret mounted in the service's pods.
+    pub secret: Option<String>,
 }
 
 /// `redis:`, the Redis the service counts in.
@@ -114,6 +163,8 @@ pub struct Redis {
     pub auth: Option<SecretRef>,
     /// The image of the Redis `render` writes.
     pub image: String,
+    /// `redis.tls`
+    pub tls: Option<RedisTls>,
 }
 
 /// A key of a Kubernetes Secret (`{name, key}` in a description).
@@ -257,8 +308,29 @@ pub const KEYS: &[&str] = &[
     "monitoring",
     "plugin",
 ];
-pub(super) const SERVICE_KEYS: &[&str] = &["kind", "name", "port", "image"];
-pub(super) const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image"];
+pub(super) const SERVICE_KEYS: &[&str] = &["kind", "name", "port", "image", "replicas", "tls"];
+pub(super) const SERVICE_TLS_KEYS: &[&str] = &[
+    "server_secret",
+    "client_secret",
+    "mutual",
+    "cert",
+    "key",
+    "client_ca",
+    "ca",
+    "client_cert",
+    "client_key",
+    "sni",
+    "client_sans",
+];
+pub(super) const REDIS_KEYS: &[&str] = &["url", "auth_secret", "image", "tls"];
+pub(super) const REDIS_TLS_KEYS: &[&str] = &[
+    "secret",
+    "mutual",
+    "ca",
+    "cert",
+    "key",
+    "insecure_skip_verify",
+];
 pub(super) const SECRET_KEYS: &[&str] = &["name", "key"];
 pub(super) const WORKLOAD_KEYS: &[&str] = &["name", "labels", "image"];
 pub(super) const ISTIO_KEYS: &[&str] = &["phase", "mode", "name", "priority"];
@@ -281,7 +353,9 @@ pub(super) const MONITORING_KEYS: &[&str] = &[
 /// ones `render --help` lists; `plugin` takes the filter's configuration).
 pub const SECTION_KEYS: &[(&str, &[&str])] = &[
     ("service", SERVICE_KEYS),
+    ("service.tls", SERVICE_TLS_KEYS),
     ("redis", REDIS_KEYS),
+    ("redis.tls", REDIS_TLS_KEYS),
     ("redis.auth_secret", SECRET_KEYS),
     ("workload", WORKLOAD_KEYS),
     ("istio", ISTIO_KEYS),
