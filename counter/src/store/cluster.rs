@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use redis::cluster_async::ClusterConnection;
 
-use super::{script, Lazy, Pending, Reach, Storage, StoreError};
+use super::{script, Deciding, Lazy, Pending, Reach, Storage, StoreError};
 use crate::decide::{Decision, Request};
 
 pub struct ClusterStore {
@@ -60,11 +60,7 @@ impl Storage for ClusterStore {
         "redis-cluster"
     }
 
-    fn decide<'a>(
-        &'a self,
-        requests: &'a [Request],
-        _now_ms: u64,
-    ) -> Pending<'a, Result<Vec<Decision>, StoreError>> {
+    fn decide<'a>(&'a self, requests: &'a [Request], _now_ms: u64) -> Deciding<'a> {
         Box::pin(async move {
             let c = self.connection.get(self.deadline).await?;
             // The requests of each hash tag, with their places in the call.
@@ -96,17 +92,11 @@ impl Storage for ClusterStore {
     }
 
     fn ping(&self) -> Pending<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let mut c = self.connection.get(self.deadline).await?;
-            script::ping(&mut c, self.deadline).await
-        })
+        Box::pin(self.connection.ping(self.deadline))
     }
 
     #[cfg(test)]
     fn value<'a>(&'a self, key: &'a str, _now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let mut c = self.connection.get(self.deadline).await?;
-            script::value(&mut c, key).await
-        })
+        Box::pin(self.connection.value(key, self.deadline))
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use crate::decide::{admits, Counts, Decision, Request};
 
-use super::{Pending, Storage, StoreError};
+use super::{Deciding, Pending, Storage, StoreError};
 
 /// The default bound: about 28 MB at the bytes per key measured (see
 /// docs/counter.md#the-memory-store).
@@ -88,11 +88,7 @@ impl Storage for MemoryStore {
         "memory"
     }
 
-    fn decide<'a>(
-        &'a self,
-        requests: &'a [Request],
-        now_ms: u64,
-    ) -> Pending<'a, Result<Vec<Decision>, StoreError>> {
+    fn decide<'a>(&'a self, requests: &'a [Request], now_ms: u64) -> Deciding<'a> {
         Box::pin(std::future::ready(self.decide_now(requests, now_ms)))
     }
 
@@ -192,28 +188,11 @@ impl MemoryCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Check;
+    use crate::store::testing::minute_check;
 
     fn request(key: &str) -> Request {
         Request {
-            checks: vec![Check {
-                index: 0,
-                unit: ratelimit_config::Unit::Minute,
-                limit: 10,
-                hits: 1,
-                key_hits: 1,
-                sliding: false,
-                shadow: false,
-                group: 0,
-                name: "g".into(),
-                tag: "{1:d:a}".into(),
-                key: key.into(),
-                prev_key: None,
-                window: (0, 60_000),
-                next_end: 120_000,
-                weight_ppm: 0,
-                ttl_ms: 60_000,
-            }],
+            checks: vec![minute_check(key, 10)],
             ..Request::default()
         }
     }

@@ -30,6 +30,9 @@ pub use url::redacted;
 /// A store's answer, later: what its methods return.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A call's decisions, later: what [`Storage::decide`] returns.
+pub type Deciding<'a> = Pending<'a, Result<Vec<Decision>, StoreError>>;
+
 /// One place the counts live. Every store decides as
 /// [`crate::decide::admits`] does (the memory store calls it; the Redis
 /// stores run `script.lua`, which the tests of `decide` prove to decide
@@ -41,11 +44,7 @@ pub trait Storage: Send + Sync {
     /// Decides every request of a call at `now_ms`, in order (an admitted
     /// request's hits count for the requests after it), adding the hits
     /// of the admitted ones: one decision per request.
-    fn decide<'a>(
-        &'a self,
-        requests: &'a [Request],
-        now_ms: u64,
-    ) -> Pending<'a, Result<Vec<Decision>, StoreError>>;
+    fn decide<'a>(&'a self, requests: &'a [Request], now_ms: u64) -> Deciding<'a>;
 
     /// Whether the store answers (a PING within the deadline), or why not.
     fn ping(&self) -> Pending<'_, Result<(), StoreError>>;
@@ -96,6 +95,21 @@ impl<C: Clone> Lazy<C> {
             Ok(Err(e)) => Err(StoreError::Redis(e)),
             Err(_) => Err(StoreError::Timeout),
         }
+    }
+}
+
+impl<C: redis::aio::ConnectionLike + Clone + Send> Lazy<C> {
+    /// A PING within `deadline` (the connection made if need be), or why not.
+    pub async fn ping(&self, deadline: Duration) -> Result<(), StoreError> {
+        let mut c = self.get(deadline).await?;
+        script::ping(&mut c, deadline).await
+    }
+
+    /// A key's value (0 when missing), for the tests that compare stores.
+    #[cfg(test)]
+    pub async fn value(&self, key: &str, deadline: Duration) -> Result<u64, StoreError> {
+        let mut c = self.get(deadline).await?;
+        script::value(&mut c, key).await
     }
 }
 

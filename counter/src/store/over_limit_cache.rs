@@ -141,27 +141,7 @@ impl OverLimitCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn check(key: &str) -> Check {
-        Check {
-            index: 0,
-            unit: ratelimit_config::Unit::Minute,
-            limit: 1,
-            hits: 1,
-            key_hits: 1,
-            sliding: false,
-            shadow: false,
-            group: 0,
-            name: "g".into(),
-            tag: "{1:d:a}".into(),
-            key: key.into(),
-            prev_key: None,
-            window: (0, 60_000),
-            next_end: 120_000,
-            weight_ppm: 0,
-            ttl_ms: 60_000,
-        }
-    }
+    use crate::store::testing::minute_check;
 
     #[test]
     fn the_over_limit_cache_stays_within_its_bound_under_a_flood_of_keys() {
@@ -172,7 +152,7 @@ mod tests {
         };
         for i in 0..10_000 {
             let r = Request {
-                checks: vec![check(&format!("k{i}"))],
+                checks: vec![minute_check(&format!("k{i}"), 1)],
                 ..Request::default()
             };
             cache.learn([(&r, &admitted)], 1_000);
@@ -180,7 +160,7 @@ mod tests {
         }
         // A full key refuses until its window ends, then no longer.
         let r = Request {
-            checks: vec![check("k9999")],
+            checks: vec![minute_check("k9999", 1)],
             ..Request::default()
         };
         assert!(cache.refuse(std::slice::from_ref(&r), 59_999)[0].is_some());

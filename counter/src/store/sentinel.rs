@@ -9,8 +9,8 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::SentinelClient;
 use redis::AsyncConnectionConfig;
 
-use super::{script, Pending, Reach, Storage, StoreError};
-use crate::decide::{Decision, Request};
+use super::{script, Deciding, Pending, Reach, Storage, StoreError};
+use crate::decide::Request;
 
 pub struct SentinelStore {
     /// Asks the sentinels (one search at a time).
@@ -127,11 +127,7 @@ impl Storage for SentinelStore {
         "redis-sentinel"
     }
 
-    fn decide<'a>(
-        &'a self,
-        requests: &'a [Request],
-        _now_ms: u64,
-    ) -> Pending<'a, Result<Vec<Decision>, StoreError>> {
+    fn decide<'a>(&'a self, requests: &'a [Request], _now_ms: u64) -> Deciding<'a> {
         Box::pin(async move {
             let got = async {
                 let mut c = self.get(self.deadline).await?;

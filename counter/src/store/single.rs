@@ -3,8 +3,8 @@
 
 use redis::aio::ConnectionManager;
 
-use super::{script, Lazy, Pending, Reach, Storage, StoreError};
-use crate::decide::{Decision, Request};
+use super::{script, Deciding, Lazy, Pending, Reach, Storage, StoreError};
+use crate::decide::Request;
 
 pub struct RedisStore {
     connection: Lazy<ConnectionManager>,
@@ -47,11 +47,7 @@ impl Storage for RedisStore {
         "redis"
     }
 
-    fn decide<'a>(
-        &'a self,
-        requests: &'a [Request],
-        _now_ms: u64,
-    ) -> Pending<'a, Result<Vec<Decision>, StoreError>> {
+    fn decide<'a>(&'a self, requests: &'a [Request], _now_ms: u64) -> Deciding<'a> {
         Box::pin(async move {
             let mut c = self.connection.get(self.deadline).await?;
             let all: Vec<&Request> = requests.iter().collect();
@@ -60,18 +56,12 @@ impl Storage for RedisStore {
     }
 
     fn ping(&self) -> Pending<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            let mut c = self.connection.get(self.deadline).await?;
-            script::ping(&mut c, self.deadline).await
-        })
+        Box::pin(self.connection.ping(self.deadline))
     }
 
     #[cfg(test)]
     fn value<'a>(&'a self, key: &'a str, _now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
-        Box::pin(async move {
-            let mut c = self.connection.get(self.deadline).await?;
-            script::value(&mut c, key).await
-        })
+        Box::pin(self.connection.value(key, self.deadline))
     }
 }
 

@@ -16,7 +16,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{memory, open, OverLimitCache, Store, StoreOptions};
-use crate::decide::{Decision, Request};
+use crate::decide::{Check, Decision, Request};
 
 /// The stores a test runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +53,28 @@ macro_rules! test_with_all_stores {
             }
         )*
     };
+}
+
+/// A fixed minute window's check of one hit on `key`, in the minute from 0.
+pub fn minute_check(key: &str, limit: u64) -> Check {
+    Check {
+        index: 0,
+        unit: ratelimit_config::Unit::Minute,
+        limit,
+        hits: 1,
+        key_hits: 1,
+        sliding: false,
+        shadow: false,
+        group: 0,
+        name: "g".into(),
+        tag: "{1:d:a}".into(),
+        key: key.into(),
+        prev_key: None,
+        window: (0, 60_000),
+        next_end: 120_000,
+        weight_ppm: 0,
+        ttl_ms: 60_000,
+    }
 }
 
 /// How long a Redis key of a test lives at least. Tests pass the time in:
