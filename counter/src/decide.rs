@@ -1,7 +1,9 @@
 //! The pure core: a call's descriptors split into requests at the marks,
 //! each descriptor resolved to the team file's rule, the counter keys of
 //! its windows at `now`, and the decision from the counts. No I/O, time
-//! passed in; the stores (memory, Redis) apply the same decision.
+//! passed in. Every store applies this decision ([`admits`]): the memory
+//! store calls it, the Redis stores' script is tested against it (the
+//! tests below run on every store, `test_with_all_stores!`).
 
 use std::collections::HashMap;
 
