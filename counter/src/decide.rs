@@ -1,7 +1,9 @@
 //! The pure core: a call's descriptors split into requests at the marks,
 //! each descriptor resolved to the team file's rule, the counter keys of
 //! its windows at `now`, and the decision from the counts. No I/O, time
-//! passed in; the stores (memory, Redis) apply the same decision.
+//! passed in. Every store applies this decision ([`admits`]): the memory
+//! store calls it, the Redis stores' script is tested against it (the
+//! tests below run on every store, `test_with_all_stores!`).
 
 use std::collections::HashMap;
 
@@ -110,6 +112,14 @@ pub struct Plan {
 pub struct Counts {
     pub current: u64,
     pub previous: u64,
+}
+
+/// How one request was decided: the counts of its checks as read before
+/// its hits were added (in its checks' order), and whether it was admitted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    pub counts: Vec<Counts>,
+    pub admitted: bool,
 }
 
 /// The hits of a descriptor: its own `hits_addend` when set (0 checks
@@ -380,16 +390,15 @@ fn overshoot(c: &Check, before: u64, after: u64) -> u64 {
     after.saturating_sub(before.max(c.limit))
 }
 
-/// The answer to a call from each request's counts (read before its hits
-/// were added) and whether it was admitted: one status per descriptor, in
+/// The answer to a call from each request's decision (one per request, in
+/// the plan's order; a request without one is refused): one status per descriptor, in
 /// order; marks and descriptors without a rule OK with no limit. A push's
 /// status is OVER_LIMIT where its hits took the count past the limit (0
 /// left), as envoyproxy/ratelimit answers hits it counts whatever the
 /// limit.
 pub fn answer(
     plan: &Plan,
-    counts: &[Vec<Counts>],
-    admitted: &[bool],
+    decisions: &[Decision],
     now_ms: u64,
 ) -> (RateLimitResponse, Vec<Outcome>) {
     let ok = DescriptorStatus {
@@ -400,9 +409,10 @@ pub fn answer(
     let mut overall = Code::Ok;
     let mut outcomes = Vec::with_capacity(plan.requests.len());
     for (i, r) in plan.requests.iter().enumerate() {
-        let admitted = admitted.get(i).copied().unwrap_or(false);
-        let empty = Vec::new();
-        let counts = counts.get(i).unwrap_or(&empty);
+        let (counts, admitted) = match decisions.get(i) {
+            Some(d) => (d.counts.as_slice(), d.admitted),
+            None => (&[][..], false),
+        };
         let mut outcome = Outcome {
             group: r.checks.first().map_or(0, |c| c.group),
             admitted,
@@ -455,73 +465,6 @@ pub fn answer(
         },
         outcomes,
     )
-}
-
-/// The in-process store: counts per key with the instant they expire.
-#[derive(Debug, Default)]
-pub struct MemoryCounts {
-    counts: HashMap<String, (u64, u64)>,
-}
-
-impl MemoryCounts {
-    fn get(&self, key: &str, now_ms: u64) -> u64 {
-        match self.counts.get(key) {
-            Some(&(n, expires)) if expires > now_ms => n,
-            _ => 0,
-        }
-    }
-
-    /// Decides one request and adds its hits when it is admitted.
-    pub fn apply(&mut self, r: &Request, now_ms: u64) -> (Vec<Counts>, bool) {
-        let counts: Vec<Counts> = r
-            .checks
-            .iter()
-            .map(|c| Counts {
-                current: self.get(&c.key, now_ms),
-                previous: c.prev_key.as_deref().map_or(0, |k| self.get(k, now_ms)),
-            })
-            .collect();
-        let admitted = admits(r, &counts);
-        if admitted {
-            for c in r.checks.iter().filter(|c| c.hits > 0) {
-                let e = self
-                    .counts
-                    .entry(c.key.clone())
-                    .or_insert((0, now_ms.saturating_add(c.ttl_ms)));
-                if e.1 <= now_ms {
-                    *e = (0, now_ms.saturating_add(c.ttl_ms));
-                }
-                e.0 = e.0.saturating_add(c.hits);
-            }
-        }
-        (counts, admitted)
-    }
-
-    /// Drops the counters that have expired.
-    pub fn sweep(&mut self, now_ms: u64) {
-        self.counts.retain(|_, (_, expires)| *expires > now_ms);
-    }
-
-    /// How many counters it holds (expired ones not yet swept included).
-    pub fn held(&self) -> usize {
-        self.counts.len()
-    }
-
-    /// Whether it holds a counter (maybe expired) for `key`.
-    pub fn holds(&self, key: &str) -> bool {
-        self.counts.contains_key(key)
-    }
-
-    #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
-        self.counts.is_empty()
-    }
-
-    /// A counter's value.
-    #[cfg(test)]
-    pub fn value(&self, key: &str, now_ms: u64) -> u64 {
-        self.get(key, now_ms)
-    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ impl State {
                 .cache_refused
                 .fetch_add(decided.from_cache as u64, Ordering::Relaxed);
         }
-        let (response, outcomes) = answer(&planned, &decided.counts, &decided.admitted, now);
+        let (response, outcomes) = answer(&planned, &decided.requests, now);
         if let Some(d) = &domain {
             // Per group first (a call's requests are mostly of a few
             // groups), then each group's name once.

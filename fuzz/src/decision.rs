@@ -15,8 +15,9 @@
 
 use std::collections::HashMap;
 
-use ratelimit_counter::decide::{answer, plan, MemoryCounts};
+use ratelimit_counter::decide::{answer, plan};
 use ratelimit_counter::proto::{Entry, RateLimitDescriptor, RateLimitRequest, UInt64Value};
+use ratelimit_counter::store::memory::MemoryCounts;
 
 use crate::rls_request::{decide_and_check, domain, NOW_MS};
 
@@ -107,30 +108,28 @@ pub fn check(data: &[u8]) {
     // What the admitted requests added to each counter, and its limit.
     let mut held: HashMap<String, (u64, u64)> = HashMap::new();
     for _ in 0..repeat {
-        let mut counts = Vec::new();
-        let mut admitted = Vec::new();
+        let mut decided = Vec::new();
         for r in &planned.requests {
-            let (c, ok) = store.apply(r, now);
-            if ok {
+            let d = store.apply(r, now);
+            if d.admitted {
                 for check in &r.checks {
                     let e = held.entry(check.key.clone()).or_insert((0, check.limit));
                     e.0 = e.0.saturating_add(check.hits);
                     e.1 = e.1.min(check.limit);
                 }
             }
-            counts.push(c);
-            admitted.push(ok);
+            decided.push(d);
         }
         for (key, (hits, limit)) in &held {
             assert!(hits <= limit, "{key}: {hits} admitted, limit {limit}");
         }
-        let (response, _) = answer(&planned, &counts, &admitted, now);
+        let (response, _) = answer(&planned, &decided, now);
         assert_eq!(response.statuses.len(), req.descriptors.len());
         // The same counts through the shared checks.
         decide_and_check(Some(&d), &req, now, &|i, j| {
-            counts
+            decided
                 .get(i)
-                .and_then(|c| c.get(j))
+                .and_then(|d| d.counts.get(j))
                 .copied()
                 .unwrap_or_default()
         });

@@ -17,7 +17,7 @@ use prost::Message;
 use ratelimit_config::team_file::check_team_file_for;
 use ratelimit_config::Service;
 use ratelimit_counter::decide::{
-    admits, answer, plan, BadCall, Counts, Domain, MAX_DESCRIPTORS, MAX_ENTRIES,
+    admits, answer, plan, BadCall, Counts, Decision, Domain, MAX_DESCRIPTORS, MAX_ENTRIES,
 };
 use ratelimit_counter::proto::{Code, RateLimitRequest};
 
@@ -66,19 +66,19 @@ pub fn decide_and_check(
         .iter()
         .all(|d| d.entries.len() <= MAX_ENTRIES));
     assert_eq!(planned.descriptors, req.descriptors.len());
-    let counts: Vec<Vec<Counts>> = planned
+    let decided: Vec<Decision> = planned
         .requests
         .iter()
         .enumerate()
-        .map(|(i, r)| (0..r.checks.len()).map(|j| counts(i, j)).collect())
+        .map(|(i, r)| {
+            let counts: Vec<Counts> = (0..r.checks.len()).map(|j| counts(i, j)).collect();
+            Decision {
+                admitted: admits(r, &counts),
+                counts,
+            }
+        })
         .collect();
-    let admitted: Vec<bool> = planned
-        .requests
-        .iter()
-        .zip(&counts)
-        .map(|(r, c)| admits(r, c))
-        .collect();
-    let (response, outcomes) = answer(&planned, &counts, &admitted, now_ms);
+    let (response, outcomes) = answer(&planned, &decided, now_ms);
     assert_eq!(response.statuses.len(), req.descriptors.len());
     assert_eq!(outcomes.len(), planned.requests.len());
     let any_over = response
@@ -92,7 +92,8 @@ pub fn decide_and_check(
             assert!(s.limit_remaining <= l.requests_per_unit);
         }
     }
-    for ((r, ok), o) in planned.requests.iter().zip(&admitted).zip(&outcomes) {
+    for ((r, d), o) in planned.requests.iter().zip(&decided).zip(&outcomes) {
+        let ok = &d.admitted;
         assert_eq!(o.admitted, *ok);
         let mut seen = Vec::new();
         for c in &r.checks {

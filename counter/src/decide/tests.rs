@@ -1,5 +1,13 @@
+//! The decision's tests, each run on every store (memory, one Redis, a
+//! Redis Cluster) by `test_with_all_stores!`: the script decides as the
+//! Rust code does.
+
 use super::*;
 use crate::proto::{Entry, RateLimitDescriptor, UInt64Value};
+use crate::store::testing::{Kind, Under};
+use crate::test_with_all_stores;
+use proptest::prelude::{any, Strategy};
+use proptest::test_runner::{Config, TestCaseResult, TestRunner};
 use ratelimit_config::validate::parse_team_limits_for;
 use ratelimit_config::Service;
 
@@ -33,28 +41,46 @@ fn call(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     }
 }
 
-fn run(
-    store: &mut MemoryCounts,
-    d: &Domain,
-    req: &RateLimitRequest,
-    now: u64,
-) -> RateLimitResponse {
+/// One call decided by the store `s` at `now`, answered.
+fn run(s: &Under, d: &Domain, req: &RateLimitRequest, now: u64) -> RateLimitResponse {
     let plan = plan(Some(d), req, now).unwrap();
-    let mut counts = Vec::new();
-    let mut admitted = Vec::new();
-    for r in &plan.requests {
-        let (c, a) = store.apply(r, now);
-        counts.push(c);
-        admitted.push(a);
+    answer(&plan, &s.decide(&plan.requests, now), now).0
+}
+
+fn admitted(decided: &[Decision]) -> Vec<bool> {
+    decided.iter().map(|d| d.admitted).collect()
+}
+
+/// Whether a mark goes before a descriptor of `tenant` after one of
+/// `last` in the same request: on a Cluster, a request's keys must share a
+/// slot (one script call decides it atomically), and each tenant has its
+/// own slot: a request naming two tenants fails there (CROSSSLOT), so the
+/// random calls mark where the tenant changes.
+fn new_request(s: &Under, marked: bool, last: Option<usize>, tenant: usize) -> bool {
+    marked || (s.kind == Kind::Cluster && last.is_some_and(|l| l != tenant))
+}
+
+/// A property test on the store `s`: `test` on each case drawn from
+/// `strategy`, every case on a fresh store.
+fn prop<S: Strategy>(s: &Under, strategy: S, test: impl Fn(S::Value) -> TestCaseResult) {
+    let mut runner = TestRunner::new(Config {
+        cases: s.cases(),
+        failure_persistence: None,
+        ..Config::default()
+    });
+    if let Err(e) = runner.run(&strategy, |v| {
+        s.fresh();
+        test(v)
+    }) {
+        panic!("{:?}: {e}", s.kind);
     }
-    answer(&plan, &counts, &admitted, now).0
 }
 
 const T0: u64 = 1_800_000_000_000; // an hour's (and a minute's) boundary
 
 /// A call of one push of `hits` on the tenant's minute and hour: its
 /// answer, and how far past a limit its hits took a count.
-fn push(m: &mut MemoryCounts, d: &Domain, hits: u64, now: u64) -> (RateLimitResponse, u64) {
+fn push(s: &Under, d: &Domain, hits: u64, now: u64) -> (RateLimitResponse, u64) {
     let req = call(vec![
         desc(&[(REQUEST_MARK, PUSH)], None),
         desc(
@@ -65,16 +91,14 @@ fn push(m: &mut MemoryCounts, d: &Domain, hits: u64, now: u64) -> (RateLimitResp
     ]);
     let p = plan(Some(d), &req, now).unwrap();
     assert!(p.requests[0].push);
-    let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
-    assert_eq!(admitted, [true], "a push is always counted");
-    let (r, outcomes) = answer(&p, &counts, &admitted, now);
+    let decided = s.decide(&p.requests, now);
+    assert_eq!(admitted(&decided), [true], "a push is always counted");
+    let (r, outcomes) = answer(&p, &decided, now);
     (r, outcomes[0].overshoot)
 }
 
-#[test]
-fn a_push_is_counted_whole_on_every_window_and_answered_with_the_count() {
+fn a_push_is_counted_whole_on_every_window_and_answered_with_the_count(s: &Under) {
     let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 8}}}"#);
-    let mut m = MemoryCounts::default();
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     // status: (code, remaining) of the minute and the hour, after the mark.
     let got = |r: &RateLimitResponse| {
@@ -83,14 +107,14 @@ fn a_push_is_counted_whole_on_every_window_and_answered_with_the_count() {
             .map(|s| (s.code, s.limit_remaining))
             .collect::<Vec<_>>()
     };
-    let (r, overshoot) = push(&mut m, &d, 4, T0);
+    let (r, overshoot) = push(s, &d, 4, T0);
     assert_eq!(
         (r.overall_code, got(&r), overshoot),
         (ok, vec![(ok, 1), (ok, 4)], 0)
     );
     assert_eq!(r.statuses[0].code, ok, "the mark's own status");
     // 3 more: the minute at 7 of 5, counted whole; 2 past its limit.
-    let (r, overshoot) = push(&mut m, &d, 3, T0 + 1);
+    let (r, overshoot) = push(s, &d, 3, T0 + 1);
     assert_eq!(
         (r.overall_code, got(&r), overshoot),
         (over, vec![(over, 0), (ok, 1)], 2)
@@ -109,57 +133,51 @@ fn a_push_is_counted_whole_on_every_window_and_answered_with_the_count() {
         .checks[0]
         .key
         .clone();
-    assert_eq!(m.value(&minute, T0 + 1), 7);
+    assert_eq!(s.value(&minute, T0 + 1), 7);
     // An ordinary request is still refused whole, nothing counted.
     let one = call(vec![
         desc(&[(REQUEST_MARK, "")], None),
         desc(&[("generic_key", "per_minute"), ("tenant", "a")], None),
         desc(&[("generic_key", "per_hour"), ("tenant", "a")], None),
     ]);
-    assert_eq!(run(&mut m, &d, &one, T0 + 2).overall_code, over);
-    assert_eq!(m.value(&minute, T0 + 2), 7);
+    assert_eq!(run(s, &d, &one, T0 + 2).overall_code, over);
+    assert_eq!(s.value(&minute, T0 + 2), 7);
     // The next minute: its own count, and the hour 1 past its 8.
-    let (r, overshoot) = push(&mut m, &d, 2, T0 + 60_000);
+    let (r, overshoot) = push(s, &d, 2, T0 + 60_000);
     assert_eq!(
         (r.overall_code, got(&r), overshoot),
         (over, vec![(ok, 3), (over, 0)], 1)
     );
     // Already past: every hit of a push is past the limit.
-    let (_, overshoot) = push(&mut m, &d, 2, T0 + 60_001);
+    let (_, overshoot) = push(s, &d, 2, T0 + 60_001);
     assert_eq!(overshoot, 2);
 }
 
-#[test]
-fn a_refused_request_adds_nothing_anywhere() {
+fn a_refused_request_adds_nothing_anywhere(s: &Under) {
     let d = domain(r#"{"x-t": {"default": {"perminute": 2, "perhour": 3}}}"#);
     let req = call(vec![
         desc(&[("generic_key", "per_minute"), ("tenant", "a")], None),
         desc(&[("generic_key", "per_hour"), ("tenant", "a")], None),
     ]);
-    let mut m = MemoryCounts::default();
     let codes = |r: &RateLimitResponse| r.statuses.iter().map(|s| s.code).collect::<Vec<_>>();
-    assert_eq!(run(&mut m, &d, &req, T0).overall_code, Code::Ok as i32);
-    let r = run(&mut m, &d, &req, T0 + 1);
+    assert_eq!(run(s, &d, &req, T0).overall_code, Code::Ok as i32);
+    let r = run(s, &d, &req, T0 + 1);
     assert_eq!(r.statuses[0].limit_remaining, 0);
     assert_eq!(r.statuses[1].limit_remaining, 1);
     // Over the minute: refused, and the hour keeps its one left.
-    let r = run(&mut m, &d, &req, T0 + 2);
+    let r = run(s, &d, &req, T0 + 2);
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(codes(&r), vec![Code::OverLimit as i32, Code::Ok as i32]);
     assert_eq!(r.statuses[1].limit_remaining, 1);
     // The next minute: the hour's last one, then the hour refuses.
-    assert_eq!(
-        run(&mut m, &d, &req, T0 + 60_000).overall_code,
-        Code::Ok as i32
-    );
-    let r = run(&mut m, &d, &req, T0 + 60_001);
+    assert_eq!(run(s, &d, &req, T0 + 60_000).overall_code, Code::Ok as i32);
+    let r = run(s, &d, &req, T0 + 60_001);
     assert_eq!(codes(&r), vec![Code::Ok as i32, Code::OverLimit as i32]);
     let hour = &plan(Some(&d), &req, T0).unwrap().requests[0].checks[1].key;
-    assert_eq!(m.value(hour, T0 + 60_002), 3, "exactly what was admitted");
+    assert_eq!(s.value(hour, T0 + 60_002), 3, "exactly what was admitted");
 }
 
-#[test]
-fn marks_split_a_call_into_requests_and_get_a_status_of_their_own() {
+fn marks_split_a_call_into_requests_and_get_a_status_of_their_own(s: &Under) {
     let d = domain(r#"{"x-t": {"default": {"perminute": 1}}}"#);
     let mark = || desc(&[(REQUEST_MARK, "")], None);
     let minute = |t: &str| desc(&[("generic_key", "per_minute"), ("tenant", t)], None);
@@ -173,8 +191,7 @@ fn marks_split_a_call_into_requests_and_get_a_status_of_their_own() {
     ]);
     let p = plan(Some(&d), &req, T0).unwrap();
     assert_eq!(p.requests.len(), 3);
-    let mut m = MemoryCounts::default();
-    let r = run(&mut m, &d, &req, T0);
+    let r = run(s, &d, &req, T0);
     let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     assert_eq!(codes, vec![ok, ok, ok, over, ok, ok]);
@@ -189,8 +206,7 @@ fn marks_split_a_call_into_requests_and_get_a_status_of_their_own() {
     );
 }
 
-#[test]
-fn unknown_domains_and_descriptors_without_a_rule_are_ok_without_a_limit() {
+fn unknown_domains_and_descriptors_without_a_rule_are_ok_without_a_limit(s: &Under) {
     let d = domain(r#"{"x-t": {"gold": {"header_value": ["g"], "perminute": 1}}}"#);
     let req = call(vec![
         desc(&[("generic_key", "per_minute"), ("tenant", "nobody")], None),
@@ -198,28 +214,25 @@ fn unknown_domains_and_descriptors_without_a_rule_are_ok_without_a_limit() {
         desc(&[("other", "x")], None),
         desc(&[], None),
     ]);
-    let mut m = MemoryCounts::default();
     for dom in [None, Some(&d)] {
         let p = plan(dom, &req, T0).unwrap();
         assert!(p.requests.iter().all(|r| r.checks.is_empty()));
-        let r = answer(&p, &[], &[true], T0).0;
+        let decided = s.decide(&p.requests, T0);
+        assert!(decided.iter().all(|d| d.admitted && d.counts.is_empty()));
+        let r = answer(&p, &decided, T0).0;
         assert_eq!(r.overall_code, Code::Ok as i32);
         assert_eq!(r.statuses.len(), 4);
         assert!(r.statuses.iter().all(|s| s.current_limit.is_none()));
     }
-    assert!(m.is_empty());
-    m.sweep(T0);
 }
 
-#[test]
-fn hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting() {
+fn hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting(s: &Under) {
     let d = domain(r#"{"x-t": {"default": {"perminute": 2}}}"#);
     let check = call(vec![desc(
         &[("generic_key", "per_minute"), ("tenant", "a")],
         Some(0),
     )]);
-    let mut m = MemoryCounts::default();
-    let r = run(&mut m, &d, &check, T0);
+    let r = run(s, &d, &check, T0);
     assert_eq!(
         (r.overall_code, r.statuses[0].limit_remaining),
         (Code::Ok as i32, 2)
@@ -229,25 +242,20 @@ fn hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting() {
         None,
     )]);
     huge.hits_addend = u32::MAX;
-    assert_eq!(
-        run(&mut m, &d, &huge, T0).overall_code,
-        Code::OverLimit as i32
-    );
+    assert_eq!(run(s, &d, &huge, T0).overall_code, Code::OverLimit as i32);
     let big = call(vec![desc(
         &[("generic_key", "per_minute"), ("tenant", "a")],
         Some(u64::MAX),
     )]);
-    assert_eq!(
-        run(&mut m, &d, &big, T0).overall_code,
-        Code::OverLimit as i32
-    );
-    assert!(m.is_empty(), "nothing counted");
+    assert_eq!(run(s, &d, &big, T0).overall_code, Code::OverLimit as i32);
+    let minute = &plan(Some(&d), &check, T0).unwrap().requests[0].checks[0].key;
+    assert_eq!(s.value(minute, T0), 0, "nothing counted");
     let two = call(vec![desc(
         &[("generic_key", "per_minute"), ("tenant", "a")],
         Some(2),
     )]);
-    assert_eq!(run(&mut m, &d, &two, T0).overall_code, Code::Ok as i32);
-    let r = run(&mut m, &d, &check, T0);
+    assert_eq!(run(s, &d, &two, T0).overall_code, Code::Ok as i32);
+    let r = run(s, &d, &check, T0);
     assert_eq!(
         r.overall_code,
         Code::OverLimit as i32,
@@ -255,8 +263,7 @@ fn hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting() {
     );
 }
 
-#[test]
-fn routes_count_apart_and_calendar_windows_end_on_the_calendar() {
+fn routes_count_apart_and_calendar_windows_end_on_the_calendar(s: &Under) {
     let d =
         domain(r#"{"x-t": {"default": {"permonth": 5, "routes": {"reports": {"perweek": 1}}}}}"#);
     let req = call(vec![
@@ -278,96 +285,120 @@ fn routes_count_apart_and_calendar_windows_end_on_the_calendar() {
     assert_eq!(checks[1].window.1, now + 1_000, "Monday");
     assert!(checks[1].key.ends_with(":r:reports"));
     assert_eq!(checks[0].tag, checks[1].tag);
-    let mut m = MemoryCounts::default();
-    let r = run(&mut m, &d, &req, now);
+    let r = run(s, &d, &req, now);
     assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 1);
     assert_eq!(
         r.statuses[1].current_limit.as_ref().unwrap().name,
         "default/reports"
     );
     assert_eq!(
-        run(&mut m, &d, &req, now + 500).overall_code,
+        run(s, &d, &req, now + 500).overall_code,
         Code::OverLimit as i32
     );
-    assert_eq!(
-        run(&mut m, &d, &req, now + 1_000).overall_code,
-        Code::Ok as i32
-    );
+    assert_eq!(run(s, &d, &req, now + 1_000).overall_code, Code::Ok as i32);
 }
 
-#[test]
-fn a_sliding_window_stops_the_boundary_burst() {
+fn a_sliding_window_stops_the_boundary_burst(s: &Under) {
     let d = domain(r#"{"x-t": {"default": {"perminute": 10, "window": "sliding"}}}"#);
     let one = call(vec![desc(
         &[("generic_key", "per_minute"), ("tenant", "a")],
         None,
     )]);
-    let mut m = MemoryCounts::default();
-    let admitted_between = |m: &mut MemoryCounts, from: u64, n: u64| {
+    let admitted_between = |from: u64, n: u64| {
         (0..n)
-            .filter(|i| run(m, &d, &one, from + i).overall_code == Code::Ok as i32)
+            .filter(|i| run(s, &d, &one, from + i).overall_code == Code::Ok as i32)
             .count()
     };
     // All 10 in the last second of a minute, then a burst at the next one's start.
-    assert_eq!(admitted_between(&mut m, T0 + 59_000, 30), 10);
-    assert_eq!(
-        admitted_between(&mut m, T0 + 60_000, 30),
-        0,
-        "fixed would admit 10"
-    );
+    assert_eq!(admitted_between(T0 + 59_000, 30), 10);
+    assert_eq!(admitted_between(T0 + 60_000, 30), 0, "fixed would admit 10");
     // A quarter into the next minute: three quarters of 10 still count.
-    assert_eq!(admitted_between(&mut m, T0 + 75_000, 30), 2);
-    let r = run(&mut m, &d, &one, T0 + 75_100);
+    assert_eq!(admitted_between(T0 + 75_000, 30), 2);
+    let r = run(s, &d, &one, T0 + 75_100);
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     let wait = r.statuses[0].duration_until_reset.unwrap().seconds;
     assert!((1..=10).contains(&wait), "{wait}");
 }
 
-proptest::proptest! {
-    #[test]
-    fn memory_never_admits_more_than_the_limit_in_a_window(
-        limit in 1u32..20, steps in proptest::collection::vec((0u64..3_000, 0u64..3), 1..200)
-    ) {
-        let d = domain(&format!(r#"{{"x-t": {{"default": {{"persecond": {limit}}}}}}}"#));
-        let mut m = MemoryCounts::default();
+/// Seen once by proptest: one request naming the minute and the hour of
+/// one tenant four times adds all its hits to each, decided on their sum.
+fn a_request_naming_one_counter_four_times_adds_all_its_hits(s: &Under) {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 7}}}"#);
+    let twice = |descriptors: &mut Vec<RateLimitDescriptor>| {
+        descriptors.push(desc(
+            &[("generic_key", "per_minute"), ("tenant", "b")],
+            Some(2),
+        ));
+        descriptors.push(desc(
+            &[("generic_key", "per_hour"), ("tenant", "b")],
+            Some(2),
+        ));
+    };
+    let mut descriptors = Vec::new();
+    for _ in 0..4 {
+        twice(&mut descriptors);
+    }
+    let req = call(descriptors);
+    assert_eq!(run(s, &d, &req, T0).overall_code, Code::OverLimit as i32);
+    let mut descriptors = Vec::new();
+    twice(&mut descriptors);
+    twice(&mut descriptors);
+    let req = call(descriptors);
+    let p = plan(Some(&d), &req, T0).unwrap();
+    assert_eq!(run(s, &d, &req, T0).overall_code, Code::Ok as i32);
+    for c in &p.requests[0].checks {
+        assert_eq!(s.value(&c.key, T0), 4);
+    }
+}
+
+fn never_admits_more_than_the_limit_in_a_window(s: &Under) {
+    let steps = proptest::collection::vec((0u64..3_000, 0u64..3), 1..200);
+    prop(s, (1u32..20, steps), |(limit, steps)| {
+        let d = domain(&format!(
+            r#"{{"x-t": {{"default": {{"persecond": {limit}}}}}}}"#
+        ));
         let mut now = T0;
         let mut per_window: HashMap<u64, u64> = HashMap::new();
         for (dt, hits) in steps {
             now += dt;
-            let req = call(vec![desc(&[("generic_key", "per_second"), ("tenant", "a")], Some(hits))]);
-            if run(&mut m, &d, &req, now).overall_code == Code::Ok as i32 {
+            let req = call(vec![desc(
+                &[("generic_key", "per_second"), ("tenant", "a")],
+                Some(hits),
+            )]);
+            if run(s, &d, &req, now).overall_code == Code::Ok as i32 {
                 *per_window.entry(now / 1_000).or_default() += hits;
             }
         }
         proptest::prop_assert!(per_window.values().all(|&n| n <= u64::from(limit)));
-    }
+        Ok(())
+    });
 }
 
-proptest::proptest! {
-    /// Pushes and ordinary requests in one window: the counter holds every
-    /// pushed hit and the admitted requests' hits, an ordinary request is
-    /// admitted only when it fits, and the pushes' overshoot adds up to
-    /// what the count went past the limit.
-    #[test]
-    fn pushes_are_counted_whole_and_their_overshoot_is_the_count_past_the_limit(
-        steps in proptest::collection::vec((0u64..4, proptest::prelude::any::<bool>()), 1..40)
-    ) {
+/// Pushes and ordinary requests in one window: the counter holds every
+/// pushed hit and the admitted requests' hits, an ordinary request is
+/// admitted only when it fits, and the pushes' overshoot adds up to what
+/// the count went past the limit.
+fn pushes_are_counted_whole_and_their_overshoot_is_the_count_past_the_limit(s: &Under) {
+    let steps = proptest::collection::vec((0u64..4, any::<bool>()), 1..40);
+    prop(s, steps, |steps| {
         let d = domain(r#"{"x-t": {"default": {"perminute": 5}}}"#);
-        let mut m = MemoryCounts::default();
         let (mut total, mut overshoot) = (0u64, 0u64);
         for (i, (hits, is_push)) in steps.into_iter().enumerate() {
             let now = T0 + i as u64;
             let mark = if is_push { PUSH } else { "" };
             let req = call(vec![
                 desc(&[(REQUEST_MARK, mark)], None),
-                desc(&[("generic_key", "per_minute"), ("tenant", "a")], Some(hits)),
+                desc(
+                    &[("generic_key", "per_minute"), ("tenant", "a")],
+                    Some(hits),
+                ),
             ]);
             let p = plan(Some(&d), &req, now).unwrap();
-            let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
-            let (r, outcomes) = answer(&p, &counts, &admitted, now);
+            let decided = s.decide(&p.requests, now);
+            let (r, outcomes) = answer(&p, &decided, now);
             let fits = total + hits <= 5 && !(hits == 0 && total >= 5);
-            proptest::prop_assert_eq!(admitted[0], is_push || fits);
-            if admitted[0] {
+            proptest::prop_assert_eq!(decided[0].admitted, is_push || fits);
+            if decided[0].admitted {
                 total += hits;
             }
             overshoot += outcomes[0].overshoot;
@@ -375,55 +406,72 @@ proptest::proptest! {
                 // Past the limit (a push of 0 hits checks only: at it).
                 let past = total > 5 || (hits == 0 && total == 5);
                 proptest::prop_assert_eq!(r.statuses[1].code == Code::OverLimit as i32, past);
-                proptest::prop_assert_eq!(u64::from(r.statuses[1].limit_remaining), 5u64.saturating_sub(total));
+                proptest::prop_assert_eq!(
+                    u64::from(r.statuses[1].limit_remaining),
+                    5u64.saturating_sub(total)
+                );
             }
             let key = &p.requests[0].checks[0].key;
-            proptest::prop_assert_eq!(m.value(key, now), total);
+            proptest::prop_assert_eq!(s.value(key, now), total);
         }
         proptest::prop_assert_eq!(overshoot, total.saturating_sub(5));
-    }
+        Ok(())
+    });
 }
 
-proptest::proptest! {
-    /// Any bytes: decoded or refused, and a decoded call answered with one
-    /// status per descriptor, never a panic (what fuzz/ will run longer).
-    #[test]
-    fn any_message_is_answered_or_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), now in 0u64..4_102_444_800_000) {
-        use prost::Message;
-        let d = domain(r#"{"x-t": {"default": {"perminute": 2, "permonth": 9, "window": "sliding", "routes": {"r": {"perweek": 1}}}}}"#);
+/// Any bytes: decoded or refused, and a decoded call answered with one
+/// status per descriptor, never a panic (what fuzz/ will run longer).
+fn any_message_is_answered_or_refused(s: &Under) {
+    use prost::Message;
+    let bytes = proptest::collection::vec(any::<u8>(), 0..400);
+    prop(s, (bytes, 0u64..4_102_444_800_000), |(bytes, now)| {
+        let d = domain(
+            r#"{"x-t": {"default": {"perminute": 2, "permonth": 9, "window": "sliding", "routes": {"r": {"perweek": 1}}}}}"#,
+        );
         if let Ok(req) = RateLimitRequest::decode(bytes.as_slice()) {
             if let Ok(p) = plan(Some(&d), &req, now) {
-                let mut m = MemoryCounts::default();
-                let (counts, admitted): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| m.apply(r, now)).unzip();
-                let (r, outcomes) = answer(&p, &counts, &admitted, now);
+                let decided = s.decide(&p.requests, now);
+                let (r, outcomes) = answer(&p, &decided, now);
                 proptest::prop_assert_eq!(r.statuses.len(), req.descriptors.len());
                 proptest::prop_assert_eq!(outcomes.len(), p.requests.len());
             }
         }
-    }
+        Ok(())
+    });
+}
 
-    /// Well-formed calls of random shapes: every admitted request's hits
-    /// are in its counters, and a refused one's nowhere.
-    #[test]
-    fn counters_hold_exactly_what_was_admitted(calls in proptest::collection::vec(proptest::collection::vec((0usize..3, 0u64..3, proptest::prelude::any::<bool>()), 1..6), 1..30)) {
+/// Well-formed calls of random shapes: every admitted request's hits are
+/// in its counters, and a refused one's nowhere.
+fn counters_hold_exactly_what_was_admitted(s: &Under) {
+    let calls = proptest::collection::vec(
+        proptest::collection::vec((0usize..3, 0u64..3, any::<bool>()), 1..6),
+        1..30,
+    );
+    prop(s, calls, |calls| {
         let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 7}}}"#);
-        let mut m = MemoryCounts::default();
         let mut admitted_hits: HashMap<String, u64> = HashMap::new();
         for c in calls {
             let mut descriptors = Vec::new();
+            let mut last = None;
             for (tenant, hits, mark) in c {
-                if mark {
+                if new_request(s, mark, last, tenant) {
                     descriptors.push(desc(&[(REQUEST_MARK, "")], None));
                 }
+                last = Some(tenant);
                 let t = ["a", "b", "c"][tenant];
-                descriptors.push(desc(&[("generic_key", "per_minute"), ("tenant", t)], Some(hits)));
-                descriptors.push(desc(&[("generic_key", "per_hour"), ("tenant", t)], Some(hits)));
+                descriptors.push(desc(
+                    &[("generic_key", "per_minute"), ("tenant", t)],
+                    Some(hits),
+                ));
+                descriptors.push(desc(
+                    &[("generic_key", "per_hour"), ("tenant", t)],
+                    Some(hits),
+                ));
             }
             let req = call(descriptors);
             let p = plan(Some(&d), &req, T0).unwrap();
-            for r in &p.requests {
-                let (_, ok) = m.apply(r, T0);
-                if ok {
+            for (r, decided) in p.requests.iter().zip(s.decide(&p.requests, T0)) {
+                if decided.admitted {
                     for ch in &r.checks {
                         *admitted_hits.entry(ch.key.clone()).or_default() += ch.hits;
                     }
@@ -431,73 +479,64 @@ proptest::proptest! {
             }
         }
         for (k, n) in admitted_hits {
-            proptest::prop_assert_eq!(m.value(&k, T0), n);
+            proptest::prop_assert_eq!(s.value(&k, T0), n);
             proptest::prop_assert!(n <= 7);
         }
-    }
+        Ok(())
+    });
 }
 
-proptest::proptest! {
-    /// The over-limit cache in front of a store decides as the store alone
-    /// (pushes among the requests: never refused by it): the same requests
-    /// admitted, the same overall codes, the same counts
-    /// held; a window it answers over is over without it too.
-    #[test]
-    fn the_over_limit_cache_answers_as_the_store_does(
-        sliding in proptest::prelude::any::<bool>(),
-        calls in proptest::collection::vec((0u64..9_000, proptest::collection::vec((0usize..3, 0u64..3, 0usize..3, proptest::prelude::any::<bool>()), 1..6)), 1..40),
-    ) {
-        use crate::store::FullCache;
+/// The over-limit cache in front of a store decides as the store alone
+/// (pushes among the requests: never refused by it): the same requests
+/// admitted, the same overall codes, the same counts held; a window it
+/// answers over is over without it too.
+fn the_over_limit_cache_answers_as_the_store_does(s: &Under) {
+    let cached = s.with_cache(4);
+    let calls = proptest::collection::vec(
+        (
+            0u64..9_000,
+            proptest::collection::vec((0usize..3, 0u64..3, 0usize..3, any::<bool>()), 1..6),
+        ),
+        1..40,
+    );
+    prop(s, (any::<bool>(), calls), |(sliding, calls)| {
+        cached.fresh();
         let window = if sliding { "sliding" } else { "fixed" };
-        let d = domain(&format!(r#"{{"x-t": {{"default": {{"persecond": 3, "perminute": 5, "permonth": 9, "window": "{window}"}}}}}}"#));
-        let mut plain = MemoryCounts::default();
-        let mut cached = MemoryCounts::default();
-        let cache = FullCache::new(4);
+        let d = domain(&format!(
+            r#"{{"x-t": {{"default": {{"persecond": 3, "perminute": 5, "permonth": 9, "window": "{window}"}}}}}}"#
+        ));
         let mut now = T0;
         let mut keys = Vec::new();
         for (dt, c) in calls {
             now += dt;
             let mut descriptors = Vec::new();
+            let mut last = None;
             for (tenant, hits, mark, month) in c {
                 // No mark, a request's, a push's.
-                if mark > 0 {
-                    descriptors.push(desc(&[(REQUEST_MARK, ["", PUSH][mark - 1])], None));
+                if new_request(s, mark > 0, last, tenant) {
+                    descriptors.push(desc(&[(REQUEST_MARK, ["", "", PUSH][mark])], None));
                 }
+                last = Some(tenant);
                 let t = ["a", "b", "c"][tenant];
-                descriptors.push(desc(&[("generic_key", "per_second"), ("tenant", t)], Some(hits)));
-                descriptors.push(desc(&[("generic_key", "per_minute"), ("tenant", t)], Some(hits)));
+                descriptors.push(desc(
+                    &[("generic_key", "per_second"), ("tenant", t)],
+                    Some(hits),
+                ));
+                descriptors.push(desc(
+                    &[("generic_key", "per_minute"), ("tenant", t)],
+                    Some(hits),
+                ));
                 if month {
                     descriptors.push(desc(&[("generic_key", "per_month"), ("tenant", t)], None));
                 }
             }
             let req = call(descriptors);
             let p = plan(Some(&d), &req, now).unwrap();
-            let (c1, a1): (Vec<_>, Vec<_>) = p.requests.iter().map(|r| plain.apply(r, now)).unzip();
-            let refused = cache.refuse(&p.requests, now);
-            let mut c2 = Vec::new();
-            let mut a2 = Vec::new();
-            let mut rest = Vec::new();
-            let (mut rc, mut ra) = (Vec::new(), Vec::new());
-            for (r, f) in p.requests.iter().zip(&refused) {
-                match f {
-                    Some(counts) => {
-                        c2.push(counts.clone());
-                        a2.push(false);
-                    }
-                    None => {
-                        let (c, a) = cached.apply(r, now);
-                        rest.push(r.clone());
-                        rc.push(c.clone());
-                        ra.push(a);
-                        c2.push(c);
-                        a2.push(a);
-                    }
-                }
-            }
-            cache.learn(&rest, &rc, &ra, now);
-            proptest::prop_assert_eq!(&a1, &a2);
-            let (r1, _) = answer(&p, &c1, &a1, now);
-            let (r2, _) = answer(&p, &c2, &a2, now);
+            let alone = s.decide(&p.requests, now);
+            let behind_cache = cached.decide(&p.requests, now);
+            proptest::prop_assert_eq!(admitted(&alone), admitted(&behind_cache));
+            let (r1, _) = answer(&p, &alone, now);
+            let (r2, _) = answer(&p, &behind_cache, now);
             proptest::prop_assert_eq!(r1.overall_code, r2.overall_code);
             for (s1, s2) in r1.statuses.iter().zip(&r2.statuses) {
                 if s2.code == Code::OverLimit as i32 {
@@ -507,10 +546,27 @@ proptest::proptest! {
             for r in &p.requests {
                 keys.extend(r.checks.iter().map(|c| c.key.clone()));
             }
-            proptest::prop_assert!(cache.remembered() <= 4);
+            proptest::prop_assert!(cached.remembered() <= 4);
         }
         for k in keys {
-            proptest::prop_assert_eq!(plain.value(&k, now), cached.value(&k, now));
+            proptest::prop_assert_eq!(s.value(&k, now), cached.value(&k, now));
         }
-    }
+        Ok(())
+    });
 }
+
+test_with_all_stores!(
+    a_push_is_counted_whole_on_every_window_and_answered_with_the_count,
+    a_refused_request_adds_nothing_anywhere,
+    marks_split_a_call_into_requests_and_get_a_status_of_their_own,
+    unknown_domains_and_descriptors_without_a_rule_are_ok_without_a_limit,
+    hits_addend_zero_checks_and_a_huge_one_is_refused_without_counting,
+    routes_count_apart_and_calendar_windows_end_on_the_calendar,
+    a_sliding_window_stops_the_boundary_burst,
+    a_request_naming_one_counter_four_times_adds_all_its_hits,
+    never_admits_more_than_the_limit_in_a_window,
+    pushes_are_counted_whole_and_their_overshoot_is_the_count_past_the_limit,
+    any_message_is_answered_or_refused,
+    counters_hold_exactly_what_was_admitted,
+    the_over_limit_cache_answers_as_the_store_does,
+);

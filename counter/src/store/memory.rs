@@ -1,13 +1,13 @@
 //! The memory store: counts in this process, bounded in keys. A restart
 //! forgets every count.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::decide::{Counts, MemoryCounts, Request};
+use crate::decide::{admits, Counts, Decision, Request};
 
-use super::StoreError;
+use super::{Deciding, Pending, Storage, StoreError};
 
 /// The default bound: about 28 MB at the bytes per key measured (see
 /// docs/counter.md#the-memory-store).
@@ -47,11 +47,11 @@ impl MemoryStore {
     /// failing (the filter fails open, or denies with failure_mode_deny),
     /// and is counted in `trl_counter_memory_full_total`. Keys already
     /// held keep counting exactly.
-    pub fn decide(
+    pub fn decide_now(
         &self,
         requests: &[Request],
         now_ms: u64,
-    ) -> Result<(Vec<Vec<Counts>>, Vec<bool>), StoreError> {
+    ) -> Result<Vec<Decision>, StoreError> {
         let mut m = self.lock();
         if m.held() + self.new_keys(&m, requests) > self.max_keys {
             let last = self.last_full_sweep_ms.load(Ordering::Relaxed);
@@ -64,7 +64,7 @@ impl MemoryStore {
                 return Err(StoreError::Full(self.max_keys));
             }
         }
-        Ok(requests.iter().map(|r| m.apply(r, now_ms)).unzip())
+        Ok(requests.iter().map(|r| m.apply(r, now_ms)).collect())
     }
 
     /// The distinct keys the requests would add (if all were admitted).
@@ -81,13 +81,32 @@ impl MemoryStore {
         }
         new.map_or(0, |n| n.len())
     }
+}
 
-    pub fn sweep(&self, now_ms: u64) {
+impl Storage for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn decide<'a>(&'a self, requests: &'a [Request], now_ms: u64) -> Deciding<'a> {
+        Box::pin(std::future::ready(self.decide_now(requests, now_ms)))
+    }
+
+    fn ping(&self) -> Pending<'_, Result<(), StoreError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn sweep(&self, now_ms: u64) {
         self.lock().sweep(now_ms);
     }
 
+    #[cfg(test)]
+    fn value<'a>(&'a self, key: &'a str, now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
+        Box::pin(std::future::ready(Ok(self.lock().value(key, now_ms))))
+    }
+
     /// Its gauges and counters, in Prometheus text.
-    pub fn metrics(&self) -> String {
+    fn metrics(&self) -> String {
         let held = self.lock().held();
         format!(
             "# HELP trl_counter_memory_keys Keys the memory store holds (expired ones not yet swept included).\n\
@@ -105,31 +124,75 @@ impl MemoryStore {
     }
 }
 
+/// The in-process store: counts per key with the instant they expire.
+#[derive(Debug, Default)]
+pub struct MemoryCounts {
+    counts: HashMap<String, (u64, u64)>,
+}
+
+impl MemoryCounts {
+    fn get(&self, key: &str, now_ms: u64) -> u64 {
+        match self.counts.get(key) {
+            Some(&(n, expires)) if expires > now_ms => n,
+            _ => 0,
+        }
+    }
+
+    /// Decides one request and adds its hits when it is admitted.
+    pub fn apply(&mut self, r: &Request, now_ms: u64) -> Decision {
+        let counts: Vec<Counts> = r
+            .checks
+            .iter()
+            .map(|c| Counts {
+                current: self.get(&c.key, now_ms),
+                previous: c.prev_key.as_deref().map_or(0, |k| self.get(k, now_ms)),
+            })
+            .collect();
+        let admitted = admits(r, &counts);
+        if admitted {
+            for c in r.checks.iter().filter(|c| c.hits > 0) {
+                let e = self
+                    .counts
+                    .entry(c.key.clone())
+                    .or_insert((0, now_ms.saturating_add(c.ttl_ms)));
+                if e.1 <= now_ms {
+                    *e = (0, now_ms.saturating_add(c.ttl_ms));
+                }
+                e.0 = e.0.saturating_add(c.hits);
+            }
+        }
+        Decision { counts, admitted }
+    }
+
+    /// Drops the counters that have expired.
+    pub fn sweep(&mut self, now_ms: u64) {
+        self.counts.retain(|_, (_, expires)| *expires > now_ms);
+    }
+
+    /// How many counters it holds (expired ones not yet swept included).
+    pub fn held(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// Whether it holds a counter (maybe expired) for `key`.
+    pub fn holds(&self, key: &str) -> bool {
+        self.counts.contains_key(key)
+    }
+
+    /// A counter's value.
+    pub fn value(&self, key: &str, now_ms: u64) -> u64 {
+        self.get(key, now_ms)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decide::Check;
+    use crate::store::testing::minute_check;
 
     fn request(key: &str) -> Request {
         Request {
-            checks: vec![Check {
-                index: 0,
-                unit: ratelimit_config::Unit::Minute,
-                limit: 10,
-                hits: 1,
-                key_hits: 1,
-                sliding: false,
-                shadow: false,
-                group: 0,
-                name: "g".into(),
-                tag: "{1:d:a}".into(),
-                key: key.into(),
-                prev_key: None,
-                window: (0, 60_000),
-                next_end: 120_000,
-                weight_ppm: 0,
-                ttl_ms: 60_000,
-            }],
+            checks: vec![minute_check(key, 10)],
             ..Request::default()
         }
     }
@@ -138,20 +201,25 @@ mod tests {
     fn a_full_store_refuses_new_keys_whole_counts_held_ones_and_frees_expired_ones() {
         let s = MemoryStore::new(3);
         for k in ["a", "b", "c"] {
-            assert!(s.decide(&[request(k)], 1_000).is_ok());
+            assert!(s.decide_now(&[request(k)], 1_000).is_ok());
         }
         // A call with one held key and one new one: refused whole,
         // nothing counted.
-        let e = s.decide(&[request("a"), request("d")], 1_000).unwrap_err();
+        let e = s
+            .decide_now(&[request("a"), request("d")], 1_000)
+            .unwrap_err();
         assert!(matches!(e, StoreError::Full(3)), "{e}");
         assert!(e.to_string().contains("--memory-max-keys"), "{e}");
-        let (counts, admitted) = s.decide(&[request("a")], 1_000).unwrap();
-        assert_eq!(counts[0][0].current, 1, "the refused call counted nothing");
-        assert!(admitted[0]);
+        let decided = s.decide_now(&[request("a")], 1_000).unwrap();
+        assert_eq!(
+            decided[0].counts[0].current, 1,
+            "the refused call counted nothing"
+        );
+        assert!(decided[0].admitted);
         assert!(s.metrics().contains("trl_counter_memory_full_total 1\n"));
         assert!(s.metrics().contains("trl_counter_memory_keys 3\n"));
         // Once the counts have expired, new keys take their place.
-        assert!(s.decide(&[request("d")], 61_000).is_ok());
+        assert!(s.decide_now(&[request("d")], 61_000).is_ok());
         assert!(s.metrics().contains("trl_counter_memory_keys 1\n"));
     }
 
@@ -176,7 +244,7 @@ mod tests {
             // A key as the counter builds it: domain, unit, tenant, window.
             let key =
                 format!("trl:{{19:internal-api-orders:tenant-{i:08}}}:per_hour:1764921600000");
-            s.decide(&[request(&key)], 1_000).unwrap();
+            s.decide_now(&[request(&key)], 1_000).unwrap();
         }
         let after = rss_kb();
         println!(

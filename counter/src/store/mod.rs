@@ -1,40 +1,66 @@
-//! Where the counts live: in this process (`memory`), or in Redis (one
-//! server, a Cluster, or the master a set of sentinels names; plain or
-//! TLS), where one Lua script decides all of a call's requests that share
-//! a slot, atomically.
+//! Where the counts live, behind one trait ([`Storage`]): in this
+//! process (`memory`), or in Redis, where one Lua script (`script.lua`)
+//! decides all of a call's requests that share a slot, atomically: one
+//! server (`single`), a Cluster (`cluster`), or the master a set of
+//! sentinels names (`sentinel`); plain or TLS. [`Store`] is what the
+//! service holds: a store, with the over-limit cache in front of a Redis
+//! one (`over_limit_cache`). [`connect`] picks the store a `--store` URL
+//! names.
 
+pub mod cluster;
 pub mod memory;
+pub mod over_limit_cache;
+pub mod script;
 pub mod sentinel;
+pub mod single;
+#[cfg(test)]
+pub mod testing;
 pub mod url;
 
-use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::pin::Pin;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::cluster_async::ClusterConnection;
-
-use ratelimit_config::window::sliding_wait_ms;
-
-use crate::decide::{estimate, over, Check, Counts, Request};
+use crate::decide::{Decision, Request};
+pub use over_limit_cache::OverLimitCache;
+pub use script::SCRIPT;
 pub use url::redacted;
 
-/// The script (`script.lua`, headed by what each `KEYS[i]` and `ARGV[i]`
-/// holds): reads every distinct key of the call once (MGET), decides each
-/// request in order on those values as a whole (an admitted one's hits
-/// count for the requests after it), then writes each key the admitted
-/// requests add to once, their hits summed: `SET key hits PX ttl` on a key
-/// that did not exist, else `INCRBY`. A refused request writes nothing.
-/// Its numbers come packed in one argument (`Layout::pack`); it returns
-/// each key's value as read, then per request admitted (0/1): the caller
-/// replays the adds to know the counts each request was decided on.
-pub const SCRIPT: &str = include_str!("script.lua");
-pub enum Backend {
-    Memory(memory::MemoryStore),
-    Redis(Lazy<ConnectionManager>),
-    Cluster(Lazy<ClusterConnection>),
-    Sentinel(Box<sentinel::SentinelStore>),
+/// A store's answer, later: what its methods return.
+pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A call's decisions, later: what [`Storage::decide`] returns.
+pub type Deciding<'a> = Pending<'a, Result<Vec<Decision>, StoreError>>;
+
+/// One place the counts live. Every store decides as
+/// [`crate::decide::admits`] does (the memory store calls it; the Redis
+/// stores run `script.lua`, which the tests of `decide` prove to decide
+/// the same on every store).
+pub trait Storage: Send + Sync {
+    /// The store's kind, as the metrics label it.
+    fn name(&self) -> &'static str;
+
+    /// Decides every request of a call at `now_ms`, in order (an admitted
+    /// request's hits count for the requests after it), adding the hits
+    /// of the admitted ones: one decision per request.
+    fn decide<'a>(&'a self, requests: &'a [Request], now_ms: u64) -> Deciding<'a>;
+
+    /// Whether the store answers (a PING within the deadline), or why not.
+    fn ping(&self) -> Pending<'_, Result<(), StoreError>>;
+
+    /// Drops what has expired (the memory store's counts).
+    fn sweep(&self, _now_ms: u64) {}
+
+    /// The store's own metrics, in Prometheus text.
+    fn metrics(&self) -> String {
+        String::new()
+    }
+
+    /// A counter's value at `now_ms` (0 when there is none): the tests
+    /// compare stores by it.
+    #[cfg(test)]
+    fn value<'a>(&'a self, key: &'a str, now_ms: u64) -> Pending<'a, Result<u64, StoreError>>;
 }
 
 type Opener<C> = Box<
@@ -72,14 +98,26 @@ impl<C: Clone> Lazy<C> {
     }
 }
 
+impl<C: redis::aio::ConnectionLike + Clone + Send> Lazy<C> {
+    /// A PING within `deadline` (the connection made if need be), or why not.
+    pub async fn ping(&self, deadline: Duration) -> Result<(), StoreError> {
+        let mut c = self.get(deadline).await?;
+        script::ping(&mut c, deadline).await
+    }
+
+    /// A key's value (0 when missing), for the tests that compare stores.
+    #[cfg(test)]
+    pub async fn value(&self, key: &str, deadline: Duration) -> Result<u64, StoreError> {
+        let mut c = self.get(deadline).await?;
+        script::value(&mut c, key).await
+    }
+}
+
+/// What the service holds: a store, and in front of a Redis store the
+/// over-limit cache.
 pub struct Store {
-    pub backend: Backend,
-    pub script: redis::Script,
-    /// The over-limit cache (Redis stores only: the memory store is as
-    /// cheap to ask).
-    pub cache: Option<FullCache>,
-    /// Every Redis call is bounded by this.
-    pub deadline: Duration,
+    storage: Box<dyn Storage>,
+    cache: Option<OverLimitCache>,
 }
 
 #[derive(Debug)]
@@ -106,196 +144,76 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-/// Each request's counts and whether it was admitted, in the plan's order,
-/// and how many requests the over-limit cache refused.
+/// A call decided: one decision per request, in the plan's order, and how
+/// many of them the over-limit cache refused.
 #[derive(Debug)]
 pub struct Decided {
-    pub counts: Vec<Vec<Counts>>,
-    pub admitted: Vec<bool>,
+    pub requests: Vec<Decision>,
     pub from_cache: usize,
 }
 
 impl Store {
-    pub fn memory(deadline: Duration) -> Store {
-        Store::memory_bounded(deadline, memory::DEFAULT_MAX_KEYS)
+    /// `storage`, with `cache` in front of it.
+    pub fn new(storage: Box<dyn Storage>, cache: Option<OverLimitCache>) -> Store {
+        Store { storage, cache }
     }
 
     /// A memory store that holds at most `max_keys` keys.
-    pub fn memory_bounded(deadline: Duration, max_keys: usize) -> Store {
-        Store {
-            backend: Backend::Memory(memory::MemoryStore::new(max_keys)),
-            script: redis::Script::new(SCRIPT),
-            cache: None,
-            deadline,
-        }
+    pub fn memory(max_keys: usize) -> Store {
+        Store::new(Box::new(memory::MemoryStore::new(max_keys)), None)
     }
 
     pub fn name(&self) -> &'static str {
-        match self.backend {
-            Backend::Memory(_) => "memory",
-            Backend::Redis(_) => "redis",
-            Backend::Cluster(_) => "redis-cluster",
-            Backend::Sentinel(_) => "redis-sentinel",
-        }
+        self.storage.name()
     }
 
     /// The store's own metrics, in Prometheus text (the memory store's
     /// keys and refusals; nothing for Redis).
     pub fn metrics(&self) -> String {
-        match &self.backend {
-            Backend::Memory(m) => m.metrics(),
-            _ => String::new(),
-        }
+        self.storage.metrics()
     }
 
     /// Decides every request of a call at `now_ms`: the over-limit cache
     /// first (Redis stores), the store for the rest.
     pub async fn decide(&self, requests: &[Request], now_ms: u64) -> Result<Decided, StoreError> {
         let Some(cache) = &self.cache else {
-            let (counts, admitted) = self.decide_in_store(requests, now_ms).await?;
             return Ok(Decided {
-                counts,
-                admitted,
+                requests: self.storage.decide(requests, now_ms).await?,
                 from_cache: 0,
             });
         };
-        let refused = cache.refuse(requests, now_ms);
+        let mut refused = cache.refuse(requests, now_ms);
         let from_cache = refused.iter().filter(|r| r.is_some()).count();
         if from_cache == 0 {
-            let (counts, admitted) = self.decide_in_store(requests, now_ms).await?;
-            cache.learn(requests, &counts, &admitted, now_ms);
+            let decided = self.storage.decide(requests, now_ms).await?;
+            cache.learn(requests.iter().zip(&decided), now_ms);
             return Ok(Decided {
-                counts,
-                admitted,
+                requests: decided,
                 from_cache,
             });
         }
+        // The store decides the rest, and its decisions fill the places
+        // the cache left empty, in order.
         let rest: Vec<Request> = requests
             .iter()
             .zip(&refused)
             .filter(|(_, r)| r.is_none())
             .map(|(q, _)| q.clone())
             .collect();
-        let (mut rest_counts, mut rest_admitted) = if rest.is_empty() {
-            (Vec::new(), Vec::new())
+        let decided = if rest.is_empty() {
+            Vec::new()
         } else {
-            self.decide_in_store(&rest, now_ms).await?
+            self.storage.decide(&rest, now_ms).await?
         };
-        cache.learn(&rest, &rest_counts, &rest_admitted, now_ms);
-        rest_counts.reverse();
-        rest_admitted.reverse();
-        let mut counts = Vec::with_capacity(requests.len());
-        let mut admitted = Vec::with_capacity(requests.len());
-        for r in refused {
-            match r {
-                Some(c) => {
-                    counts.push(c);
-                    admitted.push(false);
-                }
-                None => {
-                    counts.push(rest_counts.pop().unwrap_or_default());
-                    admitted.push(rest_admitted.pop().unwrap_or(false));
-                }
-            }
+        cache.learn(rest.iter().zip(&decided), now_ms);
+        let mut decided = decided.into_iter();
+        for place in refused.iter_mut().filter(|r| r.is_none()) {
+            *place = decided.next();
         }
         Ok(Decided {
-            counts,
-            admitted,
+            requests: refused.into_iter().map(Option::unwrap_or_default).collect(),
             from_cache,
         })
-    }
-
-    /// Decides every request in the store itself.
-    async fn decide_in_store(
-        &self,
-        requests: &[Request],
-        now_ms: u64,
-    ) -> Result<(Vec<Vec<Counts>>, Vec<bool>), StoreError> {
-        match &self.backend {
-            Backend::Memory(m) => m.decide(requests, now_ms),
-            Backend::Redis(c) => {
-                let all: Vec<usize> = (0..requests.len()).collect();
-                let mut c = c.get(self.deadline).await?;
-                let got = self.run(&mut c, requests, &all).await?;
-                Ok(got.into_iter().unzip())
-            }
-            Backend::Sentinel(s) => {
-                let all: Vec<usize> = (0..requests.len()).collect();
-                let got = async {
-                    let mut c = s.get(self.deadline).await?;
-                    self.run(&mut c, requests, &all).await
-                }
-                .await;
-                if let Err(e) = &got {
-                    s.failed(e);
-                }
-                Ok(got?.into_iter().unzip())
-            }
-            Backend::Cluster(c) => {
-                let c = c.get(self.deadline).await?;
-                // One script call per hash tag (a tenant's slot), concurrently.
-                let mut by_tag: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-                for (i, r) in requests.iter().enumerate() {
-                    let tag = r.checks.first().map_or("", |c| c.tag.as_str());
-                    by_tag.entry(tag).or_default().push(i);
-                }
-                let calls = by_tag.values().map(|idx| {
-                    let mut c = c.clone();
-                    async move { (idx, self.run(&mut c, requests, idx).await) }
-                });
-                let mut counts = vec![Vec::new(); requests.len()];
-                let mut admitted = vec![false; requests.len()];
-                for (idx, got) in futures_util::future::join_all(calls).await {
-                    for (&i, (c, a)) in idx.iter().zip(got?) {
-                        if let (Some(cs), Some(ad)) = (counts.get_mut(i), admitted.get_mut(i)) {
-                            *cs = c;
-                            *ad = a;
-                        }
-                    }
-                }
-                Ok((counts, admitted))
-            }
-        }
-    }
-
-    /// One script call for the requests `idx`.
-    async fn run<C: redis::aio::ConnectionLike>(
-        &self,
-        con: &mut C,
-        requests: &[Request],
-        idx: &[usize],
-    ) -> Result<Vec<(Vec<Counts>, bool)>, StoreError> {
-        let chosen: Vec<&Request> = idx.iter().filter_map(|&i| requests.get(i)).collect();
-        if chosen.iter().all(|r| r.checks.is_empty()) {
-            return Ok(chosen.iter().map(|_| (Vec::new(), true)).collect());
-        }
-        let layout = Layout::of(&chosen);
-        // EVALSHA with the keys and one packed argument (see SCRIPT).
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash()).arg(layout.keys.len());
-        for k in &layout.keys {
-            cmd.arg(*k);
-        }
-        cmd.arg(layout.pack(&chosen));
-        let call = async {
-            match cmd.query_async::<Vec<i64>>(con).await {
-                Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                    // Redis restarted or flushed its scripts: loaded again.
-                    redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(SCRIPT)
-                        .exec_async(con)
-                        .await?;
-                    cmd.query_async::<Vec<i64>>(con).await
-                }
-                other => other,
-            }
-        };
-        let answer: Vec<i64> = tokio::time::timeout(self.deadline, call)
-            .await
-            .map_err(|_| StoreError::Timeout)?
-            .map_err(StoreError::Redis)?;
-        layout.replay(&answer).ok_or(StoreError::Shape)
     }
 
     /// Whether the store answers (PING within the deadline).
@@ -305,322 +223,66 @@ impl Store {
 
     /// A PING within the deadline, or why not.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = redis::cmd("PING");
-        let answer = match &self.backend {
-            Backend::Memory(_) => return Ok(()),
-            Backend::Redis(c) => {
-                let mut c = c.get(self.deadline).await?;
-                tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await
-            }
-            Backend::Cluster(c) => {
-                let mut c = c.get(self.deadline).await?;
-                tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await
-            }
-            Backend::Sentinel(s) => {
-                let mut c = s.get(self.deadline).await?;
-                let answer = ping_result(
-                    tokio::time::timeout(self.deadline, ping.query_async::<String>(&mut c)).await,
-                );
-                if let Err(e) = &answer {
-                    s.failed(e);
-                }
-                return answer;
-            }
-        };
-        ping_result(answer)
+        self.storage.ping().await
     }
 
-    /// Drops expired counters of the memory store.
+    /// Drops what has expired: the cache's entries, the memory store's
+    /// counts.
     pub fn sweep(&self, now_ms: u64) {
         if let Some(c) = &self.cache {
             c.sweep(now_ms);
         }
-        if let Backend::Memory(m) = &self.backend {
-            m.sweep(now_ms);
-        }
+        self.storage.sweep(now_ms);
     }
 }
 
-/// The most keys the over-limit cache remembers.
-pub const FULL_CACHE_ENTRIES: usize = 65_536;
-
-/// The over-limit cache: keys this process saw full (not even one more hit
-/// fits), with the counts it saw, until the window ends (a sliding
-/// window's: until its estimate admits one more). A count never falls
-/// inside its window, so a request that one of these counts refuses is
-/// refused without asking the store: the same decision, nothing counted.
-/// Bounded: past `capacity`, expired entries go, then arbitrary ones.
-#[derive(Debug)]
-pub struct FullCache {
-    entries: Mutex<HashMap<String, (Counts, u64)>>,
-    capacity: usize,
+/// A Redis store's way in: the parsed `--store`, the credentials and TLS
+/// files that go with it.
+pub struct Reach {
+    pub target: url::Target,
+    /// `--store`, redacted.
+    pub shown: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// REDIS_SENTINEL_AUTH: (user, password).
+    pub sentinel_auth: Option<(Option<String>, String)>,
+    pub certs: Option<redis::TlsCertificates>,
+    pub insecure: bool,
+    pub deadline: Duration,
 }
 
-impl FullCache {
-    pub fn new(capacity: usize) -> FullCache {
-        FullCache {
-            entries: Mutex::new(HashMap::new()),
-            capacity: capacity.max(1),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Counts, u64)>> {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Per request, the counts it is refused on when the cache refuses it
-    /// (a check of a key not remembered: 0), else None.
-    pub fn refuse(&self, requests: &[Request], now_ms: u64) -> Vec<Option<Vec<Counts>>> {
-        let m = self.lock();
-        if m.is_empty() {
-            return vec![None; requests.len()];
-        }
-        let seen = |key: &str| match m.get(key) {
-            Some(&(n, until)) if until > now_ms => Some(n),
-            _ => None,
-        };
-        requests
-            .iter()
-            .map(|r| {
-                // A push is counted whatever the counts: never refused.
-                let refused = !r.push
-                    && r.checks
-                        .iter()
-                        .any(|c| seen(&c.key).is_some_and(|n| over(c, n)));
-                refused.then(|| {
-                    r.checks
-                        .iter()
-                        .map(|c| seen(&c.key).unwrap_or_default())
-                        .collect()
-                })
-            })
-            .collect()
-    }
-
-    /// Remembers the keys the store's answer shows full: each request's
-    /// counts, with its hits when admitted. A request with a full key has
-    /// its other keys' counts remembered too (what the cache's refusals
-    /// report for them).
-    pub fn learn(
-        &self,
-        requests: &[Request],
-        counts: &[Vec<Counts>],
-        admitted: &[bool],
-        now_ms: u64,
-    ) {
-        let mut m: Option<std::sync::MutexGuard<'_, _>> = None;
-        for ((r, counts), &ok) in requests.iter().zip(counts).zip(admitted) {
-            let after = |c: &Check, n: Counts| Counts {
-                current: n.current.saturating_add(if ok { c.key_hits } else { 0 }),
-                previous: n.previous,
-            };
-            let full = r
-                .checks
-                .iter()
-                .zip(counts)
-                .any(|(c, &n)| estimate(c, after(c, n)) >= c.limit);
-            if !full {
-                continue;
+impl Reach {
+    /// A node's address, TLS or not as the URL says.
+    pub fn addr(&self, host: &str, port: u16) -> redis::ConnectionAddr {
+        if self.target.tls {
+            redis::ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure: self.insecure,
+                tls_params: None,
             }
-            let m = m.get_or_insert_with(|| self.lock());
-            for (c, &n) in r.checks.iter().zip(counts) {
-                let n = after(c, n);
-                let until = if c.sliding {
-                    let wait = sliding_wait_ms(
-                        c.limit, 1, n.previous, n.current, c.window, c.next_end, now_ms,
-                    )
-                    .unwrap_or(c.next_end.saturating_sub(now_ms));
-                    now_ms.saturating_add(wait)
-                } else {
-                    c.window.1
-                };
-                if until <= now_ms {
-                    continue;
-                }
-                if m.len() >= self.capacity && !m.contains_key(&c.key) {
-                    m.retain(|_, (_, u)| *u > now_ms);
-                    if m.len() >= self.capacity {
-                        let drop: Vec<String> =
-                            m.keys().take(self.capacity / 8 + 1).cloned().collect();
-                        for k in drop {
-                            m.remove(&k);
-                        }
-                    }
-                }
-                let e = m.entry(c.key.clone()).or_insert((n, until));
-                e.0.current = e.0.current.max(n.current);
-                e.0.previous = e.0.previous.max(n.previous);
-                e.1 = e.1.max(until);
-            }
+        } else {
+            redis::ConnectionAddr::Tcp(host.to_string(), port)
         }
     }
 
-    /// Drops the entries that have expired.
-    pub fn sweep(&self, now_ms: u64) {
-        self.lock().retain(|_, (_, u)| *u > now_ms);
+    pub fn tls_mode(&self) -> Option<redis::TlsMode> {
+        self.target.tls.then_some(if self.insecure {
+            redis::TlsMode::Insecure
+        } else {
+            redis::TlsMode::Secure
+        })
     }
 
-    /// How many keys it remembers.
-    #[cfg(test)]
-    pub fn remembered(&self) -> usize {
-        self.lock().len()
-    }
-}
-
-/// A script call's arguments: the distinct keys of the chosen requests,
-/// and per request its checks' keys (current, previous) and the keys it
-/// adds to, as indexes into `keys`.
-struct Layout<'a> {
-    keys: Vec<&'a str>,
-    ttl_ms: Vec<u64>,
-    #[allow(clippy::type_complexity)]
-    requests: Vec<(Vec<(usize, Option<usize>)>, Vec<(usize, u64)>)>,
-}
-
-impl<'a> Layout<'a> {
-    fn of(chosen: &[&'a Request]) -> Layout<'a> {
-        let mut index: HashMap<&'a str, usize> = HashMap::new();
-        let mut keys: Vec<&'a str> = Vec::new();
-        let mut ttl_ms: Vec<u64> = Vec::new();
-        let mut at = |k: &'a str, ttl: u64, keys: &mut Vec<&'a str>, ttl_ms: &mut Vec<u64>| {
-            let i = *index.entry(k).or_insert_with(|| {
-                keys.push(k);
-                ttl_ms.push(1);
-                keys.len() - 1
-            });
-            if let Some(t) = ttl_ms.get_mut(i) {
-                *t = (*t).max(ttl);
-            }
-            i
-        };
-        let mut requests = Vec::with_capacity(chosen.len());
-        // Per key, the last request (numbered from 1) that adds to it.
-        let mut added_by: Vec<usize> = Vec::new();
-        for (q, r) in chosen.iter().enumerate() {
-            let mut checks = Vec::with_capacity(r.checks.len());
-            let mut adds: Vec<(usize, u64)> = Vec::new();
-            for c in &r.checks {
-                let k = at(&c.key, c.ttl_ms, &mut keys, &mut ttl_ms);
-                let pk = c
-                    .prev_key
-                    .as_deref()
-                    .map(|p| at(p, 1, &mut keys, &mut ttl_ms));
-                checks.push((k, pk));
-                // key_hits: the request's hits on that key, added once.
-                if added_by.len() < keys.len() {
-                    added_by.resize(keys.len(), 0);
-                }
-                if c.key_hits > 0 {
-                    if let Some(a) = added_by.get_mut(k).filter(|a| **a != q + 1) {
-                        *a = q + 1;
-                        adds.push((k, c.key_hits));
-                    }
-                }
-            }
-            requests.push((checks, adds));
-        }
-        Layout {
-            keys,
-            ttl_ms,
-            requests,
-        }
-    }
-
-    /// The script's numbers (see SCRIPT), packed as little-endian doubles.
-    fn pack(&self, chosen: &[&Request]) -> Vec<u8> {
-        let per_request: usize = self
-            .requests
-            .iter()
-            .map(|(checks, adds)| 2 + 5 * checks.len() + 2 * adds.len())
-            .sum();
-        let mut out = Vec::with_capacity(8 * (2 + self.ttl_ms.len() + per_request));
-        let mut put = |n: u64| out.extend_from_slice(&(n as f64).to_le_bytes());
-        put(self.keys.len() as u64);
-        put(chosen.len() as u64);
-        for &t in &self.ttl_ms {
-            put(t);
-        }
-        for (r, (checks, adds)) in chosen.iter().zip(&self.requests) {
-            // A push goes without checks: the script admits it and adds
-            // its hits; its counts are replayed from the keys read.
-            let checks: &[_] = if r.push { &[] } else { checks };
-            put(checks.len() as u64);
-            put(adds.len() as u64);
-            for (c, &(k, pk)) in r.checks.iter().zip(checks) {
-                put(c.limit);
-                put(c.key_hits);
-                put(k as u64 + 1);
-                put(pk.map_or(0, |p| p as u64 + 1));
-                put(c.weight_ppm);
-            }
-            for &(k, hits) in adds {
-                put(k as u64 + 1);
-                put(hits);
-            }
-        }
-        out
-    }
-
-    /// Each request's counts as the script decided it on, from the keys'
-    /// values as read and which requests were admitted: the adds of the
-    /// admitted ones replayed in order.
-    fn replay(&self, answer: &[i64]) -> Option<Vec<(Vec<Counts>, bool)>> {
-        let nk = self.keys.len();
-        if answer.len() != nk + self.requests.len() {
-            return None;
-        }
-        let mut values: Vec<u64> = answer
-            .get(..nk)?
-            .iter()
-            .map(|&n| u64::try_from(n).ok())
-            .collect::<Option<_>>()?;
-        let mut out = Vec::with_capacity(self.requests.len());
-        for ((checks, adds), &ok) in self.requests.iter().zip(answer.get(nk..)?) {
-            let counts = checks
-                .iter()
-                .map(|&(k, pk)| {
-                    Some(Counts {
-                        current: *values.get(k)?,
-                        previous: match pk {
-                            Some(p) => *values.get(p)?,
-                            None => 0,
-                        },
-                    })
-                })
-                .collect::<Option<Vec<_>>>()?;
-            let admitted = match ok {
-                1 => true,
-                0 => false,
-                _ => return None,
-            };
-            if admitted {
-                for &(k, hits) in adds {
-                    let v = values.get_mut(k)?;
-                    *v = v.saturating_add(hits);
-                }
-            }
-            out.push((counts, admitted));
-        }
-        Some(out)
-    }
-}
-
-/// A PING's answer within the deadline, or why not.
-fn ping_result(
-    answer: Result<redis::RedisResult<String>, tokio::time::error::Elapsed>,
-) -> Result<(), StoreError> {
-    match answer {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(StoreError::Redis(e)),
-        Err(_) => Err(StoreError::Timeout),
+    /// A client error, with the URL redacted.
+    pub fn error(&self, e: &redis::RedisError) -> String {
+        format!("{}: {}", self.shown, explain(e))
     }
 }
 
 /// A Redis error in words an operator acts on: a certificate refused says
 /// so. Never holds a password (Redis's own answers do not repeat it).
-fn explain(e: &redis::RedisError) -> String {
+pub(crate) fn explain(e: &redis::RedisError) -> String {
     let text = e.to_string();
     if text.contains("UnknownIssuer") || text.contains("BadSignature") {
         format!("TLS: the Redis server's certificate is not signed by a CA this counter trusts (--redis-ca, else the system's CAs): {text}")
@@ -779,13 +441,24 @@ impl StoreOptions {
     }
 }
 
-/// Connects to the store `opts.store` names. Fails only on options it
-/// cannot use (a URL it cannot read, a TLS file it cannot read): the
-/// connection itself is made on first use (see [`Lazy`]).
+/// Connects to the store `opts.store` names, with the over-limit cache in
+/// front of a Redis store. Fails only on options it cannot use (a URL it
+/// cannot read, a TLS file it cannot read): the connection itself is made
+/// on first use (see [`Lazy`]).
 pub async fn connect(opts: &StoreOptions, deadline: Duration) -> Result<Store, String> {
+    let storage = open(opts, deadline)?;
+    let cache = match storage.name() {
+        "memory" => None,
+        _ => Some(OverLimitCache::new(over_limit_cache::ENTRIES)),
+    };
+    Ok(Store::new(storage, cache))
+}
+
+/// The store `opts.store` names, alone.
+pub fn open(opts: &StoreOptions, deadline: Duration) -> Result<Box<dyn Storage>, String> {
     let target = url::parse(&opts.store)?;
     if target.kind == url::Kind::Memory {
-        return Ok(Store::memory_bounded(deadline, opts.memory_max_keys));
+        return Ok(Box::new(memory::MemoryStore::new(opts.memory_max_keys)));
     }
     let shown = opts.shown();
     let certs = opts.certificates(target.tls)?;
@@ -809,243 +482,33 @@ pub async fn connect(opts: &StoreOptions, deadline: Duration) -> Result<Store, S
         }
         password = Some(pass);
     }
-    let addr = |host: &str, port: u16| {
-        if target.tls {
-            redis::ConnectionAddr::TcpTls {
-                host: host.to_string(),
-                port,
-                insecure,
-                tls_params: None,
-            }
-        } else {
-            redis::ConnectionAddr::Tcp(host.to_string(), port)
-        }
-    };
-    let tls_mode = target.tls.then_some(if insecure {
-        redis::TlsMode::Insecure
-    } else {
-        redis::TlsMode::Secure
-    });
-    let script = redis::Script::new(SCRIPT);
-    let cache = Some(FullCache::new(FULL_CACHE_ENTRIES));
-    let backend = match &target.kind {
-        url::Kind::Memory => return Ok(Store::memory_bounded(deadline, opts.memory_max_keys)),
-        url::Kind::Cluster => {
-            let nodes: Vec<redis::ConnectionInfo> = target
-                .nodes
-                .iter()
-                .map(|(h, p)| redis::ConnectionInfo {
-                    addr: addr(h, *p),
-                    redis: redis::RedisConnectionInfo::default(),
-                })
-                .collect();
-            let mut b = redis::cluster::ClusterClientBuilder::new(nodes)
-                .connection_timeout(deadline)
-                .response_timeout(deadline);
-            if let Some(p) = password {
-                b = b.password(p);
-            }
-            if let Some(u) = username {
-                b = b.username(u);
-            }
-            if let Some(mode) = tls_mode {
-                b = b.tls(mode);
-            }
-            if let Some(c) = certs {
-                b = b.certs(c);
-            }
-            let client = b.build().map_err(|e| format!("{shown}: {}", explain(&e)))?;
-            Backend::Cluster(Lazy::new(Box::new(move || {
-                let client = client.clone();
-                Box::pin(async move { client.get_async_connection().await })
-            })))
-        }
-        url::Kind::Sentinel { master } => {
-            let sentinels = target.nodes.iter().map(|(h, p)| addr(h, *p));
-            let mut b = redis::sentinel::SentinelClientBuilder::new(
-                sentinels,
-                master.clone(),
-                redis::sentinel::SentinelServerType::Master,
-            )
-            .map_err(|e| format!("{shown}: {}", explain(&e)))?
-            .set_client_to_redis_db(target.db);
-            if let Some(p) = password {
-                b = b.set_client_to_redis_password(p);
-            }
-            if let Some(u) = username {
-                b = b.set_client_to_redis_username(u);
-            }
-            let sentinel_auth = opts
-                .redis_sentinel_auth
-                .as_deref()
-                .filter(|a| !a.is_empty())
-                .map(url::split_auth);
-            if let Some((user, pass)) = sentinel_auth {
-                b = b.set_client_to_sentinel_password(pass);
-                if let Some(u) = user {
-                    b = b.set_client_to_sentinel_username(u);
-                }
-            }
-            if let Some(mode) = tls_mode {
-                b = b
-                    .set_client_to_redis_tls_mode(mode)
-                    .set_client_to_sentinel_tls_mode(mode);
-            }
-            if let Some(c) = certs {
-                b = b
-                    .set_client_to_redis_certificates(c.clone())
-                    .set_client_to_sentinel_certificates(c);
-            }
-            let client = b.build().map_err(|e| format!("{shown}: {}", explain(&e)))?;
-            Backend::Sentinel(Box::new(sentinel::SentinelStore::new(client, deadline)))
-        }
-        url::Kind::Single => {
-            let (host, port) = target
-                .nodes
-                .first()
-                .ok_or_else(|| format!("{shown}: no HOST:PORT"))?;
-            let info = redis::ConnectionInfo {
-                addr: addr(host, *port),
-                redis: redis::RedisConnectionInfo {
-                    db: target.db,
-                    username,
-                    password,
-                    ..Default::default()
-                },
-            };
-            let client = match certs {
-                Some(c) => redis::Client::build_with_tls(info, c),
-                None => redis::Client::open(info),
-            }
-            .map_err(|e| format!("{shown}: {}", explain(&e)))?;
-            Backend::Redis(single(client, deadline))
-        }
-    };
-    Ok(Store {
-        backend,
-        script,
-        cache,
+    let sentinel_auth = opts
+        .redis_sentinel_auth
+        .as_deref()
+        .filter(|a| !a.is_empty())
+        .map(url::split_auth);
+    let kind = target.kind.clone();
+    let reach = Reach {
+        target,
+        shown,
+        username,
+        password,
+        sentinel_auth,
+        certs,
+        insecure,
         deadline,
+    };
+    Ok(match kind {
+        url::Kind::Memory => Box::new(memory::MemoryStore::new(opts.memory_max_keys)),
+        url::Kind::Single => Box::new(single::RedisStore::open(&reach)?),
+        url::Kind::Cluster => Box::new(cluster::ClusterStore::open(&reach)?),
+        url::Kind::Sentinel { master } => Box::new(sentinel::SentinelStore::open(&reach, master)?),
     })
 }
 
-/// One Redis server's connection, made on first use.
-fn single(client: redis::Client, deadline: Duration) -> Lazy<ConnectionManager> {
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(deadline)
-        .set_response_timeout(deadline)
-        .set_number_of_retries(1)
-        .set_max_delay(200);
-    Lazy::new(Box::new(move || {
-        let (client, config) = (client.clone(), config.clone());
-        Box::pin(async move {
-            // One attempt first, so that the reason (a refused password,
-            // a refused connection) is reported at once, not after the
-            // manager's retries have outlasted the deadline.
-            let once = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(deadline)
-                .set_response_timeout(deadline);
-            drop(
-                client
-                    .get_multiplexed_async_connection_with_config(&once)
-                    .await?,
-            );
-            ConnectionManager::new_with_config(client, config).await
-        })
-    }))
-}
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn check(key: &str, prev: Option<&str>, limit: u64, hits: u64) -> Check {
-        Check {
-            index: 0,
-            unit: ratelimit_config::Unit::Minute,
-            limit,
-            hits,
-            key_hits: hits,
-            sliding: prev.is_some(),
-            shadow: false,
-            group: 0,
-            name: "g".into(),
-            tag: "{1:d:a}".into(),
-            key: key.into(),
-            prev_key: prev.map(Into::into),
-            window: (0, 60_000),
-            next_end: 120_000,
-            weight_ppm: 500_000,
-            ttl_ms: 60_000,
-        }
-    }
-
-    #[test]
-    fn a_call_sends_each_key_once_and_adds_a_request_s_hits_to_a_key_once() {
-        let mut twice = Request {
-            checks: vec![check("k1", None, 5, 1), check("k1", None, 9, 2)],
-            ..Request::default()
-        };
-        for c in &mut twice.checks {
-            c.key_hits = 3;
-        }
-        let other = Request {
-            checks: vec![check("k1", None, 5, 1), check("k2", Some("k0"), 5, 1)],
-            ..Request::default()
-        };
-        let chosen = [&twice, &other];
-        let l = Layout::of(&chosen);
-        assert_eq!(l.keys, ["k1", "k2", "k0"]);
-        assert_eq!(l.ttl_ms, [60_000, 60_000, 1]);
-        assert_eq!(l.requests[0].1, [(0, 3)]);
-        assert_eq!(l.requests[1].0, [(0, None), (1, Some(2))]);
-        assert_eq!(l.requests[1].1, [(0, 1), (1, 1)]);
-        // Read 1, 0, 4; the first request admitted: the second is decided on
-        // k1 = 4.
-        let got = l.replay(&[1, 0, 4, 1, 0]).unwrap();
-        assert_eq!(
-            got[0].0[0],
-            Counts {
-                current: 1,
-                previous: 0
-            }
-        );
-        assert_eq!(
-            got[1].0[0],
-            Counts {
-                current: 4,
-                previous: 0
-            }
-        );
-        assert_eq!(
-            got[1].0[1],
-            Counts {
-                current: 0,
-                previous: 4
-            }
-        );
-        assert_eq!((got[0].1, got[1].1), (true, false));
-        assert!(l.replay(&[1, 0, 4, 1]).is_none());
-        assert!(l.replay(&[1, 0, 4, 1, 2]).is_none());
-        // The numbers the script reads, in its order.
-        let packed: Vec<f64> = l
-            .pack(&chosen)
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        #[rustfmt::skip]
-        let want = [
-            3.0, 2.0, 60_000.0, 60_000.0, 1.0,  // keys, requests, ttls
-            2.0, 1.0,                            // twice: 2 checks, 1 add
-            5.0, 3.0, 1.0, 0.0, 500_000.0,
-            9.0, 3.0, 1.0, 0.0, 500_000.0,
-            1.0, 3.0,
-            2.0, 2.0,                            // other: 2 checks, 2 adds
-            5.0, 1.0, 1.0, 0.0, 500_000.0,
-            5.0, 1.0, 2.0, 3.0, 500_000.0,
-            1.0, 1.0, 2.0, 1.0,
-        ];
-        assert_eq!(packed, want);
-    }
 
     #[tokio::test]
     async fn a_connection_not_made_says_why_and_is_made_on_a_later_use() {
@@ -1078,32 +541,5 @@ mod tests {
         let never: Lazy<u32> = Lazy::new(Box::new(|| Box::pin(std::future::pending())));
         let e = never.get(Duration::from_millis(10)).await.unwrap_err();
         assert!(matches!(e, StoreError::Timeout));
-    }
-
-    #[test]
-    fn the_over_limit_cache_stays_within_its_bound_under_a_flood_of_keys() {
-        let cache = FullCache::new(100);
-        for i in 0..10_000 {
-            let r = Request {
-                checks: vec![check(&format!("k{i}"), None, 1, 1)],
-                ..Request::default()
-            };
-            cache.learn(
-                std::slice::from_ref(&r),
-                &[vec![Counts::default()]],
-                &[true],
-                1_000,
-            );
-            assert!(cache.remembered() <= 100);
-        }
-        // A full key refuses until its window ends, then no longer.
-        let r = Request {
-            checks: vec![check("k9999", None, 1, 1)],
-            ..Request::default()
-        };
-        assert!(cache.refuse(std::slice::from_ref(&r), 59_999)[0].is_some());
-        assert!(cache.refuse(std::slice::from_ref(&r), 60_000)[0].is_none());
-        cache.sweep(60_000);
-        assert_eq!(cache.remembered(), 0);
     }
 }

@@ -9,7 +9,8 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::SentinelClient;
 use redis::AsyncConnectionConfig;
 
-use super::StoreError;
+use super::{script, Deciding, Pending, Reach, Storage, StoreError};
+use crate::decide::Request;
 
 pub struct SentinelStore {
     /// Asks the sentinels (one search at a time).
@@ -17,9 +18,48 @@ pub struct SentinelStore {
     /// The connection to the master last found; None: ask again.
     master: Mutex<Option<MultiplexedConnection>>,
     config: AsyncConnectionConfig,
+    script: redis::Script,
+    deadline: Duration,
 }
 
 impl SentinelStore {
+    /// The master named `master`, through the sentinels `reach` lists;
+    /// found on first use.
+    pub fn open(reach: &Reach, master: String) -> Result<SentinelStore, String> {
+        let sentinels = reach.target.nodes.iter().map(|(h, p)| reach.addr(h, *p));
+        let mut b = redis::sentinel::SentinelClientBuilder::new(
+            sentinels,
+            master,
+            redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(|e| reach.error(&e))?
+        .set_client_to_redis_db(reach.target.db);
+        if let Some(p) = &reach.password {
+            b = b.set_client_to_redis_password(p.clone());
+        }
+        if let Some(u) = &reach.username {
+            b = b.set_client_to_redis_username(u.clone());
+        }
+        if let Some((user, pass)) = &reach.sentinel_auth {
+            b = b.set_client_to_sentinel_password(pass.clone());
+            if let Some(u) = user {
+                b = b.set_client_to_sentinel_username(u.clone());
+            }
+        }
+        if let Some(mode) = reach.tls_mode() {
+            b = b
+                .set_client_to_redis_tls_mode(mode)
+                .set_client_to_sentinel_tls_mode(mode);
+        }
+        if let Some(c) = &reach.certs {
+            b = b
+                .set_client_to_redis_certificates(c.clone())
+                .set_client_to_sentinel_certificates(c.clone());
+        }
+        let client = b.build().map_err(|e| reach.error(&e))?;
+        Ok(SentinelStore::new(client, reach.deadline))
+    }
+
     pub fn new(client: SentinelClient, deadline: Duration) -> SentinelStore {
         SentinelStore {
             client: tokio::sync::Mutex::new(client),
@@ -27,6 +67,8 @@ impl SentinelStore {
             config: AsyncConnectionConfig::new()
                 .set_connection_timeout(deadline)
                 .set_response_timeout(deadline),
+            script: redis::Script::new(script::SCRIPT),
+            deadline,
         }
     }
 
@@ -77,6 +119,46 @@ impl SentinelStore {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         }
+    }
+}
+
+impl Storage for SentinelStore {
+    fn name(&self) -> &'static str {
+        "redis-sentinel"
+    }
+
+    fn decide<'a>(&'a self, requests: &'a [Request], _now_ms: u64) -> Deciding<'a> {
+        Box::pin(async move {
+            let got = async {
+                let mut c = self.get(self.deadline).await?;
+                let all: Vec<&Request> = requests.iter().collect();
+                script::run(&mut c, &self.script, self.deadline, &all).await
+            }
+            .await;
+            if let Err(e) = &got {
+                self.failed(e);
+            }
+            got
+        })
+    }
+
+    fn ping(&self) -> Pending<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            let mut c = self.get(self.deadline).await?;
+            let answer = script::ping(&mut c, self.deadline).await;
+            if let Err(e) = &answer {
+                self.failed(e);
+            }
+            answer
+        })
+    }
+
+    #[cfg(test)]
+    fn value<'a>(&'a self, key: &'a str, _now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.get(self.deadline).await?;
+            script::value(&mut c, key).await
+        })
     }
 }
 

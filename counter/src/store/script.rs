@@ -1,0 +1,325 @@
+//! The Lua script every Redis store runs (`script.lua`), its arguments
+//! laid out and its answer read back.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::decide::{Counts, Decision, Request};
+
+use super::StoreError;
+
+/// The script (`script.lua`, headed by what each `KEYS[i]` and `ARGV[i]`
+/// holds): reads every distinct key of the call once (MGET), decides each
+/// request in order on those values as a whole (an admitted one's hits
+/// count for the requests after it), then writes each key the admitted
+/// requests add to once, their hits summed: `SET key hits PX ttl` on a key
+/// that did not exist, else `INCRBY`. A refused request writes nothing.
+/// Its numbers come packed in one argument (`Layout::pack`); it returns
+/// each key's value as read, then per request admitted (0/1): the caller
+/// replays the adds to know the counts each request was decided on.
+pub const SCRIPT: &str = include_str!("script.lua");
+
+/// One script call deciding `chosen` (requests that share a slot on a
+/// Cluster), within `deadline`; the script loaded again if Redis lost it.
+pub(super) async fn run<C: redis::aio::ConnectionLike>(
+    con: &mut C,
+    script: &redis::Script,
+    deadline: Duration,
+    chosen: &[&Request],
+) -> Result<Vec<Decision>, StoreError> {
+    if chosen.iter().all(|r| r.checks.is_empty()) {
+        return Ok(chosen
+            .iter()
+            .map(|_| Decision {
+                counts: Vec::new(),
+                admitted: true,
+            })
+            .collect());
+    }
+    let layout = Layout::of(chosen);
+    // EVALSHA with the keys and one packed argument (see SCRIPT).
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(layout.keys.len());
+    for k in &layout.keys {
+        cmd.arg(*k);
+    }
+    cmd.arg(layout.pack(chosen));
+    let call = async {
+        match cmd.query_async::<Vec<i64>>(con).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                // Redis restarted or flushed its scripts: loaded again.
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(SCRIPT)
+                    .exec_async(con)
+                    .await?;
+                cmd.query_async::<Vec<i64>>(con).await
+            }
+            other => other,
+        }
+    };
+    let answer: Vec<i64> = tokio::time::timeout(deadline, call)
+        .await
+        .map_err(|_| StoreError::Timeout)?
+        .map_err(StoreError::Redis)?;
+    layout.replay(&answer).ok_or(StoreError::Shape)
+}
+
+/// A PING within `deadline`, or why not.
+pub(super) async fn ping<C: redis::aio::ConnectionLike>(
+    con: &mut C,
+    deadline: Duration,
+) -> Result<(), StoreError> {
+    match tokio::time::timeout(deadline, redis::cmd("PING").query_async::<String>(con)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(StoreError::Redis(e)),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
+/// A key's value (0 when missing), for the tests that compare stores.
+#[cfg(test)]
+pub(super) async fn value<C: redis::aio::ConnectionLike>(
+    con: &mut C,
+    key: &str,
+) -> Result<u64, StoreError> {
+    let v: Option<u64> = redis::cmd("GET")
+        .arg(key)
+        .query_async(con)
+        .await
+        .map_err(StoreError::Redis)?;
+    Ok(v.unwrap_or(0))
+}
+
+/// A script call's arguments: the distinct keys of the chosen requests,
+/// and per request its checks' keys (current, previous) and the keys it
+/// adds to, as indexes into `keys`.
+pub(super) struct Layout<'a> {
+    pub(super) keys: Vec<&'a str>,
+    pub(super) ttl_ms: Vec<u64>,
+    #[allow(clippy::type_complexity)]
+    pub(super) requests: Vec<(Vec<(usize, Option<usize>)>, Vec<(usize, u64)>)>,
+}
+
+impl<'a> Layout<'a> {
+    pub(super) fn of(chosen: &[&'a Request]) -> Layout<'a> {
+        let mut index: HashMap<&'a str, usize> = HashMap::new();
+        let mut keys: Vec<&'a str> = Vec::new();
+        let mut ttl_ms: Vec<u64> = Vec::new();
+        let mut at = |k: &'a str, ttl: u64, keys: &mut Vec<&'a str>, ttl_ms: &mut Vec<u64>| {
+            let i = *index.entry(k).or_insert_with(|| {
+                keys.push(k);
+                ttl_ms.push(1);
+                keys.len() - 1
+            });
+            if let Some(t) = ttl_ms.get_mut(i) {
+                *t = (*t).max(ttl);
+            }
+            i
+        };
+        let mut requests = Vec::with_capacity(chosen.len());
+        // Per key, the last request (numbered from 1) that adds to it.
+        let mut added_by: Vec<usize> = Vec::new();
+        for (q, r) in chosen.iter().enumerate() {
+            let mut checks = Vec::with_capacity(r.checks.len());
+            let mut adds: Vec<(usize, u64)> = Vec::new();
+            for c in &r.checks {
+                let k = at(&c.key, c.ttl_ms, &mut keys, &mut ttl_ms);
+                let pk = c
+                    .prev_key
+                    .as_deref()
+                    .map(|p| at(p, 1, &mut keys, &mut ttl_ms));
+                checks.push((k, pk));
+                // key_hits: the request's hits on that key, added once.
+                if added_by.len() < keys.len() {
+                    added_by.resize(keys.len(), 0);
+                }
+                if c.key_hits > 0 {
+                    if let Some(a) = added_by.get_mut(k).filter(|a| **a != q + 1) {
+                        *a = q + 1;
+                        adds.push((k, c.key_hits));
+                    }
+                }
+            }
+            requests.push((checks, adds));
+        }
+        Layout {
+            keys,
+            ttl_ms,
+            requests,
+        }
+    }
+
+    /// The script's numbers (see SCRIPT), packed as little-endian doubles.
+    pub(super) fn pack(&self, chosen: &[&Request]) -> Vec<u8> {
+        let per_request: usize = self
+            .requests
+            .iter()
+            .map(|(checks, adds)| 2 + 5 * checks.len() + 2 * adds.len())
+            .sum();
+        let mut out = Vec::with_capacity(8 * (2 + self.ttl_ms.len() + per_request));
+        let mut put = |n: u64| out.extend_from_slice(&(n as f64).to_le_bytes());
+        put(self.keys.len() as u64);
+        put(chosen.len() as u64);
+        for &t in &self.ttl_ms {
+            put(t);
+        }
+        for (r, (checks, adds)) in chosen.iter().zip(&self.requests) {
+            // A push goes without checks: the script admits it and adds
+            // its hits; its counts are replayed from the keys read.
+            let checks: &[_] = if r.push { &[] } else { checks };
+            put(checks.len() as u64);
+            put(adds.len() as u64);
+            for (c, &(k, pk)) in r.checks.iter().zip(checks) {
+                put(c.limit);
+                put(c.key_hits);
+                put(k as u64 + 1);
+                put(pk.map_or(0, |p| p as u64 + 1));
+                put(c.weight_ppm);
+            }
+            for &(k, hits) in adds {
+                put(k as u64 + 1);
+                put(hits);
+            }
+        }
+        out
+    }
+
+    /// Each request's counts as the script decided it on, from the keys'
+    /// values as read and which requests were admitted: the adds of the
+    /// admitted ones replayed in order.
+    pub(super) fn replay(&self, answer: &[i64]) -> Option<Vec<Decision>> {
+        let nk = self.keys.len();
+        if answer.len() != nk + self.requests.len() {
+            return None;
+        }
+        let mut values: Vec<u64> = answer
+            .get(..nk)?
+            .iter()
+            .map(|&n| u64::try_from(n).ok())
+            .collect::<Option<_>>()?;
+        let mut out = Vec::with_capacity(self.requests.len());
+        for ((checks, adds), &ok) in self.requests.iter().zip(answer.get(nk..)?) {
+            let counts = checks
+                .iter()
+                .map(|&(k, pk)| {
+                    Some(Counts {
+                        current: *values.get(k)?,
+                        previous: match pk {
+                            Some(p) => *values.get(p)?,
+                            None => 0,
+                        },
+                    })
+                })
+                .collect::<Option<Vec<_>>>()?;
+            let admitted = match ok {
+                1 => true,
+                0 => false,
+                _ => return None,
+            };
+            if admitted {
+                for &(k, hits) in adds {
+                    let v = values.get_mut(k)?;
+                    *v = v.saturating_add(hits);
+                }
+            }
+            out.push(Decision { counts, admitted });
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::Check;
+
+    fn check(key: &str, prev: Option<&str>, limit: u64, hits: u64) -> Check {
+        Check {
+            index: 0,
+            unit: ratelimit_config::Unit::Minute,
+            limit,
+            hits,
+            key_hits: hits,
+            sliding: prev.is_some(),
+            shadow: false,
+            group: 0,
+            name: "g".into(),
+            tag: "{1:d:a}".into(),
+            key: key.into(),
+            prev_key: prev.map(Into::into),
+            window: (0, 60_000),
+            next_end: 120_000,
+            weight_ppm: 500_000,
+            ttl_ms: 60_000,
+        }
+    }
+
+    #[test]
+    fn a_call_sends_each_key_once_and_adds_a_request_s_hits_to_a_key_once() {
+        let mut twice = Request {
+            checks: vec![check("k1", None, 5, 1), check("k1", None, 9, 2)],
+            ..Request::default()
+        };
+        for c in &mut twice.checks {
+            c.key_hits = 3;
+        }
+        let other = Request {
+            checks: vec![check("k1", None, 5, 1), check("k2", Some("k0"), 5, 1)],
+            ..Request::default()
+        };
+        let chosen = [&twice, &other];
+        let l = Layout::of(&chosen);
+        assert_eq!(l.keys, ["k1", "k2", "k0"]);
+        assert_eq!(l.ttl_ms, [60_000, 60_000, 1]);
+        assert_eq!(l.requests[0].1, [(0, 3)]);
+        assert_eq!(l.requests[1].0, [(0, None), (1, Some(2))]);
+        assert_eq!(l.requests[1].1, [(0, 1), (1, 1)]);
+        // Read 1, 0, 4; the first request admitted: the second is decided on
+        // k1 = 4.
+        let got = l.replay(&[1, 0, 4, 1, 0]).unwrap();
+        assert_eq!(
+            got[0].counts[0],
+            Counts {
+                current: 1,
+                previous: 0
+            }
+        );
+        assert_eq!(
+            got[1].counts[0],
+            Counts {
+                current: 4,
+                previous: 0
+            }
+        );
+        assert_eq!(
+            got[1].counts[1],
+            Counts {
+                current: 0,
+                previous: 4
+            }
+        );
+        assert_eq!((got[0].admitted, got[1].admitted), (true, false));
+        assert!(l.replay(&[1, 0, 4, 1]).is_none());
+        assert!(l.replay(&[1, 0, 4, 1, 2]).is_none());
+        // The numbers the script reads, in its order.
+        let packed: Vec<f64> = l
+            .pack(&chosen)
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        #[rustfmt::skip]
+        let want = [
+            3.0, 2.0, 60_000.0, 60_000.0, 1.0,  // keys, requests, ttls
+            2.0, 1.0,                            // twice: 2 checks, 1 add
+            5.0, 3.0, 1.0, 0.0, 500_000.0,
+            9.0, 3.0, 1.0, 0.0, 500_000.0,
+            1.0, 3.0,
+            2.0, 2.0,                            // other: 2 checks, 2 adds
+            5.0, 1.0, 1.0, 0.0, 500_000.0,
+            5.0, 1.0, 2.0, 3.0, 500_000.0,
+            1.0, 1.0, 2.0, 1.0,
+        ];
+        assert_eq!(packed, want);
+    }
+}
