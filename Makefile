@@ -462,7 +462,7 @@ lint: deps-rust deps-python
 # filter's once more as wasm32-unknown-unknown under Node through
 # wasm-bindgen-test-runner (its tests are #[wasm_bindgen_test] there).
 # (The counter, a native server, runs its tests natively only.)
-unit: deps-rust deps-node deps-wasm-bindgen
+unit: deps-rust deps-node deps-wasm-bindgen deps-links
 	cargo test --workspace
 	CARGO_TARGET_WASM32_WASIP1_RUNNER="node $(CURDIR)/tests/wasm-runner.mjs" \
 	  cargo test --workspace --exclude trim-exports --exclude ratelimit-counter --target $(WASM_TARGET)
