@@ -1,12 +1,15 @@
 """Request cost (`cost_header`, `max_cost`) on the real stack: a request
 carrying the header costs that many hits in the shared counter, so "exactly N"
-holds in units of cost across two Envoys; a bad cost is a 400, never a cheap
-request."""
+holds in units of cost across two Envoys; a bad cost, or the header sent
+twice, is a 400, never a cheap request."""
 
 from __future__ import annotations
 
+import socket
 from collections import Counter
+from urllib.parse import urlsplit
 
+import h2c
 import harness
 from harness import ensure_window_room, run_concurrent, run_sequential, tally, unique
 
@@ -81,5 +84,50 @@ def test_bad_costs_are_400_and_never_reach_the_service(stack):
 
     # The largest valid cost is accepted and counted in full.
     r = harness.send(fleet.urls[1], tenant, {COST_HEADER: str(MAX_COST)})
+    assert r.status == 200
+    assert harness.parse_ratelimit_headers(r.headers).remaining == 100 - MAX_COST
+
+
+def raw_status(url: str, headers: list[tuple[str, str]]) -> int:
+    """One HTTP/1.1 GET written byte for byte (a header line per pair, a
+    name repeated as given); its status."""
+    u = urlsplit(url)
+    request = b"GET / HTTP/1.1\r\nHost: x\r\n"
+    for name, value in headers:
+        request += f"{name}: {value}\r\n".encode()
+    request += b"Connection: close\r\n\r\n"
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+def test_a_cost_header_sent_twice_is_400_whatever_its_order(stack):
+    """The first value is never taken: `1, 1000` must not cost 1 (and
+    `1000, 1` is refused the same way), on HTTP/1.1 and on HTTP/2;
+    nothing is counted against the tenant."""
+    fleet = cost_fleet(stack)
+    ensure_window_room(3600, HOUR_ROOM_S)
+    tenant = unique("tenant")
+    url = fleet.urls[0]
+    pairs = [("1", "1000"), ("1000", "1"), ("1", str(MAX_COST)), ("1", "1")]
+    for first, second in pairs:
+        headers = [(harness.TENANT_HEADER, tenant), (COST_HEADER, first), (COST_HEADER, second)]
+        assert raw_status(url, headers) == 400, (first, second)
+        status, _ = h2c.get(url, [(n.encode(), v.encode()) for n, v in headers])
+        assert status == 400, (first, second)
+    c = fleet.counters()
+    assert c["cost_invalid"] == 2 * len(pairs), c
+    assert c["allowed"] == 0 and c["over_limit"] == 0 and c["rls_error"] == 0, c
+    assert fleet.redis.keys(f"{fleet.domain}_*") == []
+
+    # Sent once, the same tenant's cost counts in full.
+    assert raw_status(url, [(harness.TENANT_HEADER, tenant), (COST_HEADER, "1")]) == 200
+    r = harness.send(url, tenant, {COST_HEADER: str(MAX_COST - 1)})
     assert r.status == 200
     assert harness.parse_ratelimit_headers(r.headers).remaining == 100 - MAX_COST

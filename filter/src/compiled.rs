@@ -22,6 +22,10 @@ pub struct Compiled {
     pub max_tenant_length: usize,
     /// Where the tenant is read (`tenant_source`).
     pub tenant_location: Location,
+    /// The path of every value of `cost_header` (`request\0headers\0<name>`),
+    /// when there is one: a cost header sent twice reads as one value
+    /// holding a `,`, never a cost.
+    pub cost_values: Option<String>,
     /// What is compiled of each group, by `GroupId`.
     groups: Vec<CompiledGroup>,
 }
@@ -86,6 +90,7 @@ impl Compiled {
         let upstream = grpc_upstream(&config.cluster);
         let max_tenant_length = usize::try_from(config.max_tenant_length).unwrap_or(usize::MAX);
         let tenant_location = Location::new(&config.tenant_source, &config.limits);
+        let cost_values = (config.cost.as_ref()).map(|c| format!("request\0headers\0{}", c.header));
         let groups = config
             .limits
             .all_groups()
@@ -100,6 +105,7 @@ impl Compiled {
             upstream,
             max_tenant_length,
             tenant_location,
+            cost_values,
             groups,
         }
     }

@@ -4,12 +4,17 @@
 //!
 //! - No header (or no `cost_header` configured): cost 1.
 //! - An integer from 1 to `max_cost`, in plain ASCII digits: that cost.
-//! - Anything else (empty, not a number, a sign, 0, above `max_cost`): the
-//!   request is refused with 400 and counted (`cost_invalid`), with no call.
+//! - Anything else (empty, not a number, a sign, 0, above `max_cost`, or
+//!   the header sent more than once): the request is refused with 400 and
+//!   counted (`cost_invalid`), with no call.
 //!   Never a cost of 1: a client could then pay 1 for a request it declared
 //!   costs more. And never clamped down to `max_cost`, for the same reason.
 //!
-//! The header is read only for a request whose tenant is limited.
+//! The header is read only for a request whose tenant is limited, in one
+//! host call that gives all its values (Envoy's `request.headers[name]`,
+//! joined by `,`): a header sent twice is refused as a repeated tenant
+//! header is, rather than charged its first value (`1` then `1000` would
+//! otherwise cost 1).
 //!
 //! A cost the upstream reports (`response_cost_header`, in the response's
 //! headers or, for gRPC and streamed responses, its trailers) is charged
@@ -54,12 +59,16 @@ impl std::error::Error for CostError {}
 
 /// The cost of the request: 1 without the header.
 pub fn request_cost<H: Host + ?Sized>(c: &Compiled, host: &H) -> Result<u32, CostError> {
-    let Some(cost) = &c.config.cost else {
+    let (Some(cost), Some(all_values)) = (&c.config.cost, &c.cost_values) else {
         return Ok(1);
     };
-    let value = host.request_header(&cost.header).map_err(CostError::Host)?;
-    match value {
+    match host.property(all_values).map_err(CostError::Host)? {
         None => Ok(1),
+        // Several values, or one holding a `,`: never a cost.
+        Some(v) if v.contains(&b',') => Err(CostError::Invalid(format!(
+            "invalid {} header: sent more than once, or not one integer from 1 to {}\n",
+            cost.header, cost.max
+        ))),
         Some(v) => parse_cost(&v, cost.max).ok_or_else(|| {
             CostError::Invalid(format!(
                 "invalid {} header: the cost must be an integer from 1 to {}\n",

@@ -1270,6 +1270,48 @@ fn a_bad_cost_is_a_400_counted_and_never_asked() {
 }
 
 #[test]
+fn a_cost_header_sent_twice_is_a_400_whatever_its_values() {
+    let c = config_with_limits(
+        json!({"x-tenant-id": {"default": {"perhour": 100}}}),
+        cost(),
+    );
+    let h = host(&c);
+    // The first value is never taken: `1` then `100` must not cost 1, and
+    // `100` then `1` is refused the same way.
+    for (first, second) in [
+        (&b"1"[..], &b"100"[..]),
+        (b"100", b"1"),
+        (b"5", b"5"),
+        (b"", b"1"),
+    ] {
+        h.set_request_header("x-cost", first);
+        h.append_request_header("x-cost", second);
+        let (_, next) = request(&c, &h, Some("tenant-a"));
+        assert_eq!(next, Next::Pause, "{first:?} {second:?}");
+    }
+    let replies = h.replies();
+    assert_eq!(replies.len(), 4);
+    for r in &replies {
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            r.body,
+            "invalid x-cost header: sent more than once, or not one integer from 1 to 100\n"
+        );
+    }
+    assert_eq!(counted(&h), vec![n(Counter::CostInvalid, 4)]);
+    assert_eq!(h.call_count(), 0);
+    let at = slot_of(&c, &h.slot_secret(), "default", "tenant-a");
+    assert_eq!(
+        h.shared_value(&SlotKey::new(at.index)),
+        Some(vec![0; crate::local::SLOT_BYTES])
+    );
+    // Once, it is a cost again.
+    h.set_request_header("x-cost", b"100");
+    answered(&c, &h, "tenant-a");
+    assert_eq!(asked_hits(&h), vec![100]);
+}
+
+#[test]
 fn the_cost_of_a_tenant_no_group_limits_is_not_read() {
     let c = config_with_limits(
         json!({"x-tenant-id": {"gold": {"perhour": 100, "header_value": ["tenant-b"]}}}),
