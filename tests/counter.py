@@ -87,8 +87,22 @@ class Counter(harness.Supervised):
         except requests.RequestException:
             return False
 
+    def answering(self) -> bool:
+        """Its HTTP port answers (whatever /readyz says)."""
+        try:
+            requests.get(f"{self.http_url}/healthz", timeout=1)
+            return True
+        except requests.RequestException:
+            return False
+
+    def readyz_page(self) -> requests.Response:
+        """/readyz, once the HTTP port listens (it binds after the store's
+        first attempt, whose failure it logs first)."""
+        wait_until(self.answering, f"{self.name} listens", process=self.process)
+        return requests.get(f"{self.http_url}/readyz", timeout=3)
+
     def readyz(self) -> int:
-        return requests.get(f"{self.http_url}/readyz", timeout=3).status_code
+        return self.readyz_page().status_code
 
     def metrics(self) -> dict[str, float]:
         return harness.parse_prometheus(

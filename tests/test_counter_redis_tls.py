@@ -27,8 +27,8 @@ def _counter(stack, gen, store, *args, env=None, wait_ready=True):
 
 def _everything_it_shows(counter: Counter) -> str:
     """Its output, /readyz and /metrics."""
-    pages = [requests.get(f"{counter.http_url}{p}", timeout=3).text
-             for p in ("/readyz", "/metrics", "/healthz")]
+    pages = [counter.readyz_page().text] + [
+        requests.get(f"{counter.http_url}{p}", timeout=3).text for p in ("/metrics", "/healthz")]
     return "\n".join([counter.process.log_text(), *pages])
 
 

@@ -106,7 +106,7 @@ def test_grpc_health_is_not_serving_while_readyz_is_not_200(stack):
                       wait_ready=False)
     wait_until(lambda: "not ready until it answers" in counter.process.log_text(),
                "the counter tells why it is not ready", process=counter.process)
-    r = requests.get(f"{counter.http_url}/readyz", timeout=3)
+    r = counter.readyz_page()
     assert r.status_code == 503
     assert "team file loaded: true (domains: d)" in r.text, r.text
     assert "store answers: false (" in r.text, r.text
