@@ -21,6 +21,11 @@ in one run:
                 counter to its own Redis (redis-server on a TLS port only)
                 over mutual TLS (`--store rediss://`, --redis-ca/-cert/-key);
                 against cnt1_single, the same path in plaintext: the TLS cost
+  svc1_single_tls
+                svc1_single with the same TLS on both hops, by
+                envoyproxy/ratelimit's own settings (GRPC_SERVER_USE_TLS,
+                GRPC_CLIENT_TLS_CACERT and _SAN, REDIS_TLS, REDIS_TLS_CACERT,
+                REDIS_TLS_CLIENT_CERT and _KEY), against svc1_single
 
 Each is its own filter Envoy whose rate-limit cluster lists its replicas;
 all run for the whole scenario and take turns (A B C D A B C D ...). Besides
@@ -56,7 +61,7 @@ import tlsfiles  # noqa: E402
 
 CONFIGS = ("svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster",
            "cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory",
-           "cnt1_single_tls")
+           "cnt1_single_tls", "svc1_single_tls")
 LABELS = {
     "svc1_single": "1 service, one Redis",
     "svc2_single": "2 services, one Redis",
@@ -68,6 +73,7 @@ LABELS = {
     "cnt2_cluster": "2 counters, Redis Cluster",
     "cnt1_memory": "1 counter, memory store",
     "cnt1_single_tls": "1 counter, one Redis, mutual TLS to both",
+    "svc1_single_tls": "1 service, one Redis, mutual TLS to both",
 }
 # A counter configuration against the envoyproxy/ratelimit one of the same
 # topology (the memory store: against one service on one Redis).
@@ -75,7 +81,7 @@ AGAINST = {"cnt1_single": "svc1_single", "cnt2_single": "svc2_single",
            "cnt1_cluster": "svc1_cluster", "cnt2_cluster": "svc2_cluster",
            "cnt1_memory": "svc1_single"}
 # A configuration with TLS against the same one in plaintext: the TLS cost.
-TLS_AGAINST = {"cnt1_single_tls": "cnt1_single"}
+TLS_AGAINST = {"cnt1_single_tls": "cnt1_single", "svc1_single_tls": "svc1_single"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 # The counter's name in its certificate (sent as SNI, checked by Envoy)
 # and Envoy's in its client certificate (checked by the counter).
@@ -144,6 +150,18 @@ class Tls:
                 "--redis-ca", str(c.ca), "--redis-cert", str(c.client_cert),
                 "--redis-key", str(c.client_key)]
 
+    def service_env(self) -> dict[str, str]:
+        """envoyproxy/ratelimit's settings for the same: gRPC mutual TLS,
+        and Redis over mutual TLS."""
+        c = self.redis_certs
+        return {"REDIS_TYPE": "single", "REDIS_URL": f"{h.LOOPBACK}:{self.redis.port}",
+                "REDIS_TLS": "true", "REDIS_TLS_CACERT": str(c.ca),
+                "REDIS_TLS_CLIENT_CERT": str(c.client_cert),
+                "REDIS_TLS_CLIENT_KEY": str(c.client_key),
+                "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": str(self.counter.cert),
+                "GRPC_SERVER_TLS_KEY": str(self.counter.key),
+                "GRPC_CLIENT_TLS_CACERT": str(self.ca), "GRPC_CLIENT_TLS_SAN": ENVOY_NAME}
+
     def transport_socket(self, limits: dict, domain: str, out: Path) -> dict:
         """The rate-limit cluster's transport_socket as `ratelimit-config
         render --target envoy --service counter` writes it for these files."""
@@ -201,6 +219,10 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
 
         rls_single = cl.services(stack, gen, wanted("svc", "single"), env_single,
                                  log_level="warn")
+        tls = Tls(stack) if any(c in TLS_AGAINST for c in configs) else None
+        rls_single_tls = (cl.services(stack, gen, 1, dict(
+            tls.service_env(), **({"GOMAXPROCS": "1"} if pinned else {})), log_level="warn")
+                          if tls is not None and "svc1_single_tls" in configs else [])
         rls_cluster = cl.services(stack, gen, wanted("svc", "cluster"), env_cluster,
                                   log_level="warn")
         # The counter: one tokio worker per replica when pinned.
@@ -213,13 +235,13 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                                                  env=counter_env)
                           for i in range(wanted("cnt", topology))]
                for topology, store in stores.items()}
-        tls = Tls(stack) if "cnt1_single_tls" in configs else None
-        if tls is not None:
+        if tls is not None and "cnt1_single_tls" in configs:
             cnt["single_tls"] = [counters.start_counter(
                 stack, gen.domain, limits, tls.store(), name="counter-single-tls",
                 env=counter_env, extra_args=tls.counter_args())]
         if pinned:
-            for s in (*rls_single, *rls_cluster, *(c for cs in cnt.values() for c in cs)):
+            for s in (*rls_single, *rls_single_tls, *rls_cluster,
+                      *(c for cs in cnt.values() for c in cs)):
                 pin(s.process, args.pin_service_cpu)
         upstream = stack.upstream()
         plugin_cfg = gen.plugin_config()
@@ -236,6 +258,7 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
             "cnt1_cluster": ("counter", cnt.get("cluster", [])[:1], redis_nodes),
             "cnt2_cluster": ("counter", cnt.get("cluster", []), redis_nodes),
             "cnt1_memory": ("counter", cnt["memory"][:1], []),
+            "svc1_single_tls": ("ratelimit", rls_single_tls, [tls.redis] if tls else []),
             "cnt1_single_tls": ("counter", cnt.get("single_tls", []),
                                 [tls.redis] if tls else []),
         }
@@ -339,9 +362,10 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
         "labels": LABELS,
         "against": {c: a for c, a in AGAINST.items() if c in configs and a in configs},
         "tls_against": {c: a for c, a in TLS_AGAINST.items() if c in configs and a in configs},
-        "tls": ("Envoy to the counter: mutual TLS (ALPN h2, SNI, the rendered "
-                "transport_socket); the counter to Redis: mutual TLS (rediss://, "
-                "redis-server --tls-port --tls-auth-clients yes); P-256 certificates"
+        "tls": ("Envoy to the service: mutual TLS (ALPN h2, SNI, the rendered "
+                "transport_socket); the service to Redis: mutual TLS (the counter: "
+                "rediss://; envoyproxy/ratelimit: REDIS_TLS; redis-server --tls-port "
+                "--tls-auth-clients yes); P-256 certificates"
                 if any(c in TLS_AGAINST for c in configs) else None),
         "pinned_service_cpu": args.pin_service_cpu,
         "redis_cluster": "3 masters, 1 replica each (redis-server, cluster mode, loopback); "
