@@ -47,10 +47,13 @@ class BenchCounter(tc.Counter):
 
 
 def start_counter(stack: h.Stack, domain: str, limits: dict, store: str, name: str,
-                  env: dict[str, str] | None = None) -> BenchCounter:
+                  env: dict[str, str] | None = None,
+                  extra_args: list[str] | None = None) -> BenchCounter:
     """A counter serving `domain` from the team JSON `limits`; `store`:
-    memory, redis://..., redis-cluster://..."""
+    memory, redis://..., rediss://..., redis-cluster://...; `extra_args`:
+    more flags (TLS)."""
     return BenchCounter(stack, {domain: limits}, store=store, name=name, env=env,
+                        extra_args=extra_args,
                         store_timeout_ms=COUNTER_STORE_TIMEOUT_MS,
                         reload_interval_ms=COUNTER_RELOAD_MS)
 

@@ -539,6 +539,50 @@ def service_side_markdown(ss: dict) -> list[str]:
         lines += ["", "⚠: calls to the service failed in this row's runs (the filter let "
                   "the requests through, on_failure allow): its figures are not those of a "
                   "service that answered."]
+    tls = tls_markdown(ss, by_cfg, by_rep)
+    if tls:
+        lines += ["", *tls]
+    return lines
+
+
+# The TLS table's figures per request: what it shows, the run's key, and
+# which way is worse for a ratio (lower req/s, more CPU).
+TLS_FIGURES = (("req/s", "rps", min), ("service CPU µs/request", "service_cpu_us_per_request", max),
+               ("Redis CPU µs/request", "redis_cpu_us_per_request", max),
+               ("Envoy CPU µs/request", "envoy_cpu_us_per_request", max))
+
+
+def tls_markdown(ss: dict, by_cfg: dict[str, list[dict]],
+                 by_rep: dict[str, dict[int, dict]]) -> list[str]:
+    """The TLS cost (service_side.TLS_AGAINST): each configuration with TLS
+    against the same one in plaintext, per request, medians over
+    repetitions, and their ratio TLS/plaintext paired per repetition
+    (median, worst)."""
+    pairs = [(c, ref) for c, ref in ss.get("tls_against", {}).items()
+             if by_cfg.get(c) and by_cfg.get(ref)]
+    if not pairs:
+        return []
+    lines = [
+        "TLS cost on the allowed path: " + (ss.get("tls") or "TLS") + ", against the same "
+        "path in plaintext, same run. CPU per request: over every request, those the "
+        "filter's local layer answered without a call included (calls / request says how "
+        "many called); medians; TLS/plaintext paired per repetition: median (worst).",
+        "",
+        "| Configuration | against | calls / request | " + " | ".join(
+            f"{label} | ratio" for label, _, _ in TLS_FIGURES) + " |",
+        "|---|---|---:|" + "---:|---:|" * len(TLS_FIGURES),
+    ]
+    for cfg, ref in pairs:
+        calls = [r["rls_calls"] / r["requests"] for r in by_cfg[cfg] if r["requests"]]
+        cells = [f"{statistics.median(calls):.2f}" if calls else ""]
+        for _, key, worst in TLS_FIGURES:
+            value = statistics.median(r.get(key, 0.0) for r in by_cfg[cfg])
+            ratios = [r[key] / by_rep[ref][rep][key] for rep, r in by_rep[cfg].items()
+                      if rep in by_rep[ref] and by_rep[ref][rep].get(key)]
+            cells.append(f"{value:,.0f}" if key == "rps" else f"{value:.1f}")
+            cells.append(f"{statistics.median(ratios):.2f}x ({worst(ratios):.2f}x)"
+                         if ratios else "")
+        lines.append(f"| {ss['labels'][cfg]} | {ss['labels'][ref]} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -13,6 +13,19 @@ in one run:
                 configured for the counter: `generate --service counter`),
                 on the same Redis and the same Redis Cluster
   cnt1_memory   1 counter with its memory store (no Redis)
+  cnt1_single_tls
+                cnt1_single with TLS on both hops: Envoy to the counter over
+                mutual TLS (the rate-limit cluster's transport_socket as
+                `ratelimit-config render` writes it: ALPN h2, SNI, the
+                counter's name checked, Envoy's client certificate), the
+                counter to its own Redis (redis-server on a TLS port only)
+                over mutual TLS (`--store rediss://`, --redis-ca/-cert/-key);
+                against cnt1_single, the same path in plaintext: the TLS cost
+  svc1_single_tls
+                svc1_single with the same TLS on both hops, by
+                envoyproxy/ratelimit's own settings (GRPC_SERVER_USE_TLS,
+                GRPC_CLIENT_TLS_CACERT and _SAN, REDIS_TLS, REDIS_TLS_CACERT,
+                REDIS_TLS_CLIENT_CERT and _KEY), against svc1_single
 
 Each is its own filter Envoy whose rate-limit cluster lists its replicas;
 all run for the whole scenario and take turns (A B C D A B C D ...). Besides
@@ -28,10 +41,14 @@ Used by bench/bench.py (--service-side); the results go under
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -39,9 +56,12 @@ sys.path.insert(0, str(REPO / "tests"))
 import cluster as cl  # noqa: E402
 import counters  # noqa: E402
 import harness as h  # noqa: E402
+import redis_extra  # noqa: E402
+import tlsfiles  # noqa: E402
 
 CONFIGS = ("svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster",
-           "cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory")
+           "cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory",
+           "cnt1_single_tls", "svc1_single_tls")
 LABELS = {
     "svc1_single": "1 service, one Redis",
     "svc2_single": "2 services, one Redis",
@@ -52,13 +72,21 @@ LABELS = {
     "cnt1_cluster": "1 counter, Redis Cluster",
     "cnt2_cluster": "2 counters, Redis Cluster",
     "cnt1_memory": "1 counter, memory store",
+    "cnt1_single_tls": "1 counter, one Redis, mutual TLS to both",
+    "svc1_single_tls": "1 service, one Redis, mutual TLS to both",
 }
 # A counter configuration against the envoyproxy/ratelimit one of the same
 # topology (the memory store: against one service on one Redis).
 AGAINST = {"cnt1_single": "svc1_single", "cnt2_single": "svc2_single",
            "cnt1_cluster": "svc1_cluster", "cnt2_cluster": "svc2_cluster",
            "cnt1_memory": "svc1_single"}
+# A configuration with TLS against the same one in plaintext: the TLS cost.
+TLS_AGAINST = {"cnt1_single_tls": "cnt1_single", "svc1_single_tls": "svc1_single"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+# The counter's name in its certificate (sent as SNI, checked by Envoy)
+# and Envoy's in its client certificate (checked by the counter).
+COUNTER_NAME = "counter.bench"
+ENVOY_NAME = "envoy.bench"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,6 +125,75 @@ def filter_failures(envoy: h.Envoy) -> dict[str, int]:
     return out
 
 
+class Tls:
+    """The TLS configuration's certificates (one CA, openssl: tests/tlsfiles.py
+    and tests/redis_extra.py's make_certs) and the Redis on a TLS port only
+    that requires a client certificate."""
+
+    def __init__(self, stack: h.Stack):
+        d = stack.workdir / "tls"
+        self.redis_certs = redis_extra.make_certs(d)
+        ca = tlsfiles.CA(self.redis_certs.ca, d / "ca.key")
+        self.counter = ca.issue(d, "counter", f"IP:{h.LOOPBACK},DNS:{COUNTER_NAME}", client=False)
+        self.envoy = ca.issue(d, "envoy", f"DNS:{ENVOY_NAME}", client=True)
+        self.ca = self.redis_certs.ca
+        self.redis = redis_extra.TlsRedis(stack, self.redis_certs, auth_clients="yes")
+
+    def store(self) -> str:
+        return self.redis.url()
+
+    def counter_args(self) -> list[str]:
+        """The counter's flags: gRPC mutual TLS, and the files for Redis."""
+        c = self.redis_certs
+        return ["--tls-cert", str(self.counter.cert), "--tls-key", str(self.counter.key),
+                "--tls-client-ca", str(self.ca), "--tls-client-san", ENVOY_NAME,
+                "--redis-ca", str(c.ca), "--redis-cert", str(c.client_cert),
+                "--redis-key", str(c.client_key)]
+
+    def service_env(self) -> dict[str, str]:
+        """envoyproxy/ratelimit's settings for the same: gRPC mutual TLS,
+        and Redis over mutual TLS."""
+        c = self.redis_certs
+        return {"REDIS_TYPE": "single", "REDIS_URL": f"{h.LOOPBACK}:{self.redis.port}",
+                "REDIS_TLS": "true", "REDIS_TLS_CACERT": str(c.ca),
+                "REDIS_TLS_CLIENT_CERT": str(c.client_cert),
+                "REDIS_TLS_CLIENT_KEY": str(c.client_key),
+                "GRPC_SERVER_USE_TLS": "true", "GRPC_SERVER_TLS_CERT": str(self.counter.cert),
+                "GRPC_SERVER_TLS_KEY": str(self.counter.key),
+                "GRPC_CLIENT_TLS_CACERT": str(self.ca), "GRPC_CLIENT_TLS_SAN": ENVOY_NAME}
+
+    def transport_socket(self, limits: dict, domain: str, out: Path) -> dict:
+        """The rate-limit cluster's transport_socket as `ratelimit-config
+        render --target envoy --service counter` writes it for these files."""
+        files = h.render_target(
+            limits, "envoy", out, "--service", "counter", "--domain", domain,
+            "--set", "redis.url=memory",
+            "--set", f"service.tls.cert={self.counter.cert}",
+            "--set", f"service.tls.key={self.counter.key}",
+            "--set", f"service.tls.client_ca={self.ca}", "--set", f"service.tls.ca={self.ca}",
+            "--set", f"service.tls.client_cert={self.envoy.cert}",
+            "--set", f"service.tls.client_key={self.envoy.key}",
+            "--set", f"service.tls.sni={COUNTER_NAME}")
+        bootstrap = yaml.safe_load(files["envoy.yaml"])
+        sockets = [c["transport_socket"] for c in bootstrap["static_resources"]["clusters"]
+                   if "transport_socket" in c]
+        if len(sockets) != 1:
+            raise h.HarnessError(f"render wrote {len(sockets)} clusters with TLS, not one")
+        return sockets[0]
+
+
+def with_transport_socket(text: str, cluster: str, socket: dict) -> str:
+    """A rendered Envoy config (envoy/envoy.yaml.tmpl) whose cluster
+    `cluster` has `socket` as its transport_socket."""
+    head = re.compile(rf"^  - name: {re.escape(cluster)}\n    type: \w+\n"
+                      r"    connect_timeout: \S+\n", re.M)
+    hits = list(head.finditer(text))
+    if len(hits) != 1:
+        raise h.HarnessError(f"expected one cluster {cluster!r} in the Envoy config")
+    end = hits[0].end()
+    return text[:end] + f"    transport_socket: {json.dumps(socket)}\n" + text[end:]
+
+
 def run(args, out: Path, wrk, scenario, header: str, limits: dict,
         configs: tuple[str, ...] = CONFIGS) -> dict:
     """Start the topologies `configs` need, run the allowed scenario against
@@ -122,6 +219,10 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
 
         rls_single = cl.services(stack, gen, wanted("svc", "single"), env_single,
                                  log_level="warn")
+        tls = Tls(stack) if any(c in TLS_AGAINST for c in configs) else None
+        rls_single_tls = (cl.services(stack, gen, 1, dict(
+            tls.service_env(), **({"GOMAXPROCS": "1"} if pinned else {})), log_level="warn")
+                          if tls is not None and "svc1_single_tls" in configs else [])
         rls_cluster = cl.services(stack, gen, wanted("svc", "cluster"), env_cluster,
                                   log_level="warn")
         # The counter: one tokio worker per replica when pinned.
@@ -134,8 +235,13 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                                                  env=counter_env)
                           for i in range(wanted("cnt", topology))]
                for topology, store in stores.items()}
+        if tls is not None and "cnt1_single_tls" in configs:
+            cnt["single_tls"] = [counters.start_counter(
+                stack, gen.domain, limits, tls.store(), name="counter-single-tls",
+                env=counter_env, extra_args=tls.counter_args())]
         if pinned:
-            for s in (*rls_single, *rls_cluster, *(c for cs in cnt.values() for c in cs)):
+            for s in (*rls_single, *rls_single_tls, *rls_cluster,
+                      *(c for cs in cnt.values() for c in cs)):
                 pin(s.process, args.pin_service_cpu)
         upstream = stack.upstream()
         plugin_cfg = gen.plugin_config()
@@ -152,13 +258,28 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
             "cnt1_cluster": ("counter", cnt.get("cluster", [])[:1], redis_nodes),
             "cnt2_cluster": ("counter", cnt.get("cluster", []), redis_nodes),
             "cnt1_memory": ("counter", cnt["memory"][:1], []),
+            "svc1_single_tls": ("ratelimit", rls_single_tls, [tls.redis] if tls else []),
+            "cnt1_single_tls": ("counter", cnt.get("single_tls", []),
+                                [tls.redis] if tls else []),
         }
         services = {cfg: [counters.Service(kind, s) for s in handles]
                     for cfg, (kind, handles, _) in parts.items() if cfg in configs}
-        envoys = {cfg: cl.envoy_for(stack, counter_cfg if cfg.startswith("cnt") else plugin_cfg,
-                                    parts[cfg][1], upstream, name=cfg,
+        socket = (tls.transport_socket(limits, gen.domain, stack.workdir / "render-tls")
+                  if tls is not None else None)
+
+        def envoy(cfg: str) -> h.Envoy:
+            config = counter_cfg if cfg.startswith("cnt") else plugin_cfg
+            if cfg not in TLS_AGAINST:
+                return cl.envoy_for(stack, config, parts[cfg][1], upstream, name=cfg,
                                     concurrency=args.envoy_concurrency)
-                  for cfg in configs}
+            ports = [s.grpc_port for s in parts[cfg][1]]
+            cluster = config["rate_limit_service"]["cluster"]
+            return stack.envoy(config, ports[0], upstream, name=cfg,
+                               concurrency=args.envoy_concurrency,
+                               edit=lambda text: with_transport_socket(
+                                   cl.with_rls_endpoints(text, ports), cluster, socket))
+
+        envoys = {cfg: envoy(cfg) for cfg in configs}
 
         print(f"Service side: {scenario.title}, envoyproxy/ratelimit and the counter "
               f"({len(configs)} topologies)", flush=True)
@@ -211,6 +332,8 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
                     "envoy_cpu_us_per_request": 1e6 * envoy_cpu / n if n else 0.0,
                     "service_cpu_us_per_call": 1e6 * svc_cpu / calls if calls else 0.0,
                     "redis_cpu_us_per_call": 1e6 * redis_cpu / calls if calls else 0.0,
+                    "service_cpu_us_per_request": 1e6 * svc_cpu / n if n else 0.0,
+                    "redis_cpu_us_per_request": 1e6 * redis_cpu / n if n else 0.0,
                     # What one core of service answers: requests (calls) over
                     # the CPU seconds the replicas used.
                     "requests_per_service_core_s": n / svc_cpu if svc_cpu > 0 else 0.0,
@@ -238,6 +361,12 @@ def run(args, out: Path, wrk, scenario, header: str, limits: dict,
         "configs": list(configs),
         "labels": LABELS,
         "against": {c: a for c, a in AGAINST.items() if c in configs and a in configs},
+        "tls_against": {c: a for c, a in TLS_AGAINST.items() if c in configs and a in configs},
+        "tls": ("Envoy to the service: mutual TLS (ALPN h2, SNI, the rendered "
+                "transport_socket); the service to Redis: mutual TLS (the counter: "
+                "rediss://; envoyproxy/ratelimit: REDIS_TLS; redis-server --tls-port "
+                "--tls-auth-clients yes); P-256 certificates"
+                if any(c in TLS_AGAINST for c in configs) else None),
         "pinned_service_cpu": args.pin_service_cpu,
         "redis_cluster": "3 masters, 1 replica each (redis-server, cluster mode, loopback); "
                          "Redis CPU counts all 6 nodes, commands only the masters",
