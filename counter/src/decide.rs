@@ -13,16 +13,9 @@ use ratelimit_config::window::{
 use ratelimit_config::{TeamLimits, Unit, Window};
 
 use crate::proto::{
-    Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse, RateLimitUnit,
+    Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse,
+    RateLimitUnit, PUSH, REQUEST_MARK,
 };
-
-/// The key of the entry that begins a request: a descriptor whose first
-/// entry has this key is a mark, left out of every counter key.
-pub const REQUEST_MARK: &str = "trl.request";
-
-/// The mark's value that begins a push: hits the caller admitted already
-/// (a sync push), counted on every window whatever the limits.
-pub const PUSH: &str = "push";
 
 /// The most descriptors one call may carry.
 pub const MAX_DESCRIPTORS: usize = 4_096;
@@ -352,18 +345,6 @@ pub fn admits(r: &Request, counts: &[Counts]) -> bool {
             .all(|(c, n)| !over(c, n))
 }
 
-fn rls_unit(unit: Unit) -> RateLimitUnit {
-    match unit {
-        Unit::Second => RateLimitUnit::Second,
-        Unit::Minute => RateLimitUnit::Minute,
-        Unit::Hour => RateLimitUnit::Hour,
-        Unit::Day => RateLimitUnit::Day,
-        Unit::Week => RateLimitUnit::Week,
-        Unit::Month => RateLimitUnit::Month,
-        Unit::Year => RateLimitUnit::Year,
-    }
-}
-
 /// What happened to one request, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -445,7 +426,7 @@ pub fn answer(
                     current_limit: Some(RateLimit {
                         name: c.name.clone(),
                         requests_per_unit: u32::try_from(c.limit).unwrap_or(u32::MAX),
-                        unit: rls_unit(c.unit) as i32,
+                        unit: RateLimitUnit::from(c.unit) as i32,
                     }),
                     limit_remaining: u32::try_from(c.limit.saturating_sub(after))
                         .unwrap_or(u32::MAX),
@@ -462,6 +443,7 @@ pub fn answer(
         RateLimitResponse {
             overall_code: overall as i32,
             statuses,
+            ..RateLimitResponse::default()
         },
         outcomes,
     )

@@ -1,9 +1,18 @@
-//! The counter's Prometheus metrics, written in the text format.
+//! The counter's Prometheus metrics: counted here (atomics, and maps under
+//! a lock that copy a name only the first time it is seen), written at each
+//! scrape by prometheus-client in the Prometheus text format. A new counter
+//! is an `AtomicU64` field and a line in [`COUNTERS`] (or a `GroupCounts`
+//! field and a line in [`GROUP_COUNTERS`]).
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use ratelimit_counter::store::metrics_text;
 
 /// Upper bounds of the store latency histogram, in microseconds.
 const BUCKETS_US: [u64; 12] = [
@@ -44,14 +53,11 @@ impl GroupCounts {
     }
 }
 
-#[derive(Default)]
 pub struct Metrics {
     /// Per domain, per group.
     groups: Mutex<BTreeMap<String, BTreeMap<String, GroupCounts>>>,
     reloads: Mutex<BTreeMap<(String, &'static str), u64>>,
-    buckets: [AtomicU64; BUCKETS_US.len()],
-    latency_count: AtomicU64,
-    latency_sum_us: AtomicU64,
+    store_seconds: Histogram,
     pub store_errors: AtomicU64,
     pub bad_calls: AtomicU64,
     pub calls: AtomicU64,
@@ -59,15 +65,23 @@ pub struct Metrics {
     pub tls_handshakes_failed: AtomicU64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics {
+            groups: Mutex::default(),
+            reloads: Mutex::default(),
+            store_seconds: Histogram::new(BUCKETS_US.map(|us| us as f64 / 1e6)),
+            store_errors: AtomicU64::default(),
+            bad_calls: AtomicU64::default(),
+            calls: AtomicU64::default(),
+            cache_refused: AtomicU64::default(),
+            tls_handshakes_failed: AtomicU64::default(),
+        }
+    }
 }
 
-/// A label value, escaped as the text format wants.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Metrics {
@@ -100,125 +114,149 @@ impl Metrics {
     }
 
     pub fn latency(&self, us: u64) {
-        for (b, bound) in self.buckets.iter().zip(BUCKETS_US) {
-            if us <= bound {
-                b.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.latency_count.fetch_add(1, Ordering::Relaxed);
-        self.latency_sum_us.fetch_add(us, Ordering::Relaxed);
+        self.store_seconds.observe(us as f64 / 1e6);
     }
 
+    /// The page, in the Prometheus text format (0.0.4), written by
+    /// prometheus-client from a registry of this scrape's values.
     pub fn render(&self, store: &str) -> String {
-        let mut out = String::new();
+        let mut registry = Registry::default();
         let groups = lock(&self.groups).clone();
-        for (name, help, get) in [
-            (
-                "admitted",
-                "Requests admitted.",
-                (|c: &GroupCounts| c.admitted) as fn(&GroupCounts) -> u64,
-            ),
-            ("refused", "Requests refused (nothing counted).", |c| {
-                c.refused
-            }),
-            (
-                "near_limit",
-                "Admitted requests that left at most a fifth of a window's limit.",
-                |c| c.near_limit,
-            ),
-            (
-                "shadow_refused",
-                "Requests of shadow groups that were over a limit.",
-                |c| c.shadow_refused,
-            ),
-            (
-                "overshoot_hits",
-                "Hits of sync pushes counted past a limit: per push, the most of its windows by which its hits took the count past the limit (0 in exact and lease modes).",
-                |c| c.overshoot_hits,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
-            let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
+        for (name, help, get) in GROUP_COUNTERS {
+            let family = Family::<[(&'static str, String); 2], Counter>::default();
             for (d, g, c) in groups
                 .iter()
                 .flat_map(|(d, gs)| gs.iter().map(move |(g, c)| (d, g, c)))
             {
-                let _ = writeln!(
-                    out,
-                    "trl_counter_{name}_total{{domain=\"{}\",group=\"{}\"}} {}",
-                    label(d),
-                    label(g),
-                    get(c)
-                );
+                family
+                    .get_or_create(&[("domain", d.clone()), ("group", g.clone())])
+                    .inc_by(get(c));
             }
+            registry.register(name, help, family);
         }
-        let _ = writeln!(out, "# HELP trl_counter_reloads_total Team file loads, by result (ok, failed: the last good one kept).");
-        let _ = writeln!(out, "# TYPE trl_counter_reloads_total counter");
+        let reloads = Family::<[(&'static str, String); 2], Counter>::default();
         for ((d, r), n) in lock(&self.reloads).iter() {
-            let _ = writeln!(
-                out,
-                "trl_counter_reloads_total{{domain=\"{}\",result=\"{r}\"}} {n}",
-                label(d)
+            reloads
+                .get_or_create(&[("domain", d.clone()), ("result", r.to_string())])
+                .inc_by(*n);
+        }
+        registry.register(
+            "trl_counter_reloads",
+            "Team file loads, by result (ok, failed: the last good one kept)",
+            reloads,
+        );
+        registry
+            .sub_registry_with_label(("store".into(), store.to_string().into()))
+            .register(
+                "trl_counter_store_seconds",
+                "Time of one call's store work (the script calls)",
+                self.store_seconds.clone(),
+            );
+        for (name, help, get) in COUNTERS {
+            registry.register(
+                name,
+                help,
+                ConstCounter::new(get(self).load(Ordering::Relaxed)),
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP trl_counter_store_seconds Time of one call's store work (the script calls)."
-        );
-        let _ = writeln!(out, "# TYPE trl_counter_store_seconds histogram");
-        for (b, bound) in self.buckets.iter().zip(BUCKETS_US) {
-            let _ = writeln!(
-                out,
-                "trl_counter_store_seconds_bucket{{store=\"{store}\",le=\"{}\"}} {}",
-                bound as f64 / 1e6,
-                b.load(Ordering::Relaxed)
-            );
-        }
-        let count = self.latency_count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "trl_counter_store_seconds_bucket{{store=\"{store}\",le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "trl_counter_store_seconds_sum{{store=\"{store}\"}} {}",
-            self.latency_sum_us.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(
-            out,
-            "trl_counter_store_seconds_count{{store=\"{store}\"}} {count}"
-        );
-        for (name, help, v) in [
-            (
-                "store_errors",
-                "Calls the store failed (Redis down, slow past the deadline, or an error).",
-                &self.store_errors,
-            ),
-            (
-                "bad_calls",
-                "Calls refused as malformed or oversized.",
-                &self.bad_calls,
-            ),
-            ("calls", "ShouldRateLimit calls.", &self.calls),
-            (
-                "cache_refused",
-                "Requests refused from the over-limit cache, without asking the store.",
-                &self.cache_refused,
-            ),
-            (
-                "tls_handshakes_failed",
-                "gRPC connections refused in the TLS handshake (no client certificate, one the client CA did not sign, a name not allowed, or no handshake within 10 s).",
-                &self.tls_handshakes_failed,
-            ),
+        metrics_text(&registry)
+    }
+}
+
+/// The per-group counters: name (prometheus-client appends `_total`),
+/// help (it appends the period), the count.
+type GroupCounter = (&'static str, &'static str, fn(&GroupCounts) -> u64);
+const GROUP_COUNTERS: [GroupCounter; 5] = [
+    ("trl_counter_admitted", "Requests admitted", |c| c.admitted),
+    (
+        "trl_counter_refused",
+        "Requests refused (nothing counted)",
+        |c| c.refused,
+    ),
+    (
+        "trl_counter_near_limit",
+        "Admitted requests that left at most a fifth of a window's limit",
+        |c| c.near_limit,
+    ),
+    (
+        "trl_counter_shadow_refused",
+        "Requests of shadow groups that were over a limit",
+        |c| c.shadow_refused,
+    ),
+    (
+        "trl_counter_overshoot_hits",
+        "Hits of sync pushes counted past a limit: per push, the most of its windows by which its hits took the count past the limit (0 in exact and lease modes)",
+        |c| c.overshoot_hits,
+    ),
+];
+
+/// The counters without labels, as [`GROUP_COUNTERS`].
+type PlainCounter = (&'static str, &'static str, fn(&Metrics) -> &AtomicU64);
+const COUNTERS: [PlainCounter; 5] = [
+    (
+        "trl_counter_store_errors",
+        "Calls the store failed (Redis down, slow past the deadline, or an error)",
+        |m| &m.store_errors,
+    ),
+    (
+        "trl_counter_bad_calls",
+        "Calls refused as malformed or oversized",
+        |m| &m.bad_calls,
+    ),
+    ("trl_counter_calls", "ShouldRateLimit calls", |m| &m.calls),
+    (
+        "trl_counter_cache_refused",
+        "Requests refused from the over-limit cache, without asking the store",
+        |m| &m.cache_refused,
+    ),
+    (
+        "trl_counter_tls_handshakes_failed",
+        "gRPC connections refused in the TLS handshake (no client certificate, one the client CA did not sign, a name not allowed, or no handshake within 10 s)",
+        |m| &m.tls_handshakes_failed,
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names, labels and types docs/counter.md lists, as a scraper
+    /// reads them (the text format's `_total` on counters included).
+    #[test]
+    fn the_page_names_what_the_docs_list() {
+        let m = Metrics::default();
+        let outcome = |admitted| crate::decide::Outcome {
+            group: 0,
+            admitted,
+            shadow: false,
+            near_limit: false,
+            overshoot: 0,
+        };
+        let mut counts = GroupCounts::default();
+        counts.add(&outcome(true));
+        counts.add(&outcome(false));
+        m.requests("d\"1", [("g", counts)]);
+        m.reload("d\"1", "ok");
+        m.latency(300);
+        m.calls.fetch_add(2, Ordering::Relaxed);
+        let page = m.render("memory");
+        for line in [
+            "# TYPE trl_counter_admitted_total counter",
+            "trl_counter_admitted_total{domain=\"d\\\"1\",group=\"g\"} 1",
+            "trl_counter_refused_total{domain=\"d\\\"1\",group=\"g\"} 1",
+            "trl_counter_overshoot_hits_total{domain=\"d\\\"1\",group=\"g\"} 0",
+            "trl_counter_reloads_total{domain=\"d\\\"1\",result=\"ok\"} 1",
+            "# TYPE trl_counter_store_seconds histogram",
+            "trl_counter_store_seconds_bucket{store=\"memory\",le=\"0.00025\"} 0",
+            "trl_counter_store_seconds_bucket{store=\"memory\",le=\"0.0005\"} 1",
+            "trl_counter_store_seconds_count{store=\"memory\"} 1",
+            "# HELP trl_counter_calls_total ShouldRateLimit calls.",
+            "# TYPE trl_counter_calls_total counter",
+            "trl_counter_calls_total 2",
+            "trl_counter_tls_handshakes_failed_total 0",
         ] {
-            let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
-            let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
-            let _ = writeln!(
-                out,
-                "trl_counter_{name}_total {}",
-                v.load(Ordering::Relaxed)
-            );
+            assert!(page.lines().any(|l| l == line), "{line} not in\n{page}");
         }
-        out
+        assert!(!page.contains("# EOF"), "{page}");
     }
 }

@@ -61,6 +61,7 @@ use crate::host::Host;
 use crate::local::{SlotRef, Slots};
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
 use ratelimit_config::model::{RequestDescriptors, Service};
+use ratelimit_config::rls::{PUSH, REQUEST_MARK};
 
 /// The most parts a worker keeps queued; one more fails at once
 /// (`RlsError::QueueFull`). A full call goes as soon as the queue holds
@@ -709,21 +710,18 @@ fn max_descriptors(c: &Compiled) -> usize {
         .max(1)
 }
 
-/// The key of the entry that begins a request in a call to the counter
-/// (`ratelimit-counter`'s `REQUEST_MARK`): it decides each request of a
-/// call as a whole, admitted only if all of its windows admit it, and a
-/// call without marks is one request.
-pub const REQUEST_MARK: &str = "trl.request";
-
-/// The mark, a descriptor of one entry (its value empty, left out on the
-/// wire).
+/// The mark that begins a request in a call to the counter
+/// ([`REQUEST_MARK`]), a descriptor of one entry (its value empty, left out
+/// on the wire): the counter decides each request of a call as a whole,
+/// admitted only if all of its windows admit it, and a call without marks
+/// is one request.
 const MARK: &[(&str, &str)] = &[(REQUEST_MARK, "")];
 
 /// The mark of a sync push or a response's cost: hits admitted (served)
 /// already, which the counter counts on every window whatever the limits
 /// (an ordinary request it refuses whole when it would cross one),
 /// answering the counts.
-const PUSH_MARK: &[(&str, &str)] = &[(REQUEST_MARK, "push")];
+const PUSH_MARK: &[(&str, &str)] = &[(REQUEST_MARK, PUSH)];
 
 /// Whether a call of `parts` marks where each begins: a call to the
 /// counter of several parts, or of a push. envoyproxy/ratelimit, which has

@@ -1,157 +1,15 @@
-//! The messages of `envoy.service.ratelimit.v3.RateLimitService`, with the
-//! field numbers of envoyproxy/data-plane-api (`rls.proto`,
-//! `envoy/extensions/common/ratelimit/v3/ratelimit.proto`), derived with
-//! prost so that no protoc is needed. Fields the filter never reads are left
-//! out: prost skips unknown fields when decoding.
+//! The filter's side of `envoy.service.ratelimit.v3.RateLimitService`: the
+//! messages are `ratelimit_config::rls` (one definition for the filter and
+//! `ratelimit-counter`), re-exported here; the request is encoded by hand
+//! from borrowed strings (no owned message built per call), and the
+//! upstream named as a serialized `GrpcService`.
 
+#[cfg(test)]
 use prost::Message;
-use ratelimit_config::Unit;
-
-pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
-pub const METHOD: &str = "ShouldRateLimit";
-
-#[derive(Clone, PartialEq, Message)]
-pub struct RateLimitRequest {
-    #[prost(string, tag = "1")]
-    pub domain: String,
-    #[prost(message, repeated, tag = "2")]
-    pub descriptors: Vec<RateLimitDescriptor>,
-    #[prost(uint32, tag = "3")]
-    pub hits_addend: u32,
-}
-
-/// `envoy.extensions.common.ratelimit.v3.RateLimitDescriptor`
-#[derive(Clone, PartialEq, Message)]
-pub struct RateLimitDescriptor {
-    #[prost(message, repeated, tag = "1")]
-    pub entries: Vec<Entry>,
-    /// This descriptor's own hits (it overrides the request's
-    /// `hits_addend`; 0 checks without counting): what lets one call carry
-    /// requests of different costs.
-    #[prost(message, optional, tag = "3")]
-    pub hits_addend: Option<UInt64Value>,
-}
-
-/// `google.protobuf.UInt64Value`
-#[derive(Clone, Copy, PartialEq, Message)]
-pub struct UInt64Value {
-    #[prost(uint64, tag = "1")]
-    pub value: u64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct Entry {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
-#[repr(i32)]
-pub enum Code {
-    Unknown = 0,
-    Ok = 1,
-    OverLimit = 2,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct RateLimitResponse {
-    #[prost(enumeration = "Code", tag = "1")]
-    pub overall_code: i32,
-    #[prost(message, repeated, tag = "2")]
-    pub statuses: Vec<DescriptorStatus>,
-    /// Headers for the client: on the 429, or on the upstream's response.
-    #[prost(message, repeated, tag = "3")]
-    pub response_headers_to_add: Vec<HeaderValue>,
-    /// Headers for the upstream request of an admitted request.
-    #[prost(message, repeated, tag = "4")]
-    pub request_headers_to_add: Vec<HeaderValue>,
-}
-
-/// `envoy.config.core.v3.HeaderValue`. Its `raw_value` (field 3, bytes)
-/// is left out, as Envoy's own rate-limit client reads only `value`.
-#[derive(Clone, PartialEq, Message)]
-pub struct HeaderValue {
-    #[prost(string, tag = "1")]
-    pub key: String,
-    #[prost(string, tag = "2")]
-    pub value: String,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct DescriptorStatus {
-    #[prost(enumeration = "Code", tag = "1")]
-    pub code: i32,
-    #[prost(message, optional, tag = "2")]
-    pub current_limit: Option<RateLimit>,
-    #[prost(uint32, tag = "3")]
-    pub limit_remaining: u32,
-    #[prost(message, optional, tag = "4")]
-    pub duration_until_reset: Option<Duration>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
-#[repr(i32)]
-pub enum RateLimitUnit {
-    Unknown = 0,
-    Second = 1,
-    Minute = 2,
-    Hour = 3,
-    Day = 4,
-    Month = 5,
-    Year = 6,
-    Week = 7,
-}
-
-impl RateLimitUnit {
-    /// The window length in seconds, as the headers' `w=` gives it (a
-    /// week is 7 days on the calendar too); 0 for the units whose length
-    /// varies (months, years), which the headers leave out.
-    pub fn window_seconds(self) -> u64 {
-        match self {
-            RateLimitUnit::Second => 1,
-            RateLimitUnit::Minute => 60,
-            RateLimitUnit::Hour => 3_600,
-            RateLimitUnit::Day => 86_400,
-            RateLimitUnit::Week => 7 * 86_400,
-            _ => 0,
-        }
-    }
-
-    /// The team file's unit of this one (None: `Unknown`).
-    pub fn unit(self) -> Option<Unit> {
-        Some(match self {
-            RateLimitUnit::Unknown => return None,
-            RateLimitUnit::Second => Unit::Second,
-            RateLimitUnit::Minute => Unit::Minute,
-            RateLimitUnit::Hour => Unit::Hour,
-            RateLimitUnit::Day => Unit::Day,
-            RateLimitUnit::Week => Unit::Week,
-            RateLimitUnit::Month => Unit::Month,
-            RateLimitUnit::Year => Unit::Year,
-        })
-    }
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct RateLimit {
-    #[prost(string, tag = "3")]
-    pub name: String,
-    #[prost(uint32, tag = "1")]
-    pub requests_per_unit: u32,
-    #[prost(enumeration = "RateLimitUnit", tag = "2")]
-    pub unit: i32,
-}
-
-/// `google.protobuf.Duration`
-#[derive(Clone, Copy, PartialEq, Message)]
-pub struct Duration {
-    #[prost(int64, tag = "1")]
-    pub seconds: i64,
-    #[prost(int32, tag = "2")]
-    pub nanos: i32,
-}
+pub use ratelimit_config::rls::{
+    Code, DescriptorStatus, Duration, Entry, HeaderValue, RateLimit, RateLimitDescriptor,
+    RateLimitRequest, RateLimitResponse, RateLimitUnit, UInt64Value, METHOD, SERVICE,
+};
 
 /// `envoy.config.core.v3.GrpcService`, only its `envoy_grpc` target (the
 /// filter writes it by hand: `grpc_upstream`).
@@ -331,21 +189,6 @@ fn encode(domain: &str, hits_addend: u32, descriptors: Descriptors<'_>) -> Vec<u
         put_varint(&mut out, hits);
     }
     out
-}
-
-impl DescriptorStatus {
-    /// Whole seconds until the window resets, never negative.
-    pub fn reset_seconds(&self) -> u64 {
-        self.duration_until_reset
-            .map(|d| u64::try_from(d.seconds).unwrap_or(0))
-            .unwrap_or(0)
-    }
-
-    /// Seconds until the window resets, rounded up.
-    pub fn reset_seconds_ceil(&self) -> u64 {
-        let nanos = self.duration_until_reset.map(|d| d.nanos).unwrap_or(0);
-        self.reset_seconds() + u64::from(nanos > 0)
-    }
 }
 
 #[cfg(test)]

@@ -7,13 +7,17 @@
 //! model, the validation and the plugin configuration's parser, nothing
 //! else. What only the `ratelimit-config` binary needs (reading files with
 //! positions, writing YAML and JSON, `explain`, `check`, `schema`) sits
-//! behind the `cli` feature.
+//! behind the `cli` feature. What the filter and `ratelimit-counter` say to
+//! each other over gRPC (the RLS messages, the request marks, the unit
+//! numbers) is [`rls`], behind the `rls` feature: both turn it on.
 
 pub mod error;
 pub mod field;
 pub mod json_text;
 pub mod model;
 pub mod plugin;
+#[cfg(feature = "rls")]
+pub mod rls;
 pub mod validate;
 pub mod window;
 

@@ -5,6 +5,10 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+
 use crate::decide::{admits, Counts, Decision, Request};
 
 use super::{Deciding, Pending, Storage, StoreError};
@@ -107,20 +111,23 @@ impl Storage for MemoryStore {
 
     /// Its gauges and counters, in Prometheus text.
     fn metrics(&self) -> String {
-        let held = self.lock().held();
-        format!(
-            "# HELP trl_counter_memory_keys Keys the memory store holds (expired ones not yet swept included).\n\
-             # TYPE trl_counter_memory_keys gauge\n\
-             trl_counter_memory_keys {held}\n\
-             # HELP trl_counter_memory_max_keys The most keys the memory store holds (--memory-max-keys).\n\
-             # TYPE trl_counter_memory_max_keys gauge\n\
-             trl_counter_memory_max_keys {}\n\
-             # HELP trl_counter_memory_full_total Calls refused because they would have taken the memory store past --memory-max-keys.\n\
-             # TYPE trl_counter_memory_full_total counter\n\
-             trl_counter_memory_full_total {}\n",
-            self.max_keys,
-            self.full.load(Ordering::Relaxed)
-        )
+        let mut registry = Registry::default();
+        registry.register(
+            "trl_counter_memory_keys",
+            "Keys the memory store holds (expired ones not yet swept included)",
+            ConstGauge::new(self.lock().held()),
+        );
+        registry.register(
+            "trl_counter_memory_max_keys",
+            "The most keys the memory store holds (--memory-max-keys)",
+            ConstGauge::new(self.max_keys),
+        );
+        registry.register(
+            "trl_counter_memory_full",
+            "Calls refused because they would have taken the memory store past --memory-max-keys",
+            ConstCounter::new(self.full.load(Ordering::Relaxed)),
+        );
+        super::metrics_text(&registry)
     }
 }
 

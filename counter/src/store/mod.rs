@@ -27,6 +27,16 @@ pub use over_limit_cache::OverLimitCache;
 pub use script::SCRIPT;
 pub use url::redacted;
 
+/// A registry's metrics in the Prometheus text format (0.0.4, no `# EOF`,
+/// so that pages concatenate): the counter's `/metrics` page and each
+/// store's part of it.
+pub fn metrics_text(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, registry);
+    out
+}
+
 /// A store's answer, later: what its methods return.
 pub type Pending<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -52,7 +62,8 @@ pub trait Storage: Send + Sync {
     /// Drops what has expired (the memory store's counts).
     fn sweep(&self, _now_ms: u64) {}
 
-    /// The store's own metrics, in Prometheus text.
+    /// The store's own metrics, in the Prometheus text format
+    /// ([`metrics_text`] of its registry), appended to the counter's.
     fn metrics(&self) -> String {
         String::new()
     }
