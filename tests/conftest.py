@@ -3,6 +3,9 @@ the tail of every process log attached to a failing test's report."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import pytest
 
 import harness
@@ -35,8 +38,22 @@ def pytest_runtest_makereport(item, call):
             ("process logs", f"work dir: {stack.workdir}\n\n{stack.log_tails(60)}"))
 
 
+def _envoy_version() -> str:
+    """The version `$TRL_ENVOY --version` prints (1.40.0), or why there is none."""
+    try:
+        out = subprocess.run([str(harness.ENVOY_BIN), "--version"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    m = re.search(r"version: [0-9a-f]+/([0-9][^/]*)/", out)
+    return m.group(1) if m else "unknown"
+
+
 def pytest_report_header(config):
-    return f"rate-limit service: {harness.SERVICE}"
+    # Which Envoy runs the stacks: .deps/bin/envoy (1.40), or an older one
+    # of `make envoy-matrix` (TRL_ENVOY=.deps/bin/envoy-1.36 ...).
+    return [f"rate-limit service: {harness.SERVICE}",
+            f"envoy: {harness.ENVOY_BIN} ({_envoy_version()})"]
 
 
 @pytest.fixture
