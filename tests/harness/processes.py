@@ -134,9 +134,15 @@ class Process:
         return self.popen.returncode
 
     def freeze(self) -> None:
-        """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers."""
+        """SIGSTOP: the process keeps its sockets (connects still succeed) but never answers.
+
+        Returns once every thread of the group is stopped: the signal is
+        delivered asynchronously, and a thread still running for a moment
+        after kill() returns could answer one more call."""
         self.signal_group(signal.SIGSTOP)
         self.frozen = True
+        if self.popen.poll() is None:
+            wait_until(lambda: group_stopped(self.pid), f"{self.name} stopped (SIGSTOP)")
 
     def thaw(self) -> None:
         self.signal_group(signal.SIGCONT)
@@ -189,3 +195,23 @@ class Supervised:
 
     def kill(self) -> int | None:
         return self.process.kill() if self.process is not None else None
+
+
+def group_stopped(pgid: int) -> bool:
+    """Every thread of every process in process group `pgid` is stopped."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # The fields after the command name (which may hold spaces or
+            # parentheses): state, ppid, pgrp, ...
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            for task in (proc / "task").iterdir():
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state not in ("T", "t", "Z", "X"):
+                    return False
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return True
