@@ -11,7 +11,6 @@ loopback, through the stack (which stops them).
 from __future__ import annotations
 
 import os
-import socket
 import ssl
 import subprocess
 from dataclasses import dataclass
@@ -77,48 +76,8 @@ def make_certs(d: Path) -> Certs:
     return Certs(d, ca[0], server[0], server[1], client[0], client[1], other[0])
 
 
-# ------------------------------------------------------------------ a RESP client
-
-def _read(f):
-    line = f.readline()
-    if not line:
-        raise HarnessError("connection closed")
-    kind, rest = line[:1], line[1:].rstrip(b"\r\n")
-    if kind == b"+":
-        return rest.decode()
-    if kind == b"-":
-        raise HarnessError(rest.decode())
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        n = int(rest)
-        if n < 0:
-            return None
-        data = f.read(n + 2)[:-2]
-        return data.decode(errors="replace")
-    if kind == b"*":
-        n = int(rest)
-        return None if n < 0 else [_read(f) for _ in range(n)]
-    raise HarnessError(f"unexpected RESP {line!r}")
-
-
-def resp(port: int, *args, auth: tuple[str, str] | None = None,
-         tls: ssl.SSLContext | None = None, timeout: float = 2.0):
-    """One command (after AUTH user password, if given); its answer."""
-    commands = ([("AUTH", *auth)] if auth else []) + [args]
-    payload = b""
-    for c in commands:
-        payload += b"*%d\r\n" % len(c)
-        for a in c:
-            b = str(a).encode()
-            payload += b"$%d\r\n%s\r\n" % (len(b), b)
-    with socket.create_connection((LOOPBACK, port), timeout=timeout) as raw:
-        s = tls.wrap_socket(raw, server_hostname=LOOPBACK) if tls else raw
-        s.sendall(payload)
-        f = s.makefile("rb")
-        if auth:
-            _read(f)
-        return _read(f)
+# One command over RESP, with AUTH and TLS: the harness's.
+resp = harness.resp_command
 
 
 # ------------------------------------------------------------------ servers

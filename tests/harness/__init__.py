@@ -52,7 +52,7 @@ from .load import (RawResponse, Result, percentile, raw_get, run_concurrent, run
                    send, summary, tally)
 from .metrics import Labels, parse_prometheus, parse_stats, prometheus_series, scrape_prometheus
 from .processes import PortAllocator, Process, Supervised, free_port, http_ok, wait_until
-from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError
+from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError, read_resp, resp_command
 from .services import RATELIMIT_REDIS_ENV, RateLimitService, rlconfig_rules
 from .stack import EnvoysView, Fleet, Stack
 from .windows import (UNIT_SECONDS, answered_at, counter_key, ensure_window_room, in_one_second,
@@ -73,7 +73,7 @@ __all__ = [
     "answered_at", "bootstrap_access_log", "counter_key", "ensure_window_room", "envoy_argv",
     "find", "free_port", "generate", "http_ok", "in_one_second", "missing_binaries", "native_rate_limits",
     "parse_prometheus", "parse_ratelimit_headers", "parse_stats", "percentile",
-    "prometheus_series", "redis_key", "render", "render_envoy_config",
+    "prometheus_series", "read_resp", "redis_key", "render", "render_envoy_config", "resp_command",
     "render_native_envoy_config", "render_target", "render_upstream_config", "raw_get", "rlconfig_rules",
     "run_cli", "run_concurrent", "run_sequential", "scrape_prometheus", "seconds_crossed",
     "selected_service", "send", "summary", "tally", "tool", "unique", "wait_next_second",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import ssl
 from typing import TYPE_CHECKING
 
 from .base import LOOPBACK, REDIS_BIN, HarnessError
@@ -79,20 +80,9 @@ class Redis(Supervised):
             self.process.stop()
 
     def command(self, *args: str | int, timeout: float = 2.0):
-        commands = [("AUTH", self.password)] if getattr(self, "password", None) else []
-        commands.append(args)
-        payload = []
-        for c in commands:
-            payload.append(f"*{len(c)}\r\n".encode())
-            for a in c:
-                b = str(a).encode()
-                payload.append(b"$%d\r\n%s\r\n" % (len(b), b))
-        with socket.create_connection((LOOPBACK, self.port), timeout=timeout) as s:
-            s.sendall(b"".join(payload))
-            f = s.makefile("rb")
-            if len(commands) == 2:
-                _read_resp(f)
-            return _read_resp(f)
+        password = getattr(self, "password", None)
+        return resp_command(self.port, *args, auth=(password,) if password else None,
+                            timeout=timeout)
 
     def keys(self, pattern: str = "*") -> list[str]:
         return sorted(self.command("KEYS", pattern))
@@ -105,7 +95,7 @@ class Redis(Supervised):
         return int(self.command("TTL", key))
 
 
-def _read_resp(f):
+def read_resp(f):
     line = f.readline()
     if not line:
         raise RespError("connection closed")
@@ -124,5 +114,25 @@ def _read_resp(f):
         return data.decode(errors="replace")
     if kind == b"*":
         n = int(rest)
-        return None if n < 0 else [_read_resp(f) for _ in range(n)]
+        return None if n < 0 else [read_resp(f) for _ in range(n)]
     raise RespError(f"unexpected RESP reply {line!r}")
+
+
+def resp_command(port: int, *args: str | int, auth: tuple[str, ...] | None = None,
+                 tls: ssl.SSLContext | None = None, timeout: float = 2.0):
+    """One command to the Redis on LOOPBACK:port (after AUTH with `auth`,
+    `(password,)` or `(user, password)`, if given; over `tls` if given): its answer."""
+    commands = ([("AUTH", *auth)] if auth else []) + [args]
+    payload = []
+    for c in commands:
+        payload.append(b"*%d\r\n" % len(c))
+        for a in c:
+            b = str(a).encode()
+            payload.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    with socket.create_connection((LOOPBACK, port), timeout=timeout) as raw:
+        s = tls.wrap_socket(raw, server_hostname=LOOPBACK) if tls else raw
+        s.sendall(b"".join(payload))
+        f = s.makefile("rb")
+        if auth:
+            read_resp(f)
+        return read_resp(f)
