@@ -57,6 +57,8 @@ pub struct Metrics {
     pub calls: AtomicU64,
     pub cache_refused: AtomicU64,
     pub tls_handshakes_failed: AtomicU64,
+    // --- Limits and faults (rendered by `render_limits`, below). ---
+    pub limits: LimitMetrics,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -219,6 +221,74 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        out
+    }
+}
+
+// --- Limits and faults: what the counter refused to hold, and the store's
+// --- fast failures. Rendered after `render`'s metrics.
+
+/// What the bounds, the connection limits and the store's fail-fast refused.
+#[derive(Default)]
+pub struct LimitMetrics {
+    /// Calls refused for hits over the bounds (`bounds::MAX_HITS_*`).
+    pub hits_refused: AtomicU64,
+    /// Calls refused for a tenant over `--max-tenant-length`.
+    pub tenant_too_long: AtomicU64,
+    /// gRPC calls refused because their connection (or the counter) held
+    /// its most message bytes.
+    pub bytes_refused: AtomicU64,
+    /// Calls answered UNAVAILABLE at once, the store's connection known down.
+    pub store_fast_failed: AtomicU64,
+    /// 1 while the store's connection is known down, else 0.
+    pub store_down: AtomicU64,
+}
+
+impl Metrics {
+    /// The metrics of [`LimitMetrics`], in Prometheus text.
+    pub fn render_limits(&self) -> String {
+        let mut out = String::new();
+        let l = &self.limits;
+        for (name, help, v) in [
+            (
+                "hits_refused",
+                "Calls refused (INVALID_ARGUMENT) for hits over the counter's bounds.",
+                &l.hits_refused,
+            ),
+            (
+                "tenant_too_long",
+                "Calls refused (INVALID_ARGUMENT) for a tenant longer than --max-tenant-length.",
+                &l.tenant_too_long,
+            ),
+            (
+                "bytes_refused",
+                "gRPC calls refused (RESOURCE_EXHAUSTED) because their connection or the counter held its most unfinished message bytes.",
+                &l.bytes_refused,
+            ),
+            (
+                "store_fast_failed",
+                "Calls answered UNAVAILABLE at once while the store's connection was known down.",
+                &l.store_fast_failed,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP trl_counter_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE trl_counter_{name}_total counter");
+            let _ = writeln!(
+                out,
+                "trl_counter_{name}_total {}",
+                v.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP trl_counter_store_down 1 while the store's connection is known down (calls fail at once; it is retried in the background)."
+        );
+        let _ = writeln!(out, "# TYPE trl_counter_store_down gauge");
+        let _ = writeln!(
+            out,
+            "trl_counter_store_down {}",
+            l.store_down.load(Ordering::Relaxed)
+        );
         out
     }
 }
