@@ -177,6 +177,11 @@ impl State {
 }
 
 async fn metrics(extract::State(state): extract::State<Arc<State>>) -> String {
+    state
+        .metrics
+        .limits
+        .store_down
+        .store(u64::from(state.store.down()), Ordering::Relaxed);
     state.metrics.render(state.store.name())
         + &state.metrics.render_limits()
         + &state.store.metrics()

@@ -307,9 +307,14 @@ impl Store {
         self.ping().await.is_ok()
     }
 
-    /// A PING within the deadline, or why not.
+    /// A PING within the deadline, or why not. One that answers ends a
+    /// known-down store at once (readiness and the calls agree).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.storage.ping().await
+        let answer = self.storage.ping().await;
+        if answer.is_ok() && self.health.down.swap(false, Ordering::Relaxed) {
+            eprintln!("ratelimit-counter: the store answers again");
+        }
+        answer
     }
 
     /// Drops what has expired: the cache's entries, the memory store's
