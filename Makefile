@@ -612,7 +612,7 @@ bench-hostcall-wasm: deps-rust deps-binaryen
 FUZZ_TOOLCHAIN     := nightly-2026-05-19
 CARGO_FUZZ_VERSION := 0.13.2
 CARGO_FUZZ         := $(DEPS)/cargo/bin/cargo-fuzz
-FUZZ_TARGETS       ?= plugin_config team_file verdict slot rls_request decision
+FUZZ_TARGETS       ?= plugin_config team_file verdict slot rls_request decision push
 FUZZ_SECONDS       ?= 60
 FUZZ_NICE          ?= nice -n 19
 FUZZ_BUILD_FLAGS   ?= --sanitizer none

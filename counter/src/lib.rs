@@ -6,6 +6,7 @@
 //! over-limit cache in front of them). The binary's glue (gRPC, HTTP, reloading the team files) is in
 //! `main.rs` and its modules; the fuzz targets (`fuzz/`) use these.
 
+pub mod bounds;
 pub mod decide;
 pub use ratelimit_config::rls as proto;
 pub mod store;

@@ -3,6 +3,7 @@
 //! team files themselves, counting in memory or in Redis.
 
 mod health;
+mod limits;
 mod metrics;
 mod service;
 mod teams;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ratelimit_counter::{decide, proto, store};
+use ratelimit_counter::{bounds, decide, proto, store};
 
 /// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
 /// gRPC, from the team files, with fixed, sliding and calendar windows.
@@ -72,6 +73,41 @@ struct Args {
     /// How often the team files (and the TLS files) are checked for changes.
     #[arg(long, default_value_t = 1_000)]
     reload_interval_ms: u64,
+    /// The longest tenant (descriptor value of --descriptor-key) read, in
+    /// bytes: the filter's max_tenant_length. A call with a longer one is
+    /// refused (INVALID_ARGUMENT).
+    #[arg(long, env = "TRL_COUNTER_MAX_TENANT_LENGTH", default_value_t = bounds::DEFAULT_MAX_TENANT_LENGTH)]
+    max_tenant_length: usize,
+    /// After SIGTERM, how long the calls under way may take; then every
+    /// connection still open (gRPC, HTTP, TLS) is closed and the process
+    /// exits. Keep it inside the pod's termination grace period.
+    #[arg(long, env = "TRL_COUNTER_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
+    drain_timeout_ms: u64,
+    /// The most gRPC connections open at once; more wait in the backlog.
+    #[arg(long, env = "TRL_COUNTER_GRPC_MAX_CONNECTIONS", default_value_t = 256)]
+    grpc_max_connections: usize,
+    /// The most HTTP connections (/metrics, /healthz, /readyz) open at once.
+    #[arg(long, env = "TRL_COUNTER_HTTP_MAX_CONNECTIONS", default_value_t = 64)]
+    http_max_connections: usize,
+    /// The most concurrent HTTP/2 streams (calls) per connection, both ports;
+    /// a client's streams beyond it are refused.
+    #[arg(long, env = "TRL_COUNTER_MAX_STREAMS", default_value_t = 128)]
+    max_streams: u32,
+    /// A new connection's first bytes (and on HTTP/1 each request's
+    /// headers) must arrive within this; else it is closed.
+    #[arg(long, env = "TRL_COUNTER_HEADER_TIMEOUT_MS", default_value_t = 5_000)]
+    header_timeout_ms: u64,
+    /// A whole gRPC call (its message read, decided, answered) within this,
+    /// else DEADLINE_EXCEEDED / CANCELLED and its bytes released.
+    #[arg(long, env = "TRL_COUNTER_CALL_TIMEOUT_MS", default_value_t = 5_000)]
+    call_timeout_ms: u64,
+    /// The most bytes of unfinished gRPC messages one connection holds;
+    /// a call past it is refused (RESOURCE_EXHAUSTED).
+    #[arg(long, env = "TRL_COUNTER_MAX_CONNECTION_BYTES", default_value_t = 8 << 20)]
+    max_connection_bytes: usize,
+    /// The most bytes of unfinished gRPC messages all connections hold.
+    #[arg(long, env = "TRL_COUNTER_MAX_TOTAL_BYTES", default_value_t = 64 << 20)]
+    max_total_bytes: usize,
 }
 
 /// The time, Unix milliseconds. Tests move it with TRL_COUNTER_TEST_CLOCK_FILE,
@@ -106,6 +142,21 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    match limits::raise_open_files() {
+        Some((soft, hard)) if soft < 1_024 => eprintln!(
+            "ratelimit-counter: open files limited to {soft} (hard limit {hard}): connections may be refused"
+        ),
+        _ => {}
+    }
+    let limits = limits::Limits {
+        grpc_max_connections: args.grpc_max_connections,
+        http_max_connections: args.http_max_connections,
+        max_streams: args.max_streams.max(1),
+        header_timeout: Duration::from_millis(args.header_timeout_ms.max(1)),
+        call_timeout: Duration::from_millis(args.call_timeout_ms.max(1)),
+        connection_bytes: args.max_connection_bytes,
+        total_bytes: args.max_total_bytes,
+    };
     let metrics = Arc::new(metrics::Metrics::default());
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Arc::new(tls::Tls::load(
@@ -143,7 +194,26 @@ async fn run(args: Args) -> Result<(), String> {
         store: store.clone(),
         metrics: metrics.clone(),
         clock_file,
+        bounds: bounds::Bounds {
+            descriptor_key: args.descriptor_key.clone(),
+            max_tenant_length: args.max_tenant_length,
+        },
     });
+    // The store's health: calls fail at once while its connection is
+    // known down, and it is retried in the background.
+    let store_watch = {
+        let (store, metrics) = (store.clone(), metrics.clone());
+        tokio::spawn(async move {
+            store
+                .watch(Duration::from_millis(100), |down| {
+                    metrics
+                        .limits
+                        .store_down
+                        .store(u64::from(down), std::sync::atomic::Ordering::Relaxed);
+                })
+                .await;
+        })
+    };
 
     // Reload the team files, and sweep the memory store.
     let reloader = {
@@ -198,21 +268,40 @@ async fn run(args: Args) -> Result<(), String> {
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let http = tokio::spawn(service::serve_http(
+    let header_timeout = limits.header_timeout;
+    let http_incoming = Box::pin(limits::accept(
         http_listener,
-        state.clone(),
+        limits.http_max_connections,
+        &limits,
+        move |tcp, _| limits::first_byte(tcp, header_timeout),
+    ));
+    let http = tokio::spawn(limits::serve_http(
+        http_incoming,
+        service::http_app(state.clone()),
+        limits.clone(),
         stopped(stop_rx.clone()),
     ));
     let router = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_streams)
+        .initial_stream_window_size(limits::STREAM_WINDOW)
+        .initial_connection_window_size(limits::CONNECTION_WINDOW)
+        .timeout(limits.call_timeout)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(limits.header_timeout))
         .add_service(health_service)
         .add_service(service::rate_limit_server(state.clone()));
     let grpc = match &tls {
         Some(tls) => tokio::spawn(router.serve_with_incoming_shutdown(
-            tls::incoming(grpc_listener, tls.clone()),
+            tls::incoming(grpc_listener, tls.clone(), &limits),
             stopped(stop_rx.clone()),
         )),
         None => tokio::spawn(router.serve_with_incoming_shutdown(
-            tokio_stream_listener(grpc_listener),
+            limits::accept(
+                grpc_listener,
+                limits.grpc_max_connections,
+                &limits,
+                move |tcp, _| limits::first_byte(tcp, header_timeout),
+            ),
             stopped(stop_rx.clone()),
         )),
     };
@@ -224,13 +313,23 @@ async fn run(args: Args) -> Result<(), String> {
     health::stopping(&mut health).await;
     let _ = stop_tx.send(true);
     reloader.abort();
-    let _ = grpc.await;
-    let _ = http.await;
+    store_watch.abort();
+    // The drain's deadline: calls under way finish within it; then the
+    // connections still open (a body never finished, an idle HTTP/2 peer
+    // that does not read) are closed as the process exits.
+    let drain = Duration::from_millis(args.drain_timeout_ms);
+    let drained = tokio::time::timeout(drain, async {
+        let _ = grpc.await;
+        let _ = http.await;
+    })
+    .await;
+    if drained.is_err() {
+        eprintln!(
+            "ratelimit-counter: drain deadline ({} ms) passed: closing the connections still open",
+            args.drain_timeout_ms
+        );
+    }
     Ok(())
-}
-
-fn tokio_stream_listener(l: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
-    tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))
 }
 
 async fn shutdown_signal() {

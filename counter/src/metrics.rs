@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use ratelimit_counter::store::metrics_text;
@@ -63,6 +64,8 @@ pub struct Metrics {
     pub calls: AtomicU64,
     pub cache_refused: AtomicU64,
     pub tls_handshakes_failed: AtomicU64,
+    /// Limits and faults.
+    pub limits: LimitMetrics,
 }
 
 impl Default for Metrics {
@@ -76,6 +79,7 @@ impl Default for Metrics {
             calls: AtomicU64::default(),
             cache_refused: AtomicU64::default(),
             tls_handshakes_failed: AtomicU64::default(),
+            limits: LimitMetrics::default(),
         }
     }
 }
@@ -159,6 +163,11 @@ impl Metrics {
                 ConstCounter::new(get(self).load(Ordering::Relaxed)),
             );
         }
+        registry.register(
+            "trl_counter_store_down",
+            "1 while the store's connection is known down (calls fail at once; it is retried in the background)",
+            ConstGauge::new(self.limits.store_down.load(Ordering::Relaxed) as i64),
+        );
         metrics_text(&registry)
     }
 }
@@ -192,7 +201,7 @@ const GROUP_COUNTERS: [GroupCounter; 5] = [
 
 /// The counters without labels, as [`GROUP_COUNTERS`].
 type PlainCounter = (&'static str, &'static str, fn(&Metrics) -> &AtomicU64);
-const COUNTERS: [PlainCounter; 5] = [
+const COUNTERS: [PlainCounter; 9] = [
     (
         "trl_counter_store_errors",
         "Calls the store failed (Redis down, slow past the deadline, or an error)",
@@ -213,6 +222,26 @@ const COUNTERS: [PlainCounter; 5] = [
         "trl_counter_tls_handshakes_failed",
         "gRPC connections refused in the TLS handshake (no client certificate, one the client CA did not sign, a name not allowed, or no handshake within 10 s)",
         |m| &m.tls_handshakes_failed,
+    ),
+    (
+        "trl_counter_hits_refused",
+        "Calls refused (INVALID_ARGUMENT) for hits over the counter's bounds",
+        |m| &m.limits.hits_refused,
+    ),
+    (
+        "trl_counter_tenant_too_long",
+        "Calls refused (INVALID_ARGUMENT) for a tenant longer than --max-tenant-length",
+        |m| &m.limits.tenant_too_long,
+    ),
+    (
+        "trl_counter_bytes_refused",
+        "gRPC calls refused (RESOURCE_EXHAUSTED) because their connection or the counter held its most unfinished message bytes",
+        |m| &m.limits.bytes_refused,
+    ),
+    (
+        "trl_counter_store_fast_failed",
+        "Calls answered UNAVAILABLE at once while the store's connection was known down",
+        |m| &m.limits.store_fast_failed,
     ),
 ];
 
@@ -254,9 +283,32 @@ mod tests {
             "# TYPE trl_counter_calls_total counter",
             "trl_counter_calls_total 2",
             "trl_counter_tls_handshakes_failed_total 0",
+            "trl_counter_hits_refused_total 0",
+            "trl_counter_store_fast_failed_total 0",
+            "# TYPE trl_counter_store_down gauge",
+            "trl_counter_store_down 0",
         ] {
             assert!(page.lines().any(|l| l == line), "{line} not in\n{page}");
         }
         assert!(!page.contains("# EOF"), "{page}");
     }
+}
+
+// Limits and faults: what the counter refused to hold, and the store's
+// fast failures (in [`COUNTERS`], and the `trl_counter_store_down` gauge).
+
+/// What the bounds, the connection limits and the store's fail-fast refused.
+#[derive(Default)]
+pub struct LimitMetrics {
+    /// Calls refused for hits over the bounds (`bounds::MAX_HITS_*`).
+    pub hits_refused: AtomicU64,
+    /// Calls refused for a tenant over `--max-tenant-length`.
+    pub tenant_too_long: AtomicU64,
+    /// gRPC calls refused because their connection (or the counter) held
+    /// its most message bytes.
+    pub bytes_refused: AtomicU64,
+    /// Calls answered UNAVAILABLE at once, the store's connection known down.
+    pub store_fast_failed: AtomicU64,
+    /// 1 while the store's connection is known down, else 0.
+    pub store_down: AtomicU64,
 }

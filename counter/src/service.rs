@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::extract;
 use tonic::codegen::http;
 
+use crate::bounds::{Bounds, OutOfBounds};
 use crate::decide::{answer, plan};
 use crate::metrics::{GroupCounts, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
@@ -21,6 +22,7 @@ pub struct State {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub clock_file: Option<PathBuf>,
+    pub bounds: Bounds,
 }
 
 impl State {
@@ -34,6 +36,19 @@ impl State {
     ) -> Result<RateLimitResponse, tonic::Status> {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let now = self.now();
+        // Before any store work: hits the store must never be asked to
+        // add, tenants longer than the filter sends.
+        self.bounds.check(&req).map_err(|e| {
+            self.metrics.bad_calls.fetch_add(1, Ordering::Relaxed);
+            let refused = match e {
+                OutOfBounds::TenantLength { .. } => &self.metrics.limits.tenant_too_long,
+                OutOfBounds::Hits { .. } | OutOfBounds::CallHits(_) => {
+                    &self.metrics.limits.hits_refused
+                }
+            };
+            refused.fetch_add(1, Ordering::Relaxed);
+            tonic::Status::invalid_argument(e.to_string())
+        })?;
         let domain = self.teams.get(&req.domain);
         let planned = plan(domain.as_deref().map(|d| &d.domain), &req, now).map_err(|e| {
             self.metrics.bad_calls.fetch_add(1, Ordering::Relaxed);
@@ -42,13 +57,21 @@ impl State {
         let started = std::time::Instant::now();
         let decided = self.store.decide(&planned.requests, now).await;
         let us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        // A call the over-limit cache answered whole did no store work.
+        // A call the over-limit cache answered whole did no store work, nor
+        // did one failed at once (the store known down).
         if !matches!(&decided, Ok(d) if d.from_cache > 0 && d.from_cache == planned.requests.len())
+            && !matches!(&decided, Err(crate::store::StoreError::Down(_)))
         {
             self.metrics.latency(us);
         }
         let decided = decided.map_err(|e| {
             self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+            if matches!(e, crate::store::StoreError::Down(_)) {
+                self.metrics
+                    .limits
+                    .store_fast_failed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             tonic::Status::unavailable(e.to_string())
         })?;
         if decided.from_cache > 0 {
@@ -107,9 +130,15 @@ impl RateLimitService for Rls {
     }
 }
 
-/// The gRPC service to add to the server, its message size bounded.
-pub fn rate_limit_server(state: Arc<State>) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls(state)).max_decoding_message_size(MAX_MESSAGE_BYTES)
+/// The gRPC service to add to the server, its message size bounded and
+/// its message bytes counted against its connection's most.
+pub fn rate_limit_server(
+    state: Arc<State>,
+) -> crate::limits::Budgeted<RateLimitServiceServer<Rls>> {
+    crate::limits::Budgeted {
+        metrics: state.metrics.clone(),
+        inner: RateLimitServiceServer::new(Rls(state)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+    }
 }
 
 /// What `/readyz` and the gRPC health both answer from: ready only with a
@@ -148,6 +177,11 @@ impl State {
 }
 
 async fn metrics(extract::State(state): extract::State<Arc<State>>) -> String {
+    state
+        .metrics
+        .limits
+        .store_down
+        .store(u64::from(state.store.down()), Ordering::Relaxed);
     state.metrics.render(state.store.name()) + &state.store.metrics()
 }
 
@@ -163,21 +197,11 @@ async fn ready(extract::State(state): extract::State<Arc<State>>) -> (http::Stat
 
 /// /metrics, /healthz (the process runs), /readyz (a team file is loaded
 /// and the store answers).
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    state: Arc<State>,
-    stop: impl std::future::Future<Output = ()> + Send + 'static,
-) {
+pub fn http_app(state: Arc<State>) -> axum::Router {
     use axum::routing::get;
-    let app = axum::Router::new()
+    axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .with_state(state);
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        eprintln!("ratelimit-counter: HTTP: {e}");
-    }
+        .with_state(state)
 }

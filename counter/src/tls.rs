@@ -215,39 +215,30 @@ impl Tls {
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<Tls>,
-) -> impl futures_util::Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
-    let (tx, mut rx) =
-        tokio::sync::mpsc::channel::<Result<TlsStream<TcpStream>, std::io::Error>>(64);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = tx.closed() => return,
-                a = listener.accept() => a,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait, go on.
-                    eprintln!("ratelimit-counter: gRPC accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = tcp.set_nodelay(true);
-            let acceptor = tls.acceptor();
-            let (tx, tls) = (tx.clone(), tls.clone());
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
+    limits: &crate::limits::Limits,
+) -> impl futures_util::Stream<Item = Result<crate::limits::Conn<TlsStream<TcpStream>>, std::io::Error>>
+{
+    crate::limits::accept(
+        listener,
+        limits.grpc_max_connections,
+        limits,
+        move |tcp, peer| {
+            let tls = tls.clone();
+            async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp)).await {
+                    Ok(Ok(stream)) => Some(stream),
+                    Ok(Err(e)) => {
+                        tls.handshake_failed(peer, &e.to_string());
+                        None
                     }
-                    Ok(Err(e)) => tls.handshake_failed(peer, &e.to_string()),
-                    Err(_) => tls.handshake_failed(peer, "no handshake within 10 s"),
+                    Err(_) => {
+                        tls.handshake_failed(peer, "no handshake within 10 s");
+                        None
+                    }
                 }
-            });
-        }
-    });
-    futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
+            }
+        },
+    )
 }
 
 /// The client CA's verifier, and then the names allowed: a certificate the

@@ -10,6 +10,9 @@ mod rls_request;
 #[path = "../../fuzz/src/decision.rs"]
 mod decision;
 
+#[path = "../../fuzz/src/push.rs"]
+mod push;
+
 #[path = "../../fuzz/src/replay.rs"]
 mod replay;
 
@@ -21,4 +24,9 @@ fn rls_request_corpus() {
 #[test]
 fn decision_corpus() {
     replay::corpus("decision", decision::check);
+}
+
+#[test]
+fn push_corpus() {
+    replay::corpus("push", push::check);
 }

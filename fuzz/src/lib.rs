@@ -6,6 +6,7 @@
 
 pub mod decision;
 pub mod plugin_config;
+pub mod push;
 pub mod rls_request;
 pub mod slot;
 pub mod team_file;

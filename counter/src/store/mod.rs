@@ -20,6 +20,7 @@ pub mod url;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::decide::{Decision, Request};
@@ -129,6 +130,19 @@ impl<C: redis::aio::ConnectionLike + Clone + Send> Lazy<C> {
 pub struct Store {
     storage: Box<dyn Storage>,
     cache: Option<OverLimitCache>,
+    health: Health,
+}
+
+/// Whether the store's connection is known down: set when a failed call
+/// is followed by a failed PING, cleared by the first PING that answers.
+/// While it is set, calls fail at once ([`StoreError::Down`]) instead of
+/// each waiting out the store's deadline; [`Store::watch`] retries.
+#[derive(Default)]
+struct Health {
+    down: std::sync::atomic::AtomicBool,
+    why: std::sync::Mutex<String>,
+    /// Wakes the watch after a call failed as if the connection were down.
+    suspect: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -139,6 +153,9 @@ pub enum StoreError {
     Shape,
     /// The memory store holds its most keys (`--memory-max-keys`).
     Full(usize),
+    /// The connection is known down (the last PING's failure); nothing
+    /// was asked of the store.
+    Down(String),
 }
 
 impl std::fmt::Display for StoreError {
@@ -150,6 +167,10 @@ impl std::fmt::Display for StoreError {
             StoreError::Full(n) => write!(
                 f,
                 "the memory store holds its most keys (--memory-max-keys {n}): a call that adds keys is refused until counts expire"
+            ),
+            StoreError::Down(why) => write!(
+                f,
+                "the store's connection is down ({why}); retried in the background"
             ),
         }
     }
@@ -166,7 +187,11 @@ pub struct Decided {
 impl Store {
     /// `storage`, with `cache` in front of it.
     pub fn new(storage: Box<dyn Storage>, cache: Option<OverLimitCache>) -> Store {
-        Store { storage, cache }
+        Store {
+            storage,
+            cache,
+            health: Health::default(),
+        }
     }
 
     /// A memory store that holds at most `max_keys` keys.
@@ -187,6 +212,67 @@ impl Store {
     /// Decides every request of a call at `now_ms`: the over-limit cache
     /// first (Redis stores), the store for the rest.
     pub async fn decide(&self, requests: &[Request], now_ms: u64) -> Result<Decided, StoreError> {
+        if self.health.down.load(Ordering::Relaxed) {
+            return Err(StoreError::Down(self.down_reason()));
+        }
+        let decided = self.decide_now(requests, now_ms).await;
+        if let Err(e) = &decided {
+            if connection_failed(e) {
+                self.health.suspect.notify_one();
+            }
+        }
+        decided
+    }
+
+    /// Whether the store's connection is known down.
+    pub fn down(&self) -> bool {
+        self.health.down.load(Ordering::Relaxed)
+    }
+
+    fn down_reason(&self) -> String {
+        self.health
+            .why
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Follows the connection's health for as long as it runs: after a
+    /// call failed as a connection does, PINGs; while they fail the store
+    /// is down (calls fail at once), and PINGs again every `retry` until
+    /// one answers. `on_change` hears each change (true: down).
+    pub async fn watch(&self, retry: Duration, on_change: impl Fn(bool)) {
+        loop {
+            self.health.suspect.notified().await;
+            loop {
+                match self.storage.ping().await {
+                    Ok(()) => {
+                        if self.health.down.swap(false, Ordering::Relaxed) {
+                            eprintln!("ratelimit-counter: the store answers again");
+                            on_change(false);
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        *self
+                            .health
+                            .why
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = e.to_string();
+                        if !self.health.down.swap(true, Ordering::Relaxed) {
+                            eprintln!(
+                                "ratelimit-counter: the store's connection is down ({e}): calls fail at once until a PING answers"
+                            );
+                            on_change(true);
+                        }
+                        tokio::time::sleep(retry).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn decide_now(&self, requests: &[Request], now_ms: u64) -> Result<Decided, StoreError> {
         let Some(cache) = &self.cache else {
             return Ok(Decided {
                 requests: self.storage.decide(requests, now_ms).await?,
@@ -232,9 +318,14 @@ impl Store {
         self.ping().await.is_ok()
     }
 
-    /// A PING within the deadline, or why not.
+    /// A PING within the deadline, or why not. One that answers ends a
+    /// known-down store at once (readiness and the calls agree).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.storage.ping().await
+        let answer = self.storage.ping().await;
+        if answer.is_ok() && self.health.down.swap(false, Ordering::Relaxed) {
+            eprintln!("ratelimit-counter: the store answers again");
+        }
+        answer
     }
 
     /// Drops what has expired: the cache's entries, the memory store's
@@ -244,6 +335,21 @@ impl Store {
             c.sweep(now_ms);
         }
         self.storage.sweep(now_ms);
+    }
+}
+
+/// Whether a failed call may mean the connection is down (a PING then
+/// says whether it is).
+fn connection_failed(e: &StoreError) -> bool {
+    match e {
+        StoreError::Timeout => true,
+        StoreError::Redis(e) => {
+            e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal()
+                || e.is_timeout()
+        }
+        StoreError::Shape | StoreError::Full(_) | StoreError::Down(_) => false,
     }
 }
 
