@@ -57,6 +57,10 @@ pub struct Metrics {
     pub calls: AtomicU64,
     pub cache_refused: AtomicU64,
     pub tls_handshakes_failed: AtomicU64,
+    // --- The store's faults, per request (store/script.lua) ---
+    /// Requests failed alone because a key of theirs holds something else
+    /// than a count.
+    pub store_bad_values: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -219,6 +223,14 @@ impl Metrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        // --- The store's faults, per request (store/script.lua) ---
+        let _ = writeln!(out, "# HELP trl_counter_store_bad_values_total Requests failed alone (nothing counted) because a Redis key of theirs holds something else than a count.");
+        let _ = writeln!(out, "# TYPE trl_counter_store_bad_values_total counter");
+        let _ = writeln!(
+            out,
+            "trl_counter_store_bad_values_total {}",
+            self.store_bad_values.load(Ordering::Relaxed)
+        );
         out
     }
 }

@@ -128,6 +128,11 @@ pub enum StoreError {
     Shape,
     /// The memory store holds its most keys (`--memory-max-keys`).
     Full(usize),
+    /// Redis ran the script past the call's deadline: it did nothing.
+    TooLate,
+    /// Every request of the call has a key that holds something else
+    /// than a count: none was decided, nothing counted.
+    BadValue,
 }
 
 impl std::fmt::Display for StoreError {
@@ -139,6 +144,12 @@ impl std::fmt::Display for StoreError {
             StoreError::Full(n) => write!(
                 f,
                 "the memory store holds its most keys (--memory-max-keys {n}): a call that adds keys is refused until counts expire"
+            ),
+            StoreError::TooLate => f.write_str(
+                "Redis ran the script past the call's deadline (it was slow, or its clock is ahead of the counter's): nothing counted",
+            ),
+            StoreError::BadValue => f.write_str(
+                "a Redis key of this call holds something else than a count (an integer): nothing counted",
             ),
         }
     }
