@@ -65,15 +65,9 @@ local request_count = numbers[4]
 local TTL_AT = 4 -- numbers[TTL_AT + k]: key k's ttl_ms
 
 -- value[k]: key k's count now (this call's adds so far included); false
--- for a key that holds something else than a count. first[k]: its count
--- as first read, returned.
-local value, first = {}, {}
-
-local function count_of(text)
-  local n = tonumber(text)
-  if n and n >= 0 and n <= MAX_COUNT and n == math.floor(n) then return n end
-  return false
-end
+-- for a key that holds something else than a count. answer[k]: its count
+-- as first read (-1: not a count), returned.
+local value, answer = {}, {}
 
 -- The keys read first: MGET, 1,000 at a time. A key MGET answers nil for
 -- is missing (0) or not a string: one EXISTS over them tells which.
@@ -84,7 +78,12 @@ if read_count > 0 then
     for j = 1, #got do
       local k = from + j - 1
       if got[j] then
-        value[k] = count_of(got[j])
+        local n = tonumber(got[j])
+        if n and n >= 0 and n <= MAX_COUNT and n == math.floor(n) then
+          value[k] = n
+        else
+          value[k] = false
+        end
       else
         value[k] = 0
         missing[#missing + 1] = k
@@ -100,7 +99,9 @@ if read_count > 0 then
       end
     end
   end
-  for k = 1, read_count do first[k] = value[k] end
+  for k = 1, read_count do
+    if value[k] == false then answer[k] = -1 else answer[k] = value[k] end
+  end
 end
 
 -- A key no MGET read and no add met yet (a key of a failed request, read
@@ -111,31 +112,16 @@ local function read(key)
   if type(got) == 'table' then
     v = false
   elseif got then
-    v = count_of(got)
+    v = tonumber(got)
+    if not (v and v >= 0 and v <= MAX_COUNT and v == math.floor(v)) then v = false end
   end
   value[key] = v
-  if first[key] == nil then first[key] = v end
+  if answer[key] == nil then
+    if v == false then answer[key] = -1 else answer[key] = v end
+  end
   return v
 end
 
--- A request's adds as made: made[3j-2 .. 3j] = key, hits, count after.
--- before[key]: the key's count before the request's add.
-local made, before = {}, {}
-
--- Undoes the first made_count adds of a request that is not admitted.
-local function undo(made_count)
-  for j = 1, made_count do
-    local key, hits, after = made[3 * j - 2], made[3 * j - 1], made[3 * j]
-    if after == hits then
-      redis.call('DEL', KEYS[key])
-    else
-      redis.call('DECRBY', KEYS[key], hits)
-    end
-    value[key] = after - hits
-  end
-end
-
-local answer = {}
 local at = TTL_AT + key_count + 1
 for request = 1, request_count do
   local check_count = numbers[at]
@@ -144,20 +130,23 @@ for request = 1, request_count do
   local adds_at = checks_at + 5 * check_count
   at = adds_at + 2 * add_count
   local outcome = 1
-  local made_count = 0
-  for j = 0, add_count - 1 do
-    local key = numbers[adds_at + 2 * j]
-    local hits = numbers[adds_at + 2 * j + 1]
+  -- The adds first, each key once (value[key]: the count after it): a
+  -- check of this request on a key it adds to is decided on the count
+  -- less its hits. The adds at adds_at .. made_end were made (those of
+  -- fewer than MAX_HITS).
+  local made_end, huge = adds_at - 2, false
+  for j = adds_at, adds_at + 2 * add_count - 2, 2 do
+    local key, hits = numbers[j], numbers[j + 1]
     if hits >= MAX_HITS then
       -- More hits than any limit: its checks refuse it on the count as it
-      -- is, nothing added (a push of as many fails).
+      -- is, nothing added to it (a push of as many fails).
       local was = value[key]
       if was == nil then was = read(key) end
       if was == false or check_count == 0 then
         outcome = 2
         break
       end
-      before[key] = was
+      huge = true
     else
       if value[key] == false then
         outcome = 2
@@ -167,39 +156,26 @@ for request = 1, request_count do
       if type(after) ~= 'number' then
         -- Not an integer, not a string, or past 2^63: left as it was.
         value[key] = false
-        first[key] = false
+        answer[key] = -1
         outcome = 2
         break
       end
-      made_count = made_count + 1
-      made[3 * made_count - 2] = key
-      made[3 * made_count - 1] = hits
-      made[3 * made_count] = after
-      local was = after - hits
-      if was < 0 or after > MAX_COUNT then
-        value[key] = false
-        first[key] = false
-        outcome = 2
-        break
-      end
-      if first[key] == nil then first[key] = was end
-      before[key] = was
+      made_end = j
       value[key] = after
+      if after - hits < 0 or after > MAX_COUNT then
+        -- Undone below, and marked.
+        outcome = 2
+        break
+      end
+      if answer[key] == nil then answer[key] = after - hits end
     end
   end
   -- The checks, on the counts before this request's adds.
   if outcome == 1 then
-    for j = 0, check_count - 1 do
-      local c = checks_at + 5 * j
-      local limit = numbers[c]
-      local hits = numbers[c + 1]
-      local key = numbers[c + 2]
-      local previous_key = numbers[c + 3]
-      local estimate = before[key]
-      if estimate == nil then
-        estimate = value[key]
-        if estimate == nil then estimate = read(key) end
-      end
+    for c = checks_at, checks_at + 5 * check_count - 5, 5 do
+      local limit, hits, key, previous_key = numbers[c], numbers[c + 1], numbers[c + 2], numbers[c + 3]
+      local estimate = value[key]
+      if estimate == nil then estimate = read(key) end
       local previous = 0
       if previous_key > 0 then
         previous = value[previous_key]
@@ -209,6 +185,7 @@ for request = 1, request_count do
         outcome = 2
         break
       end
+      if hits > 0 then estimate = estimate - hits end
       if previous > 0 then
         estimate = estimate + math.floor((previous * numbers[c + 4] + 999999) / 1000000)
       end
@@ -216,28 +193,42 @@ for request = 1, request_count do
         outcome = 0
       end
     end
+    if huge and outcome == 1 then outcome = 0 end
   end
   if outcome == 1 then
     -- A key this request created lives until its window's end.
-    for j = 1, made_count do
-      if made[3 * j] == made[3 * j - 1] then
-        local key = made[3 * j - 2]
+    for j = adds_at, made_end, 2 do
+      local key = numbers[j]
+      if value[key] == numbers[j + 1] then
         redis.call('PEXPIRE', KEYS[key], numbers[TTL_AT + key])
       end
     end
   else
-    undo(made_count)
+    -- Its adds undone: DECRBY, or DEL of a key it created.
+    for j = adds_at, made_end, 2 do
+      local key, hits = numbers[j], numbers[j + 1]
+      local after = value[key]
+      if hits >= MAX_HITS then
+        -- Not added.
+      elseif after == hits then
+        redis.call('DEL', KEYS[key])
+      else
+        redis.call('DECRBY', KEYS[key], hits)
+      end
+      if hits >= MAX_HITS then
+        -- Not added.
+      elseif after - hits < 0 or after > MAX_COUNT then
+        value[key] = false
+        answer[key] = -1
+      else
+        value[key] = after - hits
+      end
+    end
   end
-  for j = 0, add_count - 1 do before[numbers[adds_at + 2 * j]] = nil end
   answer[key_count + request] = outcome
 end
 
 for k = 1, key_count do
-  local v = first[k]
-  if v == false then
-    answer[k] = -1
-  else
-    answer[k] = v or 0
-  end
+  if answer[k] == nil then answer[k] = 0 end
 end
 return answer
