@@ -109,10 +109,14 @@ pub struct Counts {
 
 /// How one request was decided: the counts of its checks as read before
 /// its hits were added (in its checks' order), and whether it was admitted.
+/// A failed one (a key of it holds something else than a count) was
+/// neither decided nor counted: its statuses say so (UNKNOWN), and the
+/// call's other requests are decided as usual.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     pub counts: Vec<Counts>,
     pub admitted: bool,
+    pub failed: bool,
 }
 
 /// The hits of a descriptor: its own `hits_addend` when set (0 checks
@@ -355,6 +359,9 @@ pub struct Outcome {
     /// The hits this request took a window past its limit (the most of
     /// any of its windows); only a push can (`overshoot`).
     pub overshoot: u64,
+    /// Failed, not decided (a key of it holds something else than a
+    /// count): neither admitted nor refused.
+    pub failed: bool,
 }
 
 /// Near the limit: an admitted request that leaves at most a fifth of a
@@ -390,9 +397,9 @@ pub fn answer(
     let mut overall = Code::Ok;
     let mut outcomes = Vec::with_capacity(plan.requests.len());
     for (i, r) in plan.requests.iter().enumerate() {
-        let (counts, admitted) = match decisions.get(i) {
-            Some(d) => (d.counts.as_slice(), d.admitted),
-            None => (&[][..], false),
+        let (counts, admitted, failed) = match decisions.get(i) {
+            Some(d) => (d.counts.as_slice(), d.admitted, d.failed),
+            None => (&[][..], false, false),
         };
         let mut outcome = Outcome {
             group: r.checks.first().map_or(0, |c| c.group),
@@ -400,7 +407,22 @@ pub fn answer(
             shadow: r.checks.iter().any(|c| c.shadow),
             near_limit: false,
             overshoot: 0,
+            failed,
         };
+        if failed {
+            // Its statuses UNKNOWN, with no limit: the call's other
+            // requests are answered as usual.
+            for c in &r.checks {
+                if let Some(s) = statuses.get_mut(c.index) {
+                    *s = DescriptorStatus {
+                        code: Code::Unknown as i32,
+                        ..DescriptorStatus::default()
+                    };
+                }
+            }
+            outcomes.push(outcome);
+            continue;
+        }
         for (j, c) in r.checks.iter().enumerate() {
             let n = counts.get(j).copied().unwrap_or_default();
             let is_over = over(c, n);

@@ -66,6 +66,9 @@ pub struct Metrics {
     pub tls_handshakes_failed: AtomicU64,
     /// Limits and faults.
     pub limits: LimitMetrics,
+    /// Requests failed alone because a key of theirs holds something else
+    /// than a count (store/script.lua).
+    pub store_bad_values: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -80,6 +83,7 @@ impl Default for Metrics {
             cache_refused: AtomicU64::default(),
             tls_handshakes_failed: AtomicU64::default(),
             limits: LimitMetrics::default(),
+            store_bad_values: AtomicU64::default(),
         }
     }
 }
@@ -201,7 +205,7 @@ const GROUP_COUNTERS: [GroupCounter; 5] = [
 
 /// The counters without labels, as [`GROUP_COUNTERS`].
 type PlainCounter = (&'static str, &'static str, fn(&Metrics) -> &AtomicU64);
-const COUNTERS: [PlainCounter; 9] = [
+const COUNTERS: [PlainCounter; 10] = [
     (
         "trl_counter_store_errors",
         "Calls the store failed (Redis down, slow past the deadline, or an error)",
@@ -243,6 +247,11 @@ const COUNTERS: [PlainCounter; 9] = [
         "Calls answered UNAVAILABLE at once while the store's connection was known down",
         |m| &m.limits.store_fast_failed,
     ),
+    (
+        "trl_counter_store_bad_values",
+        "Requests failed alone (nothing counted) because a Redis key of theirs holds something else than a count",
+        |m| &m.store_bad_values,
+    ),
 ];
 
 #[cfg(test)]
@@ -260,6 +269,7 @@ mod tests {
             shadow: false,
             near_limit: false,
             overshoot: 0,
+            failed: false,
         };
         let mut counts = GroupCounts::default();
         counts.add(&outcome(true));

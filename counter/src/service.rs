@@ -74,6 +74,20 @@ impl State {
             }
             tonic::Status::unavailable(e.to_string())
         })?;
+        // Requests whose keys hold something else than a count failed
+        // alone; a call of which every request failed fails.
+        let failed = decided.requests.iter().filter(|d| d.failed).count();
+        if failed > 0 {
+            self.metrics
+                .store_bad_values
+                .fetch_add(failed as u64, Ordering::Relaxed);
+            if failed == planned.requests.len() {
+                self.metrics.store_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(tonic::Status::unavailable(
+                    crate::store::StoreError::BadValue.to_string(),
+                ));
+            }
+        }
         if decided.from_cache > 0 {
             self.metrics
                 .cache_refused
@@ -84,7 +98,7 @@ impl State {
             // Per group first (a call's requests are mostly of a few
             // groups), then each group's name once.
             let mut per_group: Vec<(usize, GroupCounts)> = Vec::new();
-            for o in &outcomes {
+            for o in outcomes.iter().filter(|o| !o.failed) {
                 match per_group.iter_mut().find(|(g, _)| *g == o.group) {
                     Some((_, c)) => c.add(o),
                     None => {

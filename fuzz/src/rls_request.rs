@@ -75,6 +75,7 @@ pub fn decide_and_check(
             Decision {
                 admitted: admits(r, &counts),
                 counts,
+                failed: false,
             }
         })
         .collect();

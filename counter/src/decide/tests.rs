@@ -555,7 +555,103 @@ fn the_over_limit_cache_answers_as_the_store_does(s: &Under) {
     });
 }
 
+/// Keys that hold something else than a count, as a push of 2^64-1 once
+/// left one, a hand-written string, a hash, a negative or an inexact count:
+/// on Redis (the memory store cannot hold one).
+fn a_key_that_holds_no_count_fails_its_request_alone(s: &Under) {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 5, "perhour": 10}}}"#);
+    let mark = || desc(&[(REQUEST_MARK, "")], None);
+    let unit =
+        |u: &str, t: &str, hits: Option<u64>| desc(&[("generic_key", u), ("tenant", t)], hits);
+    let (ok, unknown) = (Code::Ok as i32, Code::Unknown as i32);
+    let key = |req: &RateLimitRequest, r: usize, c: usize| {
+        plan(Some(&d), req, T0).unwrap().requests[r].checks[c]
+            .key
+            .clone()
+    };
+    let poisons: [(&str, &[&str]); 6] = [
+        ("SET", &["1.8446744073709552e+19"]),
+        ("SET", &["many"]),
+        ("HSET", &["f", "1"]),
+        ("SET", &["-3"]),
+        ("SET", &["9007199254740993"]),
+        ("RPUSH", &["1"]),
+    ];
+    for (i, (command, args)) in poisons.into_iter().enumerate() {
+        s.fresh();
+        // p's minute then its hour (the hour poisoned), then q's minute
+        // and hour, in one call.
+        let req = call(vec![
+            mark(),
+            unit("per_minute", "p", None),
+            unit("per_hour", "p", None),
+            mark(),
+            unit("per_minute", "q", None),
+            unit("per_hour", "q", None),
+        ]);
+        let (p_minute, p_hour, q_minute) = (key(&req, 0, 0), key(&req, 0, 1), key(&req, 1, 0));
+        if !s.poison(command, &p_hour, args) {
+            return;
+        }
+        let p = plan(Some(&d), &req, T0).unwrap();
+        let decided = s.decide(&p.requests, T0);
+        assert!(
+            decided[0].failed && !decided[0].admitted,
+            "{i}: {decided:?}"
+        );
+        assert!(
+            decided[1].admitted && !decided[1].failed,
+            "{i}: {decided:?}"
+        );
+        let (r, outcomes) = answer(&p, &decided, T0);
+        let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+        assert_eq!(codes, [ok, unknown, unknown, ok, ok, ok], "{i}");
+        assert_eq!(r.overall_code, ok);
+        assert!(outcomes[0].failed && !outcomes[1].failed);
+        // Nothing of p counted (its minute was added to, then undone);
+        // q counted once.
+        assert_eq!(s.value(&p_minute, T0), 0, "{i}");
+        assert_eq!(s.value(&q_minute, T0), 1, "{i}");
+        // A check of 0 hits reads the poisoned key (before any add), and
+        // a push adds to it: each fails alone.
+        let again = call(vec![
+            mark(),
+            unit("per_hour", "p", Some(0)),
+            desc(&[(REQUEST_MARK, PUSH)], None),
+            unit("per_hour", "p", Some(3)),
+            mark(),
+            unit("per_minute", "q", None),
+        ]);
+        let p = plan(Some(&d), &again, T0 + 1).unwrap();
+        let decided = s.decide(&p.requests, T0 + 1);
+        assert_eq!(
+            decided.iter().map(|d| d.failed).collect::<Vec<_>>(),
+            [true, true, false],
+            "{i}"
+        );
+        assert_eq!(s.value(&q_minute, T0 + 1), 2, "{i}");
+    }
+    // A sliding window's previous counter poisoned: read first, the
+    // request fails alone.
+    s.fresh();
+    let d = domain(r#"{"x-t": {"default": {"perminute": 5, "window": "sliding"}}}"#);
+    let req = call(vec![
+        mark(),
+        unit("per_minute", "p", None),
+        mark(),
+        unit("per_minute", "q", None),
+    ]);
+    let p = plan(Some(&d), &req, T0 + 30_000).unwrap();
+    let previous = p.requests[0].checks[0].prev_key.clone().unwrap();
+    let current = p.requests[0].checks[0].key.clone();
+    assert!(s.poison("SET", &previous, &["1.5"]));
+    let decided = s.decide(&p.requests, T0 + 30_000);
+    assert!(decided[0].failed && decided[1].admitted, "{decided:?}");
+    assert_eq!(s.value(&current, T0 + 30_000), 0);
+}
+
 test_with_all_stores!(
+    a_key_that_holds_no_count_fails_its_request_alone,
     a_push_is_counted_whole_on_every_window_and_answered_with_the_count,
     a_refused_request_adds_nothing_anywhere,
     marks_split_a_call_into_requests_and_get_a_status_of_their_own,

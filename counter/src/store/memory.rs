@@ -168,7 +168,11 @@ impl MemoryCounts {
                 e.0 = e.0.saturating_add(c.hits);
             }
         }
-        Decision { counts, admitted }
+        Decision {
+            counts,
+            admitted,
+            failed: false,
+        }
     }
 
     /// Drops the counters that have expired.

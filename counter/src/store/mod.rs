@@ -156,6 +156,11 @@ pub enum StoreError {
     /// The connection is known down (the last PING's failure); nothing
     /// was asked of the store.
     Down(String),
+    /// Redis ran the script past the call's deadline: it did nothing.
+    TooLate,
+    /// Every request of the call has a key that holds something else
+    /// than a count: none was decided, nothing counted.
+    BadValue,
 }
 
 impl std::fmt::Display for StoreError {
@@ -171,6 +176,12 @@ impl std::fmt::Display for StoreError {
             StoreError::Down(why) => write!(
                 f,
                 "the store's connection is down ({why}); retried in the background"
+            ),
+            StoreError::TooLate => f.write_str(
+                "Redis ran the script past the call's deadline (it was slow, or its clock is ahead of the counter's): nothing counted",
+            ),
+            StoreError::BadValue => f.write_str(
+                "a Redis key of this call holds something else than a count (an integer): nothing counted",
             ),
         }
     }
@@ -349,7 +360,12 @@ fn connection_failed(e: &StoreError) -> bool {
                 || e.is_connection_refusal()
                 || e.is_timeout()
         }
-        StoreError::Shape | StoreError::Full(_) | StoreError::Down(_) => false,
+        // TooLate: Redis answered (late), so its connection works.
+        StoreError::Shape
+        | StoreError::Full(_)
+        | StoreError::Down(_)
+        | StoreError::TooLate
+        | StoreError::BadValue => false,
     }
 }
 

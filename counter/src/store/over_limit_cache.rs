@@ -12,12 +12,21 @@ use crate::decide::{estimate, over, Check, Counts, Decision, Request};
 /// The most keys the over-limit cache remembers.
 pub const ENTRIES: usize = 65_536;
 
+/// The longest an entry is believed: after it, the store is asked again
+/// (and the entry learned again if the key is still full). A count the
+/// store lost (a FLUSHALL, a failover to a replica that had not received
+/// it) is refused from the cache at most this long.
+pub const MAX_AGE_MS: u64 = 1_000;
+
 /// The over-limit cache: keys this process saw full (not even one more hit
 /// fits), with the counts it saw, until the window ends (a sliding
-/// window's: until its estimate admits one more). A count never falls
-/// inside its window, so a request that one of these counts refuses is
-/// refused without asking the store: the same decision, nothing counted.
-/// Bounded: past `capacity`, expired entries go, then arbitrary ones.
+/// window's: until its estimate admits one more), and at most
+/// [`MAX_AGE_MS`]. A count never falls inside its window in a store that
+/// keeps it, so a request that one of these counts refuses is refused
+/// without asking the store: the same decision, nothing counted. An entry
+/// is dropped as soon as the store answers a count under the limit for
+/// its key. Bounded: past `capacity`, expired entries go, then arbitrary
+/// ones.
 #[derive(Debug)]
 pub struct OverLimitCache {
     entries: Mutex<HashMap<String, (Counts, u64)>>,
@@ -64,6 +73,7 @@ impl OverLimitCache {
                         .map(|c| seen(&c.key).unwrap_or_default())
                         .collect(),
                     admitted: false,
+                    failed: false,
                 })
             })
             .collect()
@@ -72,7 +82,9 @@ impl OverLimitCache {
     /// Remembers the keys the store's answer shows full: each request's
     /// counts, with its hits when admitted. A request with a full key has
     /// its other keys' counts remembered too (what the cache's refusals
-    /// report for them).
+    /// report for them). A key the store answers under its limit is
+    /// forgotten (the store lost its count, or it was never full for that
+    /// limit).
     pub fn learn<'a>(
         &self,
         decided: impl IntoIterator<Item = (&'a Request, &'a Decision)>,
@@ -80,6 +92,9 @@ impl OverLimitCache {
     ) {
         let mut m: Option<std::sync::MutexGuard<'_, _>> = None;
         for (r, d) in decided {
+            if d.failed {
+                continue;
+            }
             let (counts, ok) = (&d.counts, d.admitted);
             let after = |c: &Check, n: Counts| Counts {
                 current: n.current.saturating_add(if ok { c.key_hits } else { 0 }),
@@ -90,10 +105,15 @@ impl OverLimitCache {
                 .iter()
                 .zip(counts)
                 .any(|(c, &n)| estimate(c, after(c, n)) >= c.limit);
+            let m = m.get_or_insert_with(|| self.lock());
             if !full {
+                if !m.is_empty() {
+                    for c in &r.checks {
+                        m.remove(&c.key);
+                    }
+                }
                 continue;
             }
-            let m = m.get_or_insert_with(|| self.lock());
             for (c, &n) in r.checks.iter().zip(counts) {
                 let n = after(c, n);
                 let until = if c.sliding {
@@ -104,7 +124,8 @@ impl OverLimitCache {
                     now_ms.saturating_add(wait)
                 } else {
                     c.window.1
-                };
+                }
+                .min(now_ms.saturating_add(MAX_AGE_MS));
                 if until <= now_ms {
                     continue;
                 }
@@ -149,6 +170,7 @@ mod tests {
         let admitted = Decision {
             counts: vec![Counts::default()],
             admitted: true,
+            failed: false,
         };
         for i in 0..10_000 {
             let r = Request {
@@ -158,14 +180,45 @@ mod tests {
             cache.learn([(&r, &admitted)], 1_000);
             assert!(cache.remembered() <= 100);
         }
-        // A full key refuses until its window ends, then no longer.
+        // A full key refuses for MAX_AGE_MS (inside its window), then no
+        // longer: the store is asked again.
         let r = Request {
             checks: vec![minute_check("k9999", 1)],
             ..Request::default()
         };
-        assert!(cache.refuse(std::slice::from_ref(&r), 59_999)[0].is_some());
-        assert!(cache.refuse(std::slice::from_ref(&r), 60_000)[0].is_none());
-        cache.sweep(60_000);
+        let aged = 1_000 + MAX_AGE_MS;
+        assert!(cache.refuse(std::slice::from_ref(&r), aged - 1)[0].is_some());
+        assert!(cache.refuse(std::slice::from_ref(&r), aged)[0].is_none());
+        cache.sweep(aged);
         assert_eq!(cache.remembered(), 0);
+    }
+
+    #[test]
+    fn an_entry_is_dropped_when_the_store_answers_its_key_under_the_limit() {
+        let cache = OverLimitCache::new(100);
+        let r = Request {
+            checks: vec![minute_check("k", 2)],
+            ..Request::default()
+        };
+        let full = Decision {
+            counts: vec![Counts {
+                current: 1,
+                previous: 0,
+            }],
+            admitted: true,
+            failed: false,
+        };
+        cache.learn([(&r, &full)], 1_000);
+        assert!(cache.refuse(std::slice::from_ref(&r), 1_001)[0].is_some());
+        // The store lost the count (a FLUSHALL): its next answer for the
+        // key is under the limit, and the entry goes.
+        let fresh = Decision {
+            counts: vec![Counts::default()],
+            admitted: true,
+            failed: false,
+        };
+        cache.learn([(&r, &fresh)], 1_002);
+        assert_eq!(cache.remembered(), 0);
+        assert!(cache.refuse(std::slice::from_ref(&r), 1_003)[0].is_none());
     }
 }

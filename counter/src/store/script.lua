@@ -1,10 +1,14 @@
 -- ratelimit-counter's decision for one call's requests, in one step.
 --
--- KEYS[1 .. key_count]: the call's distinct counter keys, each once.
+-- KEYS[1 .. key_count]: the call's distinct counter keys, each once; the
+--   first read_count of them are read before any request is decided (a
+--   key whose first use in the call is a read: a sliding window's previous
+--   counter, a check of 0 hits); the others are first met by an add.
 -- ARGV[1]: every number the script needs, packed as little-endian doubles
 --   (exact below 2^53; Redis parses one argument, struct.unpack reads it in
 --   C, at most 4,000 at a time), in this order:
---     key_count, request_count,
+--     deadline_ms (the call's deadline on the counter's clock, Unix ms),
+--     key_count, read_count, request_count,
 --     ttl_ms of each key (key_count numbers: the expiry of a key this call
 --       creates),
 --     then per request:
@@ -14,9 +18,23 @@
 --       per add: key_index, hits.
 --   A key_index is a position in KEYS. A push is a request of no checks:
 --   admitted, its hits added.
--- Returns each key's value as read (key_count numbers), then per request 1
--- (admitted) or 0 (refused). A refused request writes nothing; the keys
--- the admitted ones add to are written once each, their hits summed.
+--
+-- Returns {-1} (nothing read, nothing written) when Redis's clock (TIME) is
+-- past deadline_ms: the counter has answered the call as failed by then.
+-- Else each key's value as first read (key_count numbers; -1 for a key
+-- that holds something else than a count: not an integer string in
+-- 0 .. 2^53, or not a string), then per request 1 (admitted), 0 (refused)
+-- or 2 (failed: one of its keys holds something else than a count, or its
+-- hits cannot be counted). A refused or failed request leaves every key as
+-- it found it; nothing this script writes is anything but an integer.
+--
+-- Each add is an INCRBY (its answer is the count before the add, plus the
+-- hits): a request's adds are made first, its checks decided on the counts
+-- before them, and a refused request's adds undone (DECRBY, or DEL of a key
+-- it created). A key an admitted request created gets its expiry (PEXPIRE).
+
+local MAX_COUNT = 9007199254740991 -- 2^53 - 1: exact in a double
+local MAX_HITS = 1e14 -- below it, a number is sent to Redis as digits
 
 local packed = ARGV[1]
 local number_count = #packed / 8
@@ -35,68 +53,182 @@ else
   end
 end
 
-local key_count = numbers[1]
-local request_count = numbers[2]
-local TTL_AT = 2 -- numbers[TTL_AT + k]: key k's ttl_ms
-
--- Every key read once (MGET, 1,000 keys at a time); a missing key is 0.
-local value = {}
-for first = 1, key_count, 1000 do
-  local got = redis.call('MGET', unpack(KEYS, first, math.min(first + 999, key_count)))
-  for j = 1, #got do value[first + j - 1] = tonumber(got[j]) or 0 end
+local deadline_ms = numbers[1]
+local time = redis.call('TIME')
+if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) > deadline_ms then
+  return {-1}
 end
 
-local answer = {}
-for k = 1, key_count do answer[k] = value[k] end
-local added = {}
+local key_count = numbers[2]
+local read_count = numbers[3]
+local request_count = numbers[4]
+local TTL_AT = 4 -- numbers[TTL_AT + k]: key k's ttl_ms
 
--- Each request in order, on the values as the requests before it left them.
-local at = 3 + key_count
+-- value[k]: key k's count now (this call's adds so far included); false
+-- for a key that holds something else than a count. answer[k]: its count
+-- as first read (-1: not a count), returned.
+local value, answer = {}, {}
+
+-- The keys read first: MGET, 1,000 at a time. A key MGET answers nil for
+-- is missing (0) or not a string: one EXISTS over them tells which.
+if read_count > 0 then
+  local missing = {}
+  for from = 1, read_count, 1000 do
+    local got = redis.call('MGET', unpack(KEYS, from, math.min(from + 999, read_count)))
+    for j = 1, #got do
+      local k = from + j - 1
+      if got[j] then
+        local n = tonumber(got[j])
+        if n and n >= 0 and n <= MAX_COUNT and n == math.floor(n) then
+          value[k] = n
+        else
+          value[k] = false
+        end
+      else
+        value[k] = 0
+        missing[#missing + 1] = k
+      end
+    end
+  end
+  if #missing > 0 then
+    local names = {}
+    for j = 1, #missing do names[j] = KEYS[missing[j]] end
+    if redis.call('EXISTS', unpack(names)) > 0 then
+      for j = 1, #missing do
+        if redis.call('EXISTS', names[j]) == 1 then value[missing[j]] = false end
+      end
+    end
+  end
+  for k = 1, read_count do
+    if value[k] == false then answer[k] = -1 else answer[k] = value[k] end
+  end
+end
+
+-- A key no MGET read and no add met yet (a key of a failed request, read
+-- by a later one): read now.
+local function read(key)
+  local got = redis.pcall('GET', KEYS[key])
+  local v = 0
+  if type(got) == 'table' then
+    v = false
+  elseif got then
+    v = tonumber(got)
+    if not (v and v >= 0 and v <= MAX_COUNT and v == math.floor(v)) then v = false end
+  end
+  value[key] = v
+  if answer[key] == nil then
+    if v == false then answer[key] = -1 else answer[key] = v end
+  end
+  return v
+end
+
+local at = TTL_AT + key_count + 1
 for request = 1, request_count do
   local check_count = numbers[at]
   local add_count = numbers[at + 1]
-  at = at + 2
-  local admitted = 1
-  for _ = 1, check_count do
-    local limit = numbers[at]
-    local hits = numbers[at + 1]
-    local key = numbers[at + 2]
-    local previous_key = numbers[at + 3]
-    local previous_weight_ppm = numbers[at + 4]
-    local estimate = value[key]
-    if previous_key > 0 and value[previous_key] > 0 then
-      estimate = estimate
-        + math.floor((value[previous_key] * previous_weight_ppm + 999999) / 1000000)
+  local checks_at = at + 2
+  local adds_at = checks_at + 5 * check_count
+  at = adds_at + 2 * add_count
+  local outcome = 1
+  -- The adds first, each key once (value[key]: the count after it): a
+  -- check of this request on a key it adds to is decided on the count
+  -- less its hits. The adds at adds_at .. made_end were made (those of
+  -- fewer than MAX_HITS).
+  local made_end, huge = adds_at - 2, false
+  for j = adds_at, adds_at + 2 * add_count - 2, 2 do
+    local key, hits = numbers[j], numbers[j + 1]
+    if hits >= MAX_HITS then
+      -- More hits than any limit: its checks refuse it on the count as it
+      -- is, nothing added to it (a push of as many fails).
+      local was = value[key]
+      if was == nil then was = read(key) end
+      if was == false or check_count == 0 then
+        outcome = 2
+        break
+      end
+      huge = true
+    else
+      if value[key] == false then
+        outcome = 2
+        break
+      end
+      local after = redis.pcall('INCRBY', KEYS[key], hits)
+      if type(after) ~= 'number' then
+        -- Not an integer, not a string, or past 2^63: left as it was.
+        value[key] = false
+        answer[key] = -1
+        outcome = 2
+        break
+      end
+      made_end = j
+      value[key] = after
+      if after - hits < 0 or after > MAX_COUNT then
+        -- Undone below, and marked.
+        outcome = 2
+        break
+      end
+      if answer[key] == nil then answer[key] = after - hits end
     end
-    if (hits == 0 and estimate >= limit) or (hits > 0 and estimate + hits > limit) then
-      admitted = 0
-    end
-    at = at + 5
   end
-  if admitted == 1 then
-    for _ = 1, add_count do
-      local key = numbers[at]
-      local hits = numbers[at + 1]
-      value[key] = value[key] + hits
-      added[key] = (added[key] or 0) + hits
-      at = at + 2
+  -- The checks, on the counts before this request's adds.
+  if outcome == 1 then
+    for c = checks_at, checks_at + 5 * check_count - 5, 5 do
+      local limit, hits, key, previous_key = numbers[c], numbers[c + 1], numbers[c + 2], numbers[c + 3]
+      local estimate = value[key]
+      if estimate == nil then estimate = read(key) end
+      local previous = 0
+      if previous_key > 0 then
+        previous = value[previous_key]
+        if previous == nil then previous = read(previous_key) end
+      end
+      if estimate == false or previous == false then
+        outcome = 2
+        break
+      end
+      if hits > 0 then estimate = estimate - hits end
+      if previous > 0 then
+        estimate = estimate + math.floor((previous * numbers[c + 4] + 999999) / 1000000)
+      end
+      if (hits == 0 and estimate >= limit) or (hits > 0 and estimate + hits > limit) then
+        outcome = 0
+      end
+    end
+    if huge and outcome == 1 then outcome = 0 end
+  end
+  if outcome == 1 then
+    -- A key this request created lives until its window's end.
+    for j = adds_at, made_end, 2 do
+      local key = numbers[j]
+      if value[key] == numbers[j + 1] then
+        redis.call('PEXPIRE', KEYS[key], numbers[TTL_AT + key])
+      end
     end
   else
-    at = at + 2 * add_count
-  end
-  answer[key_count + request] = admitted
-end
-
--- Each key written once: created with its expiry (its window's first
--- hits), else added to.
-for key = 1, key_count do
-  local hits = added[key]
-  if hits then
-    if answer[key] == 0 then
-      redis.call('SET', KEYS[key], hits, 'PX', numbers[TTL_AT + key])
-    else
-      redis.call('INCRBY', KEYS[key], hits)
+    -- Its adds undone: DECRBY, or DEL of a key it created.
+    for j = adds_at, made_end, 2 do
+      local key, hits = numbers[j], numbers[j + 1]
+      local after = value[key]
+      if hits >= MAX_HITS then
+        -- Not added.
+      elseif after == hits then
+        redis.call('DEL', KEYS[key])
+      else
+        redis.call('DECRBY', KEYS[key], hits)
+      end
+      if hits >= MAX_HITS then
+        -- Not added.
+      elseif after - hits < 0 or after > MAX_COUNT then
+        value[key] = false
+        answer[key] = -1
+      else
+        value[key] = after - hits
+      end
     end
   end
+  answer[key_count + request] = outcome
+end
+
+for k = 1, key_count do
+  if answer[k] == nil then answer[k] = 0 end
 end
 return answer

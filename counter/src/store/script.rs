@@ -2,21 +2,23 @@
 //! laid out and its answer read back.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::decide::{Counts, Decision, Request};
 
 use super::StoreError;
 
 /// The script (`script.lua`, headed by what each `KEYS[i]` and `ARGV[i]`
-/// holds): reads every distinct key of the call once (MGET), decides each
-/// request in order on those values as a whole (an admitted one's hits
-/// count for the requests after it), then writes each key the admitted
-/// requests add to once, their hits summed: `SET key hits PX ttl` on a key
-/// that did not exist, else `INCRBY`. A refused request writes nothing.
-/// Its numbers come packed in one argument (`Layout::pack`); it returns
-/// each key's value as read, then per request admitted (0/1): the caller
-/// replays the adds to know the counts each request was decided on.
+/// holds): does nothing once Redis's clock is past the call's deadline;
+/// else reads the keys a call reads before it adds to them (MGET), then
+/// decides each request in order (an admitted one's hits count for the
+/// requests after it): its adds made (INCRBY), its checks decided on the
+/// counts before them, its adds undone if it is refused or one of its keys
+/// holds something else than a count (that request alone fails). Its
+/// numbers come packed in one argument (`Layout::pack`); it returns each
+/// key's value as first read, then per request admitted, refused or
+/// failed: the caller replays the adds to know the counts each request was
+/// decided on.
 pub const SCRIPT: &str = include_str!("script.lua");
 
 /// One script call deciding `chosen` (requests that share a slot on a
@@ -33,17 +35,19 @@ pub(super) async fn run<C: redis::aio::ConnectionLike>(
             .map(|_| Decision {
                 counts: Vec::new(),
                 admitted: true,
+                failed: false,
             })
             .collect());
     }
     let layout = Layout::of(chosen);
-    // EVALSHA with the keys and one packed argument (see SCRIPT).
+    // EVALSHA with the keys and one packed argument (see SCRIPT), the
+    // call's deadline on this process's clock as it sends.
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash()).arg(layout.keys.len());
     for k in &layout.keys {
         cmd.arg(*k);
     }
-    cmd.arg(layout.pack(chosen));
+    cmd.arg(layout.pack(chosen, script_deadline_ms(wall_clock_ms(), deadline)));
     let call = async {
         match cmd.query_async::<Vec<i64>>(con).await {
             Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
@@ -62,7 +66,36 @@ pub(super) async fn run<C: redis::aio::ConnectionLike>(
         .await
         .map_err(|_| StoreError::Timeout)?
         .map_err(StoreError::Redis)?;
+    if answer == [TOO_LATE] {
+        return Err(StoreError::TooLate);
+    }
     layout.replay(&answer).ok_or(StoreError::Shape)
+}
+
+/// The script's answer when it ran past the call's deadline (nothing
+/// read, nothing written).
+const TOO_LATE: i64 = -1;
+
+/// This process's wall clock, Unix ms (not the test clock of the
+/// decisions: the deadline is compared with Redis's own clock).
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The most the clocks of this process and Redis are assumed to differ,
+/// plus the time a reply takes back (same machine, or both on NTP).
+pub const CLOCK_MARGIN_MS: u64 = 25;
+
+/// The deadline the script is given, from `sent_ms` (when the call is
+/// sent) and the store's `deadline`: the instant this process gives up,
+/// less a margin (a quarter of the deadline, at most [`CLOCK_MARGIN_MS`])
+/// so that a script Redis starts just before it gives up has answered by
+/// then.
+pub fn script_deadline_ms(sent_ms: u64, deadline: Duration) -> u64 {
+    let ms = u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX);
+    sent_ms.saturating_add(ms.saturating_sub(CLOCK_MARGIN_MS.min(ms / 4)))
 }
 
 /// A PING within `deadline`, or why not.
@@ -95,7 +128,10 @@ pub(super) async fn value<C: redis::aio::ConnectionLike>(
 /// and per request its checks' keys (current, previous) and the keys it
 /// adds to, as indexes into `keys`.
 pub(super) struct Layout<'a> {
+    /// The keys the script reads before it adds to them first (see
+    /// SCRIPT), then the others.
     pub(super) keys: Vec<&'a str>,
+    pub(super) read_count: usize,
     pub(super) ttl_ms: Vec<u64>,
     #[allow(clippy::type_complexity)]
     pub(super) requests: Vec<(Vec<(usize, Option<usize>)>, Vec<(usize, u64)>)>,
@@ -106,17 +142,21 @@ impl<'a> Layout<'a> {
         let mut index: HashMap<&'a str, usize> = HashMap::new();
         let mut keys: Vec<&'a str> = Vec::new();
         let mut ttl_ms: Vec<u64> = Vec::new();
-        let mut at = |k: &'a str, ttl: u64, keys: &mut Vec<&'a str>, ttl_ms: &mut Vec<u64>| {
-            let i = *index.entry(k).or_insert_with(|| {
-                keys.push(k);
-                ttl_ms.push(1);
-                keys.len() - 1
-            });
-            if let Some(t) = ttl_ms.get_mut(i) {
-                *t = (*t).max(ttl);
-            }
-            i
-        };
+        // Per key, whether the call first reads it (before any add).
+        let mut read_first: Vec<bool> = Vec::new();
+        let mut at =
+            |k: &'a str, ttl: u64, read: bool, keys: &mut Vec<&'a str>, ttl_ms: &mut Vec<u64>| {
+                let i = *index.entry(k).or_insert_with(|| {
+                    keys.push(k);
+                    ttl_ms.push(1);
+                    read_first.push(read);
+                    keys.len() - 1
+                });
+                if let Some(t) = ttl_ms.get_mut(i) {
+                    *t = (*t).max(ttl);
+                }
+                i
+            };
         let mut requests = Vec::with_capacity(chosen.len());
         // Per key, the last request (numbered from 1) that adds to it.
         let mut added_by: Vec<usize> = Vec::new();
@@ -124,11 +164,11 @@ impl<'a> Layout<'a> {
             let mut checks = Vec::with_capacity(r.checks.len());
             let mut adds: Vec<(usize, u64)> = Vec::new();
             for c in &r.checks {
-                let k = at(&c.key, c.ttl_ms, &mut keys, &mut ttl_ms);
+                let k = at(&c.key, c.ttl_ms, c.key_hits == 0, &mut keys, &mut ttl_ms);
                 let pk = c
                     .prev_key
                     .as_deref()
-                    .map(|p| at(p, 1, &mut keys, &mut ttl_ms));
+                    .map(|p| at(p, 1, true, &mut keys, &mut ttl_ms));
                 checks.push((k, pk));
                 // key_hits: the request's hits on that key, added once.
                 if added_by.len() < keys.len() {
@@ -143,23 +183,53 @@ impl<'a> Layout<'a> {
             }
             requests.push((checks, adds));
         }
+        // The keys read first go first (a stable order otherwise).
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        order.sort_by_key(|&i| !read_first.get(i).copied().unwrap_or(false));
+        let read_count = read_first.iter().filter(|r| **r).count();
+        if order.iter().enumerate().any(|(new, &old)| new != old) {
+            let mut place = vec![0; keys.len()];
+            for (new, &old) in order.iter().enumerate() {
+                if let Some(p) = place.get_mut(old) {
+                    *p = new;
+                }
+            }
+            let moved = |i: usize| place.get(i).copied().unwrap_or(i);
+            keys = order.iter().filter_map(|&i| keys.get(i).copied()).collect();
+            ttl_ms = order
+                .iter()
+                .filter_map(|&i| ttl_ms.get(i).copied())
+                .collect();
+            for (checks, adds) in &mut requests {
+                for (k, pk) in checks.iter_mut() {
+                    *k = moved(*k);
+                    *pk = pk.map(moved);
+                }
+                for (k, _) in adds.iter_mut() {
+                    *k = moved(*k);
+                }
+            }
+        }
         Layout {
             keys,
+            read_count,
             ttl_ms,
             requests,
         }
     }
 
     /// The script's numbers (see SCRIPT), packed as little-endian doubles.
-    pub(super) fn pack(&self, chosen: &[&Request]) -> Vec<u8> {
+    pub(super) fn pack(&self, chosen: &[&Request], deadline_ms: u64) -> Vec<u8> {
         let per_request: usize = self
             .requests
             .iter()
             .map(|(checks, adds)| 2 + 5 * checks.len() + 2 * adds.len())
             .sum();
-        let mut out = Vec::with_capacity(8 * (2 + self.ttl_ms.len() + per_request));
+        let mut out = Vec::with_capacity(8 * (4 + self.ttl_ms.len() + per_request));
         let mut put = |n: u64| out.extend_from_slice(&(n as f64).to_le_bytes());
+        put(deadline_ms);
         put(self.keys.len() as u64);
+        put(self.read_count as u64);
         put(chosen.len() as u64);
         for &t in &self.ttl_ms {
             put(t);
@@ -187,19 +257,37 @@ impl<'a> Layout<'a> {
 
     /// Each request's counts as the script decided it on, from the keys'
     /// values as read and which requests were admitted: the adds of the
-    /// admitted ones replayed in order.
+    /// admitted ones replayed in order. A request the script failed (a key
+    /// that holds something else than a count) is decided failed, with no
+    /// counts.
     pub(super) fn replay(&self, answer: &[i64]) -> Option<Vec<Decision>> {
         let nk = self.keys.len();
         if answer.len() != nk + self.requests.len() {
             return None;
         }
-        let mut values: Vec<u64> = answer
-            .get(..nk)?
-            .iter()
-            .map(|&n| u64::try_from(n).ok())
-            .collect::<Option<_>>()?;
+        // A key that holds something else than a count: -1.
+        let mut values: Vec<u64> = Vec::with_capacity(nk);
+        for &n in answer.get(..nk)? {
+            values.push(match n {
+                -1 => 0,
+                n => u64::try_from(n).ok()?,
+            });
+        }
         let mut out = Vec::with_capacity(self.requests.len());
-        for ((checks, adds), &ok) in self.requests.iter().zip(answer.get(nk..)?) {
+        for ((checks, adds), &outcome) in self.requests.iter().zip(answer.get(nk..)?) {
+            let admitted = match outcome {
+                1 => true,
+                0 => false,
+                2 => {
+                    out.push(Decision {
+                        counts: Vec::new(),
+                        admitted: false,
+                        failed: true,
+                    });
+                    continue;
+                }
+                _ => return None,
+            };
             let counts = checks
                 .iter()
                 .map(|&(k, pk)| {
@@ -212,18 +300,17 @@ impl<'a> Layout<'a> {
                     })
                 })
                 .collect::<Option<Vec<_>>>()?;
-            let admitted = match ok {
-                1 => true,
-                0 => false,
-                _ => return None,
-            };
             if admitted {
                 for &(k, hits) in adds {
                     let v = values.get_mut(k)?;
                     *v = v.saturating_add(hits);
                 }
             }
-            out.push(Decision { counts, admitted });
+            out.push(Decision {
+                counts,
+                admitted,
+                failed: false,
+            });
         }
         Some(out)
     }
@@ -270,14 +357,16 @@ mod tests {
         };
         let chosen = [&twice, &other];
         let l = Layout::of(&chosen);
-        assert_eq!(l.keys, ["k1", "k2", "k0"]);
-        assert_eq!(l.ttl_ms, [60_000, 60_000, 1]);
-        assert_eq!(l.requests[0].1, [(0, 3)]);
-        assert_eq!(l.requests[1].0, [(0, None), (1, Some(2))]);
-        assert_eq!(l.requests[1].1, [(0, 1), (1, 1)]);
-        // Read 1, 0, 4; the first request admitted: the second is decided on
+        // k0 (a previous window's) is read first; k1 and k2 first added to.
+        assert_eq!(l.keys, ["k0", "k1", "k2"]);
+        assert_eq!(l.read_count, 1);
+        assert_eq!(l.ttl_ms, [1, 60_000, 60_000]);
+        assert_eq!(l.requests[0].1, [(1, 3)]);
+        assert_eq!(l.requests[1].0, [(1, None), (2, Some(0))]);
+        assert_eq!(l.requests[1].1, [(1, 1), (2, 1)]);
+        // Read 4, 1, 0; the first request admitted: the second is decided on
         // k1 = 4.
-        let got = l.replay(&[1, 0, 4, 1, 0]).unwrap();
+        let got = l.replay(&[4, 1, 0, 1, 0]).unwrap();
         assert_eq!(
             got[0].counts[0],
             Counts {
@@ -300,26 +389,42 @@ mod tests {
             }
         );
         assert_eq!((got[0].admitted, got[1].admitted), (true, false));
-        assert!(l.replay(&[1, 0, 4, 1]).is_none());
-        assert!(l.replay(&[1, 0, 4, 1, 2]).is_none());
+        assert!(!got[0].failed && !got[1].failed);
+        assert!(l.replay(&[4, 1, 0, 1]).is_none());
+        assert!(l.replay(&[4, 1, 0, 1, 3]).is_none());
+        // k1 holds something else than a count: the first request failed
+        // alone (nothing added), the second decided on the others.
+        let got = l.replay(&[4, -1, 0, 2, 1]).unwrap();
+        assert!(got[0].failed && !got[0].admitted && got[0].counts.is_empty());
+        assert!(got[1].admitted && !got[1].failed);
         // The numbers the script reads, in its order.
         let packed: Vec<f64> = l
-            .pack(&chosen)
+            .pack(&chosen, 7)
             .chunks_exact(8)
             .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
             .collect();
         #[rustfmt::skip]
         let want = [
-            3.0, 2.0, 60_000.0, 60_000.0, 1.0,  // keys, requests, ttls
+            7.0, 3.0, 1.0, 2.0,                  // deadline, keys, read first, requests
+            1.0, 60_000.0, 60_000.0,             // ttls
             2.0, 1.0,                            // twice: 2 checks, 1 add
-            5.0, 3.0, 1.0, 0.0, 500_000.0,
-            9.0, 3.0, 1.0, 0.0, 500_000.0,
-            1.0, 3.0,
+            5.0, 3.0, 2.0, 0.0, 500_000.0,
+            9.0, 3.0, 2.0, 0.0, 500_000.0,
+            2.0, 3.0,
             2.0, 2.0,                            // other: 2 checks, 2 adds
-            5.0, 1.0, 1.0, 0.0, 500_000.0,
-            5.0, 1.0, 2.0, 3.0, 500_000.0,
-            1.0, 1.0, 2.0, 1.0,
+            5.0, 1.0, 2.0, 0.0, 500_000.0,
+            5.0, 1.0, 3.0, 1.0, 500_000.0,
+            2.0, 1.0, 3.0, 1.0,
         ];
         assert_eq!(packed, want);
+    }
+
+    #[test]
+    fn the_script_s_deadline_is_the_counter_s_less_a_margin() {
+        let ms = Duration::from_millis;
+        assert_eq!(script_deadline_ms(1_000, ms(100)), 1_000 + 100 - 25);
+        assert_eq!(script_deadline_ms(1_000, ms(5_000)), 1_000 + 5_000 - 25);
+        // A short deadline keeps three quarters of itself.
+        assert_eq!(script_deadline_ms(1_000, ms(40)), 1_000 + 40 - 10);
     }
 }

@@ -203,6 +203,32 @@ impl Under {
         decided
     }
 
+    /// Runs a raw Redis command on a counter key (`args` after the key),
+    /// for the tests of keys that hold something else than a count; false
+    /// on the memory store, which cannot hold one.
+    pub fn poison(&self, command: &str, key: &str, args: &[&str]) -> bool {
+        let key = format!("{}{key}", self.prefix.borrow());
+        let mut cmd = redis::cmd(command);
+        cmd.arg(&key).arg(args);
+        match self.kind {
+            Kind::Memory => return false,
+            Kind::Redis => {
+                let client =
+                    redis::Client::open(format!("redis://127.0.0.1:{}", single().port)).unwrap();
+                cmd.exec(&mut client.get_connection().unwrap()).unwrap();
+            }
+            Kind::Cluster => {
+                let nodes: Vec<String> = cluster()
+                    .iter()
+                    .map(|s| format!("redis://127.0.0.1:{}", s.port))
+                    .collect();
+                let client = redis::cluster::ClusterClient::new(nodes).unwrap();
+                cmd.exec(&mut client.get_connection().unwrap()).unwrap();
+            }
+        }
+        true
+    }
+
     /// A counter's value (0 when there is none).
     pub fn value(&self, key: &str, now_ms: u64) -> u64 {
         let key = format!("{}{key}", self.prefix.borrow());
