@@ -351,17 +351,19 @@ impl Store {
 
 /// Whether a failed call may mean the connection is down (a PING then
 /// says whether it is).
+///
+/// A slow answer is not one: a Redis slower than the store timeout is
+/// answered `UNAVAILABLE` after that timeout on every call, as the timeout
+/// promises, not at once.
 fn connection_failed(e: &StoreError) -> bool {
     match e {
-        StoreError::Timeout => true,
         StoreError::Redis(e) => {
-            e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal()
-                || e.is_timeout()
+            !e.is_timeout()
+                && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
         }
         // TooLate: Redis answered (late), so its connection works.
-        StoreError::Shape
+        StoreError::Timeout
+        | StoreError::Shape
         | StoreError::Full(_)
         | StoreError::Down(_)
         | StoreError::TooLate
