@@ -327,7 +327,9 @@ def test_bench_service_side_smoke(tmp_path):
     runs = {r["config"]: r for r in results["service_side"]["runs"]}
     services = {"svc1_single", "svc2_single", "svc1_cluster", "svc2_cluster"}
     counters = {"cnt1_single", "cnt2_single", "cnt1_cluster", "cnt2_cluster", "cnt1_memory"}
-    assert set(runs) == services | counters
+    # The same single-Redis topologies over TLS (gRPC and Redis, mutual).
+    over_tls = {"svc1_single_tls", "cnt1_single_tls"}
+    assert set(runs) == services | counters | over_tls
     for cfg, run in runs.items():
         assert run["requests"] > 0 and set(run["statuses"]) == {"200"}, (cfg, run)
     for cfg in services:
@@ -335,6 +337,9 @@ def test_bench_service_side_smoke(tmp_path):
         assert run["rls_calls"] >= run["requests"], (cfg, run)
         # bench/limits.json's default group has 3 units: INCRBY + EXPIRE each.
         assert run["redis_commands"].get("incrby", 0) == 3 * run["rls_calls"], (cfg, run)
+    for cfg in over_tls:
+        run = runs[cfg]
+        assert run["rls_errors"] == 0 and run["rls_calls"] >= run["requests"], (cfg, run)
     for cfg in ("cnt1_single", "cnt2_single"):
         # The counter: one script call (EVALSHA) per call on one Redis, and
         # one more for a call that found the script not yet loaded (NOSCRIPT).
