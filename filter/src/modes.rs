@@ -192,7 +192,7 @@ impl RemainingEstimate {
                 current_limit: Some(RateLimit {
                     name: String::new(),
                     requests_per_unit: limit,
-                    unit: rls_unit(unit) as i32,
+                    unit: RateLimitUnit::from(unit) as i32,
                 }),
                 limit_remaining: *remaining,
                 duration_until_reset: Some(Duration {
@@ -203,18 +203,6 @@ impl RemainingEstimate {
             })
             .collect();
         limit_headers(mode, &statuses)
-    }
-}
-
-fn rls_unit(unit: Unit) -> RateLimitUnit {
-    match unit {
-        Unit::Second => RateLimitUnit::Second,
-        Unit::Minute => RateLimitUnit::Minute,
-        Unit::Hour => RateLimitUnit::Hour,
-        Unit::Day => RateLimitUnit::Day,
-        Unit::Week => RateLimitUnit::Week,
-        Unit::Month => RateLimitUnit::Month,
-        Unit::Year => RateLimitUnit::Year,
     }
 }
 
