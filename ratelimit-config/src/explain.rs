@@ -1,17 +1,25 @@
 //! What happens to one tenant's requests: its group, its limits per unit,
-//! the descriptors the filter sends, the service rule each one matches and
-//! the Redis key it is counted under at a given moment. A pure function of
+//! the descriptors the filter sends, the rule each one matches and the
+//! Redis key it is counted under at a given moment, for the service that
+//! counts (envoyproxy/ratelimit or ratelimit-counter). A pure function of
 //! the limits and the time.
 //!
-//! The key is envoyproxy/ratelimit's (`src/limiter/cache_key.go`): the
-//! service's CACHE_KEY_PREFIX (empty unless set), the domain, then `key_value_`
-//! for every descriptor entry, then the window start, `now / unit * unit`.
+//! envoyproxy/ratelimit's key (`src/limiter/cache_key.go`): the service's
+//! CACHE_KEY_PREFIX (empty unless set), the domain, then `key_value_` for
+//! every descriptor entry, then the window start, `now / unit * unit`.
+//!
+//! ratelimit-counter's key ([`counter_key`], as `counter/src/decide.rs`
+//! spells it): `trl:{<domain length>:<domain>:<tenant>}:per_<unit>:<window
+//! start ms>[:r:<route>]`, its windows from [`crate::window`] (calendar
+//! weeks, months and years; a sliding window's previous window too).
 
 use std::fmt::Write;
 
-use crate::model::{descriptors, tenant_value, RequestDescriptors, TeamLimits, Unit};
+use crate::model::{
+    descriptors, tenant_value, Group, RequestDescriptors, Service, TeamLimits, Unit, Window,
+};
 use crate::plugin::{BatchConfig, LocalConfig, Mode, OnFailure, PluginConfig, Share, TenantSource};
-use crate::window::civil_from_days;
+use crate::window::{civil_from_days, previous_window, sliding_weight_ppm, window_at};
 
 /// The Redis key the service counts `entries` under at `now`.
 pub fn redis_key(
@@ -35,6 +43,87 @@ pub fn redis_key(
 /// Windows align to the clock: the start of the one holding `now`.
 pub fn window_start(unit: Unit, now: u64) -> u64 {
     now / unit.seconds() * unit.seconds()
+}
+
+/// ratelimit-counter's hash tag of a tenant's keys, `{<len>:<domain>:<tenant>}`
+/// (`counter/src/decide.rs`: one Redis Cluster slot per tenant): the
+/// domain's length in bytes, a `}` written `%7D`, and in the tenant (the
+/// value the filter sends) a `%` written `%25`.
+pub fn counter_tag(domain: &str, tenant: &str) -> String {
+    let mut t = String::with_capacity(domain.len() + tenant.len() + 8);
+    let _ = write!(t, "{{{}:", domain.len());
+    for ch in domain.chars() {
+        match ch {
+            '}' => t.push_str("%7D"),
+            c => t.push(c),
+        }
+    }
+    t.push(':');
+    for ch in tenant.chars() {
+        match ch {
+            '%' => t.push_str("%25"),
+            '}' => t.push_str("%7D"),
+            c => t.push(c),
+        }
+    }
+    t.push('}');
+    t
+}
+
+/// ratelimit-counter's key of one window: `trl:<tag>:per_<unit>:<window
+/// start, Unix ms>`, and on a route `:r:<route>`.
+pub fn counter_key(tag: &str, unit: Unit, start_ms: u64, route: Option<&str>) -> String {
+    let mut k = format!("trl:{tag}:{}:{start_ms}", unit.descriptor_value());
+    if let Some(r) = route {
+        k.push_str(":r:");
+        k.push_str(r);
+    }
+    k
+}
+
+/// Whether the counter counts `unit` of `group` as a sliding window (as
+/// `counter/src/decide.rs` decides it; the counter's tests check that the
+/// two agree).
+pub fn counter_sliding(group: &Group, _unit: Unit) -> bool {
+    group.window == Window::Sliding
+}
+
+/// Where ratelimit-counter counts one descriptor at `now_ms`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterWindow {
+    /// The current window's counter.
+    pub key: String,
+    /// A sliding window's: the previous window's counter, which the
+    /// estimate reads too.
+    pub prev_key: Option<String>,
+    pub sliding: bool,
+    /// The current window, `[start, end)` in Unix ms.
+    pub window: (u64, u64),
+    /// The previous window, for a sliding one.
+    pub previous: Option<(u64, u64)>,
+}
+
+/// Where ratelimit-counter counts the descriptor of `unit` that a tenant
+/// of `group` sends (`tenant` as sent), on `route` if given, at `now_ms`.
+pub fn counter_window(
+    domain: &str,
+    tenant: &str,
+    group: &Group,
+    unit: Unit,
+    route: Option<&str>,
+    now_ms: u64,
+) -> CounterWindow {
+    let tag = counter_tag(domain, tenant);
+    let window = window_at(unit, now_ms);
+    let sliding = counter_sliding(group, unit);
+    let previous = sliding.then(|| previous_window(unit, now_ms));
+    CounterWindow {
+        key: counter_key(&tag, unit, window.0, route),
+        prev_key: previous.map(|p| counter_key(&tag, unit, p.0, route)),
+        sliding,
+        window,
+        previous,
+    }
 }
 
 /// `2026-12-01T12:00:12Z`.
@@ -147,6 +236,30 @@ pub struct ExplainOptions<'a> {
     pub route: Option<&'a str>,
     /// Where the filter reads the tenant (`tenant_source`).
     pub tenant_source: &'a TenantSource,
+    /// The service that counts: its rules and keys are the ones shown.
+    pub service: Service,
+    /// Where `service` was read (`--service`, the plugin configuration),
+    /// as the `service:` line says it.
+    pub service_from: &'a str,
+}
+
+/// A moment in Unix ms, as [`utc`] writes seconds (with `.mmm` when not
+/// a whole second).
+fn utc_ms(ms: u64) -> String {
+    let text = utc(ms / 1_000);
+    match ms % 1_000 {
+        0 => text,
+        frac => format!("{}.{frac:03}Z", text.trim_end_matches('Z')),
+    }
+}
+
+/// Which tenant a section counts, and where.
+struct Counted<'a> {
+    group: &'a Group,
+    /// The tenant value as the filter sends it.
+    tenant: &'a str,
+    /// The route, for a route's section.
+    route: Option<&'a str>,
 }
 
 /// One descriptor's section: its limit, entries, rule, Redis key and window.
@@ -155,9 +268,12 @@ fn descriptor_section(
     opts: &ExplainOptions<'_>,
     (unit, limit): (Unit, u32),
     entries: &[(&str, &str)],
-    rule: &str,
+    (rule, counted): (&str, &Counted<'_>),
     now: u64,
 ) {
+    if opts.service == Service::Counter {
+        return counter_section(out, opts, (unit, limit), entries, counted, now);
+    }
     let start = window_start(unit, now);
     let _ = writeln!(out);
     let _ = writeln!(
@@ -166,11 +282,7 @@ fn descriptor_section(
         unit.json_key(),
         unit.service_unit()
     );
-    let shown: Vec<String> = entries
-        .iter()
-        .map(|(k, v)| format!("({k:?}, {v:?})"))
-        .collect();
-    let _ = writeln!(out, "  descriptor: [{}]", shown.join(", "));
+    let _ = writeln!(out, "  descriptor: [{}]", shown_entries(entries));
     let _ = writeln!(
         out,
         "  rule:       {}.generic_key_{}.{rule}",
@@ -189,6 +301,108 @@ fn descriptor_section(
         utc(start + unit.seconds()),
         unit.seconds()
     );
+}
+
+fn shown_entries(entries: &[(&str, &str)]) -> String {
+    let shown: Vec<String> = entries
+        .iter()
+        .map(|(k, v)| format!("({k:?}, {v:?})"))
+        .collect();
+    shown.join(", ")
+}
+
+/// A window's length in words: `60s`, `1 day` for whole days.
+fn length(ms: u64) -> String {
+    let secs = ms / 1_000;
+    match secs {
+        s if s >= 86_400 && s % 86_400 == 0 => {
+            let d = s / 86_400;
+            format!("{d} day{}", if d == 1 { "" } else { "s" })
+        }
+        s => format!("{s}s"),
+    }
+}
+
+/// One descriptor's section as ratelimit-counter counts it: the group it
+/// resolves to, its keys and its window (fixed, calendar or sliding).
+fn counter_section(
+    out: &mut String,
+    opts: &ExplainOptions<'_>,
+    (unit, limit): (Unit, u32),
+    entries: &[(&str, &str)],
+    counted: &Counted<'_>,
+    now: u64,
+) {
+    let now_ms = now.saturating_mul(1_000);
+    let w = counter_window(
+        opts.domain,
+        counted.tenant,
+        counted.group,
+        unit,
+        counted.route,
+        now_ms,
+    );
+    let (start, end) = w.window;
+    let kind = match (w.sliding, unit.is_calendar()) {
+        (true, true) => format!(", sliding over calendar {}s", unit.service_unit()),
+        (true, false) => ", sliding".to_string(),
+        (false, true) => format!(" (calendar {}, UTC)", unit.service_unit()),
+        (false, false) => String::new(),
+    };
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{}: {limit} per {}{kind}",
+        unit.json_key(),
+        unit.service_unit()
+    );
+    let _ = writeln!(out, "  descriptor: [{}]", shown_entries(entries));
+    let name = match counted.route {
+        Some(r) => format!("{}/{r}", counted.group.name),
+        None => counted.group.name.clone(),
+    };
+    let _ = writeln!(
+        out,
+        "  rule:       {name} (the counter reads the team file: the group{}, no service YAML)",
+        if counted.route.is_some() {
+            " and its route"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(out, "  redis key:  {}", w.key);
+    let bounds = format!("{} to {}", utc_ms(start), utc_ms(end));
+    let how = if unit.is_calendar() {
+        let turns = match unit {
+            Unit::Week => "a week starts on Monday 00:00",
+            Unit::Year => "a year starts on 1 January",
+            _ => "a month starts on the 1st",
+        };
+        format!("the calendar's, UTC: {turns}")
+    } else {
+        let len = end.saturating_sub(start);
+        format!(
+            "{} long, from a multiple of it since the Unix epoch",
+            length(len)
+        )
+    };
+    if let (Some(prev_key), Some((prev_start, prev_end))) = (&w.prev_key, w.previous) {
+        let _ = writeln!(out, "  previous:   {prev_key}");
+        let _ = writeln!(out, "  window:     {bounds} ({how})");
+        let weight = sliding_weight_ppm(start, end, now_ms);
+        let _ = writeln!(
+            out,
+            "  sliding:    estimate = this window's count + the previous window's ({} to {}) × {}.{}% \
+             (the part of this window still ahead), rounded up; a request is admitted while the estimate \
+             plus its hits is at most {limit}",
+            utc_ms(prev_start),
+            utc_ms(prev_end),
+            weight / 10_000,
+            weight % 10_000 / 1_000,
+        );
+    } else {
+        let _ = writeln!(out, "  window:     {bounds} ({how})");
+    }
 }
 
 /// Where the tenant comes from, as `explain` and `check` say it.
@@ -267,6 +481,13 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
     if let Some(c) = opts.plugin {
         out.push_str(&failure_lines(c));
     }
+    if opts.service == Service::Counter {
+        let _ = writeln!(
+            out,
+            "service: counter ({}): ratelimit-counter's rules and keys",
+            opts.service_from
+        );
+    }
     let _ = writeln!(out, "domain:  {}", opts.domain);
     let _ = writeln!(out, "at:      {now} = {}", utc(now));
     let tenant_rule = if listed {
@@ -281,7 +502,19 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         } else {
             format!("{tenant_rule} (the default rule; the counter is still this tenant's own)")
         };
-        descriptor_section(&mut out, opts, (unit, limit), &entries, &rule_tail, now);
+        let counted = Counted {
+            group,
+            tenant,
+            route: None,
+        };
+        descriptor_section(
+            &mut out,
+            opts,
+            (unit, limit),
+            &entries,
+            (&rule_tail, &counted),
+            now,
+        );
         if let Some(c) = opts.plugin.filter(|c| c.on_failure == OnFailure::Local) {
             let _ = writeln!(
                 out,
@@ -303,7 +536,19 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
             for &(unit, entries) in all.as_slice().iter().skip(group.limits.len()) {
                 let limit = r.limits.get(unit).unwrap_or_default();
                 let rule = format!("{tenant_rule}.route_{name}");
-                descriptor_section(&mut out, opts, (unit, limit), entries.as_ref(), &rule, now);
+                let counted = Counted {
+                    group,
+                    tenant,
+                    route: Some(r.name.as_str()),
+                };
+                descriptor_section(
+                    &mut out,
+                    opts,
+                    (unit, limit),
+                    entries.as_ref(),
+                    (&rule, &counted),
+                    now,
+                );
             }
         }
         Some((name, None)) => {
@@ -435,6 +680,8 @@ mod tests {
         plugin: None,
         route: None,
         tenant_source: &TenantSource::Header,
+        service: Service::EnvoyRatelimit,
+        service_from: "the default",
     };
 
     #[test]

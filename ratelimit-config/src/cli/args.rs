@@ -174,9 +174,15 @@ pub struct ExplainArgs {
     /// Descriptor key that carries the tenant value.
     #[arg(long)]
     pub descriptor_key: Option<String>,
-    /// The service's CACHE_KEY_PREFIX, if it sets one.
+    /// The service's CACHE_KEY_PREFIX, if it sets one (envoyproxy/ratelimit's).
     #[arg(long, default_value = "")]
     pub key_prefix: String,
+    /// The rate-limit service that counts: envoy-ratelimit (envoyproxy/ratelimit)
+    /// or counter (ratelimit-counter: its windows and Redis keys). Default: the
+    /// plugin configuration's rate_limit_service.service, else envoy-ratelimit;
+    /// given, it wins over the plugin configuration's.
+    #[arg(long = "service", value_enum)]
+    pub service: Option<Service>,
     /// The moment, in Unix seconds (default: now).
     #[arg(long)]
     pub at: Option<u64>,

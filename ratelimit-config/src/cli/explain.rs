@@ -5,11 +5,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ratelimit_config::explain::{explain, ExplainOptions};
 use ratelimit_config::plugin::DEFAULT_DESCRIPTOR_KEY;
-use ratelimit_config::TenantSource;
+use ratelimit_config::{Service, TenantSource};
 
 use super::args::ExplainArgs;
 use super::error::CliError;
-use super::load::{load_plugin, load_team};
+use super::load::{load_plugin, load_team_for};
 
 /// Prints how the filter and the service treat one tenant.
 pub fn run(a: ExplainArgs) -> Result<ExitCode, CliError> {
@@ -17,6 +17,28 @@ pub fn run(a: ExplainArgs) -> Result<ExitCode, CliError> {
         Some(p) => Some(load_plugin(p)?),
         None => None,
     };
+    // --service wins over the plugin configuration's: one can ask what
+    // the other service would do with the same configuration.
+    let (service, service_from) = match (a.service, &plugin) {
+        (Some(s), Some(c)) if s != c.service => (
+            s,
+            format!(
+                "--service; the plugin configuration's rate_limit_service.service is {}",
+                c.service.name()
+            ),
+        ),
+        (Some(s), _) => (s, "--service".to_string()),
+        (None, Some(c)) => (
+            c.service,
+            "the plugin configuration's rate_limit_service.service".to_string(),
+        ),
+        (None, None) => (Service::EnvoyRatelimit, "the default".to_string()),
+    };
+    if service == Service::Counter && !a.key_prefix.is_empty() {
+        return Err(CliError::Usage(
+            "--key-prefix is envoyproxy/ratelimit's CACHE_KEY_PREFIX; ratelimit-counter's keys have none (trl:{...})".into(),
+        ));
+    }
     let (limits, domain, descriptor_key, shadow, source) = match (&a.file, &plugin) {
         (_, Some(c)) => {
             // The filter refuses a tenant longer than max_tenant_length
@@ -39,7 +61,7 @@ pub fn run(a: ExplainArgs) -> Result<ExitCode, CliError> {
             )
         }
         (Some(f), None) => {
-            let (_, limits) = load_team(f)?;
+            let (_, limits) = load_team_for(f, service)?;
             let key = a
                 .descriptor_key
                 .unwrap_or_else(|| DEFAULT_DESCRIPTOR_KEY.to_string());
@@ -68,6 +90,8 @@ pub fn run(a: ExplainArgs) -> Result<ExitCode, CliError> {
         plugin: plugin.as_ref(),
         route: a.route.as_deref(),
         tenant_source: &source,
+        service,
+        service_from: &service_from,
     };
     print!("{}", explain(&limits, &opts, &a.tenant, now));
     Ok(ExitCode::SUCCESS)

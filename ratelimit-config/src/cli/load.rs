@@ -56,12 +56,8 @@ pub fn source_name(path: &Path) -> String {
         .unwrap_or_else(|| path.display().to_string())
 }
 
-/// Reads and checks one team file; its warnings are printed.
-pub fn load_team(path: &Path) -> Result<(Value, TeamLimits), CliError> {
-    load_team_for(path, Service::EnvoyRatelimit)
-}
-
-/// [`load_team`] for the service that will count its limits.
+/// Reads and checks one team file for the service that will count its
+/// limits; its warnings are printed.
 pub fn load_team_for(path: &Path, service: Service) -> Result<(Value, TeamLimits), CliError> {
     let text = read(path)?;
     let report = check_team_file_for(&shown(path), &text, service);
