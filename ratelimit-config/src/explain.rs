@@ -947,4 +947,160 @@ perminute: 50 per minute
             "\nroutes:  default has limits of its own on \"reports\" (see one with --route)\n"
         ));
     }
+
+    const COUNTER: ExplainOptions<'static> = ExplainOptions {
+        service: Service::Counter,
+        service_from: "--service",
+        ..OPTS
+    };
+
+    fn counter_limits() -> TeamLimits {
+        let doc = json!({"x-tenant-id": {
+            "default": {"persecond": 2, "perminute": 10, "window": "sliding",
+                        "routes": {"reports": {"perminute": 5}}},
+            "gold": {"perhour": 100, "perweek": 500, "permonth": 1000, "peryear": 9000,
+                     "header_value": ["acme", "50%off"]}}});
+        crate::validate::parse_team_limits_for(&doc, "", Service::Counter)
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn the_counters_keys_are_spelled_as_the_counter_spells_them() {
+        assert_eq!(
+            counter_tag("internal-api", "tenant-a"),
+            "{12:internal-api:tenant-a}"
+        );
+        // A '}' would end the hash tag; a '%' is escaped so that no two
+        // tenants share a key.
+        assert_eq!(counter_tag("d}", "a}%b"), "{2:d%7D:a%7D%25b}");
+        assert_eq!(
+            counter_key("{1:d:t}", Unit::Minute, 120_000, None),
+            "trl:{1:d:t}:per_minute:120000"
+        );
+        assert_eq!(
+            counter_key("{1:d:t}", Unit::Month, 0, Some("reports")),
+            "trl:{1:d:t}:per_month:0:r:reports"
+        );
+    }
+
+    #[test]
+    fn the_counters_month_ends_on_the_first_of_the_next() {
+        // 2026-12-05T11:30:12Z.
+        let at = 1_796_470_212;
+        let text = explain(&counter_limits(), &COUNTER, "acme", at);
+        assert!(
+            text.contains("\nservice: counter (--service): ratelimit-counter's rules and keys\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "\npermonth: 1000 per month (calendar month, UTC)\n\
+                 \x20 descriptor: [(\"generic_key\", \"per_month\"), (\"tenant\", \"acme\")]\n\
+                 \x20 rule:       gold (the counter reads the team file: the group, no service YAML)\n\
+                 \x20 redis key:  trl:{12:internal-api:acme}:per_month:1796083200000\n\
+                 \x20 window:     2026-12-01T00:00:00Z to 2027-01-01T00:00:00Z (the calendar's, UTC: a month starts on the 1st)\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(utc(1_796_083_200), "2026-12-01T00:00:00Z");
+        assert!(
+            text.contains("  window:     2026-11-30T00:00:00Z to 2026-12-07T00:00:00Z (the calendar's, UTC: a week starts on Monday 00:00)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  window:     2026-01-01T00:00:00Z to 2027-01-01T00:00:00Z (the calendar's, UTC: a year starts on 1 January)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("  window:     2026-12-05T11:00:00Z to 2026-12-05T12:00:00Z (3600s long, from a multiple of it since the Unix epoch)\n"),
+            "{text}"
+        );
+        assert!(!text.contains("sliding"), "{text}");
+        assert!(!text.contains("generic_key_per"), "{text}");
+        // February of a leap year: 29 days, to 1 March.
+        let feb = explain(&counter_limits(), &COUNTER, "acme", 1_835_395_200);
+        assert!(
+            feb.contains("  window:     2028-02-01T00:00:00Z to 2028-03-01T00:00:00Z"),
+            "{feb}"
+        );
+    }
+
+    #[test]
+    fn a_sliding_window_is_named_with_its_previous_windows_key() {
+        // 12 s into the minute: 48/60 of the previous minute still counts.
+        let at = 1_796_470_212;
+        let opts = ExplainOptions {
+            route: Some("reports"),
+            ..COUNTER
+        };
+        let text = explain(&counter_limits(), &opts, "tenant-a", at);
+        assert!(
+            text.contains(
+                "\nperminute: 10 per minute, sliding\n\
+                 \x20 descriptor: [(\"generic_key\", \"per_minute\"), (\"tenant\", \"tenant-a\")]\n\
+                 \x20 rule:       default (the counter reads the team file: the group, no service YAML)\n\
+                 \x20 redis key:  trl:{12:internal-api:tenant-a}:per_minute:1796470200000\n\
+                 \x20 previous:   trl:{12:internal-api:tenant-a}:per_minute:1796470140000\n\
+                 \x20 window:     2026-12-05T11:30:00Z to 2026-12-05T11:31:00Z (60s long, from a multiple of it since the Unix epoch)\n\
+                 \x20 sliding:    estimate = this window's count + the previous window's (2026-12-05T11:29:00Z to 2026-12-05T11:30:00Z) × 80.0% \
+                 (the part of this window still ahead), rounded up; a request is admitted while the estimate plus its hits is at most 10\n"
+            ),
+            "{text}"
+        );
+        // The route's counter: the same tag, the route after the window.
+        assert!(
+            text.contains(
+                "  rule:       default/reports (the counter reads the team file: the group and its route, no service YAML)\n\
+                 \x20 redis key:  trl:{12:internal-api:tenant-a}:per_minute:1796470200000:r:reports\n\
+                 \x20 previous:   trl:{12:internal-api:tenant-a}:per_minute:1796470140000:r:reports\n"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains("internal-api_generic_key"), "{text}");
+    }
+
+    #[test]
+    fn the_counter_counts_the_value_the_filter_sends() {
+        let text = explain(&counter_limits(), &COUNTER, "50%off", 1_796_470_212);
+        assert!(text.contains("sent as: \"50%25off\""), "{text}");
+        // The filter sends 50%25off; the counter's tag escapes its '%' again.
+        assert!(
+            text.contains(
+                "  redis key:  trl:{12:internal-api:50%2525off}:per_hour:1796468400000\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn counter_windows_follow_the_window_functions() {
+        let limits = counter_limits();
+        let gold = limits.group_for("acme").unwrap();
+        let default = limits.group_for("b").unwrap();
+        for now_ms in [0, 1_796_470_212_345, 1_835_395_199_999] {
+            for unit in Unit::ALL {
+                let w = counter_window("d", "t", gold, unit, None, now_ms);
+                assert_eq!(w.window, window_at(unit, now_ms));
+                assert!(!w.sliding && w.prev_key.is_none() && w.previous.is_none());
+                let s = counter_window("d", "t", default, unit, Some("r"), now_ms);
+                assert!(s.sliding);
+                let prev = previous_window(unit, now_ms);
+                assert_eq!(s.previous, Some(prev));
+                assert_eq!(
+                    s.prev_key.as_deref(),
+                    Some(counter_key("{1:d:t}", unit, prev.0, Some("r")).as_str())
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn moments_in_ms() {
+        assert_eq!(utc_ms(1_000), "1970-01-01T00:00:01Z");
+        assert_eq!(utc_ms(1_005), "1970-01-01T00:00:01.005Z");
+        assert_eq!(length(60_000), "60s");
+        assert_eq!(length(86_400_000), "1 day");
+        assert_eq!(length(3 * 86_400_000), "3 days");
+    }
 }
