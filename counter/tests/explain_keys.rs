@@ -4,6 +4,8 @@
 //! fixed and sliding, on a route, for odd tenant and domain values, at
 //! instants around window and calendar boundaries.
 
+// A test: a failed expectation is a failed test.
+#![allow(clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 use ratelimit_config::explain::counter_window;
 use ratelimit_config::validate::parse_team_limits_for;
 use ratelimit_config::{Service, Unit};

@@ -162,7 +162,7 @@ impl PluginSettings {
 pub struct ExplainArgs {
     /// The team limits JSON file (needs --domain).
     pub file: Option<PathBuf>,
-    /// Or a plugin-config.json: domain and descriptor key come from it.
+    /// Or a plugin-config.json: domain, descriptor key and service come from it.
     #[arg(long, conflicts_with_all = ["domain", "descriptor_key"])]
     pub plugin_config: Option<PathBuf>,
     /// The tenant value (the header's value).
