@@ -211,7 +211,7 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     # and how calls go and what a request gets when the service cannot decide,
     # which only the plugin configuration holds.
     team = run_cli("explain", fleet.generated.out_dir / "limits.json", "--domain", fleet.domain,
-                   "--tenant", "tenant-c", "--at", at)
+                   "--tenant", "tenant-c", "--at", at, "--service", stack.service)
     plugin_only = ("mode:    exact (local.mode): the service decides every request\n",
                    "calls:   batched per worker (rate_limit_service.batch): while a call is under "
                    "way, requests queue and go together in the next one, at most 100 descriptors "
@@ -223,6 +223,12 @@ def test_explain_prints_the_keys_the_service_counts(stack):
     for line in plugin_only:
         assert line in proc.stdout and line not in team.stdout, line
         stripped = stripped.replace(line, "")
+    # Where the service was read: the plugin configuration, or --service.
+    if stack.service == "counter":
+        said = "service: counter ({}): ratelimit-counter's rules and keys\n"
+        from_file = said.format("the plugin configuration's rate_limit_service.service")
+        assert from_file in stripped and said.format("--service") in team.stdout, proc.stdout
+        stripped = stripped.replace(from_file, said.format("--service"))
     assert team.stdout == stripped
 
 
