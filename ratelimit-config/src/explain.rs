@@ -282,6 +282,19 @@ fn descriptor_section(
         unit.json_key(),
         unit.service_unit()
     );
+    // Only the counter counts these (a plugin configuration for the
+    // counter, explained with --service envoy-ratelimit).
+    if unit.is_calendar() || counted.group.window == Window::Sliding {
+        let _ = writeln!(
+            out,
+            "  note:       envoyproxy/ratelimit counts no {}: only the counter does (--service counter)",
+            if unit.is_calendar() {
+                "calendar week, month or year"
+            } else {
+                "sliding window"
+            }
+        );
+    }
     let _ = writeln!(out, "  descriptor: [{}]", shown_entries(entries));
     let _ = writeln!(
         out,
@@ -1093,6 +1106,21 @@ perminute: 50 per minute
                 );
             }
         }
+    }
+
+    #[test]
+    fn envoy_ratelimit_says_it_counts_no_calendar_or_sliding_window() {
+        let text = explain(&counter_limits(), &OPTS, "acme", 0);
+        assert!(
+            text.contains("\npermonth: 1000 per month\n  note:       envoyproxy/ratelimit counts no calendar week, month or year: only the counter does (--service counter)\n"),
+            "{text}"
+        );
+        let text = explain(&counter_limits(), &OPTS, "b", 0);
+        assert!(
+            text.contains("  note:       envoyproxy/ratelimit counts no sliding window: only the counter does (--service counter)\n"),
+            "{text}"
+        );
+        assert!(!explain(&seed(), &OPTS, "b", 0).contains("note:"));
     }
 
     #[test]
