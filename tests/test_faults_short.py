@@ -8,6 +8,8 @@ docs/scaling.md promise for it. Outcomes are counted, never timed.
     20 ms `timeout_ms`: each request gets `on_failure` (allow, deny, or the
     local share), counted; the breaker opens; once the latency is gone a
     probe closes it.
+  - The same latency in lease and sync mode: an Envoy spends the lease it
+    holds, or admits up to `max_unsynced` more, then fails open, counted.
   - A Redis Cluster primary killed under load: requests fail open, counted,
     until the service reaches the promoted replica; then exact again.
   - The fleet grown from 2 to 4 Envoys and shrunk back, the service up:
@@ -19,6 +21,8 @@ docs/scaling.md promise for it. Outcomes are counted, never timed.
 from __future__ import annotations
 
 from collections import Counter
+
+import pytest
 
 import cluster as cl
 import harness
@@ -101,6 +105,61 @@ def test_redis_slower_than_the_timeout_gives_on_failure_and_opens_the_breaker(st
     wait_until(lambda: answered_by_service(fleet), "the service answers again", RECOVERY_S)
     wait_until(lambda: all(breaker(e, "breaker_closed") >= 1 for e in envoys.values()),
                "every breaker closed", RECOVERY_S)
+
+
+MODE_QUOTA = 600  # per minute
+MODE_TIMEOUT_MS = 50
+MODE_LATENCY_MS = 200
+MAX_UNSYNCED = 50
+MODE_LOCAL = {
+    "lease": {"enabled": True, "mode": "lease", "lease": {"max_batch": 50}},
+    "sync": {"enabled": True, "mode": "sync",
+             "sync": {"interval_ms": 100, "max_unsynced": MAX_UNSYNCED}},
+}
+
+
+def group_counters(fleet: harness.EnvoysView, group: str = "default") -> Counter:
+    prefix = f"group.{group}."
+    return Counter({k[len(prefix):]: v for k, v in fleet.counters().items()
+                    if k.startswith(prefix)})
+
+
+@pytest.mark.parametrize("mode", ["lease", "sync"])
+def test_redis_slower_than_the_timeout_lease_and_sync_spend_what_they_hold_then_fail_open(
+        stack, mode):
+    gen = stack.generate({"x-tenant-id": {"default": {"perminute": MODE_QUOTA}}},
+                         timeout_ms=MODE_TIMEOUT_MS)
+    redis = stack.redis()
+    link = harness.Toxiproxy(stack).proxy("redis", redis.port)
+    rls = stack.ratelimit(redis, gen, extra_env={"REDIS_URL": link.address})
+    upstream = stack.upstream()
+    cfg = gen.plugin_config(local=MODE_LOCAL[mode])
+    envoys = [stack.envoy(cfg, rls, upstream, name=f"envoy-{i + 1}") for i in range(2)]
+    fleet = harness.Fleet(gen, redis, rls, upstream, envoys)
+    ensure_window_room(60, 40)
+    tenant = unique(mode)
+    # The service up: leases taken, hits synced (a late call fails open, counted).
+    warm = run_concurrent(fleet.urls, 150, clients=8, tenant=tenant)
+    assert tally(warm) == Counter({200: 150}), harness.summary(warm)
+    before = group_counters(fleet)
+
+    link.latency(MODE_LATENCY_MS)
+    slow = run_concurrent(fleet.urls, 300, clients=8, tenant=tenant)
+    after = group_counters(fleet)
+    link.clear()
+    assert tally(slow) == Counter({200: 300}), harness.summary(slow)
+    failed_open = after["failed_open"] - before["failed_open"]
+    assert failed_open > 0, (dict(before), dict(after))
+    if mode == "lease":
+        # What is left of the leases, then each request fails open.
+        spent = after["lease.spent"] - before["lease.spent"]
+        assert spent + failed_open == 300, (dict(before), dict(after))
+        assert after["lease.failed"] > before["lease.failed"], dict(after)
+    else:
+        # Up to max_unsynced more per Envoy locally, then each request fails open.
+        local = after["sync.local"] - before["sync.local"]
+        assert local + failed_open == 300, (dict(before), dict(after))
+        assert local <= len(envoys) * MAX_UNSYNCED, dict(after)
 
 
 # ------------------------------------------------------------ a primary killed
