@@ -112,6 +112,12 @@ IMAGE   ?=
 IMAGE_OCI ?= $(IMAGE)-oci
 
 export TRL_CRANE        := $(GOBIN_DIR)/crane
+# Toxiproxy (Shopify's TCP proxy for fault injection: latency, a link cut),
+# between the rate-limit service and Redis in tests/test_faults_short.py and
+# bench/faults.py (tests/harness/toxiproxy.py drives its HTTP API). Its
+# command is named `server`: installed into a directory of its own per version.
+TOXIPROXY_VERSION := v2.12.0
+export TRL_TOXIPROXY    := $(GOBIN_DIR)/toxiproxy-$(TOXIPROXY_VERSION)/server
 export TRL_KUSTOMIZE    := $(GOBIN_DIR)/kustomize
 export TRL_OCI_WASM     := $(GOBIN_DIR)/oci-wasm
 export TRL_WASM_FETCH   := $(GOBIN_DIR)/wasm-fetch
@@ -180,7 +186,7 @@ all: test
 # ---------------------------------------------------------------- deps
 # Idempotent: each step installs only what is missing.
 deps: deps-rust deps-node deps-python deps-redis deps-redis-sentinel deps-wrk deps-binaryen deps-ratelimit deps-links \
-      deps-envoy-matrix
+      deps-envoy-matrix deps-toxiproxy
 
 deps-rust:
 	@command -v rustup >/dev/null || { echo "rustup is required (https://rustup.rs)" >&2; exit 1; }
@@ -307,6 +313,13 @@ $(GOBIN_DIR)/crane:
 
 $(GOBIN_DIR)/kustomize:
 	GOBIN=$(GOBIN_DIR) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+# Toxiproxy at TOXIPROXY_VERSION (see TRL_TOXIPROXY); nothing to do when present.
+.PHONY: deps-toxiproxy
+deps-toxiproxy: $(TRL_TOXIPROXY)
+
+$(TRL_TOXIPROXY):
+	GOBIN=$(dir $@) go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION)
 
 # The Istio control plane and agent for tests/test_istio_e2e.py (see ISTIO_DIR).
 # Fresh: several minutes each (kube-apiserver and the two Istio binaries).
@@ -501,7 +514,7 @@ validate: deps
 
 # pytest exits 5 when it collected nothing; that is a failure here, and so is
 # any other non-zero code. Then COUNTER_PYTEST_ARGS against ratelimit-counter.
-integration: deps deps-ship deps-prometheus deps-envoy-gateway deps-istio previous-build
+integration: deps deps-toxiproxy deps-ship deps-prometheus deps-envoy-gateway deps-istio previous-build
 	cd tests && $(PY) -m pytest -ra $(PYTEST_ARGS)
 ifneq ($(strip $(COUNTER_PYTEST_ARGS)),)
 	cd tests && $(PY) -m pytest -ra --service counter $(COUNTER_PYTEST_ARGS)
@@ -557,7 +570,7 @@ cluster-test: deps
 # The load benchmark (bench/bench.py: results, table and chart under
 # bench-results/<time>/, bench-results/latest), then the pure core's
 # micro-benchmark. BENCH_ARGS passes options, e.g. BENCH_ARGS="--reps 3".
-bench: deps build bench-wasm-reply bench-core
+bench: deps deps-toxiproxy build bench-wasm-reply bench-core
 	$(PY) bench/bench.py $(BENCH_ARGS)
 
 # The bench's wasm_reply configuration (bench/wasm-reply, a workspace of its

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import platform
@@ -101,6 +102,11 @@ import flood  # noqa: E402
 import harness as h  # noqa: E402
 import report  # noqa: E402
 import service_side  # noqa: E402
+
+# bench/faults.py, the faults scenario (tests/faults.py comes first on sys.path).
+_spec = importlib.util.spec_from_file_location("bench_faults", REPO / "bench" / "faults.py")
+faults = sys.modules["bench_faults"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(faults)
 
 LIMITS_FILE = REPO / "bench" / "limits.json"
 WRK_SCRIPT = REPO / "bench" / "tenants.lua"
@@ -743,6 +749,7 @@ def main() -> int:
                     help="after the scenarios, N distinct tenants through one Envoy on a "
                          "stack of their own (bench/flood.lua), Envoy's heap against the "
                          f"documented slot bound (docs/local-layer.md) ({FLOOD_TENANTS:,}; 0: skip; --smoke: 0)")
+    faults.add_arguments(ap)
     args = ap.parse_args()
     if args.service_side is None:
         args.service_side = "off" if args.smoke else "on"
@@ -778,6 +785,8 @@ def main() -> int:
     if args.service_side != "off" and (side_unknown or not side_configs):
         ap.error(f"unknown service-side configuration(s) {sorted(side_unknown)}")
     if args.service_side == "only":
+        chosen, configs = [], []
+    if faults.settle(args):
         chosen, configs = [], []
 
     def runs_in(scenario: Scenario, cfg: str) -> bool:
@@ -976,8 +985,11 @@ def main() -> int:
         results["service_side"] = service_side.run(args, out, wrk, allowed, header, limits,
                                                    side_configs)
         results["wall_s"] = round(time.time() - started, 1)
+    if args.faults != "off":
+        results["faults"] = faults.run(args, out, sys.modules[__name__])
+        results["wall_s"] = round(time.time() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = report.markdown(results)
+    table = report.markdown(results) + faults.markdown(results.get("faults"))
     (out / "table.md").write_text(table)
     report.chart(results, out / "chart.png")
     latest = args.out / "latest"

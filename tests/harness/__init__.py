@@ -34,6 +34,7 @@ The modules, by subject (every public name is also importable from
     load       requests sent and counted
     windows    clock-aligned windows and the keys counted in them
     headers    x-ratelimit-* response headers parsed
+    toxiproxy  Toxiproxy: a TCP proxy that adds latency or cuts a link
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from .processes import PortAllocator, Process, Supervised, free_port, http_ok, w
 from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError, read_resp, resp_command
 from .services import RATELIMIT_REDIS_ENV, RateLimitService, rlconfig_rules
 from .stack import EnvoysView, Fleet, Stack
+from .toxiproxy import TOXIPROXY_BIN, ToxiProxy, Toxiproxy
 from .windows import (UNIT_SECONDS, answered_at, counter_key, ensure_window_room, in_one_second,
                       redis_key, seconds_crossed, wait_next_second, window_left, window_start)
 
@@ -78,4 +80,5 @@ __all__ = [
     "run_cli", "run_concurrent", "run_sequential", "scrape_prometheus", "seconds_crossed",
     "selected_service", "send", "summary", "tally", "tool", "unique", "wait_next_second",
     "wait_until", "window_left", "window_start",
+    "TOXIPROXY_BIN", "ToxiProxy", "Toxiproxy",
 ]
