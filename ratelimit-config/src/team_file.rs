@@ -345,7 +345,8 @@ mod tests {
         let found = bad("{\"x-t\": {\"default\": {\"perminute\": 1, \"window\": \"sliding\",\n \"regions\": \"global\"}}}");
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(
-            found[0].starts_with("limits.json:2:13: x-t.default.regions: global needs fixed windows"),
+            found[0]
+                .starts_with("limits.json:2:13: x-t.default.regions: global needs fixed windows"),
             "{found:?}"
         );
     }

@@ -139,7 +139,8 @@ impl fmt::Display for TenantValueError {
 impl std::error::Error for TenantValueError {}
 
 fn group_name(name: &str) -> Result<(), GroupNameError> {
-    if Unit::from_json_key(name).is_some() || [HEADER_VALUE, SHADOW, WINDOW, ROUTES, REGIONS].contains(&name)
+    if Unit::from_json_key(name).is_some()
+        || [HEADER_VALUE, SHADOW, WINDOW, ROUTES, REGIONS].contains(&name)
     {
         return Err(GroupNameError::Reserved(name.to_string()));
     }

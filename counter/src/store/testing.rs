@@ -74,6 +74,7 @@ pub fn minute_check(key: &str, limit: u64) -> Check {
         next_end: 120_000,
         weight_ppm: 0,
         ttl_ms: 60_000,
+        regional: None,
     }
 }
 

@@ -1,0 +1,151 @@
+//! Regional allocations: a global group's limits held across regions.
+//!
+//! Each region runs its own counters and Redis. A counter started with
+//! `--region NAME --regions N` decides a global group's checks (the team
+//! file's `"regions": "global"`) against the tenant's **allocation** in its
+//! region, read in the same script as the count, and records there what it
+//! admitted and refused (the demand). Per tenant and limit, a region's
+//! Redis holds one hash (its key: [`regional_key`]):
+//!
+//! - `alloc`: the region's allocation, written only by the rebalancer;
+//!   missing, the counter holds [`floor`] (the limit / N, rounded down:
+//!   the floors of N regions add up to at most the limit);
+//! - `admitted`, `refused`: hits, ever growing, written by the counters;
+//! - `limit`: the limit the counters last decided on;
+//! - `d_total`, `d_ms`, `d_rate`: the demand the rebalancer last saw
+//!   (its only memory, kept in the region's own Redis).
+//!
+//! The counters also keep [`REGISTRY`], a sorted set of these hashes
+//! scored by when they were last used: the rebalancer
+//! (`ratelimit-counter rebalance`, [`rebalance`]) reads it instead of
+//! scanning keys, and moves allocations toward each region's share of the
+//! demand ([`plan`]: pure, the invariants tested there).
+
+pub mod plan;
+pub mod rebalance;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ratelimit_config::Unit;
+
+/// The sorted set of the regions hashes the counters used, scored by
+/// Redis's time (ms) of their last use.
+pub const REGISTRY: &str = "trl:regions";
+
+/// The number of regions this process's counter shares global limits
+/// with (`--regions`); 0: not a regional counter (global groups count to
+/// the whole limit, as any other).
+static REGIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Makes this process a regional counter among `regions` regions.
+pub fn serve_regions(regions: u64) {
+    REGIONS.store(regions, Ordering::Relaxed);
+}
+
+/// The number of regions, when this counter serves one.
+pub fn regions() -> Option<u64> {
+    match REGIONS.load(Ordering::Relaxed) {
+        0 => None,
+        n => Some(n),
+    }
+}
+
+/// What a region holds of `limit` before the rebalancer wrote its
+/// allocation: the limit over the number of regions, rounded down.
+pub fn floor(limit: u64) -> u64 {
+    floor_of(limit, regions().unwrap_or(1))
+}
+
+/// [`floor`] for `regions` regions.
+pub fn floor_of(limit: u64, regions: u64) -> u64 {
+    limit / regions.max(1)
+}
+
+/// The regions hash of a global group's limit (`tag`, `unit`, `route`) on
+/// a regional counter; `None` otherwise.
+pub fn regional_key(tag: &str, unit: Unit, route: Option<&str>, global: bool) -> Option<String> {
+    if !global || regions().is_none() {
+        return None;
+    }
+    Some(key_of(tag, unit, route))
+}
+
+/// `trl:<tag>:<unit>:regions[:r:<route>]`: beside the counters of the
+/// windows (`trl:<tag>:<unit>:<start>[:r:<route>]`), in the same slot.
+pub fn key_of(tag: &str, unit: Unit, route: Option<&str>) -> String {
+    let mut k = format!("trl:{tag}:{}:regions", unit.descriptor_value());
+    if let Some(r) = route {
+        k.push_str(":r:");
+        k.push_str(r);
+    }
+    k
+}
+
+/// A regions hash's key, read back: the window counters' key around the
+/// window's start, and the unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Parsed {
+    /// `trl:<tag>:<unit>:`
+    pub head: String,
+    /// `` or `:r:<route>`
+    pub tail: String,
+    pub unit: Unit,
+}
+
+impl Parsed {
+    /// The counter key of the window that starts at `start`.
+    pub fn counter_key(&self, start: u64) -> String {
+        format!("{}{start}{}", self.head, self.tail)
+    }
+}
+
+/// Reads a key [`key_of`] wrote. The tag ends at its first `}` (a `}`
+/// inside is written `%7D`).
+pub fn parse(key: &str) -> Option<Parsed> {
+    let rest = key.strip_prefix("trl:{")?;
+    let close = rest.find('}')?;
+    let after = rest.get(close + 1..)?;
+    let after = after.strip_prefix(':')?;
+    let (unit, tail) = after.split_once(":regions")?;
+    if !(tail.is_empty() || tail.starts_with(":r:")) {
+        return None;
+    }
+    let unit = Unit::from_descriptor_value(unit)?;
+    let head_len = key.len() - tail.len() - "regions".len();
+    Some(Parsed {
+        head: key.get(..head_len)?.to_string(),
+        tail: tail.to_string(),
+        unit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regions_key_reads_back_to_its_window_counters() {
+        let k = key_of("{1:d:a:regions}", Unit::Minute, Some("checkout"));
+        assert_eq!(k, "trl:{1:d:a:regions}:per_minute:regions:r:checkout");
+        let p = parse(&k).unwrap();
+        assert_eq!(p.unit, Unit::Minute);
+        assert_eq!(
+            p.counter_key(60_000),
+            "trl:{1:d:a:regions}:per_minute:60000:r:checkout"
+        );
+        let p = parse("trl:{1:d:b}:per_hour:regions").unwrap();
+        assert_eq!(p.counter_key(0), "trl:{1:d:b}:per_hour:0");
+        assert_eq!(parse("trl:{1:d:b}:per_hour:0"), None);
+        assert_eq!(parse("trl:{1:d:b}:per_fortnight:regions"), None);
+        assert_eq!(parse("other"), None);
+    }
+
+    #[test]
+    fn the_floors_of_every_region_add_up_to_at_most_the_limit() {
+        for limit in 0..200 {
+            for n in 1..7 {
+                assert!(floor_of(limit, n) * n <= limit);
+            }
+        }
+    }
+}
