@@ -149,3 +149,65 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod script_tests {
+    use crate::decide::{Regional, Request};
+    use crate::store::testing::{minute_check, Kind, Under};
+
+    fn regional(limit: u64, floor: u64) -> Request {
+        let mut c = minute_check("trl:{1:d:a}:per_minute:0", limit);
+        c.regional = Some(Regional {
+            key: "trl:{1:d:a}:per_minute:regions".into(),
+            floor,
+        });
+        // A local limit beside it, in the same request.
+        let other = minute_check("trl:{1:d:a}:per_hour:0", 1_000);
+        Request {
+            checks: vec![c, other],
+            ..Request::default()
+        }
+    }
+
+    /// On one Redis: a global group's check is decided against the
+    /// region's allocation (its floor before one is written, never above
+    /// the limit), the demand recorded, the allocation answered.
+    #[test]
+    fn a_regional_check_admits_against_its_allocation_and_records_its_demand() {
+        Under::run(Kind::Redis, |u| {
+            let r = regional(10, 5);
+            let decided: Vec<bool> = (0..6)
+                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .collect();
+            assert_eq!(decided, [true, true, true, true, true, false]);
+            let d = &u.decide(&[r.clone()], 1_000)[0];
+            assert_eq!(d.allocations, [(0, 5)]);
+            let h = u.hash("trl:{1:d:a}:per_minute:regions");
+            assert_eq!(h.get("admitted").map(String::as_str), Some("5"));
+            assert_eq!(h.get("refused").map(String::as_str), Some("2"));
+            assert_eq!(h.get("limit").map(String::as_str), Some("10"));
+            // The local limit counted only what was admitted.
+            assert_eq!(u.value("trl:{1:d:a}:per_hour:0", 1_000), 5);
+            // An allocation written: two more.
+            u.poison("HSET", "trl:{1:d:a}:per_minute:regions", &["alloc", "7"]);
+            let decided: Vec<bool> = (0..3)
+                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .collect();
+            assert_eq!(decided, [true, true, false]);
+            // Never above the limit.
+            u.poison("HSET", "trl:{1:d:a}:per_minute:regions", &["alloc", "50"]);
+            let decided: Vec<bool> = (0..4)
+                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .collect();
+            assert_eq!(decided, [true, true, true, false]);
+            assert_eq!(u.decide(&[r.clone()], 1_000)[0].allocations, [(0, 10)]);
+            // A push is counted, not decided: no allocation, no demand.
+            let push = Request {
+                push: true,
+                ..r.clone()
+            };
+            let d = &u.decide(&[push], 1_000)[0];
+            assert!(d.admitted && d.allocations.is_empty());
+        });
+    }
+}
