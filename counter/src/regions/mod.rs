@@ -177,10 +177,10 @@ mod script_tests {
         Under::run(Kind::Redis, |u| {
             let r = regional(10, 5);
             let decided: Vec<bool> = (0..6)
-                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .map(|_| u.decide(std::slice::from_ref(&r), 1_000)[0].admitted)
                 .collect();
             assert_eq!(decided, [true, true, true, true, true, false]);
-            let d = &u.decide(&[r.clone()], 1_000)[0];
+            let d = &u.decide(std::slice::from_ref(&r), 1_000)[0];
             assert_eq!(d.allocations, [(0, 5)]);
             let h = u.hash("trl:{1:d:a}:per_minute:regions");
             assert_eq!(h.get("admitted").map(String::as_str), Some("5"));
@@ -191,16 +191,19 @@ mod script_tests {
             // An allocation written: two more.
             u.poison("HSET", "trl:{1:d:a}:per_minute:regions", &["alloc", "7"]);
             let decided: Vec<bool> = (0..3)
-                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .map(|_| u.decide(std::slice::from_ref(&r), 1_000)[0].admitted)
                 .collect();
             assert_eq!(decided, [true, true, false]);
             // Never above the limit.
             u.poison("HSET", "trl:{1:d:a}:per_minute:regions", &["alloc", "50"]);
             let decided: Vec<bool> = (0..4)
-                .map(|_| u.decide(&[r.clone()], 1_000)[0].admitted)
+                .map(|_| u.decide(std::slice::from_ref(&r), 1_000)[0].admitted)
                 .collect();
             assert_eq!(decided, [true, true, true, false]);
-            assert_eq!(u.decide(&[r.clone()], 1_000)[0].allocations, [(0, 10)]);
+            assert_eq!(
+                u.decide(std::slice::from_ref(&r), 1_000)[0].allocations,
+                [(0, 10)]
+            );
             // A push is counted, not decided: no allocation, no demand.
             let push = Request {
                 push: true,
