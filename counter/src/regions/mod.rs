@@ -214,3 +214,60 @@ mod script_tests {
         });
     }
 }
+
+#[cfg(test)]
+mod answer_tests {
+    use crate::decide::{answer, Counts, Decision, Plan, Regional, Request};
+    use crate::proto::Code;
+    use crate::store::testing::minute_check;
+
+    #[test]
+    fn a_regional_check_is_answered_with_its_region_s_allocation() {
+        let mut c = minute_check("k", 10);
+        c.regional = Some(Regional {
+            key: "h".into(),
+            floor: 5,
+        });
+        let plan = Plan {
+            requests: vec![Request {
+                checks: vec![c],
+                ..Request::default()
+            }],
+            descriptors: 1,
+        };
+        let counts = |n| {
+            vec![Counts {
+                current: n,
+                previous: 0,
+            }]
+        };
+        // 3 counted of an allocation of 4: admitted, none left.
+        let (r, _) = answer(
+            &plan,
+            &[Decision {
+                counts: counts(3),
+                admitted: true,
+                failed: false,
+                allocations: vec![(0, 4)],
+            }],
+            1_000,
+        );
+        let s = &r.statuses[0];
+        assert_eq!(s.code, Code::Ok as i32);
+        assert_eq!(s.limit_remaining, 0);
+        assert_eq!(s.current_limit.as_ref().unwrap().requests_per_unit, 4);
+        // 4 of 4: refused (its limit of 10 is not what it is decided on).
+        let (r, _) = answer(
+            &plan,
+            &[Decision {
+                counts: counts(4),
+                admitted: false,
+                failed: false,
+                allocations: vec![(0, 4)],
+            }],
+            1_000,
+        );
+        assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+    }
+}
