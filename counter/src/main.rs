@@ -126,7 +126,10 @@ struct Args {
 /// `ratelimit-counter rebalance`: moves global limits' allocations
 /// between regions, toward each region's share of the demand.
 #[derive(Parser, Debug)]
-#[command(name = "ratelimit-counter rebalance")]
+#[command(
+    name = "ratelimit-counter rebalance",
+    bin_name = "ratelimit-counter rebalance"
+)]
 struct RebalanceArgs {
     /// A region and its Redis: NAME=redis://HOST:PORT (one per region;
     /// each region's counters run with --region NAME and --regions, the
