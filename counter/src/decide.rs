@@ -80,6 +80,20 @@ pub struct Check {
     pub weight_ppm: u64,
     /// How long the current window's counter must live.
     pub ttl_ms: u64,
+    /// A global group's check on a counter serving a region
+    /// (`--region`): decided against the region's allocation.
+    pub regional: Option<Regional>,
+}
+
+/// Where a global group's check finds its region's allocation, and what
+/// it holds before one was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Regional {
+    /// The tenant's regions hash for this limit (`crate::regions`): its
+    /// allocation, its demand.
+    pub key: String,
+    /// The allocation before the rebalancer wrote one.
+    pub floor: u64,
 }
 
 /// One request: the descriptors from one mark to the next.
@@ -117,6 +131,9 @@ pub struct Decision {
     pub counts: Vec<Counts>,
     pub admitted: bool,
     pub failed: bool,
+    /// Per regional check (its position among the request's checks), the
+    /// allocation it was decided against: its limit in the answer.
+    pub allocations: Vec<(usize, u64)>,
 }
 
 /// The hits of a descriptor: its own `hits_addend` when set (0 checks
@@ -289,7 +306,12 @@ fn resolve(
     let prev_key = sliding.then(|| counter_key(&tag, unit, previous_window(unit, now_ms).0, route));
     // A sliding window's counter is read again as the previous one.
     let lives_until = if sliding { next_end } else { window.1 };
+    let regional = crate::regions::regional_key(&tag, unit, route, g.global).map(|key| Regional {
+        key,
+        floor: crate::regions::floor(u64::from(limit)),
+    });
     Some(Check {
+        regional,
         index,
         unit,
         limit: u64::from(limit),
@@ -424,6 +446,18 @@ pub fn answer(
             continue;
         }
         for (j, c) in r.checks.iter().enumerate() {
+            // A regional check answers with its region's allocation.
+            let held;
+            let c = match decisions
+                .get(i)
+                .and_then(|d| d.allocations.iter().find(|(at, _)| *at == j))
+            {
+                Some(&(_, limit)) => {
+                    held = Check { limit, ..c.clone() };
+                    &held
+                }
+                None => c,
+            };
             let n = counts.get(j).copied().unwrap_or_default();
             let is_over = over(c, n);
             let added = if admitted { c.key_hits } else { 0 };

@@ -108,6 +108,67 @@ struct Args {
     /// The most bytes of unfinished gRPC messages all connections hold.
     #[arg(long, env = "TRL_COUNTER_MAX_TOTAL_BYTES", default_value_t = 64 << 20)]
     max_total_bytes: usize,
+    /// The region this counter serves (with --regions): the global groups'
+    /// checks (`"regions": "global"`) are decided against the region's
+    /// allocation, held in this counter's Redis and moved by
+    /// `ratelimit-counter rebalance`. Without it, a global group counts to
+    /// its whole limit, as any other.
+    #[arg(long, env = "TRL_COUNTER_REGION", requires = "regions")]
+    region: Option<String>,
+    /// The number of regions a global limit is shared by (with --region;
+    /// the rebalancer's --region flags): before the rebalancer wrote a
+    /// tenant's allocation, each region holds the limit / this, rounded
+    /// down.
+    #[arg(long, env = "TRL_COUNTER_REGIONS", requires = "region", value_parser = clap::value_parser!(u64).range(1..))]
+    regions: Option<u64>,
+}
+
+/// `ratelimit-counter rebalance`: moves global limits' allocations
+/// between regions, toward each region's share of the demand.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ratelimit-counter rebalance",
+    bin_name = "ratelimit-counter rebalance"
+)]
+struct RebalanceArgs {
+    /// A region and its Redis: NAME=redis://HOST:PORT (one per region;
+    /// each region's counters run with --region NAME and --regions, the
+    /// number of these flags).
+    #[arg(long = "region", required = true)]
+    regions: Vec<String>,
+    /// How often the allocations are moved.
+    #[arg(long, default_value_t = 2_000)]
+    period_ms: u64,
+    /// The demand's time constant: each region's demand is its hits
+    /// (admitted and refused) per second, averaged exponentially over
+    /// about this long.
+    #[arg(long, default_value_t = 60_000)]
+    demand_ms: u64,
+    /// A tenant's limit no counter used for this long is no longer
+    /// rebalanced (its allocations stay).
+    #[arg(long, default_value_t = 600_000)]
+    idle_ms: u64,
+    /// Each Redis call's deadline; a region that does not answer within it
+    /// is unreachable for the period (it keeps its allocations).
+    #[arg(long, default_value_t = 500)]
+    store_timeout_ms: u64,
+    /// How far the counters' clocks may be from the rebalancer's: within
+    /// this of a window's turn, a lowering keeps both windows' counts.
+    #[arg(long, default_value_t = 1_000)]
+    clock_margin_ms: u64,
+    /// HTTP listen address: /metrics, /healthz.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    http_addr: SocketAddr,
+    /// The team files (as the counter's --limits): the metrics name each
+    /// tenant's group. Without it, the group label is empty.
+    #[arg(long)]
+    limits: Option<PathBuf>,
+    /// The domain of a single team file.
+    #[arg(long)]
+    domain: Option<String>,
+    /// The descriptor key that carries the tenant.
+    #[arg(long, default_value = "tenant")]
+    descriptor_key: String,
 }
 
 /// The time, Unix milliseconds. Tests move it with TRL_COUNTER_TEST_CLOCK_FILE,
@@ -131,6 +192,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "rebalance") {
+        let args = RebalanceArgs::parse_from(std::env::args_os().skip(1));
+        return match rebalance(args).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ratelimit-counter rebalance: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let args = Args::parse();
     match run(args).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -180,6 +251,17 @@ async fn run(args: Args) -> Result<(), String> {
     teams.load_at_start(&source, &metrics)?;
     let deadline = Duration::from_millis(args.store_timeout_ms.max(1));
     let store = Arc::new(store::connect(&args.store, deadline).await?);
+    if let (Some(region), Some(regions)) = (&args.region, args.regions) {
+        // The allocation and the count in one script: one Redis.
+        if !matches!(store.name(), "redis" | "redis-sentinel") {
+            return Err(format!(
+                "--region {region}: a region's counter counts in one Redis (redis:// or redis-sentinel://), not the {} store",
+                store.name()
+            ));
+        }
+        ratelimit_counter::regions::serve_regions(regions);
+        eprintln!("ratelimit-counter: region {region}, one of {regions}: global groups admit against its allocation");
+    }
     if let Err(e) = store.ping().await {
         // Not fatal: the counter runs, not ready, each call failing with
         // this reason, until the store answers.
@@ -345,4 +427,87 @@ async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         () = term => {}
     }
+}
+
+/// `ratelimit-counter rebalance`: the rebalancer, and its /metrics.
+async fn rebalance(args: RebalanceArgs) -> Result<(), String> {
+    use ratelimit_counter::regions::rebalance as rb;
+    let mut regions = Vec::new();
+    for r in &args.regions {
+        let Some((name, url)) = r
+            .split_once('=')
+            .filter(|(n, u)| !n.is_empty() && !u.is_empty())
+        else {
+            return Err(format!("--region {r}: expected NAME=redis://HOST:PORT"));
+        };
+        if regions.iter().any(|g: &rb::Region| g.name == name) {
+            return Err(format!("--region {name} given twice"));
+        }
+        redis::Client::open(url).map_err(|e| format!("--region {name}: {e}"))?;
+        regions.push(rb::Region {
+            name: name.to_string(),
+            url: url.to_string(),
+        });
+    }
+    let teams = match &args.limits {
+        Some(path) => {
+            let source = teams::Source {
+                path: path.clone(),
+                domain: args.domain.clone(),
+                descriptor_key: args.descriptor_key.clone(),
+            };
+            let teams = Arc::new(teams::Teams::default());
+            teams.load_at_start(&source, &metrics::Metrics::default())?;
+            Some(teams)
+        }
+        None => None,
+    };
+    let metrics = Arc::new(rb::Metrics::default());
+    let listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .map_err(|e| format!("HTTP address {}: {e}", args.http_addr))?;
+    let app = {
+        let metrics = metrics.clone();
+        axum::Router::new()
+            .route(
+                "/metrics",
+                axum::routing::get(move || {
+                    let m = metrics.clone();
+                    async move { m.render() }
+                }),
+            )
+            .route("/healthz", axum::routing::get(|| async { "ok\n" }))
+    };
+    eprintln!(
+        "ratelimit-counter rebalance: {} regions ({}), every {} ms; HTTP on {}",
+        regions.len(),
+        regions
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        args.period_ms,
+        listener.local_addr().map_or(args.http_addr, |a| a)
+    );
+    let http = tokio::spawn(async move { axum::serve(listener, app).await });
+    let clock_file = std::env::var_os("TRL_COUNTER_TEST_CLOCK_FILE").map(PathBuf::from);
+    let opts = rb::Options {
+        regions,
+        period: Duration::from_millis(args.period_ms.max(10)),
+        demand_ms: args.demand_ms,
+        idle_ms: args.idle_ms,
+        timeout: Duration::from_millis(args.store_timeout_ms.max(1)),
+        clock_margin_ms: args.clock_margin_ms,
+    };
+    let group_of = move |domain: &str, tenant: &str| {
+        let served = teams.as_ref()?.get(domain)?;
+        let (_, g) = served.domain.limits.group_index_for(tenant)?;
+        Some(g.name.clone())
+    };
+    tokio::select! {
+        () = rb::run(opts, metrics, move || now_ms(clock_file.as_deref()), group_of) => {}
+        () = shutdown_signal() => {}
+    }
+    http.abort();
+    Ok(())
 }

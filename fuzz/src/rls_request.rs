@@ -76,6 +76,7 @@ pub fn decide_and_check(
                 admitted: admits(r, &counts),
                 counts,
                 failed: false,
+                allocations: Vec::new(),
             }
         })
         .collect();

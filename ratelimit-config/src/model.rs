@@ -236,6 +236,10 @@ pub struct Group {
     /// `routes`: limits of each of the group's tenants on an Envoy route, on
     /// top of the group's own (file order; empty when the group sets none).
     pub routes: Vec<Route>,
+    /// `"regions": "global"`: the group's limits (its routes' too) hold
+    /// across regions; each region's counter admits against its
+    /// allocation (`ratelimit-counter --region`). Counter only.
+    pub global: bool,
 }
 
 impl Group {
@@ -474,6 +478,7 @@ mod tests {
             shadow: false,
             window: Window::Fixed,
             routes: Vec::new(),
+            global: false,
         }
     }
 

@@ -48,6 +48,13 @@ pub fn team_limits_schema() -> Value {
     route_units.remove("shadow");
     route_units.remove("window");
     units.insert(
+        "regions".into(),
+        json!({
+            "description": "local (the default): each region's counter counts to the whole limit. global: the limits hold across regions, each region admitting against its allocation (ratelimit-counter --region, moved by ratelimit-counter rebalance); needs the counter and fixed windows.",
+            "enum": ["local", "global"]
+        }),
+    );
+    units.insert(
         "routes".into(),
         json!({
             "description": "Limits of each tenant of the group on an Envoy route (the route's name in Envoy's route configuration, which Envoy gives the filter as xds.route_name), on top of the group's own.",
@@ -89,6 +96,7 @@ pub fn team_limits_schema() -> Value {
     reserved.push("shadow");
     reserved.push("window");
     reserved.push("routes");
+    reserved.push("regions");
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,

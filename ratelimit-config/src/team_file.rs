@@ -279,7 +279,7 @@ mod tests {
             lines(text),
             vec![
                 "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
-                "limits.json:5:48: x-tenant-id.group_1.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, header_value",
+                "limits.json:5:48: x-tenant-id.group_1.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions, header_value",
             ]
         );
     }
@@ -307,6 +307,47 @@ mod tests {
         assert_eq!(
             limits.default.unwrap().limits.get(crate::model::Unit::Year),
             Some(2)
+        );
+    }
+
+    #[test]
+    fn a_global_group_is_read_for_the_counter_and_refused_elsewhere_on_its_line() {
+        let text = "{\"x-t\": {\"default\": {\"perminute\": 100,\n \"regions\": \"global\"}}}";
+        let found = lines(text);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].starts_with(
+                "limits.json:2:13: x-t.default.regions: global needs rate_limit_service.service \"counter\""
+            ),
+            "{found:?}"
+        );
+        let f = check_team_file_for("limits.json", text, Service::Counter);
+        assert!(f.findings.is_empty(), "{:?}", f.findings);
+        let (_, limits) = f.parsed.unwrap();
+        assert!(limits.default.unwrap().global);
+        // Local is the default, and may be said.
+        let text = "{\"x-t\": {\"default\": {\"perminute\": 100, \"regions\": \"local\"}}}";
+        let f = check_team_file_for("limits.json", text, Service::Counter);
+        assert!(!f.parsed.unwrap().1.default.unwrap().global);
+        // Anything else, and a sliding window, are refused where they are.
+        let bad = |text: &str| -> Vec<String> {
+            check_team_file_for("limits.json", text, Service::Counter)
+                .findings
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let found = bad("{\"x-t\": {\"default\": {\"perminute\": 1,\n \"regions\": \"world\"}}}");
+        assert_eq!(
+            found,
+            ["limits.json:2:13: x-t.default.regions: must be \"global\" or \"local\", got string \"world\""]
+        );
+        let found = bad("{\"x-t\": {\"default\": {\"perminute\": 1, \"window\": \"sliding\",\n \"regions\": \"global\"}}}");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0]
+                .starts_with("limits.json:2:13: x-t.default.regions: global needs fixed windows"),
+            "{found:?}"
         );
     }
 
@@ -358,7 +399,7 @@ mod tests {
             out,
             vec![
                 format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
-                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions"),
             ]
         );
     }

@@ -27,6 +27,9 @@ const SHADOW: &str = "shadow";
 const ROUTES: &str = "routes";
 /// A group's `"window": "fixed" | "sliding"`.
 const WINDOW: &str = "window";
+/// A group's `"regions": "global" | "local"`: global, its limits are held
+/// across regions (each region's counter admits against its allocation).
+const REGIONS: &str = "regions";
 /// The keys of a group, as an unknown key's message lists them.
 const DEFAULT_GROUP_KEYS: &[&str] = &[
     "persecond",
@@ -39,6 +42,7 @@ const DEFAULT_GROUP_KEYS: &[&str] = &[
     SHADOW,
     WINDOW,
     ROUTES,
+    REGIONS,
 ];
 const NAMED_GROUP_KEYS: &[&str] = &[
     "persecond",
@@ -51,6 +55,7 @@ const NAMED_GROUP_KEYS: &[&str] = &[
     SHADOW,
     WINDOW,
     ROUTES,
+    REGIONS,
     HEADER_VALUE,
 ];
 const ROUTE_KEYS: &[&str] = &[
@@ -134,7 +139,8 @@ impl fmt::Display for TenantValueError {
 impl std::error::Error for TenantValueError {}
 
 fn group_name(name: &str) -> Result<(), GroupNameError> {
-    if Unit::from_json_key(name).is_some() || [HEADER_VALUE, SHADOW, WINDOW, ROUTES].contains(&name)
+    if Unit::from_json_key(name).is_some()
+        || [HEADER_VALUE, SHADOW, WINDOW, ROUTES, REGIONS].contains(&name)
     {
         return Err(GroupNameError::Reserved(name.to_string()));
     }
@@ -334,6 +340,7 @@ fn group(
     let mut shadow = false;
     let mut window = Window::Fixed;
     let mut routes = Vec::new();
+    let mut global = false;
     for (key, value) in obj {
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
@@ -371,6 +378,16 @@ fn group(
             }
         } else if key == ROUTES {
             routes = route_list(value, &field, counter, errors);
+        } else if key == REGIONS {
+            match value.as_str() {
+                Some("local") => global = false,
+                Some("global") if counter => global = true,
+                Some("global") => errors.push(&field, GLOBAL_NEEDS_COUNTER),
+                _ => errors.push(
+                    &field,
+                    format!("must be \"global\" or \"local\", got {}", describe(value)),
+                ),
+            }
         } else {
             let expected = if is_default {
                 DEFAULT_GROUP_KEYS
@@ -395,6 +412,9 @@ fn group(
             FieldError::Missing("a named group must list its tenants in header_value"),
         );
     }
+    if global && window == Window::Sliding {
+        errors.push(join(path, REGIONS), GLOBAL_NEEDS_FIXED);
+    }
     if errors.len() > before {
         return None;
     }
@@ -405,6 +425,7 @@ fn group(
         shadow,
         window,
         routes,
+        global,
     })
 }
 
@@ -412,6 +433,11 @@ fn group(
 /// sliding window, and weeks, months and years on the calendar (its own
 /// are aligned to the Unix epoch: 30-day months, weeks from Thursday).
 const SLIDING_NEEDS_COUNTER: &str = "sliding needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has fixed windows only";
+const GLOBAL_NEEDS_COUNTER: &str = "global needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no regional allocations";
+/// A global group's windows are fixed: a sliding estimate straddles two
+/// windows, and an allocation holds for one.
+const GLOBAL_NEEDS_FIXED: &str =
+    "global needs fixed windows: a sliding window's estimate spans two windows, a region's allocation holds for one";
 const CALENDAR_NEEDS_COUNTER: &str = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no calendar weeks, months or years";
 
 /// A group's `routes`: `{"<route name>": {"perminute": 5}, ...}`.
@@ -673,7 +699,7 @@ mod tests {
                 "x-tenant-id.default.perminute: must be a positive integer, got -5",
                 "x-tenant-id.default.perhour: must be a positive integer, got 2.5",
                 "x-tenant-id.default.perday: must be a positive integer, got string \"9\"",
-                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes",
+                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions",
                 "x-tenant-id.group_1.perhour: must be a positive integer at most 4294967295, got 4294967296",
                 "x-tenant-id.group_1.header_value: must list at least one tenant value",
                 "x-tenant-id.perhour: \"perhour\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",

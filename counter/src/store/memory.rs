@@ -172,6 +172,7 @@ impl MemoryCounts {
             counts,
             admitted,
             failed: false,
+            allocations: Vec::new(),
         }
     }
 

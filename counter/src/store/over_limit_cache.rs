@@ -74,6 +74,7 @@ impl OverLimitCache {
                         .collect(),
                     admitted: false,
                     failed: false,
+                    allocations: Vec::new(),
                 })
             })
             .collect()
@@ -171,6 +172,7 @@ mod tests {
             counts: vec![Counts::default()],
             admitted: true,
             failed: false,
+            allocations: Vec::new(),
         };
         for i in 0..10_000 {
             let r = Request {
@@ -207,6 +209,7 @@ mod tests {
             }],
             admitted: true,
             failed: false,
+            allocations: Vec::new(),
         };
         cache.learn([(&r, &full)], 1_000);
         assert!(cache.refuse(std::slice::from_ref(&r), 1_001)[0].is_some());
@@ -216,6 +219,7 @@ mod tests {
             counts: vec![Counts::default()],
             admitted: true,
             failed: false,
+            allocations: Vec::new(),
         };
         cache.learn([(&r, &fresh)], 1_002);
         assert_eq!(cache.remembered(), 0);

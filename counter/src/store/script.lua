@@ -18,6 +18,16 @@
 --       per add: key_index, hits.
 --   A key_index is a position in KEYS. A push is a request of no checks:
 --   admitted, its hits added.
+--   Then, only on a regional counter (ratelimit-counter --region) and only
+--   for a call with a global group's checks: regional_count, and per
+--   regional check: its request, its place among the request's checks
+--   (from 1), the KEYS index of its tenant's regions hash (past
+--   key_count), its floor. KEYS[key_count + 1] is then the registry of
+--   regions hashes (a sorted set). Such a check is decided against the
+--   hash's alloc (its floor when none; at most its limit) instead of its
+--   limit; its request's hits are added to the hash's admitted or refused
+--   (the region's demand), the hash's limit written, and the hash scored
+--   in the registry with Redis's time.
 --
 -- Returns {-1} (nothing read, nothing written) when Redis's clock (TIME) is
 -- past deadline_ms: the counter has answered the call as failed by then.
@@ -25,7 +35,8 @@
 -- that holds something else than a count: not an integer string in
 -- 0 .. 2^53, or not a string), then per request 1 (admitted), 0 (refused)
 -- or 2 (failed: one of its keys holds something else than a count, or its
--- hits cannot be counted). A refused or failed request leaves every key as
+-- hits cannot be counted), then per regional check the allocation it was
+-- decided against (-1: not decided). A refused or failed request leaves every key as
 -- it found it; nothing this script writes is anything but an integer.
 --
 -- Each add is an INCRBY (its answer is the count before the add, plus the
@@ -55,7 +66,8 @@ end
 
 local deadline_ms = numbers[1]
 local time = redis.call('TIME')
-if tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) > deadline_ms then
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if now_ms > deadline_ms then
   return {-1}
 end
 
@@ -122,6 +134,24 @@ local function read(key)
   return v
 end
 
+-- The regional checks, after the requests: regional[request][place].
+local regional, regional_count, decided_against = {}, 0, {}
+if #KEYS > key_count then
+  local walk = TTL_AT + key_count + 1
+  for request = 1, request_count do
+    walk = walk + 2 + 5 * numbers[walk] + 2 * numbers[walk + 1]
+  end
+  if walk <= number_count then
+    regional_count = numbers[walk]
+    for e = 1, regional_count do
+      local b = walk + 1 + 4 * (e - 1)
+      local r = numbers[b]
+      if not regional[r] then regional[r] = {} end
+      regional[r][numbers[b + 1]] = {hash = numbers[b + 2], floor = numbers[b + 3], entry = e}
+    end
+  end
+end
+
 local at = TTL_AT + key_count + 1
 for request = 1, request_count do
   local check_count = numbers[at]
@@ -174,6 +204,16 @@ for request = 1, request_count do
   if outcome == 1 then
     for c = checks_at, checks_at + 5 * check_count - 5, 5 do
       local limit, hits, key, previous_key = numbers[c], numbers[c + 1], numbers[c + 2], numbers[c + 3]
+      local reg = regional[request] and regional[request][(c - checks_at) / 5 + 1]
+      if reg then
+        -- A global group's check: against the region's allocation.
+        local held = tonumber(redis.call('HGET', KEYS[reg.hash], 'alloc'))
+        if not held or held ~= held then held = reg.floor end
+        if held > limit then held = limit end
+        if held < 0 then held = 0 end
+        limit = held
+        decided_against[reg.entry] = held
+      end
       local estimate = value[key]
       if estimate == nil then estimate = read(key) end
       local previous = 0
@@ -226,9 +266,25 @@ for request = 1, request_count do
     end
   end
   answer[key_count + request] = outcome
+  if regional[request] and outcome ~= 2 then
+    -- The region's demand: what it admitted and refused.
+    for place, reg in pairs(regional[request]) do
+      local c = checks_at + 5 * (place - 1)
+      local hash = KEYS[reg.hash]
+      local hits = numbers[c + 1]
+      if hits > 0 and hits < MAX_HITS then
+        redis.call('HINCRBY', hash, outcome == 1 and 'admitted' or 'refused', hits)
+      end
+      redis.call('HSET', hash, 'limit', numbers[c])
+      redis.call('ZADD', KEYS[key_count + 1], now_ms, hash)
+    end
+  end
 end
 
 for k = 1, key_count do
   if answer[k] == nil then answer[k] = 0 end
+end
+for e = 1, regional_count do
+  answer[key_count + request_count + e] = decided_against[e] or -1
 end
 return answer

@@ -36,6 +36,7 @@ pub(super) async fn run<C: redis::aio::ConnectionLike>(
                 counts: Vec::new(),
                 admitted: true,
                 failed: false,
+                allocations: Vec::new(),
             })
             .collect());
     }
@@ -43,9 +44,20 @@ pub(super) async fn run<C: redis::aio::ConnectionLike>(
     // EVALSHA with the keys and one packed argument (see SCRIPT), the
     // call's deadline on this process's clock as it sends.
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(layout.keys.len());
+    let extra = if layout.regional.is_empty() {
+        0
+    } else {
+        1 + layout.hashes.len()
+    };
+    cmd.arg(script.get_hash()).arg(layout.keys.len() + extra);
     for k in &layout.keys {
         cmd.arg(*k);
+    }
+    if extra > 0 {
+        cmd.arg(crate::regions::REGISTRY);
+        for k in &layout.hashes {
+            cmd.arg(*k);
+        }
     }
     cmd.arg(layout.pack(chosen, script_deadline_ms(wall_clock_ms(), deadline)));
     let call = async {
@@ -135,6 +147,12 @@ pub(super) struct Layout<'a> {
     pub(super) ttl_ms: Vec<u64>,
     #[allow(clippy::type_complexity)]
     pub(super) requests: Vec<(Vec<(usize, Option<usize>)>, Vec<(usize, u64)>)>,
+    /// The regions hashes of the regional checks (`crate::regions`),
+    /// each once, and per regional check (a push's aside): its request,
+    /// its place among the request's checks, its hash (an index into
+    /// `hashes`) and its floor.
+    pub(super) hashes: Vec<&'a str>,
+    pub(super) regional: Vec<(usize, usize, usize, u64)>,
 }
 
 impl<'a> Layout<'a> {
@@ -210,11 +228,29 @@ impl<'a> Layout<'a> {
                 }
             }
         }
+        let mut hashes: Vec<&'a str> = Vec::new();
+        let mut regional = Vec::new();
+        for (q, r) in chosen.iter().enumerate().filter(|(_, r)| !r.push) {
+            for (j, c) in r.checks.iter().enumerate() {
+                if let Some(g) = &c.regional {
+                    let h = match hashes.iter().position(|k| *k == g.key) {
+                        Some(h) => h,
+                        None => {
+                            hashes.push(g.key.as_str());
+                            hashes.len() - 1
+                        }
+                    };
+                    regional.push((q, j, h, g.floor));
+                }
+            }
+        }
         Layout {
             keys,
             read_count,
             ttl_ms,
             requests,
+            hashes,
+            regional,
         }
     }
 
@@ -252,6 +288,17 @@ impl<'a> Layout<'a> {
                 put(hits);
             }
         }
+        if !self.regional.is_empty() {
+            // KEYS: the counters, the registry, then the hashes.
+            let first_hash = self.keys.len() as u64 + 2;
+            put(self.regional.len() as u64);
+            for &(q, j, h, floor) in &self.regional {
+                put(q as u64 + 1);
+                put(j as u64 + 1);
+                put(first_hash + h as u64);
+                put(floor);
+            }
+        }
         out
     }
 
@@ -262,7 +309,7 @@ impl<'a> Layout<'a> {
     /// counts.
     pub(super) fn replay(&self, answer: &[i64]) -> Option<Vec<Decision>> {
         let nk = self.keys.len();
-        if answer.len() != nk + self.requests.len() {
+        if answer.len() != nk + self.requests.len() + self.regional.len() {
             return None;
         }
         // A key that holds something else than a count: -1.
@@ -283,6 +330,7 @@ impl<'a> Layout<'a> {
                         counts: Vec::new(),
                         admitted: false,
                         failed: true,
+                        allocations: Vec::new(),
                     });
                     continue;
                 }
@@ -310,7 +358,17 @@ impl<'a> Layout<'a> {
                 counts,
                 admitted,
                 failed: false,
+                allocations: Vec::new(),
             });
+        }
+        // The allocations the regional checks were decided against.
+        let decided_against = answer.get(nk + self.requests.len()..)?;
+        for (&(q, j, _, _), &held) in self.regional.iter().zip(decided_against) {
+            if let (Some(d), Ok(held)) = (out.get_mut(q), u64::try_from(held)) {
+                if !d.failed {
+                    d.allocations.push((j, held));
+                }
+            }
         }
         Some(out)
     }
@@ -339,6 +397,7 @@ mod tests {
             next_end: 120_000,
             weight_ppm: 500_000,
             ttl_ms: 60_000,
+            regional: None,
         }
     }
 

@@ -74,6 +74,7 @@ pub fn minute_check(key: &str, limit: u64) -> Check {
         next_end: 120_000,
         weight_ppm: 0,
         ttl_ms: 60_000,
+        regional: None,
     }
 }
 
@@ -182,6 +183,9 @@ impl Under {
             if let Some(p) = &mut c.prev_key {
                 p.insert_str(0, &prefix);
             }
+            if let Some(r) = &mut c.regional {
+                r.key.insert_str(0, &prefix);
+            }
             if self.kind != Kind::Memory {
                 c.ttl_ms = c.ttl_ms.max(TTL_FLOOR_MS);
             }
@@ -227,6 +231,16 @@ impl Under {
             }
         }
         true
+    }
+
+    /// A hash's fields (a regions hash), on the single Redis.
+    pub fn hash(&self, key: &str) -> std::collections::HashMap<String, String> {
+        let key = format!("{}{key}", self.prefix.borrow());
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", single().port)).unwrap();
+        redis::cmd("HGETALL")
+            .arg(&key)
+            .query(&mut client.get_connection().unwrap())
+            .unwrap()
     }
 
     /// A counter's value (0 when there is none).
