@@ -8,5 +8,6 @@
 
 pub mod bounds;
 pub mod decide;
+pub mod fleet;
 pub use ratelimit_config::rls as proto;
 pub mod store;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ratelimit_counter::{bounds, decide, proto, store};
+use ratelimit_counter::{bounds, decide, fleet, proto, store};
 
 /// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
 /// gRPC, from the team files, with fixed, sliding and calendar windows.
@@ -108,6 +108,12 @@ struct Args {
     /// The most bytes of unfinished gRPC messages all connections hold.
     #[arg(long, env = "TRL_COUNTER_MAX_TOTAL_BYTES", default_value_t = 64 << 20)]
     max_total_bytes: usize,
+    /// The fleet's size, answered to the filter (its local fallback gives
+    /// each Envoy 1/N of every limit): the Envoys that called for the
+    /// domain within this many milliseconds. With a Redis store, every
+    /// replica's callers.
+    #[arg(long, env = "TRL_COUNTER_FLEET_INTERVAL_MS", default_value_t = fleet::DEFAULT_INTERVAL_MS)]
+    fleet_interval_ms: u64,
 }
 
 /// The time, Unix milliseconds. Tests move it with TRL_COUNTER_TEST_CLOCK_FILE,
@@ -198,7 +204,13 @@ async fn run(args: Args) -> Result<(), String> {
             descriptor_key: args.descriptor_key.clone(),
             max_tenant_length: args.max_tenant_length,
         },
+        fleet: fleet::Fleet::new(args.fleet_interval_ms.max(1)),
     });
+    // What this replica heard of the fleet, pooled in the store.
+    let fleet_sync = {
+        let state = state.clone();
+        tokio::spawn(async move { state.sync_fleet().await })
+    };
     // The store's health: calls fail at once while its connection is
     // known down, and it is retried in the background.
     let store_watch = {
@@ -314,6 +326,7 @@ async fn run(args: Args) -> Result<(), String> {
     let _ = stop_tx.send(true);
     reloader.abort();
     store_watch.abort();
+    fleet_sync.abort();
     // The drain's deadline: calls under way finish within it; then the
     // connections still open (a body never finished, an idle HTTP/2 peer
     // that does not read) are closed as the process exits.
