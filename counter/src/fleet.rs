@@ -359,4 +359,33 @@ mod tests {
     fn the_key_keeps_every_domain_in_one_cluster_slot() {
         assert_eq!(key("internal-api"), "{trl_fleet}_internal-api");
     }
+
+    /// Two replicas (two `Fleet`s) over one store: each answers the
+    /// Envoys both heard once it has synced; an Envoy neither heard within
+    /// the interval leaves the set. The memory store pools nothing.
+    fn replicas_pool_what_they_heard(s: &crate::store::testing::Under) {
+        use crate::store::testing::Kind;
+        let (a, b) = (Fleet::new(30 * S), Fleet::new(30 * S));
+        let t = 1_000 * S;
+        a.called("d", "e1", t);
+        a.called("d", "e2", t);
+        b.called("d", "e2", t);
+        b.called("d", "e3", t);
+        let got = s.fleet(&a.to_sync(t + S));
+        if s.kind == Kind::Memory {
+            assert_eq!(got, None);
+            return;
+        }
+        assert_eq!(got, Some(vec![2]));
+        assert_eq!(s.fleet(&b.to_sync(t + S)), Some(vec![3]));
+        let got = s.fleet(&a.to_sync(t + 2 * S)).unwrap();
+        assert_eq!(got, [3]);
+        a.synced(&[("d".into(), got[0])], t + 2 * S);
+        assert_eq!(a.called("d", "e1", t + 2 * S), 3);
+        // 40 s on, only e1 still calls: e2 and e3 leave the set.
+        a.called("d", "e1", t + 40 * S);
+        assert_eq!(s.fleet(&a.to_sync(t + 41 * S)), Some(vec![1]));
+    }
+
+    crate::test_with_all_stores!(replicas_pool_what_they_heard);
 }
