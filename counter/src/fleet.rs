@@ -60,11 +60,26 @@ struct Domain {
     seen: HashMap<String, Seen>,
     /// The size last read from Redis, and when.
     shared: Option<(u32, u64)>,
+    /// How many of `seen` called within the interval, as of the last
+    /// recount, plus those first heard since.
+    own: usize,
+    /// When the first of `seen` leaves the interval: the next recount (a
+    /// call does not scan every Envoy, only one at or after this instant).
+    recount_at: u64,
 }
 
 impl Domain {
-    fn own(&self, since_ms: u64) -> usize {
-        self.seen.values().filter(|s| s.last_ms > since_ms).count()
+    /// Drops the Envoys not heard within the interval, when one may have
+    /// left it: `own` is then exact.
+    fn recount(&mut self, now_ms: u64, interval_ms: u64) {
+        if now_ms < self.recount_at {
+            return;
+        }
+        let cut = since(now_ms, interval_ms);
+        self.seen.retain(|_, s| s.last_ms > cut);
+        self.own = self.seen.len();
+        self.recount_at = (self.seen.values().map(|s| s.last_ms).min())
+            .map_or(u64::MAX, |oldest| oldest.saturating_add(interval_ms));
     }
 }
 
@@ -131,6 +146,8 @@ impl Fleet {
                         written_ms: 0,
                     };
                     d.seen.insert(id.to_string(), seen);
+                    d.own += 1;
+                    d.recount_at = d.recount_at.min(now_ms.saturating_add(self.interval_ms));
                 }
                 None => {}
             }
@@ -142,7 +159,7 @@ impl Fleet {
     pub fn sizes(&self, now_ms: u64) -> Vec<(String, u32)> {
         let mut out: Vec<(String, u32)> = self
             .lock()
-            .iter()
+            .iter_mut()
             .map(|(name, d)| (name.clone(), size(d, now_ms, self.interval_ms)))
             .collect();
         out.sort();
@@ -156,7 +173,7 @@ impl Fleet {
         let cut = since(now_ms, self.interval_ms);
         let mut domains = self.lock();
         domains.retain(|_, d| {
-            d.seen.retain(|_, s| s.last_ms > cut);
+            d.recount(now_ms, self.interval_ms);
             !d.seen.is_empty()
                 || d.shared
                     .is_some_and(|(_, at)| at + self.interval_ms > now_ms)
@@ -213,8 +230,9 @@ impl Fleet {
 
 /// The size answered: the replica's own count, or the size read from
 /// Redis while it is fresh if that is larger.
-fn size(d: &Domain, now_ms: u64, interval_ms: u64) -> u32 {
-    let own = u32::try_from(d.own(since(now_ms, interval_ms))).unwrap_or(u32::MAX);
+fn size(d: &mut Domain, now_ms: u64, interval_ms: u64) -> u32 {
+    d.recount(now_ms, interval_ms);
+    let own = u32::try_from(d.own).unwrap_or(u32::MAX);
     let shared = match d.shared {
         Some((n, at)) if now_ms < at.saturating_add(SHARED_FRESH_MS) => n,
         _ => 0,
