@@ -10,6 +10,8 @@ is admitted near its quota in total, not three times it. Back to two Envoys
 (the counter up again, its interval passed): each hears 2, and with the
 counter stopped again each admits half of what is left.
 
+Two counter replicas on one Redis: each answers the Envoys of both.
+
 Per-hour quotas, inside one hour (`ensure_window_room`); nothing here waits
 on a clock but that: every wait is on a metric. What is asserted is counted;
 the figures are printed (`-s`)."""
@@ -41,16 +43,21 @@ def fleet_size(e: harness.Envoy) -> int:
     return e.filter_counters().get("fleet_envoys", 0)
 
 
-def hear(envoys: list[harness.Envoy], n: int, counter: Counter, domain: str) -> None:
+def hear(envoys: list[harness.Envoy], n: int, counter: Counter | list[Counter],
+         domain: str) -> None:
     """Requests through every Envoy until each holds `n` as the fleet's
-    size (its gauge), and the counter counts `n` for the domain."""
+    size (its gauge), and the counter (each replica) counts `n` for the
+    domain."""
+    replicas = counter if isinstance(counter, list) else [counter]
+
     def heard() -> bool:
         # A new tenant each time: never refused from the filter's cache,
         # every request a call.
         for e in envoys:
             send(e.url, unique("warm"))
-        counted = counter.metrics().get(f'trl_counter_fleet_envoys{{domain="{domain}"}}', 0)
-        return counted == n and all(fleet_size(e) == n for e in envoys)
+        counted = [c.metrics().get(f'trl_counter_fleet_envoys{{domain="{domain}"}}', 0)
+                   for c in replicas]
+        return counted == [n] * len(replicas) and all(fleet_size(e) == n for e in envoys)
 
     wait_until(heard, f"{len(envoys)} Envoys hear a fleet of {n}", RECOVERY_S)
 
@@ -123,3 +130,20 @@ def test_the_fallback_share_follows_the_fleet_as_it_grows_and_shrinks(stack):
     half = (QUOTA - shrunk["used_before"]) / 2
     assert all(half * (1 - SLACK) - 1 <= n <= half * (1 + SLACK) + 1
                for n in shrunk["per_envoy"]), shrunk
+
+
+def test_counter_replicas_on_one_redis_count_each_others_envoys(stack):
+    """Two counter replicas sharing Redis, two Envoys calling each: every
+    Envoy hears a fleet of 4, not the 2 its replica sees."""
+    gen = stack.generate(LIMITS, service="counter")
+    redis = stack.redis()
+    replicas = [Counter(stack, {gen.domain: LIMITS}, store=redis.url, name=f"counter-{i + 1}",
+                        store_timeout_ms=harness.COUNTING_TIMEOUT_MS,
+                        extra_args=["--fleet-interval-ms", str(INTERVAL_MS)])
+                for i in range(2)]
+    cfg = gen.plugin_config(timeout_ms=harness.COUNTING_TIMEOUT_MS, on_failure="local",
+                            fallback={"envoys": 1})
+    upstream = stack.upstream()
+    envoys = [stack.envoy(cfg, replicas[i // 2].grpc_port, upstream, name=f"envoy-{i + 1}")
+              for i in range(4)]
+    hear(envoys, 4, replicas, gen.domain)
