@@ -197,19 +197,24 @@ def test_local_holds_a_tenant_at_ten_times_its_quota_to_the_fleets_share(stack):
 def test_the_learned_share_keeps_a_pinned_tenants_quota(stack):
     quota = 60
     limits = {"x-tenant-id": {"default": {"perhour": quota}}}
-    fleet = stack.fleet(limits, envoys=1, timeout_ms=harness.COUNTING_TIMEOUT_MS,
+    fleet = stack.fleet(limits, envoys=3, timeout_ms=harness.COUNTING_TIMEOUT_MS,
                         on_failure="local", fallback={"envoys": 3, "share": "learned"})
     ensure_window_room(3600, 180)
-    # All of this tenant's traffic lands on this one Envoy (a fleet of 3).
+    # Every Envoy of the fleet takes traffic (with the counter, each is then
+    # counted in the fleet's size: 3)...
+    others = run_sequential(fleet.urls, 3, tenant=unique("other"))
+    assert all(answered(r) for r in others), harness.summary(others)
+    # ... and all of this tenant's traffic lands on the first.
+    pinned_to = fleet.urls[:1]
     pinned = unique("pinned")
     used = quota // 2
-    first = run_sequential(fleet.urls, used, tenant=pinned)
+    first = run_sequential(pinned_to, used, tenant=pinned)
     assert all(answered(r) and r.status == 200 for r in first), harness.summary(first)
 
     fleet.ratelimit.stop()
     try:
-        flood = run_concurrent(fleet.urls, 10 * quota, clients=4, tenant=pinned)
-        fresh = run_concurrent(fleet.urls, 10 * quota, clients=4, tenant=unique("fresh"))
+        flood = run_concurrent(pinned_to, 10 * quota, clients=4, tenant=pinned)
+        fresh = run_concurrent(pinned_to, 10 * quota, clients=4, tenant=unique("fresh"))
     finally:
         fleet.ratelimit.start()
     wait_until(lambda: answered_by_service(fleet), "the service answers again", RECOVERY_S)

@@ -8,6 +8,7 @@
 
 pub mod bounds;
 pub mod decide;
+pub mod fleet;
 pub mod regions;
 pub use ratelimit_config::rls as proto;
 pub mod store;

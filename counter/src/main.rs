@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use ratelimit_counter::{bounds, decide, proto, store};
+use ratelimit_counter::{bounds, decide, fleet, proto, store};
 
 /// tenant-ratelimit's rate-limit service: envoy.service.ratelimit.v3 over
 /// gRPC, from the team files, with fixed, sliding and calendar windows.
@@ -121,6 +121,12 @@ struct Args {
     /// down.
     #[arg(long, env = "TRL_COUNTER_REGIONS", requires = "region", value_parser = clap::value_parser!(u64).range(1..))]
     regions: Option<u64>,
+    /// The fleet's size, answered to the filter (its local fallback gives
+    /// each Envoy 1/N of every limit): the Envoys that called for the
+    /// domain within this many milliseconds. With a Redis store, every
+    /// replica's callers.
+    #[arg(long, env = "TRL_COUNTER_FLEET_INTERVAL_MS", default_value_t = fleet::DEFAULT_INTERVAL_MS)]
+    fleet_interval_ms: u64,
 }
 
 /// `ratelimit-counter rebalance`: moves global limits' allocations
@@ -280,7 +286,13 @@ async fn run(args: Args) -> Result<(), String> {
             descriptor_key: args.descriptor_key.clone(),
             max_tenant_length: args.max_tenant_length,
         },
+        fleet: fleet::Fleet::new(args.fleet_interval_ms.max(1)),
     });
+    // What this replica heard of the fleet, pooled in the store.
+    let fleet_sync = {
+        let state = state.clone();
+        tokio::spawn(async move { state.sync_fleet().await })
+    };
     // The store's health: calls fail at once while its connection is
     // known down, and it is retried in the background.
     let store_watch = {
@@ -396,6 +408,7 @@ async fn run(args: Args) -> Result<(), String> {
     let _ = stop_tx.send(true);
     reloader.abort();
     store_watch.abort();
+    fleet_sync.abort();
     // The drain's deadline: calls under way finish within it; then the
     // connections still open (a body never finished, an idle HTTP/2 peer
     // that does not read) are closed as the process exits.

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use ratelimit_counter::store::metrics_text;
@@ -69,6 +69,8 @@ pub struct Metrics {
     /// Requests failed alone because a key of theirs holds something else
     /// than a count (store/script.lua).
     pub store_bad_values: AtomicU64,
+    /// Writes of the fleet's Envoys to the store that failed (`fleet`).
+    pub fleet_sync_failed: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -84,6 +86,7 @@ impl Default for Metrics {
             tls_handshakes_failed: AtomicU64::default(),
             limits: LimitMetrics::default(),
             store_bad_values: AtomicU64::default(),
+            fleet_sync_failed: AtomicU64::default(),
         }
     }
 }
@@ -127,7 +130,8 @@ impl Metrics {
 
     /// The page, in the Prometheus text format (0.0.4), written by
     /// prometheus-client from a registry of this scrape's values.
-    pub fn render(&self, store: &str) -> String {
+    /// The page; `fleet`: each domain's fleet size (`fleet::Fleet::sizes`).
+    pub fn render(&self, store: &str, fleet: &[(String, u32)]) -> String {
         let mut registry = Registry::default();
         let groups = lock(&self.groups).clone();
         for (name, help, get) in GROUP_COUNTERS {
@@ -172,6 +176,17 @@ impl Metrics {
             "1 while the store's connection is known down (calls fail at once; it is retried in the background)",
             ConstGauge::new(self.limits.store_down.load(Ordering::Relaxed) as i64),
         );
+        let sizes = Family::<[(&'static str, String); 1], Gauge>::default();
+        for (d, n) in fleet {
+            sizes
+                .get_or_create(&[("domain", d.clone())])
+                .set(i64::from(*n));
+        }
+        registry.register(
+            "trl_counter_fleet_envoys",
+            "Envoys that called for the domain within --fleet-interval-ms (all replicas', with a Redis store): the fleet size the counter answers",
+            sizes,
+        );
         metrics_text(&registry)
     }
 }
@@ -205,7 +220,7 @@ const GROUP_COUNTERS: [GroupCounter; 5] = [
 
 /// The counters without labels, as [`GROUP_COUNTERS`].
 type PlainCounter = (&'static str, &'static str, fn(&Metrics) -> &AtomicU64);
-const COUNTERS: [PlainCounter; 10] = [
+const COUNTERS: [PlainCounter; 11] = [
     (
         "trl_counter_store_errors",
         "Calls the store failed (Redis down, slow past the deadline, or an error)",
@@ -252,6 +267,11 @@ const COUNTERS: [PlainCounter; 10] = [
         "Requests failed alone (nothing counted) because a Redis key of theirs holds something else than a count",
         |m| &m.store_bad_values,
     ),
+    (
+        "trl_counter_fleet_sync_failed",
+        "Writes of the Envoys this replica heard to the store (once a second) that failed; the fleet size is then this replica's own count",
+        |m| &m.fleet_sync_failed,
+    ),
 ];
 
 #[cfg(test)]
@@ -278,7 +298,7 @@ mod tests {
         m.reload("d\"1", "ok");
         m.latency(300);
         m.calls.fetch_add(2, Ordering::Relaxed);
-        let page = m.render("memory");
+        let page = m.render("memory", &[("d\"1".into(), 6)]);
         for line in [
             "# TYPE trl_counter_admitted_total counter",
             "trl_counter_admitted_total{domain=\"d\\\"1\",group=\"g\"} 1",
@@ -297,6 +317,9 @@ mod tests {
             "trl_counter_store_fast_failed_total 0",
             "# TYPE trl_counter_store_down gauge",
             "trl_counter_store_down 0",
+            "# TYPE trl_counter_fleet_envoys gauge",
+            "trl_counter_fleet_envoys{domain=\"d\\\"1\"} 6",
+            "trl_counter_fleet_sync_failed_total 0",
         ] {
             assert!(page.lines().any(|l| l == line), "{line} not in\n{page}");
         }

@@ -9,6 +9,7 @@ use tonic::codegen::http;
 
 use crate::bounds::{Bounds, OutOfBounds};
 use crate::decide::{answer, plan};
+use crate::fleet::{Fleet, ENVOY_ID_HEADER};
 use crate::metrics::{GroupCounts, Metrics};
 use crate::proto::{RateLimitRequest, RateLimitResponse};
 use crate::store::Store;
@@ -23,6 +24,8 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     pub clock_file: Option<PathBuf>,
     pub bounds: Bounds,
+    /// The Envoys that called, per domain (`fleet`).
+    pub fleet: Fleet,
 }
 
 impl State {
@@ -30,9 +33,12 @@ impl State {
         crate::now_ms(self.clock_file.as_deref())
     }
 
+    /// Decides a call; `envoy`: the id of the Envoy that sent it (its
+    /// `ENVOY_ID_HEADER`), answered with the fleet's size.
     pub async fn should_rate_limit(
         &self,
         req: RateLimitRequest,
+        envoy: Option<&str>,
     ) -> Result<RateLimitResponse, tonic::Status> {
         self.metrics.calls.fetch_add(1, Ordering::Relaxed);
         let now = self.now();
@@ -93,7 +99,10 @@ impl State {
                 .cache_refused
                 .fetch_add(decided.from_cache as u64, Ordering::Relaxed);
         }
-        let (response, outcomes) = answer(&planned, &decided.requests, now);
+        let (mut response, outcomes) = answer(&planned, &decided.requests, now);
+        if let (Some(id), Some(_)) = (envoy, &domain) {
+            response.fleet_envoys = self.fleet.called(&req.domain, id, now);
+        }
         if let Some(d) = &domain {
             // Per group first (a call's requests are mostly of a few
             // groups), then each group's name once.
@@ -137,8 +146,13 @@ impl RateLimitService for Rls {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let envoy = request
+            .metadata()
+            .get(ENVOY_ID_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         self.0
-            .should_rate_limit(request.into_inner())
+            .should_rate_limit(request.into_inner(), envoy.as_deref())
             .await
             .map(tonic::Response::new)
     }
@@ -152,6 +166,39 @@ pub fn rate_limit_server(
     crate::limits::Budgeted {
         metrics: state.metrics.clone(),
         inner: RateLimitServiceServer::new(Rls(state)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+    }
+}
+
+impl State {
+    /// Every `fleet::SYNC_MS`, for as long as it runs: what this replica
+    /// heard of the fleet written to the store, each domain's size read
+    /// back (a Redis store; nothing to do with the memory store).
+    pub async fn sync_fleet(&self) {
+        let mut tick =
+            tokio::time::interval(std::time::Duration::from_millis(crate::fleet::SYNC_MS));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = self.now();
+            let syncs = self.fleet.to_sync(now);
+            if syncs.is_empty() {
+                continue;
+            }
+            match self.store.fleet(&syncs).await {
+                Ok(Some(sizes)) => {
+                    let named: Vec<(String, u32)> =
+                        syncs.iter().map(|s| s.domain.clone()).zip(sizes).collect();
+                    self.fleet.synced(&named, self.now());
+                }
+                Ok(None) => {}
+                Err(_) => {
+                    self.metrics
+                        .fleet_sync_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.fleet.unsynced(&syncs);
+                }
+            }
+        }
     }
 }
 
@@ -196,7 +243,8 @@ async fn metrics(extract::State(state): extract::State<Arc<State>>) -> String {
         .limits
         .store_down
         .store(u64::from(state.store.down()), Ordering::Relaxed);
-    state.metrics.render(state.store.name()) + &state.store.metrics()
+    let fleet = state.fleet.sizes(state.now());
+    state.metrics.render(state.store.name(), &fleet) + &state.store.metrics()
 }
 
 async fn ready(extract::State(state): extract::State<Arc<State>>) -> (http::StatusCode, String) {

@@ -329,17 +329,18 @@ pub fn send_local_response(code: u32, headers: &[(&str, &str)], body: &str) -> R
     })
 }
 
-/// Sends a gRPC call (no initial metadata); its token. Its answer comes to
-/// `proxy_on_grpc_receive` or `proxy_on_grpc_close` of the root context.
+/// Sends a gRPC call with its initial metadata (`serialize_map`'s bytes);
+/// its token. Its answer comes to `proxy_on_grpc_receive` or
+/// `proxy_on_grpc_close` of the root context.
 pub fn grpc_call(
     upstream: &str,
     service: &str,
     method: &str,
+    metadata: &[u8],
     message: &[u8],
     timeout_ms: u32,
 ) -> Result<u32, Status> {
     tally(Kind::GrpcCall);
-    let metadata = serialize_map(&[]);
     let mut token = 0;
     // SAFETY: the host reads every buffer for its length and writes one u32.
     status(unsafe {

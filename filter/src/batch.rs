@@ -297,6 +297,8 @@ pub struct Batcher {
     pub warnings: LogThrottle,
     /// What this worker last read of the breaker (`breaker::Cache`).
     pub breaker: breaker::Cache,
+    /// The fleet's sizes this worker last wrote (`fleet::Written`).
+    pub fleet: crate::fleet::Written,
 }
 
 impl Batcher {
@@ -434,6 +436,10 @@ impl Batcher {
                 None
             };
             let answer = decode(grpc_status, body.as_deref());
+            if let Ok(a) = &answer {
+                let n = a.response.fleet_envoys;
+                crate::fleet::heard(host, &self.fleet, &c.config.domain, n, now);
+            }
             // One call, one outcome for the breaker, however many parts.
             breaker::record(c, host, &self.breaker, answer.as_ref().err(), now);
             let again = self.split(c, host, flight.parts, answer, &mut done);

@@ -160,14 +160,18 @@ pub enum Gauge {
     /// 1 while the breaker is open, else 0 (set by the worker that opens
     /// or closes it).
     BreakerOpen,
+    /// The fleet's size (Envoys) this Envoy last heard from the counter
+    /// (`fleet`); 0 until it heard one.
+    FleetEnvoys,
 }
 
 impl Gauge {
-    pub const ALL: &'static [Gauge] = &[Gauge::BreakerOpen];
+    pub const ALL: &'static [Gauge] = &[Gauge::BreakerOpen, Gauge::FleetEnvoys];
 
     pub const fn name(self) -> &'static str {
         match self {
             Gauge::BreakerOpen => "tenant_ratelimit.breaker_open",
+            Gauge::FleetEnvoys => "tenant_ratelimit.fleet_envoys",
         }
     }
 

@@ -457,6 +457,7 @@ mod tests {
             statuses,
             response_headers_to_add: to_client.iter().map(hv).collect(),
             request_headers_to_add: to_upstream.iter().map(hv).collect(),
+            ..RateLimitResponse::default()
         }
         .encode_to_vec()
     }

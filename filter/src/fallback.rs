@@ -3,9 +3,12 @@
 //! of the fleet, alone, in windows aligned to the clock as the service's
 //! are.
 //!
-//! - The share is `1 / fallback.envoys`, or (`fallback.share: "learned"`)
-//!   the part of the tenant's count at the service this Envoy sent, learned
-//!   from the answers (`share`).
+//! - The share is `1 / N`, or (`fallback.share: "learned"`) the part of
+//!   the tenant's count at the service this Envoy sent, learned from the
+//!   answers (`share`), never under half of `1 / N`. `N` is the fleet's
+//!   size the counter last answered (`fleet::held`: the Envoys that called
+//!   it in its interval), `fallback.envoys` until one was heard (and with
+//!   envoyproxy/ratelimit, which answers none).
 //! - In the window where the outage begins, an Envoy starts from what the
 //!   fleet had left by the last answer it got (`limit_remaining`), not from
 //!   a whole limit: every answer is remembered (`learn`).
@@ -20,6 +23,7 @@
 //! left alone for `HOLD_MS` goes to the next tenant that needs it).
 
 use crate::answer::Answer;
+use crate::fleet;
 use crate::host::{Host, SharedData};
 use crate::local::slot::{put, u32_at, u64_at};
 use crate::local::{self, update_key, SlotRef, UpdateError, CAS_ATTEMPTS};
@@ -150,9 +154,12 @@ pub struct Params {
     /// The window (ms) and the limit of each unit, shortest first.
     pub windows: [(u64, u32); UNITS],
     pub units: usize,
-    /// `fallback.envoys`.
+    /// The fleet's size: `fallback.envoys` as configured; in a decision,
+    /// the size last heard (`with_fleet`).
     pub envoys: u32,
     pub learned: bool,
+    /// The domain's key of the fleet's size (`fleet::domain_hash`).
+    pub fleet: u64,
 }
 
 impl Params {
@@ -169,7 +176,17 @@ impl Params {
             units,
             envoys: config.fallback.envoys.max(1),
             learned: config.fallback.share == Share::Learned,
+            fleet: fleet::domain_hash(&config.domain),
         })
+    }
+
+    /// These parameters with the fleet's size heard (`heard`: None before
+    /// any, `fallback.envoys` then).
+    pub fn with_fleet(&self, heard: Option<u32>) -> Params {
+        Params {
+            envoys: heard.unwrap_or(self.envoys).max(1),
+            ..*self
+        }
     }
 
     fn longest(&self) -> (u64, u32) {
@@ -181,7 +198,8 @@ impl Params {
 }
 
 /// The share of each limit this Envoy enforces for the tenant of `e`, as
-/// a fraction (numerator, denominator). Configured: `1 / envoys`. Learned:
+/// a fraction (numerator, denominator). Configured: `1 / envoys` (the
+/// fleet's size, `Params::with_fleet`). Learned:
 /// the estimate of the window of its last answer, averaged with those of
 /// the windows before (each window halves the weight of the older ones),
 /// the configured share until there is one; never under half the
@@ -332,6 +350,9 @@ pub fn on_request<H: Host + ?Sized>(
         return FallbackDecision::Contended;
     };
     let now = host.now_ms();
+    // The fleet's size as last heard (one read, on the fallback's path
+    // only).
+    let p = &p.with_fleet(fleet::held(host, p.fleet));
     let mut decided = FallbackDecision::Contended;
     let stored = update(host, at, now, &mut |e| {
         let (d, write) = e.map_or((FallbackDecision::Contended, None), |e| {

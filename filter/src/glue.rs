@@ -20,6 +20,7 @@ use crate::compiled::Compiled;
 use crate::counters::{
     route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
 };
+use crate::fleet;
 use crate::flow::{Next, Stream};
 use crate::group::GroupId;
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
@@ -130,6 +131,28 @@ fn draw_secret(host: &Envoy<'_>) -> SlotSecret {
     }
 }
 
+/// This Envoy's id in every call's metadata (once per VM): the one its
+/// VMs share, or drawn (random bytes; the clock if `random_get` fails).
+fn name_this_envoy(host: &Envoy<'_>) {
+    let named = CALL_METADATA.with(|m| m.try_borrow().map_or(true, |m| !m.is_empty()));
+    if named {
+        return;
+    }
+    let id = fleet::envoy_id(host, || {
+        let mut buf = [0u8; fleet::ID_BYTES];
+        if abi::random(&mut buf).is_err() {
+            buf = abi::now_ns().unwrap_or(0).to_le_bytes();
+        }
+        buf
+    });
+    let metadata = abi::serialize_map(&[(ratelimit_config::rls::ENVOY_ID_HEADER, &id)]);
+    CALL_METADATA.with(|m| {
+        if let Ok(mut m) = m.try_borrow_mut() {
+            *m = metadata;
+        }
+    });
+}
+
 /// The ports for the effective context (a stream, or the root context),
 /// through the ABI.
 struct Envoy<'a>(&'a MetricIds);
@@ -181,7 +204,13 @@ impl Host for Envoy<'_> {
         message: &[u8],
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
-        abi::grpc_call(upstream, service, method, message, timeout_ms)
+        CALL_METADATA
+            .with(|m| match m.try_borrow() {
+                Ok(m) if !m.is_empty() => {
+                    abi::grpc_call(upstream, service, method, &m, message, timeout_ms)
+                }
+                _ => abi::grpc_call(upstream, service, method, &[0; 4], message, timeout_ms),
+            })
             .map_err(failed(HostCall::Dispatch))
     }
 
@@ -269,6 +298,10 @@ enum Context {
 }
 
 thread_local! {
+    /// Every call's initial metadata: this Envoy's id (`fleet::envoy_id`),
+    /// serialized once, at the first configure.
+    static CALL_METADATA: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+
     /// The VM's contexts. The table is borrowed only within one step of a
     /// callback: Envoy runs a resumed or answered request's next steps
     /// after the callback returns, so nothing calls back into the VM
@@ -395,6 +428,7 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
         }
     }
     let host = Envoy(&metrics);
+    name_this_envoy(&host);
     let slot_secret = if config.local.enabled {
         root::prepare_local(&host, config.local.slots, || draw_secret(&host))
     } else {

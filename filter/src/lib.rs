@@ -38,6 +38,8 @@
 //!   interval (one state per Envoy, in shared data).
 //! - `fallback`: `on_failure: local`, each Envoy's share of every limit
 //!   while the service cannot decide.
+//! - `fleet`: this Envoy's id in its calls, and the fleet's size the
+//!   counter answers, kept for the fallback's share.
 //! - `headers`: the rate-limit headers written, and the service's headers
 //!   forwarded.
 //! - `cost`: a request's cost (`cost_header`).
@@ -82,6 +84,7 @@ pub mod cost;
 pub mod counters;
 pub mod decision;
 pub mod fallback;
+pub mod fleet;
 pub mod flow;
 pub mod group;
 pub mod headers;

@@ -158,6 +158,7 @@ pub fn answer_with_headers(
         statuses,
         response_headers_to_add: to_client.iter().map(hv).collect(),
         request_headers_to_add: to_upstream.iter().map(hv).collect(),
+        ..RateLimitResponse::default()
     })
 }
 

@@ -29,6 +29,21 @@ pub const REQUEST_MARK: &str = "trl.request";
 /// answering the counts. An ordinary request's mark has an empty value.
 pub const PUSH: &str = "push";
 
+/// The gRPC metadata (request header) that names the Envoy a call comes
+/// from: one id per Envoy process, shared by its workers. The counter
+/// answers a call that carries it with the fleet's size
+/// ([`RateLimitResponse::fleet_envoys`]); envoyproxy/ratelimit ignores it.
+pub const ENVOY_ID_HEADER: &str = "x-trl-envoy-id";
+
+/// The most bytes of an Envoy id the counter reads; a longer one is not
+/// counted.
+pub const MAX_ENVOY_ID_BYTES: usize = 64;
+
+/// The field number of [`RateLimitResponse::fleet_envoys`]: not one of
+/// `rls.proto`'s (they end at 7), far above them, so that a reader of the
+/// standard message (Envoy's own filter) skips it as an unknown field.
+pub const FLEET_ENVOYS_FIELD: u32 = 1_000;
+
 #[derive(Clone, PartialEq, Message)]
 pub struct RateLimitRequest {
     #[prost(string, tag = "1")]
@@ -87,6 +102,12 @@ pub struct RateLimitResponse {
     /// Headers for the upstream request of an admitted request.
     #[prost(message, repeated, tag = "4")]
     pub request_headers_to_add: Vec<HeaderValue>,
+    /// ratelimit-counter's own: the Envoys that called it for the domain
+    /// in its fleet interval, answered to a call that named its Envoy
+    /// ([`ENVOY_ID_HEADER`]); 0 (absent) otherwise, and always from
+    /// envoyproxy/ratelimit. Field [`FLEET_ENVOYS_FIELD`].
+    #[prost(uint32, tag = "1000")]
+    pub fleet_envoys: u32,
 }
 
 /// `envoy.config.core.v3.HeaderValue`. Its `raw_value` (field 3, bytes)
@@ -206,6 +227,24 @@ pub struct Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fleet's size travels in its own field, which a reader of the
+    /// standard message skips; absent when it is 0.
+    #[test]
+    fn the_fleet_size_is_field_1000_and_absent_at_zero() {
+        let mut r = RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: Vec::new(),
+            response_headers_to_add: Vec::new(),
+            request_headers_to_add: Vec::new(),
+            fleet_envoys: 0,
+        };
+        assert_eq!(r.encode_to_vec(), [0x08, 0x01]);
+        r.fleet_envoys = 6;
+        let key = u64::from(FLEET_ENVOYS_FIELD) << 3;
+        assert_eq!(key, 0x1f40);
+        assert_eq!(r.encode_to_vec(), [0x08, 0x01, 0xc0, 0x3e, 0x06]);
+    }
 
     /// Every unit maps to its RLS number and back; the numbers are
     /// data-plane-api's.

@@ -63,6 +63,16 @@ pub trait Storage: Send + Sync {
     /// Drops what has expired (the memory store's counts).
     fn sweep(&self, _now_ms: u64) {}
 
+    /// Writes what this replica heard of the fleet and reads each domain's
+    /// size (`crate::fleet::sync_redis`); None for a store the replicas do
+    /// not share (memory: the replica's own count is the fleet's).
+    fn fleet<'a>(
+        &'a self,
+        _syncs: &'a [crate::fleet::Sync],
+    ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
+
     /// The store's own metrics, in the Prometheus text format
     /// ([`metrics_text`] of its registry), appended to the counter's.
     fn metrics(&self) -> String {
@@ -233,6 +243,18 @@ impl Store {
             }
         }
         decided
+    }
+
+    /// The fleet's sizes, through the store (`Storage::fleet`); nothing is
+    /// asked while its connection is known down.
+    pub async fn fleet(
+        &self,
+        syncs: &[crate::fleet::Sync],
+    ) -> Result<Option<Vec<u32>>, StoreError> {
+        if self.health.down.load(Ordering::Relaxed) {
+            return Err(StoreError::Down(self.down_reason()));
+        }
+        self.storage.fleet(syncs).await
     }
 
     /// Whether the store's connection is known down.

@@ -153,6 +153,23 @@ impl Storage for SentinelStore {
         })
     }
 
+    fn fleet<'a>(
+        &'a self,
+        syncs: &'a [crate::fleet::Sync],
+    ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
+        Box::pin(async move {
+            let got = async {
+                let mut c = self.get(self.deadline).await?;
+                crate::fleet::sync_redis(&mut c, syncs, self.deadline).await
+            }
+            .await;
+            if let Err(e) = &got {
+                self.failed(e);
+            }
+            got.map(Some)
+        })
+    }
+
     #[cfg(test)]
     fn value<'a>(&'a self, key: &'a str, _now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
         Box::pin(async move {

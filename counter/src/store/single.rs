@@ -59,6 +59,18 @@ impl Storage for RedisStore {
         Box::pin(self.connection.ping(self.deadline))
     }
 
+    fn fleet<'a>(
+        &'a self,
+        syncs: &'a [crate::fleet::Sync],
+    ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
+        Box::pin(async move {
+            let mut c = self.connection.get(self.deadline).await?;
+            crate::fleet::sync_redis(&mut c, syncs, self.deadline)
+                .await
+                .map(Some)
+        })
+    }
+
     #[cfg(test)]
     fn value<'a>(&'a self, key: &'a str, _now_ms: u64) -> Pending<'a, Result<u64, StoreError>> {
         Box::pin(self.connection.value(key, self.deadline))

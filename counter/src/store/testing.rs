@@ -207,6 +207,21 @@ impl Under {
         decided
     }
 
+    /// The fleet's sizes through the store (`Store::fleet`), its domains in
+    /// this store's namespace; None on the memory store.
+    pub fn fleet(&self, syncs: &[crate::fleet::Sync]) -> Option<Vec<u32>> {
+        let prefix = self.prefix.borrow().clone();
+        let syncs: Vec<crate::fleet::Sync> = syncs
+            .iter()
+            .map(|s| crate::fleet::Sync {
+                domain: format!("{prefix}{}", s.domain),
+                ..s.clone()
+            })
+            .collect();
+        let store = self.store.borrow();
+        self.runtime.block_on(store.fleet(&syncs)).unwrap()
+    }
+
     /// Runs a raw Redis command on a counter key (`args` after the key),
     /// for the tests of keys that hold something else than a count; false
     /// on the memory store, which cannot hold one.

@@ -28,6 +28,7 @@ fn params(windows: &[(u64, u32)], envoys: u32, learned: bool) -> Params {
         units: windows.len(),
         envoys,
         learned,
+        fleet: 0,
     }
 }
 
@@ -285,6 +286,9 @@ struct Service {
     up: bool,
     counts: std::collections::HashMap<(String, u64), u32>,
     limit: u32,
+    /// The fleet's size it answers (ratelimit-counter's); 0: none
+    /// (envoyproxy/ratelimit's).
+    fleet: u32,
 }
 
 impl Service {
@@ -320,7 +324,9 @@ impl Service {
             left,
             reset as i64,
         )];
-        (0, answer(code, statuses))
+        let mut r = crate::proto::RateLimitResponse::decode(&answer(code, statuses)[..]).unwrap();
+        r.fleet_envoys = self.fleet;
+        (0, r.encode_to_vec())
     }
 
     /// Answers the last call `w` made, to its stream.
@@ -472,10 +478,17 @@ fn lease_groups_spend_their_lease_then_the_fallback() {
 /// minute, spread over `envoys` of them; the service stops 10 s into the
 /// second minute and stays down. Admitted per minute, from the first.
 fn outage(fallback: Value, spread_over: usize) -> Vec<u32> {
+    outage_of(fallback, 3, spread_over, 0)
+}
+
+/// `outage` with `envoys` Envoys, the service answering `fleet` as the
+/// fleet's size (0: none).
+fn outage_of(fallback: Value, envoys: usize, spread_over: usize, fleet_answered: u32) -> Vec<u32> {
     const QUOTA: u32 = 300;
     let c = local_config_with(fallback, json!({}));
-    let fleet: Vec<Worker> = (0..3).map(|_| worker(&c, MINUTE)).collect();
+    let fleet: Vec<Worker> = (0..envoys).map(|_| worker(&c, MINUTE)).collect();
     let mut service = Service::new(QUOTA);
+    service.fleet = fleet_answered;
     let per_minute = 3 * u64::from(QUOTA);
     let mut admitted = vec![0; 4];
     for i in 0..4 * per_minute {
@@ -543,4 +556,53 @@ fn the_fallback_logs_the_verified_tenant_not_the_header() {
     }
     assert!(verdicts.contains(&(access_log::VERDICT.into(), "admitted".into())));
     assert!(verdicts.contains(&(access_log::VERDICT.into(), "refused".into())));
+}
+
+#[test]
+fn the_share_follows_the_fleet_size_the_counter_answered() {
+    // Six Envoys configured for two: a third of the fleet each would admit
+    // three times the quota; told the fleet is six, they hold it.
+    let told = outage_of(json!({"envoys": 2}), 6, 6, 6);
+    let static_share = outage_of(json!({"envoys": 2}), 6, 6, 0);
+    println!("6 Envoys, envoys: 2: told 6 {told:?}, told nothing {static_share:?}");
+    assert_eq!(told[0], 300);
+    for (m, n) in told.iter().enumerate().skip(1) {
+        assert!((270..=300).contains(n), "minute {m}: {told:?}");
+    }
+    // Told nothing (envoyproxy/ratelimit): 1/2 each, 3 times the quota in
+    // the whole minutes of the outage.
+    assert_eq!(&static_share[2..], [900, 900]);
+    // The learned share keeps working on top: a tenant pinned to one of
+    // six Envoys keeps its quota.
+    let pinned = outage_of(json!({"envoys": 2, "share": "learned"}), 6, 1, 6);
+    assert_eq!(&pinned[2..], [300, 300]);
+    // And without it, a pinned tenant gets 1/6.
+    let pinned = outage_of(json!({"envoys": 2}), 6, 1, 6);
+    assert_eq!(&pinned[2..], [50, 50]);
+}
+
+#[test]
+fn the_fleet_size_heard_replaces_the_configured_one_until_another_is_heard() {
+    let c = local_config(json!({}));
+    let w = worker(&c, MINUTE);
+    let p = c
+        .fallback(crate::testing::group_id(&c, "default").unwrap())
+        .unwrap();
+    assert_eq!(p.envoys, 3);
+    assert_eq!(p.with_fleet(crate::fleet::held(&w, p.fleet)).envoys, 3);
+    let mut service = Service::new(300);
+    service.fleet = 6;
+    assert!(send(&c, &w, &mut service, TENANT));
+    assert_eq!(crate::fleet::held(&w, p.fleet), Some(6));
+    assert_eq!(w.gauge(crate::counters::Gauge::FleetEnvoys), 6);
+    // Back to 2, a second later (a smaller fleet is written at once).
+    service.fleet = 2;
+    w.set_now_ms(MINUTE + 10);
+    assert!(send(&c, &w, &mut service, TENANT));
+    assert_eq!(crate::fleet::held(&w, p.fleet), Some(2));
+    // An answer without a size (envoyproxy/ratelimit) keeps the last one.
+    service.fleet = 0;
+    assert!(send(&c, &w, &mut service, TENANT));
+    assert_eq!(crate::fleet::held(&w, p.fleet), Some(2));
+    assert_eq!(p.with_fleet(Some(2)).envoys, 2);
 }
