@@ -35,6 +35,9 @@ The modules, by subject (every public name is also importable from
     windows    clock-aligned windows and the keys counted in them
     headers    x-ratelimit-* response headers parsed
     toxiproxy  Toxiproxy: a TCP proxy that adds latency or cuts a link
+    regions    two regions of a global limit and their rebalancer (imported
+               as `harness.regions`, not from `harness`: it needs
+               tests/counter.py)
 """
 
 from __future__ import annotations
