@@ -167,7 +167,7 @@ PYTEST_ARGS ?=
 # costs charged after the response), faults, the service down and the breaker.
 COUNTER_TESTS ?= test_exactly_100.py $(notdir $(wildcard tests/test_headers_*.py)) \
                  test_batch.py test_modes.py test_routes.py test_expensive.py test_faults.py \
-                 test_limiter_down.py test_breaker.py
+                 test_limiter_down.py test_breaker.py test_faults_short.py
 # What that second pass runs: COUNTER_TESTS; when PYTEST_ARGS selects tests,
 # nothing unless given (e.g. COUNTER_PYTEST_ARGS="-s test_modes.py").
 COUNTER_PYTEST_ARGS ?= $(if $(strip $(PYTEST_ARGS)),,$(COUNTER_TESTS))
