@@ -15,7 +15,10 @@ docs/scaling.md promise for it. Outcomes are counted, never timed.
   - The fleet grown from 2 to 4 Envoys and shrunk back, the service up:
     exactly the limit over the whole window.
   - The same with the service down and `on_failure: "local"`: each Envoy
-    holds its share of the limit (FALLBACK_SHARE).
+    holds its share of the limit (`fallback_share`): with the counter, 1/N
+    of it, N the fleet's size it last heard (4 Envoys having heard 4 admit
+    about the limit together, not twice it); with envoyproxy/ratelimit,
+    `1 / fallback.envoys` whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -37,12 +40,32 @@ def limits(per_hour: int) -> dict:
     return {"x-tenant-id": {"default": {"perhour": per_hour}}}
 
 
-def fallback_share(limit: int, configured_envoys: int, live_envoys: int) -> int:
+def fallback_share(service: str, limit: int, configured_envoys: int, heard_envoys: int) -> int:
     """What one Envoy admits of a tenant it never heard of, the service down,
-    `on_failure: "local"` (docs/failures.md, "The local fallback"): the
-    configured share, `1 / fallback.envoys`, however many Envoys are live."""
-    del live_envoys  # the configured share does not follow the fleet
+    `on_failure: "local"` (docs/failures.md, "The local fallback"): with the
+    counter, 1/N of the limit, N the fleet's size the Envoy last heard from
+    it ("The fallback share follows the fleet"); with envoyproxy/ratelimit,
+    which answers no size, the configured share, `1 / fallback.envoys`,
+    however many Envoys are live."""
+    if service == "counter":
+        return limit // heard_envoys
     return limit // configured_envoys
+
+
+def fleet_heard(envoys: list[harness.Envoy]) -> list[int]:
+    """The fleet's size each Envoy holds (its gauge; 0: none heard)."""
+    return [e.filter_counters().get("fleet_envoys", 0) for e in envoys]
+
+
+def hear_fleet(envoys: list[harness.Envoy], n: int) -> None:
+    """Requests through every Envoy (a new tenant each time: every request
+    a call) until each holds `n` as the fleet's size."""
+    def heard() -> bool:
+        for e in envoys:
+            harness.send(e.url, unique("warm"))
+        return fleet_heard(envoys) == [n] * len(envoys)
+
+    wait_until(heard, f"{len(envoys)} Envoys hear a fleet of {n}", RECOVERY_S)
 
 
 def breaker(envoy: harness.Envoy, name: str) -> int:
@@ -283,6 +306,13 @@ def test_the_fleet_grown_and_shrunk_with_the_service_down_each_envoy_holds_its_s
              for n in (3, 4)]
     fleet.envoys += grown
     wait_until(lambda: answered_by_service(fleet), "every Envoy heard the service", RECOVERY_S)
+    if stack.service == "counter":
+        # Each Envoy hears the fleet's size from the counter's answers.
+        hear_fleet(fleet.envoys, 4)
+    else:
+        # envoyproxy/ratelimit answers no size: none is ever heard.
+        assert fleet_heard(fleet.envoys) == [0] * 4
+    heard = fleet_heard(fleet.envoys)
     before = fleet.counters()
 
     fleet.ratelimit.stop()
@@ -290,7 +320,7 @@ def test_the_fleet_grown_and_shrunk_with_the_service_down_each_envoy_holds_its_s
         def flood(prefix: str) -> dict[int, int]:
             """A fresh tenant, its share and 3 more sent to each Envoy: admitted per Envoy."""
             tenant = unique(prefix)
-            share = fallback_share(FALLBACK_QUOTA, FALLBACK_ENVOYS, len(fleet.envoys))
+            share = fallback_share(stack.service, FALLBACK_QUOTA, FALLBACK_ENVOYS, 4)
             out = {}
             for i, e in enumerate(fleet.envoys):
                 got = run_sequential([e.url], share + 3, tenant=tenant)
@@ -304,12 +334,24 @@ def test_the_fleet_grown_and_shrunk_with_the_service_down_each_envoy_holds_its_s
             e.stop()
             fleet.envoys.remove(e)
         narrow = flood("down-2")
+        # The service down, the size an Envoy holds does not change: the
+        # two left still hold what they heard (docs/failures.md, the bound:
+        # an Envoy stopped within the interval is still counted).
+        still = fleet_heard(fleet.envoys)
     finally:
         fleet.ratelimit.start()
 
-    assert wide == {i: fallback_share(FALLBACK_QUOTA, FALLBACK_ENVOYS, 4) for i in range(4)}, wide
-    assert narrow == {i: fallback_share(FALLBACK_QUOTA, FALLBACK_ENVOYS, 2) for i in range(2)}, (
-        narrow)
+    share = fallback_share(stack.service, FALLBACK_QUOTA, FALLBACK_ENVOYS, 4)
+    assert wide == {i: share for i in range(4)}, wide
+    assert narrow == {i: share for i in range(2)}, narrow
+    assert still == heard[:2], (heard, still)
+    if stack.service == "counter":
+        # The share follows the fleet: 4 Envoys admit the limit, not twice it.
+        assert sum(wide.values()) == FALLBACK_QUOTA, wide
+    else:
+        # The configured share: 4 Envoys with fallback.envoys 2, twice the limit.
+        assert sum(wide.values()) == 2 * FALLBACK_QUOTA, wide
     assert counted["failure_mode_allowed"] == 0, dict(counted)
-    print(f"\nservice down, fallback.envoys {FALLBACK_ENVOYS}, limit {FALLBACK_QUOTA}: "
-          f"4 Envoys admitted {sum(wide.values())}, 2 Envoys {sum(narrow.values())}")
+    print(f"\nservice down ({stack.service}), fallback.envoys {FALLBACK_ENVOYS}, limit "
+          f"{FALLBACK_QUOTA}, fleet heard {heard}: 4 Envoys admitted {sum(wide.values())}, "
+          f"2 Envoys {sum(narrow.values())}")
