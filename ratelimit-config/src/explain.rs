@@ -185,8 +185,9 @@ fn calls_line(batch: &BatchConfig) -> String {
 }
 
 /// What a request of `group` gets when the service cannot decide, and
-/// when the filter stops asking, for `explain`.
-fn failure_lines(c: &PluginConfig) -> String {
+/// when the filter stops asking, for `explain`. With the counter as the
+/// service, the local fallback's `N` is the fleet's size it answers.
+fn failure_lines(c: &PluginConfig, service: Service) -> String {
     let policy = match c.on_failure {
         OnFailure::Allow => "allow: let through, unlimited (fail open)".to_string(),
         OnFailure::Deny => format!("deny: answered {} (status_on_error)", c.status_on_error),
@@ -195,10 +196,18 @@ fn failure_lines(c: &PluginConfig) -> String {
                 Share::Configured => "",
                 Share::Learned => ", or the share of this tenant's traffic it was seen to send (fallback.share \"learned\")",
             };
-            format!(
-                "local: each Envoy enforces 1/{} of each limit alone (fallback.envoys){learned}",
-                c.fallback.envoys
-            )
+            match service {
+                Service::Counter => format!(
+                    "local: each Envoy enforces 1/N of each limit alone, N the fleet's size the \
+                     counter answers (the Envoys that called it for the domain within its \
+                     --fleet-interval-ms), {} until one is heard (fallback.envoys){learned}",
+                    c.fallback.envoys
+                ),
+                Service::EnvoyRatelimit => format!(
+                    "local: each Envoy enforces 1/{} of each limit alone (fallback.envoys){learned}",
+                    c.fallback.envoys
+                ),
+            }
         }
     };
     let b = &c.breaker;
@@ -492,7 +501,7 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         let _ = writeln!(out, "calls:   {}", calls_line(batch));
     }
     if let Some(c) = opts.plugin {
-        out.push_str(&failure_lines(c));
+        out.push_str(&failure_lines(c, opts.service));
     }
     if opts.service == Service::Counter {
         let _ = writeln!(
@@ -531,9 +540,13 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         if let Some(c) = opts.plugin.filter(|c| c.on_failure == OnFailure::Local) {
             let _ = writeln!(
                 out,
-                "  fallback:   {} per {} on each Envoy while the service cannot decide",
+                "  fallback:   {} per {} on each Envoy while the service cannot decide{}",
                 limit / c.fallback.envoys.max(1),
-                unit.service_unit()
+                unit.service_unit(),
+                match opts.service {
+                    Service::Counter => " (until the fleet's size is heard; then the limit / N)",
+                    Service::EnvoyRatelimit => "",
+                }
             );
         }
     }
@@ -841,6 +854,25 @@ mod tests {
         assert!(
             local.contains(
                 "\n  fallback:   6 per minute on each Envoy while the service cannot decide\n"
+            ),
+            "{local}"
+        );
+    }
+
+    #[test]
+    fn with_the_counter_the_fallback_share_follows_the_fleet() {
+        let t = r#"{"domain": "d", "rate_limit_service": {"cluster": "c"}, "limits": {"x-t": {"default": {"perminute": 20}}}, "on_failure": "local", "fallback": {"envoys": 3}}"#;
+        let c = crate::parse_plugin_config(t.as_bytes()).unwrap().0;
+        let opts = ExplainOptions {
+            plugin: Some(&c),
+            service: Service::Counter,
+            ..OPTS
+        };
+        let local = explain(&c.limits, &opts, "a", 0);
+        assert!(local.contains("\nfailure: local: each Envoy enforces 1/N of each limit alone, N the fleet's size the counter answers (the Envoys that called it for the domain within its --fleet-interval-ms), 3 until one is heard (fallback.envoys)\n"), "{local}");
+        assert!(
+            local.contains(
+                "\n  fallback:   6 per minute on each Envoy while the service cannot decide (until the fleet's size is heard; then the limit / N)\n"
             ),
             "{local}"
         );
