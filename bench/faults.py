@@ -15,11 +15,20 @@ the faults a fleet meets:
       the fleet grown from 2 Envoys to 4 under load and shrunk back to 2,
       the service up
   fleet-down
-      the same with the service stopped: 2 Envoys, the service stopped,
-      grown to 4, shrunk to 2, the service started again
+      with the counter as the service: 2 Envoys grown to 4 (each hears
+      the fleet's size, 4), the service stopped, shrunk to 2, the service
+      started again: the local fallback's share follows the fleet
+  fleet-down-static
+      with envoyproxy/ratelimit (no size answered): 2 Envoys, the service
+      stopped, grown to 4, shrunk to 2, the service started again: the
+      configured share, 1 / fallback.envoys
   regions
-      one of two regions cut off from the rebalancer, then traffic moved
-      from one region to the other: a row of the table, not run yet
+      a global limit over two regions (each a Redis, a counter and an
+      Envoy, one rebalancer; docs/scaling.md, "Several regions"): the
+      tenant's traffic at 90/10, moved to 10/90, then region b cut off
+      from the rebalancer (its Redis behind a proxy that holds) while the
+      traffic moves to 50/50, then b reachable again; the counter, exact
+      mode only (RegionsRun)
 
 Each case is a list of phases (CASES: the case table; a new case is a new
 entry, a changed promise a changed text). A phase's `before` action runs
@@ -50,6 +59,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +97,9 @@ class Phase:
     # "grow:N", "shrink:N", "service_down", "service_up".
     before: tuple[str, ...] = ()
     during: tuple[str, ...] = ()
+    # The regions case: the tenant's requests to region a's Envoy and to
+    # b's in each round.
+    split: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,8 @@ class Case:
     envoys: int = 2  # at the start; also the local fallback's fallback.envoys
     # The rate-limit service: None for --faults-service.
     service: str | None = None
+    # The configurations it runs for (of those chosen).
+    configs: tuple[str, ...] = CONFIGS
     # Not run yet, and why.
     pending: str = ""
 
@@ -152,7 +167,26 @@ CASES = (
              "sync": "over by at most 2 x (E - 1) x max_unsynced per window, E the Envoys "
                      "serving the tenant",
          }),
-    Case("fleet-down", "The fleet grown from 2 Envoys to 4 and shrunk back, the service down",
+    # With the counter, the fallback's share follows the fleet: each Envoy
+    # 1/N of each limit, N the fleet's size it last heard (docs/failures.md,
+    # "The fallback share follows the fleet"); the fleet grown while the
+    # service answers, so that every Envoy heard 4 before the outage.
+    Case("fleet-down", "The fleet grown from 2 Envoys to 4, then the service down and the "
+         "fleet shrunk back (the counter: the share follows the fleet)",
+         (Phase("2 Envoys"),
+          Phase("growing to 4", during=("grow:4",)),
+          Phase("4 Envoys, down", "failing", before=("hear:4", "service_down")),
+          Phase("2 Envoys, down", "failing", before=("shrink:2",)),
+          Phase("after", before=("service_up",))),
+         promised={
+             "*": "every request fails open, counted (at once once the breaker is open)",
+             "local": "each Envoy 1 / N of each limit, N the fleet's size it last heard "
+                      "(4): 4 Envoys the limit; shrunk to 2 during the outage, each still "
+                      "1/4 (undershoot: an Envoy stopped within the interval still counts)",
+         }, service="counter"),
+    # envoyproxy/ratelimit answers no size: the configured share.
+    Case("fleet-down-static", "The fleet grown from 2 Envoys to 4 and shrunk back, the "
+         "service down (envoyproxy/ratelimit: the configured share)",
          (Phase("2 Envoys"),
           Phase("2, service down", "failing", before=("service_down",)),
           Phase("growing to 4, down", "failing", during=("grow:4",)),
@@ -166,9 +200,24 @@ CASES = (
              "local": "each Envoy 1 / fallback.envoys (2) of each limit: 2 Envoys the "
                       "limit, 4 Envoys twice it; an Envoy started during the outage its "
                       "whole share",
-         }),
-    Case("regions", "One of two regions cut off from the rebalancer; traffic moved between "
-         "regions", (), pending="needs regional allocations and their rebalancer"),
+         }, service="envoy-ratelimit"),
+    Case("regions", "A global limit over two regions: traffic moved from one region to the "
+         "other, one region cut off from the rebalancer, then reachable again",
+         (Phase("90/10", split=(9, 1)),
+          Phase("moved to 10/90", split=(1, 9)),
+          Phase("b cut off, 50/50", "failing", before=("cut",), split=(5, 5)),
+          Phase("b reachable, 50/50", before=("mend",), split=(5, 5))),
+         promised={
+             "exact": "the regions together at most the limit in every window (no "
+                      "overshoot, by construction); a moved demand's allocation within "
+                      "ceil(3 x demand-ms / period) + 2 periods; undershoot at most the "
+                      "moved demand's hits over those periods",
+             "cut": "the cut-off region keeps its last allocation, the other keeps its "
+                    "own (not given b's): each region within what it held, the total "
+                    "within the limit; allocations unchanged",
+             "mend": "rebalancing resumes with the next period: the allocations follow "
+                     "the 50/50 demand within the same bound",
+         }, service="counter", redis="regions", configs=("exact",)),
 )
 CASE_NAMES = tuple(c.name for c in CASES)
 
@@ -264,6 +313,20 @@ class Run:
         while len(self.fleet) > n:
             self.fleet.pop().stop()
 
+    def heard(self) -> list[int]:
+        """The fleet's size each Envoy holds (its gauge; 0: none heard)."""
+        return [e.filter_counters().get("fleet_envoys", 0) for e in self.fleet]
+
+    def hear(self, n: int) -> None:
+        """Requests through every Envoy (a new tenant each: a call each)
+        until each holds `n` as the fleet's size (the counter's answers)."""
+        def heard() -> bool:
+            for e in self.fleet:
+                h.send(e.url, h.unique("warm"))
+            return self.heard() == [n] * len(self.fleet)
+
+        h.wait_until(heard, f"{len(self.fleet)} Envoys hear a fleet of {n}", 60)
+
     def kill_primary(self) -> None:
         """The primary holding the pinned tenant's per-second counter of the
         next second, killed; returns once its replica is promoted."""
@@ -288,6 +351,8 @@ class Run:
             self.grow(int(arg))
         elif name == "shrink":
             self.shrink(int(arg))
+        elif name == "hear":
+            self.hear(int(arg))
         elif name == "service_down":
             self.rls.stop()
         elif name == "service_up":
@@ -303,6 +368,7 @@ class Run:
             self.action(a)
         secs = self.args.faults_phase_s
         b = self.bench
+        heard = self.heard()
         c0 = self.counters()
         t0 = time.time()
         wrks = [("pinned", b.wrk_start(self.fleet[0].url, ("single", self.pin), h.TENANT_HEADER,
@@ -336,9 +402,168 @@ class Run:
         p99 = {role: max((r["latency_us"]["p99"] / 1000 for rr, r in done if rr == role),
                          default=0.0) for role in ("pinned", "skewed")}
         return {"phase": phase.name, "state": phase.state, "envoys": len(self.fleet),
+                "fleet_heard": heard,
                 "start": t0, "end": t1, "statuses": statuses, "wrk_errors": errors,
                 "requests": sum(r["requests"] for _, r in done), "p99_ms": p99,
                 "counters": counted, "sent": sent}
+
+
+# ------------------------------------------------------------------ regions
+
+# The regions case: one tenant's global limit, per second (each second a
+# window), the rebalancer's period and demand average (docs/scaling.md,
+# "Several regions"), and the traffic: rounds of 10 requests split between
+# the regions, one round every REGIONS_PACE_S (about 60 to 100 requests a
+# second on this machine: over the limit, so that every window can fill).
+REGIONS_LIMIT = 40
+REGIONS_PERIOD_MS = 200
+REGIONS_DEMAND_MS = 1_000
+REGIONS_PACE_S = 0.05
+# "a moved demand's allocation reaches (within a tenth) its new share
+# within ceil(3 x demand-ms / period) + 2 periods"
+REGIONS_FOLLOW_PERIODS = math.ceil(3 * REGIONS_DEMAND_MS / REGIONS_PERIOD_MS) + 2
+
+
+class RegionsRun:
+    """The regions case: two regions on loopback (harness/regions.py), one
+    tenant, the phases' splits; per phase and window (second) what each
+    region's Redis counted, read as the windows go (exact, the counter's
+    own windows)."""
+
+    def __init__(self, stack: h.Stack, case: Case, args, tag: str):
+        from harness.regions import Regions
+
+        self.case, self.args = case, args
+        self.r = Regions(stack, REGIONS_LIMIT, "persecond", period_ms=REGIONS_PERIOD_MS,
+                         demand_ms=REGIONS_DEMAND_MS, tenant=f"glob-{tag}")
+        self.counts: dict[str, dict[int, int]] = {"a": {}, "b": {}}
+
+    def close(self) -> None:
+        self.r.close()
+
+    def read_counts(self, sec: int) -> None:
+        """Each region's count of the windows `sec` - 1 and `sec` (they only
+        grow; the last read stands)."""
+        for name, region in (("a", self.r.a), ("b", self.r.b)):
+            for s in (sec - 1, sec):
+                got = self.r.admitted(region, s * 1000)
+                if got:
+                    self.counts[name][s] = max(got, self.counts[name].get(s, 0))
+
+    def phase(self, p: Phase) -> dict:
+        r = self.r
+        # The region whose allocation is to follow its share of this
+        # phase's demand (held below 90% of it): the periods until it is
+        # within a tenth of it are counted, from before the phase's actions
+        # (b reachable again: from the moment it is); none while b is cut off.
+        gainer, target = None, 0.0
+        if p.state == "ok":
+            for name, region in (("a", r.a), ("b", r.b)):
+                want = 0.9 * REGIONS_LIMIT * p.split[0 if name == "a" else 1] / sum(p.split)
+                if r.held(region) < want:
+                    gainer, target = name, want
+        p0 = r.periods()
+        cut_at = None
+        for a in p.before:
+            if a == "cut":
+                r.cut()
+                cut_at = {"a": r.held(r.a), "b": r.held(r.b)}
+            elif a == "mend":
+                r.mend()
+            else:
+                raise h.HarnessError(f"unknown action {a!r}")
+        secs = self.args.faults_phase_s
+        sent: dict[str, dict[int, int]] = {"a": {}, "b": {}}
+        statuses: dict[str, dict[int, int]] = {"a": {}, "b": {}}
+        lock = threading.Lock()
+
+        def record(region: str, t: float, status: int) -> None:
+            with lock:
+                sec = int(t)
+                sent[region][sec] = sent[region].get(sec, 0) + 1
+                statuses[region][status] = statuses[region].get(status, 0) + 1
+
+        t0 = time.time()
+        followed: list[int] = []
+        # Long enough for the allocation to follow (twice the bound's time).
+        follow_s = 2 * REGIONS_FOLLOW_PERIODS * REGIONS_PERIOD_MS / 1000
+
+        def until() -> bool:
+            now = time.time()
+            self.read_counts(int(now))
+            if gainer and not followed and r.held(getattr(r, gainer)) >= target:
+                followed.append(r.periods() - p0)
+            if now - t0 < secs:
+                return False
+            return not gainer or bool(followed) or now - t0 >= max(secs, follow_s)
+
+        r.drive(p.split, until, p.name, deadline_s=max(secs, follow_s) + 5,
+                pace_s=REGIONS_PACE_S, fail=False, record=record)
+        t1 = time.time()
+        # The last window's final counts.
+        time.sleep(0.2)
+        self.read_counts(int(t1))
+        self.read_counts(int(t1) + 1)
+        held = {"a": r.held(r.a), "b": r.held(r.b)}
+        return {"phase": p.name, "state": p.state, "split": list(p.split), "start": t0,
+                "end": t1, "sent": sent, "statuses": statuses, "held_at_cut": cut_at,
+                "held": held, "periods": r.periods() - p0, "gainer": gainer,
+                "follow_target": round(target, 1),
+                "followed_in_periods": followed[0] if followed else None,
+                "unreachable": {n: r.unreachable(n) for n in ("a", "b")}}
+
+    def windows(self, phase: dict) -> list[dict]:
+        """The phase's whole seconds: sent, admitted (each region's count),
+        overshoot and undershoot of the total against the limit."""
+        out = []
+        for sec in range(math.ceil(phase["start"]), math.floor(phase["end"])):
+            s = sum(phase["sent"][n].get(sec, 0) for n in ("a", "b"))
+            a, b = self.counts["a"].get(sec, 0), self.counts["b"].get(sec, 0)
+            out.append({"second": sec, "sent": s, "admitted_a": a, "admitted_b": b,
+                        "admitted": a + b, "over": max(0, a + b - REGIONS_LIMIT),
+                        "under": max(0, min(s, REGIONS_LIMIT) - a - b)})
+        return out
+
+    def check(self, p: Phase, phase: dict, wins: list[dict]) -> tuple[str, str]:
+        """(the promise for this phase, whether its figures keep it)."""
+        ok = all(w["over"] == 0 for w in wins)
+        text = self.case.promised["exact"]
+        if "cut" in p.before:
+            text = self.case.promised["cut"]
+            cut = phase["held_at_cut"]
+            ok = ok and phase["held"] == cut and all(
+                w["admitted_a"] <= cut["a"] and w["admitted_b"] <= cut["b"] for w in wins)
+            ok = ok and phase["unreachable"]["b"] == 1
+        elif "mend" in p.before:
+            text = self.case.promised["mend"]
+            ok = ok and phase["unreachable"]["b"] == 0
+        if phase["gainer"]:
+            n = phase["followed_in_periods"]
+            ok = ok and n is not None and n <= REGIONS_FOLLOW_PERIODS
+            # The undershoot: at most the moved demand's hits (the gaining
+            # region's, per period) over the periods the bound allows.
+            g = phase["gainer"]
+            per_period = (sum(phase["sent"][g].values()) / max(phase["end"] - phase["start"], 1)
+                          * REGIONS_PERIOD_MS / 1000)
+            ok = ok and sum(w["under"] for w in wins) <= per_period * REGIONS_FOLLOW_PERIODS
+        return text, "yes" if ok else "NO"
+
+    def rows(self, phases: list[dict]) -> list[dict]:
+        out = []
+        for p_def, p in zip(self.case.phases, phases):
+            wins = self.windows(p)
+            promise, kept = self.check(p_def, p, wins)
+            out.append({"phase": p["phase"], "tenant": "global", "limit": REGIONS_LIMIT,
+                        "windows": wins, "promised": promise, "as_promised": kept})
+            w = wins or [{"admitted": 0, "over": 0, "under": 0}]
+            print(f"  {self.case.name:<15} {'exact':<6} {p['phase']:<20} "
+                  f"admitted/s {sum(x['admitted'] for x in w) / len(w):6.1f} of "
+                  f"{REGIONS_LIMIT} (max {max(x['admitted'] for x in w)}) over "
+                  f"{sum(x['over'] for x in w)} under {sum(x['under'] for x in w)}"
+                  f"  held a {p['held']['a']} b {p['held']['b']}"
+                  f"  followed in {p['followed_in_periods']} periods"
+                  f" (bound {REGIONS_FOLLOW_PERIODS})  {kept}", flush=True)
+        return out
 
 
 def windows_of(phase: dict, tenant: str, admitted: dict[str, dict[str, int]],
@@ -404,7 +629,11 @@ def check(case: Case, phase_def: Phase, cfg: str, phase: dict, tenant: str, limi
         return text, "yes" if ok else "NO"
     text = case.promised.get(cfg, case.promised.get("*", ""))
     if cfg == "local":
-        cap = serving * math.ceil(limit / case.envoys)
+        # Each Envoy 1 / N: N the fleet's size it heard (the counter), or
+        # fallback.envoys (none heard; envoyproxy/ratelimit answers none).
+        sizes = [n or case.envoys for n in phase.get("fleet_heard", [])] or [case.envoys]
+        shares = sorted((math.ceil(limit / n) for n in sizes), reverse=True)
+        cap = sum(shares[:serving])
         if c.get("allowed"):
             # The service still answered some Envoys (a breaker closed, a
             # tenant whose counter lives elsewhere): it admits up to the limit
@@ -440,8 +669,22 @@ def run(args, out: Path, bench) -> dict:
             continue
         service = case.service or args.faults_service
         entry["service"] = service
-        for cfg in cfgs:
+        for cfg in [c for c in cfgs if c in case.configs]:
             tag = f"{case.name}-{cfg}-{int(time.time()) % 100000}"
+            if case.redis == "regions":
+                with h.Stack(out / "faults" / f"{case.name}-{cfg}", service=service) as stack:
+                    rr = RegionsRun(stack, case, args, tag)
+                    try:
+                        phases = [rr.phase(p) for p in case.phases]
+                    finally:
+                        rr.close()
+                entry["settings"] = {"limit_per_second": REGIONS_LIMIT,
+                                     "period_ms": REGIONS_PERIOD_MS,
+                                     "demand_ms": REGIONS_DEMAND_MS,
+                                     "follow_bound_periods": REGIONS_FOLLOW_PERIODS}
+                entry["runs"].append({"config": cfg, "phases": phases,
+                                      "rows": rr.rows(phases)})
+                continue
             with h.Stack(out / "faults" / f"{case.name}-{cfg}", service=service) as stack:
                 r = Run(stack, case, cfg, args, bench, tag)
                 phases = [r.phase(p) for p in case.phases]
@@ -491,6 +734,9 @@ def markdown(faults: dict | None) -> str:
         if case["pending"]:
             lines += [f"Not run: {case['pending']}.", ""]
             continue
+        if case["redis"] == "regions":
+            lines += regions_markdown(case)
+            continue
         lines += [f"Service: {case.get('service')}, Redis: {case['redis']}.", "",
                   "| config | phase | tenant | admitted / window (max) | limit | over | under "
                   "| p99 ms | failed open | fallback | promised | as promised |",
@@ -513,3 +759,37 @@ def markdown(faults: dict | None) -> str:
                     f"| {row['promised']} | {row['as_promised']} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def regions_markdown(case: dict) -> list[str]:
+    """The regions case's table: per phase, the two regions' total per
+    window against the limit, the allocations, the periods a moved
+    allocation took."""
+    st = case.get("settings", {})
+    lines = [f"Service: the counter, a Redis per region; one tenant, "
+             f"{st.get('limit_per_second')} per second global; rebalancer --period-ms "
+             f"{st.get('period_ms')} --demand-ms {st.get('demand_ms')} (bound: "
+             f"{st.get('follow_bound_periods')} periods). Admitted: what each region's Redis "
+             "counted in the window.", "",
+             "| phase | split a/b | admitted / window, a + b (max) | limit | over | under "
+             "| held a / b at the end | periods to follow | promised | as promised |",
+             "|---|---|---:|---:|---:|---:|---|---:|---|---|"]
+    for run in case["runs"]:
+        by_phase = {p["phase"]: p for p in run["phases"]}
+        for row in run["rows"]:
+            p = by_phase[row["phase"]]
+            w = row["windows"] or [{"admitted": 0, "admitted_a": 0, "admitted_b": 0,
+                                    "over": 0, "under": 0}]
+            n = len(w)
+            lines.append(
+                f"| {row['phase']} | {p['split'][0]}/{p['split'][1]} "
+                f"| {sum(x['admitted'] for x in w) / n:.1f} = "
+                f"{sum(x['admitted_a'] for x in w) / n:.1f} + "
+                f"{sum(x['admitted_b'] for x in w) / n:.1f} "
+                f"({max(x['admitted'] for x in w)}) | {row['limit']} "
+                f"| {sum(x['over'] for x in w)} | {sum(x['under'] for x in w)} "
+                f"| {p['held']['a']} / {p['held']['b']} "
+                f"| {p['followed_in_periods'] if p['gainer'] else ''} "
+                f"| {row['promised']} | {row['as_promised']} |")
+    lines.append("")
+    return lines
