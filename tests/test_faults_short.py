@@ -97,6 +97,11 @@ def test_redis_slower_than_the_timeout_gives_on_failure_and_opens_the_breaker(st
     fleet = harness.Fleet(gen, redis, rls, upstream, list(envoys.values()))
     ensure_window_room(3600, 120)
     wait_until(lambda: answered_by_service(fleet), "the service answers each Envoy", RECOVERY_S)
+    if stack.service == "counter":
+        # The three Envoys call for one domain: each hears a fleet of 3.
+        hear_fleet(list(envoys.values()), len(envoys))
+    (heard,) = fleet_heard([envoys["local"]])
+    share = fallback_share(stack.service, SLOW_QUOTA, 1, heard)
     before = {p: e.filter_counters() for p, e in envoys.items()}
 
     link.latency(SLOW_LATENCY_MS)
@@ -113,12 +118,14 @@ def test_redis_slower_than_the_timeout_gives_on_failure_and_opens_the_breaker(st
     # deny: every request gets status_on_error.
     assert tally(got["deny"]) == Counter({503: n}), harness.summary(got["deny"])
     assert counted["deny"]["failure_mode_denied"] == n, dict(counted["deny"])
-    # local: the tenant's whole limit (fallback.envoys 1), then 429 with Retry-After.
+    # local: the Envoy's share (`fallback_share`: with envoyproxy/ratelimit
+    # the whole limit, fallback.envoys 1; with the counter a third, the
+    # fleet it heard), then 429 with Retry-After.
     statuses = [r.status for r in got["local"]]
-    assert statuses == [200] * SLOW_QUOTA + [429] * (n - SLOW_QUOTA), harness.summary(got["local"])
+    assert statuses == [200] * share + [429] * (n - share), harness.summary(got["local"])
     assert all("retry-after" in r.headers for r in got["local"] if r.status == 429)
-    assert counted["local"]["fallback_allowed"] == SLOW_QUOTA, dict(counted["local"])
-    assert counted["local"]["fallback_over_limit"] == n - SLOW_QUOTA, dict(counted["local"])
+    assert counted["local"]["fallback_allowed"] == share, dict(counted["local"])
+    assert counted["local"]["fallback_over_limit"] == n - share, dict(counted["local"])
     for p, c in counted.items():
         # Every request undecided: a failed call or none (the breaker open).
         assert c["rls_error"] + c["breaker_skipped"] == n, (p, dict(c))
