@@ -652,8 +652,8 @@ def run(args, out: Path, bench) -> dict:
     bench/bench.py (its wrk, counting upstream and access-log reader)."""
     chosen = [c for c in CASES if c.name in args.faults_cases.split(",")]
     cfgs = [c for c in CONFIGS if c in args.faults_configs.split(",")]
-    print(f"Faults: {', '.join(c.name for c in chosen)} x {', '.join(cfgs)}, "
-          f"{args.faults_phase_s} s a phase", flush=True)
+    print(f"Faults: {', '.join(c.name for c in chosen)} x {', '.join(cfgs)} (regions: "
+          f"exact only), {args.faults_phase_s} s a phase", flush=True)
     results: dict = {"settings": {
         "timeout_ms": TIMEOUT_MS, "phase_s": args.faults_phase_s,
         "limits_per_second": {"pinned": PIN_LIMIT, "skewed": SKEW_LIMIT},
