@@ -4,6 +4,9 @@
 //! `counters!` writes the enum and the name array from the same list, so a
 //! counter cannot be shown under another one's name, whatever the order.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
         /// A counter the request flow increments.
@@ -118,10 +121,59 @@ counters! {
     ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
     /// Refused (400): the tenant header was sent more than once; no call.
     TenantRepeated => "tenant_ratelimit.tenant_repeated",
+    /// Flushes of a VM's counts to Envoy, one per VM per tick (counted in
+    /// the flush it counts): a count is in Envoy's stats once its VM has
+    /// flushed after it (`Pending`).
+    StatsFlushes => "tenant_ratelimit.stats_flushes",
 }
 
 /// How many counters there are.
 pub const COUNTERS: usize = Counter::ALL.len();
+
+/// How often, at the longest, a VM's counts reach Envoy's stats: the
+/// root's tick is at most this long (`root::tick_ms`'s or this, the
+/// shorter), and every tick flushes. A scrape every 15 s sees the same.
+pub const STATS_FLUSH_MS: u64 = 250;
+
+/// Counter increments kept in the VM, by metric id, until the next flush
+/// (the tick): a request adds to a counter with no host call, and a tick
+/// makes one `increment_metric` per counter that moved. A count is in
+/// Envoy's stats at most one tick after it was made. Bounded by the
+/// metrics defined at configure (ids are keys); a borrow that fails (never,
+/// in one thread) drops that count.
+#[derive(Debug, Default)]
+pub struct Pending {
+    counts: RefCell<BTreeMap<u32, u64>>,
+}
+
+impl Pending {
+    /// Adds `n` to the counter with metric id `id`.
+    pub fn add(&self, id: u32, n: u64) {
+        if let Ok(mut counts) = self.counts.try_borrow_mut() {
+            let count = counts.entry(id).or_insert(0);
+            *count = count.saturating_add(n);
+        }
+    }
+
+    /// Hands every count kept to `increment` (one call per counter that
+    /// moved since the last flush), and forgets it.
+    pub fn flush(&self, mut increment: impl FnMut(u32, u64)) {
+        let counts = match self.counts.try_borrow_mut() {
+            Ok(mut counts) => std::mem::take(&mut *counts),
+            Err(_) => return,
+        };
+        for (id, n) in counts {
+            if n > 0 {
+                increment(id, n);
+            }
+        }
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.counts.try_borrow().is_ok_and(|c| c.is_empty())
+    }
+}
 
 /// A histogram the request flow records values in (an Envoy histogram:
 /// `wasmcustom.<name>` in `/stats`, `<name with _>_bucket{le=…}` in
@@ -335,6 +387,8 @@ pub struct MetricIds {
     pub routes: Vec<Option<u32>>,
     /// By group index: the index in `routes` of its first route.
     pub route_base: Vec<usize>,
+    /// The counts not yet flushed to Envoy.
+    pub pending: Pending,
 }
 
 impl MetricIds {
@@ -388,6 +442,7 @@ impl MetricIds {
             gauges,
             routes: Vec::new(),
             route_base: Vec::new(),
+            pending: Pending::default(),
         }
     }
 
@@ -446,7 +501,11 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 30);
+        assert_eq!(COUNTERS, 31);
+        assert_eq!(
+            Counter::StatsFlushes.name(),
+            "tenant_ratelimit.stats_flushes"
+        );
         assert_eq!(Gauge::BreakerOpen.name(), "tenant_ratelimit.breaker_open");
         assert_eq!(
             Counter::TenantRepeated.name(),
@@ -571,6 +630,33 @@ mod tests {
     fn each_group_takes_the_series_the_configuration_says() {
         // ratelimit-config's warning counts what a group costs.
         assert_eq!(GROUP_COUNTERS, ratelimit_config::plugin::SERIES_PER_GROUP);
+    }
+
+    #[test]
+    fn pending_counts_reach_the_host_once_each_on_the_next_flush() {
+        let pending = Pending::default();
+        let flushed = |p: &Pending| {
+            let mut out = Vec::new();
+            p.flush(|id, n| out.push((id, n)));
+            out.sort_unstable();
+            out
+        };
+        assert!(pending.is_empty());
+        assert_eq!(flushed(&pending), vec![]);
+        // Between two ticks: no host call, only sums.
+        pending.add(7, 1);
+        pending.add(9, 2);
+        pending.add(7, 1);
+        pending.add(3, 0);
+        assert!(!pending.is_empty());
+        // The tick: one increment per counter that moved, with its sum.
+        assert_eq!(flushed(&pending), vec![(7, 2), (9, 2)]);
+        // Counted once: the next tick has nothing (stale by one tick at most).
+        assert!(pending.is_empty());
+        assert_eq!(flushed(&pending), vec![]);
+        pending.add(9, u64::MAX);
+        pending.add(9, 5);
+        assert_eq!(flushed(&pending), vec![(9, u64::MAX)]);
     }
 
     #[test]
