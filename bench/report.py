@@ -12,7 +12,7 @@ window of the tracked tenants against their limit (see quota_windows).
 
 Then, per scenario and configuration, what a request costs: throughput
 against Envoy native, `wasm_noop` (the ceiling of any wasm filter) and, in
-the local-shed scenario, `wasm_reply` (the floor of a wasm refusal), paired
+the local-shed and hot scenarios, `wasm_reply` (the floor of a wasm refusal), paired
 per repetition; p99 against native; rate-limit calls per request;
 descriptors per call; Redis INCRBY and all Redis commands per request; and
 the CPU time per request of each process (see cost_rows).
