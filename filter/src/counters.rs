@@ -121,8 +121,8 @@ counters! {
     ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
     /// Refused (400): the tenant header was sent more than once; no call.
     TenantRepeated => "tenant_ratelimit.tenant_repeated",
-    /// Flushes of a VM's counts to Envoy, one per VM per tick (counted in
-    /// the flush it counts): a count is in Envoy's stats once its VM has
+    /// Flushes of a VM's counts to Envoy, one per VM every
+    /// `STATS_FLUSH_MS` (counted in the flush it counts): a count is in Envoy's stats once its VM has
     /// flushed after it (`Pending`).
     StatsFlushes => "tenant_ratelimit.stats_flushes",
 }
@@ -130,15 +130,25 @@ counters! {
 /// How many counters there are.
 pub const COUNTERS: usize = Counter::ALL.len();
 
-/// How often, at the longest, a VM's counts reach Envoy's stats: the
-/// root's tick is at most this long (`root::tick_ms`'s or this, the
-/// shorter), and every tick flushes. A scrape every 15 s sees the same.
+/// How often a VM's counts reach Envoy's stats: the root's tick is at
+/// most this long (`root::tick_ms`'s or this, the shorter), and the first
+/// tick this long after the last flush flushes (`flush_due`). A scrape
+/// every 15 s sees the same.
 pub const STATS_FLUSH_MS: u64 = 250;
 
+/// Whether a tick at `now_ms` flushes, the last flush at `last_ms`, the
+/// tick `tick_ms` long: once `STATS_FLUSH_MS` has passed, give or take
+/// half a tick (a tick of `STATS_FLUSH_MS` flushes every time, however
+/// its timer drifts; a lease tick of 20 ms every 240 ms or so).
+pub fn flush_due(now_ms: u64, last_ms: u64, tick_ms: u64) -> bool {
+    now_ms.saturating_sub(last_ms).saturating_add(tick_ms / 2) >= STATS_FLUSH_MS
+}
+
 /// Counter increments kept in the VM, by metric id, until the next flush
-/// (the tick): a request adds to a counter with no host call, and a tick
-/// makes one `increment_metric` per counter that moved. A count is in
-/// Envoy's stats at most one tick after it was made. Bounded by the
+/// (a tick, every `STATS_FLUSH_MS`: `flush_due`): a request adds to a
+/// counter with no host call, and a flush makes one `increment_metric` per
+/// counter that moved. A count is in Envoy's stats at most one flush
+/// period after it was made. Bounded by the
 /// metrics defined at configure (ids are keys); a borrow that fails (never,
 /// in one thread) drops that count.
 #[derive(Debug, Default)]
@@ -657,6 +667,29 @@ mod tests {
         pending.add(9, u64::MAX);
         pending.add(9, 5);
         assert_eq!(flushed(&pending), vec![(9, u64::MAX)]);
+    }
+
+    #[test]
+    fn every_tick_of_the_flush_period_flushes_a_shorter_one_about_every_period() {
+        // The tick of the flush period itself: every tick, early or late.
+        for now in [1_125, 1_200, 1_250, 1_400] {
+            assert!(flush_due(now, 1_000, STATS_FLUSH_MS), "{now}");
+        }
+        // A lease tick of 20 ms: not before 240 ms have passed.
+        assert!(!flush_due(1_220, 1_000, 20));
+        assert!(flush_due(1_240, 1_000, 20));
+        let (mut last, mut flushes) = (0, 0);
+        for tick in 1..=100 {
+            let now = tick * 20;
+            if flush_due(now, last, 20) {
+                (last, flushes) = (now, flushes + 1);
+            }
+        }
+        // 2 s of 20 ms ticks: 8 flushes (every 240 ms), none 260 ms apart.
+        assert_eq!(flushes, 8);
+        // The first tick after configure (the last flush at 0, the epoch)
+        // flushes.
+        assert!(flush_due(1_764_000_000_000, 0, 20));
     }
 
     #[test]

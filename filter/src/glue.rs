@@ -18,7 +18,8 @@ use ratelimit_config::parse_plugin_config;
 use crate::abi::{self, Level};
 use crate::compiled::Compiled;
 use crate::counters::{
-    route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind, STATS_FLUSH_MS,
+    flush_due, route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
+    STATS_FLUSH_MS,
 };
 use crate::flow::{Next, Stream};
 use crate::group::GroupId;
@@ -275,6 +276,10 @@ struct Shared {
     /// The root has work on a tick (`root::tick_ms`); without, the tick
     /// only flushes the counts.
     root_ticks: bool,
+    /// The tick period, in ms.
+    tick_ms: u64,
+    /// When the counts were last flushed (`counters::flush_due`).
+    flushed_ms: Cell<u64>,
 }
 
 /// A root context: its configuration (None until configured), and the
@@ -449,6 +454,8 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
         metrics,
         vm: Vm::new(slot_secret),
         root_ticks: root_tick.is_some(),
+        tick_ms: tick,
+        flushed_ms: Cell::new(0),
     });
     u32::from(with_root(root, |p| p.shared = Some(shared)).is_some())
 }
@@ -457,14 +464,19 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
 pub extern "C" fn proxy_on_tick(root: u32) {
     let shared = with_root(root, |p| {
         let s = p.shared.clone()?;
+        let host = Envoy::new(&s.metrics);
         if s.root_ticks {
-            p.root.on_tick(&s.compiled, &Envoy::new(&s.metrics), &s.vm);
+            p.root.on_tick(&s.compiled, &host, &s.vm);
         }
-        Some(s)
+        let now = host.now_ms();
+        Some((s, now))
     });
-    if let Some(Some(s)) = shared {
+    if let Some(Some((s, now))) = shared {
         deliver(&s);
-        flush_counts(&s.metrics);
+        if flush_due(now, s.flushed_ms.get(), s.tick_ms) {
+            flush_counts(&s.metrics);
+            s.flushed_ms.set(now);
+        }
     }
 }
 
