@@ -148,9 +148,14 @@ struct Envoy<'a> {
 
 impl<'a> Envoy<'a> {
     fn new(metrics: &'a MetricIds) -> Envoy<'a> {
+        Envoy::at(metrics, None)
+    }
+
+    /// The ports later in the same callback, the clock already read (or not).
+    fn at(metrics: &'a MetricIds, now_ms: Option<u64>) -> Envoy<'a> {
         Envoy {
             metrics,
-            now_ms: Cell::new(None),
+            now_ms: Cell::new(now_ms),
         }
     }
 
@@ -350,8 +355,8 @@ fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
 
 /// The answers `shared`'s root split out of its calls, each to its stream,
 /// acting for it. A stream that has ended since is skipped.
-fn deliver(shared: &Shared) {
-    let host = Envoy::new(&shared.metrics);
+fn deliver(shared: &Shared, now_ms: Option<u64>) {
+    let host = Envoy::at(&shared.metrics, now_ms);
     for d in shared.vm.batch.take_deliveries() {
         if abi::set_effective_context(d.stream).is_err() {
             continue;
@@ -472,7 +477,7 @@ pub extern "C" fn proxy_on_tick(root: u32) {
         Some((s, now))
     });
     if let Some(Some((s, now))) = shared {
-        deliver(&s);
+        deliver(&s, Some(now));
         if flush_due(now, s.flushed_ms.get(), s.tick_ms) {
             flush_counts(&s.metrics);
             s.flushed_ms.set(now);
@@ -487,10 +492,11 @@ fn on_grpc_answer(root: u32, token: u32, status: u32, size: usize) {
         let host = Envoy::new(&s.metrics);
         p.root
             .on_answer(&s.compiled, &host, &s.vm, token, status, size);
-        Some(s)
+        let now = host.now_ms.get();
+        Some((s, now))
     });
-    if let Some(Some(s)) = shared {
-        deliver(&s);
+    if let Some(Some((s, now))) = shared {
+        deliver(&s, now);
     }
 }
 
@@ -508,13 +514,15 @@ pub extern "C" fn proxy_on_grpc_close(root: u32, token: u32, status: u32) {
 pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end: u32) -> u32 {
     let step = with_stream(id, |http| {
         let s = http.shared.clone()?;
-        let next = (http.stream).on_request_headers(&s.compiled, &Envoy::new(&s.metrics), &s.vm);
-        Some((next, s))
+        let host = Envoy::new(&s.metrics);
+        let next = (http.stream).on_request_headers(&s.compiled, &host, &s.vm);
+        let now = host.now_ms.get();
+        Some((next, s, now))
     });
     match step {
-        Some(Some((next, s))) => {
+        Some(Some((next, s, now))) => {
             // A call that went out with other requests may have failed them.
-            deliver(&s);
+            deliver(&s, now);
             action(next)
         }
         _ => action(Next::Continue),
@@ -543,11 +551,12 @@ fn on_response(id: u32, trailers: bool) -> u32 {
         } else {
             (http.stream).on_response_headers(c, host, vm)
         };
-        Some((next, s))
+        let now = host.now_ms.get();
+        Some((next, s, now))
     });
     match step {
-        Some(Some((next, s))) => {
-            deliver(&s);
+        Some(Some((next, s, now))) => {
+            deliver(&s, now);
             action(next)
         }
         _ => action(Next::Continue),
