@@ -23,8 +23,26 @@ the whole benchmark:
                 the outage scenario runs it
   wasm_reply    bench/wasm-reply: a minimal proxy-wasm module answering every
                 request 429 from on_request_headers, the floor of any wasm
-                refusal; the local_shed scenario only, unless --configs
-                names it
+                refusal; the local_shed and hot scenarios only, unless
+                --configs names it
+  filter_logged this filter (mode "exact") with the refusal access log of
+                envoy/envoy.yaml.tmpl, as shipped (to /dev/null): the log's
+                cost per refusal is its difference to `filter`; the
+                local_shed and hot scenarios only, unless --configs names it
+
+--exact-batch off,1,4,16 adds, in the allowed scenario only, this filter
+in mode "exact" once per batching setting: `filter_batch_off`
+(rate_limit_service.batch false: one request per call) and
+`filter_batch_<n>` (batch.max_in_flight n: fewer calls under way, more
+requests per call). report.py fits Envoy's CPU per request against calls
+per request over them: what one call costs Envoy, and what more requests
+per call cost in latency (p50, p99 against native).
+
+Like with like: no configuration under test logs its refusals. The
+template's refusal access log (a JSON line per refusal behind a CEL filter
+evaluated on every request) is taken out of every Envoy rendered from it
+(`without_refusal_log`), as Envoy's native filters log nothing; the log's
+own cost is the `filter_logged` row.
 
 and the same against ratelimit-counter (target/counter/ratelimit-counter,
 `make build`), which reads the bench's team file itself, on the same Redis
@@ -113,7 +131,7 @@ WRK_SCRIPT = REPO / "bench" / "tenants.lua"
 CONFIGS = ("baseline", "wasm_noop", "native", "native_counter", "filter",
            "filter_exact_counter", "filter_exact_counter_memory", "filter_lease",
            "filter_lease_counter", "filter_sync", "filter_sync_counter", "filter_local",
-           "wasm_reply")
+           "wasm_reply", "filter_logged")
 # The configurations whose service is ratelimit-counter: (the Envoy they
 # are: "native" or this filter's local.mode, the counter's store).
 COUNTER_CONFIGS = {
@@ -130,7 +148,11 @@ NON_LIMITING = ("baseline", "wasm_noop", "wasm_reply")
 # outage one about the service), wasm_reply refuses everything (the floor of
 # the local shed). Named in --configs, they run wherever the others do.
 DEFAULT_SCENARIOS = {"wasm_noop": ("allowed", "hot", "local_shed", "mixed"),
-                     "wasm_reply": ("local_shed",),
+                     # The floor of a refusal: wherever nearly every request
+                     # is refused.
+                     "wasm_reply": ("local_shed", "hot"),
+                     # The refusal log's cost: where refusals are.
+                     "filter_logged": ("local_shed", "hot"),
                      # The counter: its cost on the allowed path (every
                      # store, every mode), and in the hot scenario what it
                      # admits per window when refused requests count nowhere.
@@ -164,6 +186,23 @@ EXTRA_CONFIGS = {
     # Another build of this filter (--alt-wasm), e.g. before a change.
     "filter_alt": "this filter, built from --alt-wasm",
 }
+# --exact-batch: this filter, mode exact, with one batching setting each.
+BATCH_PREFIX = "filter_batch_"
+
+
+def batch_setting(cfg: str) -> bool | int | None:
+    """A --exact-batch configuration's `rate_limit_service.batch`: False
+    (off) or its max_in_flight; None for any other configuration."""
+    if not cfg.startswith(BATCH_PREFIX):
+        return None
+    value = cfg[len(BATCH_PREFIX):]
+    if value == "off":
+        return False
+    if value.isdigit() and 1 <= int(value) <= 64:
+        return int(value)
+    return None
+
+
 TIMEOUT_MS = 1000  # both filters: the native template's `timeout: 1s`
 RLS_CACHE_BYTES = 64 * 1024 * 1024
 # Envoy stats kept per run (deltas): status classes, the native filters' own
@@ -296,6 +335,20 @@ def local_ratelimit_filter(limits: dict, indent: str, max_dynamic: int) -> str:
         *("    " + d for d in descriptors),
     ]
     return "".join(indent + line + "\n" for line in lines)
+
+
+_ACCESS_LOG = re.compile(r"^( *)access_log:\n(?:\1(?:- |  ).*\n)*", re.M)
+
+
+def without_refusal_log(text: str) -> str:
+    """An Envoy bootstrap rendered from envoy/envoy.yaml.tmpl without its
+    connection manager's access log (the refusal log): every configuration
+    under test then logs its refusals the same way, not at all, as the
+    native ones."""
+    found = _ACCESS_LOG.findall(text)
+    if len(found) != 1:
+        raise h.HarnessError(f"filter template: {len(found)} access_log blocks, expected 1")
+    return _ACCESS_LOG.sub("", text)
 
 
 def native_config(gen: h.Generated, max_dynamic: int, **ports) -> str:
@@ -745,6 +798,11 @@ def main() -> int:
     ap.add_argument("--pinned-quota", type=int, default=PINNED_QUOTA, metavar="N",
                     help="the pinned scenario's quota per minute "
                          f"({PINNED_QUOTA:,}; --smoke: 50)")
+    ap.add_argument("--exact-batch", default="", metavar="LIST",
+                    help="comma-separated batching settings of mode exact, each a "
+                         "configuration of its own in the allowed scenario: off (one "
+                         "request per call) or a max_in_flight from 1 to 64, e.g. off,1,4,16 "
+                         "(report.py: Envoy's CPU per call, latency per setting)")
     ap.add_argument("--flood", type=int, default=FLOOD_TENANTS, metavar="N",
                     help="after the scenarios, N distinct tenants through one Envoy on a "
                          "stack of their own (bench/flood.lua), Envoy's heap against the "
@@ -770,9 +828,15 @@ def main() -> int:
             ap.error(f"--scenario-configs {spec!r}: SCENARIO=CONFIG,... with a scenario among "
                      + ", ".join(sc.name for sc in SCENARIOS))
         per_scenario[name] = [c for c in cfgs.split(",") if c]
+    batches = [BATCH_PREFIX + b.strip() for b in args.exact_batch.split(",") if b.strip()]
+    bad = [b for b in batches if batch_setting(b) is None]
+    if bad:
+        ap.error(f"--exact-batch: {bad}: each off or a max_in_flight from 1 to 64")
+    configs += [b for b in batches if b not in configs]
     named = set(configs)
     configs += [c for cs in per_scenario.values() for c in cs if c not in configs]
-    unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS]
+    unknown = [c for c in configs if c not in CONFIGS and c not in EXTRA_CONFIGS
+               and batch_setting(c) is None]
     if unknown or not configs:
         ap.error(f"unknown configuration(s) {unknown}")
     if "filter_alt" in configs and (args.alt_wasm is None or not args.alt_wasm.is_file()):
@@ -792,6 +856,8 @@ def main() -> int:
     def runs_in(scenario: Scenario, cfg: str) -> bool:
         if scenario.name in per_scenario:
             return cfg in per_scenario[scenario.name]
+        if batch_setting(cfg) is not None:  # the batching sweep: allowed only
+            return scenario.name == "allowed" and cfg in named
         if cfg not in named:  # named by --scenario-configs only
             return False
         if not explicit and cfg in DEFAULT_SCENARIOS:
@@ -898,8 +964,26 @@ def main() -> int:
             elif cfg in MODE_CONFIGS:
                 moded = dict(plugin_cfg, local=dict(plugin_cfg["local"], mode=MODE_CONFIGS[cfg]))
                 text = h.render_envoy_config(moded, node_id=cfg, **ports)
+            elif batch_setting(cfg) is not None:
+                setting = batch_setting(cfg)
+                service = dict(plugin_cfg["rate_limit_service"])
+                batch = service.get("batch")
+                service["batch"] = False if setting is False else dict(
+                    batch if isinstance(batch, dict) else {}, max_in_flight=setting)
+                text = h.render_envoy_config(dict(plugin_cfg, rate_limit_service=service),
+                                             node_id=cfg, **ports)
+            elif cfg == "filter_logged":
+                # The one configuration that logs its refusals: the
+                # template's access log as shipped, to /dev/null (its cost
+                # in Envoy, without a disk's).
+                text = h.render_envoy_config(plugin_cfg, node_id=cfg,
+                                             access_log_path="/dev/null", **ports)
+                return start(name, text, listen, admin)
             else:
                 text = h.render_envoy_config(plugin_cfg, node_id="filter", **ports)
+            if cfg not in ("baseline", "native", "native_counter"):
+                # Rendered from envoy/envoy.yaml.tmpl: like with like.
+                text = without_refusal_log(text)
             return start(name, text, listen, admin)
 
         for cfg in configs:
@@ -958,6 +1042,8 @@ def main() -> int:
             "pinned_quota_per_minute": args.pinned_quota,
             "pinned_background_connections": PINNED_BACKGROUND_CONNECTIONS,
             "modes": MODE_CONFIGS,
+            "exact_batch": {c: batch_setting(c) for c in configs
+                            if batch_setting(c) is not None},
             "counter_configs": {c: {"envoy": k, "store": st}
                                 for c, (k, st) in COUNTER_CONFIGS.items() if c in configs},
             "counter_store_timeout_ms": counters.COUNTER_STORE_TIMEOUT_MS,

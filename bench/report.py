@@ -12,10 +12,16 @@ window of the tracked tenants against their limit (see quota_windows).
 
 Then, per scenario and configuration, what a request costs: throughput
 against Envoy native, `wasm_noop` (the ceiling of any wasm filter) and, in
-the local-shed scenario, `wasm_reply` (the floor of a wasm refusal), paired
+the local-shed and hot scenarios, `wasm_reply` (the floor of a wasm refusal), paired
 per repetition; p99 against native; rate-limit calls per request;
 descriptors per call; Redis INCRBY and all Redis commands per request; and
 the CPU time per request of each process (see cost_rows).
+
+Then the wasm boundary's targets this run can speak to (targets_markdown:
+throughput against native, wasm_reply and wasm_noop, and the Envoy CPU this
+filter adds above wasm_noop against what Envoy's own filters add above no
+filter), and the refusal log's own cost per refusal (refusal_log_markdown:
+`filter_logged` against `filter`).
 """
 from __future__ import annotations
 
@@ -25,7 +31,21 @@ import statistics
 import sys
 from pathlib import Path
 
-CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
+BATCH_PREFIX = "filter_batch_"  # bench.py --exact-batch
+
+
+class _Labels(dict):
+    """The configurations' labels; bench.py --exact-batch's by their setting."""
+
+    def __missing__(self, cfg: str) -> str:
+        if cfg.startswith(BATCH_PREFIX):
+            setting = cfg[len(BATCH_PREFIX):]
+            return ("this filter, one request per call" if setting == "off"
+                    else f"this filter, max_in_flight {setting}")
+        raise KeyError(cfg)
+
+
+CONFIG_LABELS = _Labels({"baseline": "no filter", "native": "Envoy native", "filter": "this filter",
                  "filter_lease": "this filter, lease", "filter_sync": "this filter, sync",
                  "filter_local": "this filter, on_failure local",
                  "wasm_noop": "wasm, no-op", "wasm_reply": "wasm, 429 at once",
@@ -35,7 +55,8 @@ CONFIG_LABELS = {"baseline": "no filter", "native": "Envoy native", "filter": "t
                  "filter_exact_counter": "this filter + counter",
                  "filter_exact_counter_memory": "this filter + counter, memory store",
                  "filter_lease_counter": "this filter, lease + counter",
-                 "filter_sync_counter": "this filter, sync + counter"}
+                 "filter_sync_counter": "this filter, sync + counter",
+                 "filter_logged": "this filter + refusal log"})
 # The counter's configurations against what they are compared with: the
 # same Envoy and calls against envoyproxy/ratelimit, and the memory store
 # against the Redis store.
@@ -260,6 +281,15 @@ def markdown(results: dict) -> str:
     counter = counter_markdown(results, summary)
     if counter:
         lines += ["", *counter]
+    targets = targets_markdown(results, summary)
+    if targets:
+        lines += ["", *targets]
+    log_cost = refusal_log_markdown(summary)
+    if log_cost:
+        lines += ["", *log_cost]
+    batching = batch_markdown(results, summary)
+    if batching:
+        lines += ["", *batching]
     if "pinned" in summary:
         lines += ["", *pinned_markdown(results, summary["pinned"])]
     if "service_side" in results:
@@ -352,6 +382,172 @@ def cost_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[st
         lines += ["", "†: Envoy's native filter counts no descriptors: the service's "
                   "total_hits per call (the native filter sends each descriptor with a "
                   "hits_addend of 1)."]
+    return lines
+
+
+# The wasm boundary's targets (one run, like with like): (scenario,
+# configuration, against, at least / at most, ratio). Throughput ratios are
+# paired per repetition (ratio_cell).
+THROUGHPUT_TARGETS = (
+    ("local_shed", "filter", "native", "≥", 1.0),
+    ("local_shed", "filter_lease", "native", "≥", 1.0),
+    ("local_shed", "filter_sync", "native", "≥", 1.0),
+    ("local_shed", "filter", "wasm_reply", "≥", 0.85),
+    ("local_shed", "filter_lease", "wasm_reply", "≥", 0.85),
+    ("local_shed", "filter_sync", "wasm_reply", "≥", 0.85),
+    ("allowed", "filter_lease", "wasm_noop", "≥", 0.85),
+    ("allowed", "filter_sync", "wasm_noop", "≥", 0.85),
+    ("allowed", "filter_lease_counter", "wasm_noop", "≥", 0.85),
+    ("allowed", "filter_sync_counter", "wasm_noop", "≥", 0.85),
+    ("allowed", "filter_exact_counter", "wasm_noop", "≥", 0.6),
+    ("hot", "filter", "wasm_reply", "≥", 0.9),
+    ("hot", "filter_exact_counter", "wasm_reply", "≥", 0.9),
+)
+# What this filter adds to Envoy's CPU per request above wasm_noop, over
+# what Envoy's own filters add above no filter (allowed path): at most.
+CPU_TARGETS = (("filter_lease", 0.15), ("filter_sync", 0.15),
+               ("filter_lease_counter", 0.15), ("filter_sync_counter", 0.15),
+               ("filter", 0.6), ("filter_exact_counter", 0.6))
+
+
+def added_cpu(per_cfg: dict[str, dict], cfg: str) -> tuple[float, float] | None:
+    """(µs of Envoy CPU per request `cfg` adds above wasm_noop, µs Envoy's
+    native filters add above no filter: native_counter for a configuration
+    against the counter, when it ran), both in one scenario."""
+    ref = "native_counter" if cfg.endswith("_counter") and "native_counter" in per_cfg \
+        else "native"
+    x = {c: per_request(per_cfg[c], "envoy") if c in per_cfg else None
+         for c in (cfg, "wasm_noop", ref, "baseline")}
+    if any(v is None for v in x.values()):
+        return None
+    return x[cfg] - x["wasm_noop"], x[ref] - x["baseline"]
+
+
+def targets_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[str]:
+    """Each target of the wasm boundary this run can say something about:
+    the figure, the target, met or short. p99 has no target within a run
+    (it is "no worse than before": compare the p99 column of two runs)."""
+    rows = []
+    for scenario, cfg, ref, op, target in THROUGHPUT_TARGETS:
+        per_cfg = summary.get(scenario, {})
+        if cfg not in per_cfg or ref not in per_cfg:
+            continue
+        r = paired_ratios(results, scenario, a=cfg, b=ref)
+        if r is None:
+            continue
+        met = r[0] >= target
+        rows.append(f"| {scenario} | {CONFIG_LABELS[cfg]} | req/s vs {CONFIG_LABELS[ref]} "
+                    f"| {r[0]:.2f}x ({r[1]:.2f}x) | {op} {target:g}x "
+                    f"| {'met' if met else 'short'} |")
+    per_cfg = summary.get("allowed", {})
+    for cfg, target in CPU_TARGETS:
+        if cfg not in per_cfg:
+            continue
+        added = added_cpu(per_cfg, cfg)
+        if added is None:
+            continue
+        figure = f"{added[0]:,.1f} / {added[1]:,.1f} µs"
+        if added[1] > 0:
+            ratio = added[0] / added[1]
+            figure += f" = {ratio:.2f}"
+            verdict = "met" if ratio <= target else "short"
+        else:  # native added nothing measurable: no ratio
+            verdict = "n/a"
+        rows.append(f"| allowed | {CONFIG_LABELS[cfg]} | Envoy CPU above wasm_noop / native's "
+                    f"above no filter | {figure} | ≤ {target:g} | {verdict} |")
+    if not rows:
+        return []
+    return [
+        "Targets (one run, like with like: no configuration logs its refusals). "
+        "Throughput: medians over repetitions of each repetition's ratio (in brackets "
+        "the worst). CPU: Envoy's user + system µs per request over the runs.",
+        "",
+        "| Scenario | Configuration | Figure | Value | Target | |",
+        "|---|---|---|---:|---|---|",
+        *rows,
+    ]
+
+
+def refusal_log_markdown(summary: dict[str, dict[str, dict]]) -> list[str]:
+    """The refusal access log's own cost: Envoy CPU per refusal of
+    `filter_logged` (envoy/envoy.yaml.tmpl's log, as shipped, to /dev/null)
+    less that of `filter` (no log), in each scenario both ran in."""
+    rows = []
+    for scenario, per_cfg in summary.items():
+        a, b = per_cfg.get("filter_logged"), per_cfg.get("filter")
+        if a is None or b is None:
+            continue
+        refused = [sum(n for code, n in x["statuses"].items() if str(code) == "429")
+                   for x in (a, b)]
+        if not all(refused):
+            continue
+        per_refusal = [1e6 * x["cpu_s"].get("envoy", 0.0) / n for x, n in zip((a, b), refused)]
+        rows.append(f"| {scenario} | {per_refusal[0]:,.1f} | {per_refusal[1]:,.1f} "
+                    f"| {per_refusal[0] - per_refusal[1]:,.1f} "
+                    f"| {100 * refused[0] / max(a['requests'], 1):.1f}% |")
+    if not rows:
+        return []
+    return [
+        "The refusal log's cost: this filter (mode exact) with and without "
+        "envoy/envoy.yaml.tmpl's access log of refusals (a JSON line per refusal behind a "
+        "CEL filter evaluated on every request; written to /dev/null), Envoy CPU µs over "
+        "the refusals (429) of the runs.",
+        "",
+        "| Scenario | with the log: Envoy µs / refusal | without | the log | refused |",
+        "|---|---:|---:|---:|---:|",
+        *rows,
+    ]
+
+
+def batch_markdown(results: dict, summary: dict[str, dict[str, dict]]) -> list[str]:
+    """bench.py --exact-batch: mode exact once per batching setting (and
+    `filter`, the default setting), allowed path. Per setting: requests per
+    call, Envoy CPU µs per request, p50 and p99 (against native, paired);
+    then the least-squares line of Envoy CPU per request against calls per
+    request over the settings: its slope is what one call costs Envoy (the
+    gRPC stream, its frames, the answer's crossing into the VM), its
+    intercept what an exact-mode request costs without its call."""
+    per_cfg = summary.get("allowed", {})
+    cfgs = [c for c in results.get("configs", []) if c.startswith(BATCH_PREFIX)]
+    if not cfgs:
+        return []
+    if "filter" in per_cfg:
+        cfgs.insert(0, "filter")
+    rows, points = [], []
+    for cfg in cfgs:
+        s = per_cfg.get(cfg)
+        if s is None:
+            continue
+        cpr = s["calls_per_request"]
+        cpu = per_request(s, "envoy")
+        if cpu is not None and cpr > 0:
+            points.append((cpr, cpu))
+        r = paired_ratios(results, "allowed", a=cfg, b="native")
+        p99 = "" if r is None else f"{r[2]:.2f}x"
+        rows.append(f"| {CONFIG_LABELS[cfg]}{' ⚠' if failed(s) else ''} "
+                    f"| {1 / cpr if cpr else 0:,.2f} | {s['rps_median']:,.0f} "
+                    f"| {'' if cpu is None else f'{cpu:,.1f}'} | {s['p50_median']:.2f} "
+                    f"| {s['p99_median']:.2f} | {p99} |")
+    lines = [
+        "Exact mode's batching (allowed path, `bench.py --exact-batch`): requests per call "
+        "(the Envoy's own rate-limit calls), throughput, Envoy CPU µs per request, "
+        "p50 and p99 (ms; p99 against native, paired).",
+        "",
+        "| Configuration | requests / call | req/s | Envoy CPU µs / request | p50 ms "
+        "| p99 ms | p99 vs native |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+    ]
+    if len(points) >= 2:
+        n = len(points)
+        mx = sum(x for x, _ in points) / n
+        my = sum(y for _, y in points) / n
+        sxx = sum((x - mx) ** 2 for x, _ in points)
+        if sxx > 0:
+            slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+            lines += ["", f"Envoy CPU per request ≈ {my - slope * mx:,.1f} µs + "
+                      f"{slope:,.1f} µs × calls per request (least squares over {n} "
+                      f"settings): one call costs Envoy about {slope:,.1f} µs."]
     return lines
 
 
@@ -604,7 +800,7 @@ def chart(results: dict, path: Path) -> None:
               "filter_alt": "#9467bd", "filter_local": "#17becf",
               "native_counter": "#aec7e8", "filter_exact_counter": "#ffbb78",
               "filter_exact_counter_memory": "#98df8a", "filter_lease_counter": "#c49c94",
-              "filter_sync_counter": "#f7b6d2"}
+              "filter_sync_counter": "#f7b6d2", "filter_logged": "#7f7f7f"}
     # Admitted per window over the limit, the scenario's first quota unit (hot:
     # per minute): the bar is the mean, the whiskers the lowest and the highest.
     for sc in scenarios:
@@ -642,7 +838,7 @@ def chart(results: dict, path: Path) -> None:
                 lo.append(s[key] - min(s[runs_key]))
                 hi.append(max(s[runs_key]) - s[key])
             ax.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=CONFIG_LABELS[cfg],
-                   color=colors[cfg])
+                   color=colors.get(cfg, "#333333"))
         ax.set_xticks(range(len(scenarios)))
         ax.set_xlim(-0.5, len(scenarios) - 0.5)
         ax.set_xticklabels(scenarios)

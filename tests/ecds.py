@@ -105,7 +105,8 @@ class EcdsEnvoy(Envoy):
         """The filter's counters, without ECDS's own stats of the filter's name."""
         out: dict[str, int] = {}
         for name, value in self.stats("tenant_ratelimit").items():
-            if name.startswith(("wasm.", "extension_config_discovery.")):
+            if name.startswith(("wasm.", "extension_config_discovery.")) or name.endswith(
+                    harness.STATS_FLUSHES):
                 continue
             _, sep, suffix = name.partition("tenant_ratelimit.")
             if sep:

@@ -299,11 +299,13 @@ class EnvoyGateway:
         return requests.get(f"{self.admin_url}/config_dump", timeout=5).json()
 
     def stats(self, filter_regex: str | None = None) -> dict[str, int]:
+        harness.wait_flushed(self.admin_url)
         params = {"filter": filter_regex} if filter_regex else None
         return harness.parse_stats(
             requests.get(f"{self.admin_url}/stats", params=params, timeout=5).text)
 
     def prometheus(self) -> str:
+        harness.wait_flushed(self.admin_url)
         return requests.get(f"{self.admin_url}/stats/prometheus", timeout=5).text
 
     def log_text(self) -> str:

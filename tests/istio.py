@@ -407,6 +407,7 @@ class Workload(harness.EnvoyPorts):
         return requests.get(f"{self.admin_url}/config_dump", params=params, timeout=10).json()
 
     def stats(self, filter_regex: str | None = None) -> dict[str, int]:
+        harness.wait_flushed(self.admin_url)
         params = {"filter": filter_regex} if filter_regex else None
         return harness.parse_stats(requests.get(f"{self.admin_url}/stats", params=params,
                                                 timeout=5).text)

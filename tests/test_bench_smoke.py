@@ -21,9 +21,11 @@ LIMITING = CONFIGS - {"baseline"}
 EXACT = {"native", "filter"}
 OUTAGE_CONFIGS = {"native", "filter", "filter_local"}
 # The wasm machinery alone (limits nothing, calls nothing): not in the
-# pinned and outage scenarios. The floor of a wasm refusal: local shed only.
+# pinned and outage scenarios. The floor of a wasm refusal, and this filter
+# with the refusal log (its cost): where nearly every request is refused.
 NOOP_SCENARIOS = SCENARIOS - {"pinned"}
-REPLY_SCENARIOS = {"local_shed"}
+REPLY_SCENARIOS = {"local_shed", "hot"}
+LOGGED_SCENARIOS = {"local_shed", "hot"}
 CPU_COMPONENTS = {"envoy", "service", "redis", "upstream", "wrk"}
 # The same Envoys against ratelimit-counter: every one on the allowed path,
 # two in the hot scenario.
@@ -46,6 +48,7 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
                          | {("outage", c) for c in OUTAGE_CONFIGS}
                          | {(s, "wasm_noop") for s in NOOP_SCENARIOS}
                          | {(s, "wasm_reply") for s in REPLY_SCENARIOS}
+                         | {(s, "filter_logged") for s in LOGGED_SCENARIOS}
                          | {("allowed", c) for c in COUNTER_ALLOWED}
                          | {("hot", c) for c in COUNTER_HOT})
     for key, run in runs.items():
@@ -172,5 +175,19 @@ def test_bench_smoke_runs_every_scenario_against_every_configuration(tmp_path):
     assert ("| allowed | this filter + counter | this filter | ") in table
     assert ("| allowed | Envoy native + counter | Envoy native | ") in table
     assert ("| allowed | this filter + counter, memory store | this filter + counter | ") in table
+    # Like with like: no Envoy under test logs its refusals but the one
+    # that measures the log; its cost per refusal has a table, and the
+    # targets theirs.
+    stack = out / "stack"
+    for config in ("filter", "filter_lease", "filter_sync", "wasm_noop", "wasm_reply",
+                   "filter_exact_counter"):
+        assert "access_log:" not in (stack / f"{config}.yaml").read_text(), config
+    assert "tenant_ratelimit_verdict" in (stack / "filter_logged.yaml").read_text()
+    for scenario in LOGGED_SCENARIOS:
+        assert runs[(scenario, "filter_logged")]["statuses"].get("429", 0) > 0, scenario
+    assert "| Scenario | with the log: Envoy µs / refusal | without | the log |" in table
+    assert "| local_shed | this filter | req/s vs Envoy native |" in table
+    assert "| hot | this filter | req/s vs wasm, 429 at once |" in table
+    assert "| allowed | this filter, lease | Envoy CPU above wasm_noop / native's" in table
     assert (out / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Envoy native" in proc.stdout

@@ -62,6 +62,7 @@ def test_a_route_limit_applies_on_the_route_render_names_and_is_counted_there(st
     # Every request on the limited route counts there, refused or not; the
     # others nowhere; a route no Envoy route carries stays at 0 under
     # traffic: its limit never applies.
+    harness.wait_flushed(f"http://127.0.0.1:{admin}")
     stats = harness.parse_stats(requests.get(
         f"http://127.0.0.1:{admin}/stats", params={"filter": r"tenant_ratelimit\.route\."},
         timeout=2).text)

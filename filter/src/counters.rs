@@ -4,6 +4,9 @@
 //! `counters!` writes the enum and the name array from the same list, so a
 //! counter cannot be shown under another one's name, whatever the order.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
 macro_rules! counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
         /// A counter the request flow increments.
@@ -118,10 +121,69 @@ counters! {
     ResponseCostInvalid => "tenant_ratelimit.response_cost_invalid",
     /// Refused (400): the tenant header was sent more than once; no call.
     TenantRepeated => "tenant_ratelimit.tenant_repeated",
+    /// Flushes of a VM's counts to Envoy, one per VM every
+    /// `STATS_FLUSH_MS` (counted in the flush it counts): a count is in Envoy's stats once its VM has
+    /// flushed after it (`Pending`).
+    StatsFlushes => "tenant_ratelimit.stats_flushes",
 }
 
 /// How many counters there are.
 pub const COUNTERS: usize = Counter::ALL.len();
+
+/// How often a VM's counts reach Envoy's stats: the root's tick is at
+/// most this long (`root::tick_ms`'s or this, the shorter), and the first
+/// tick this long after the last flush flushes (`flush_due`). A scrape
+/// every 15 s sees the same.
+pub const STATS_FLUSH_MS: u64 = 250;
+
+/// Whether a tick at `now_ms` flushes, the last flush at `last_ms`, the
+/// tick `tick_ms` long: once `STATS_FLUSH_MS` has passed, give or take
+/// half a tick (a tick of `STATS_FLUSH_MS` flushes every time, however
+/// its timer drifts; a lease tick of 20 ms every 240 ms or so).
+pub fn flush_due(now_ms: u64, last_ms: u64, tick_ms: u64) -> bool {
+    now_ms.saturating_sub(last_ms).saturating_add(tick_ms / 2) >= STATS_FLUSH_MS
+}
+
+/// Counter increments kept in the VM, by metric id, until the next flush
+/// (a tick, every `STATS_FLUSH_MS`: `flush_due`): a request adds to a
+/// counter with no host call, and a flush makes one `increment_metric` per
+/// counter that moved. A count is in Envoy's stats at most one flush
+/// period after it was made. Bounded by the
+/// metrics defined at configure (ids are keys); a borrow that fails (never,
+/// in one thread) drops that count.
+#[derive(Debug, Default)]
+pub struct Pending {
+    counts: RefCell<BTreeMap<u32, u64>>,
+}
+
+impl Pending {
+    /// Adds `n` to the counter with metric id `id`.
+    pub fn add(&self, id: u32, n: u64) {
+        if let Ok(mut counts) = self.counts.try_borrow_mut() {
+            let count = counts.entry(id).or_insert(0);
+            *count = count.saturating_add(n);
+        }
+    }
+
+    /// Hands every count kept to `increment` (one call per counter that
+    /// moved since the last flush), and forgets it.
+    pub fn flush(&self, mut increment: impl FnMut(u32, u64)) {
+        let counts = match self.counts.try_borrow_mut() {
+            Ok(mut counts) => std::mem::take(&mut *counts),
+            Err(_) => return,
+        };
+        for (id, n) in counts {
+            if n > 0 {
+                increment(id, n);
+            }
+        }
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.counts.try_borrow().is_ok_and(|c| c.is_empty())
+    }
+}
 
 /// A histogram the request flow records values in (an Envoy histogram:
 /// `wasmcustom.<name>` in `/stats`, `<name with _>_bucket{le=…}` in
@@ -339,6 +401,8 @@ pub struct MetricIds {
     pub routes: Vec<Option<u32>>,
     /// By group index: the index in `routes` of its first route.
     pub route_base: Vec<usize>,
+    /// The counts not yet flushed to Envoy.
+    pub pending: Pending,
 }
 
 impl MetricIds {
@@ -392,6 +456,7 @@ impl MetricIds {
             gauges,
             routes: Vec::new(),
             route_base: Vec::new(),
+            pending: Pending::default(),
         }
     }
 
@@ -450,7 +515,11 @@ mod tests {
         assert!(Counter::ALL
             .iter()
             .all(|c| c.name().starts_with("tenant_ratelimit.")));
-        assert_eq!(COUNTERS, 30);
+        assert_eq!(COUNTERS, 31);
+        assert_eq!(
+            Counter::StatsFlushes.name(),
+            "tenant_ratelimit.stats_flushes"
+        );
         assert_eq!(Gauge::BreakerOpen.name(), "tenant_ratelimit.breaker_open");
         assert_eq!(
             Counter::TenantRepeated.name(),
@@ -575,6 +644,56 @@ mod tests {
     fn each_group_takes_the_series_the_configuration_says() {
         // ratelimit-config's warning counts what a group costs.
         assert_eq!(GROUP_COUNTERS, ratelimit_config::plugin::SERIES_PER_GROUP);
+    }
+
+    #[test]
+    fn pending_counts_reach_the_host_once_each_on_the_next_flush() {
+        let pending = Pending::default();
+        let flushed = |p: &Pending| {
+            let mut out = Vec::new();
+            p.flush(|id, n| out.push((id, n)));
+            out.sort_unstable();
+            out
+        };
+        assert!(pending.is_empty());
+        assert_eq!(flushed(&pending), vec![]);
+        // Between two ticks: no host call, only sums.
+        pending.add(7, 1);
+        pending.add(9, 2);
+        pending.add(7, 1);
+        pending.add(3, 0);
+        assert!(!pending.is_empty());
+        // The tick: one increment per counter that moved, with its sum.
+        assert_eq!(flushed(&pending), vec![(7, 2), (9, 2)]);
+        // Counted once: the next tick has nothing (stale by one tick at most).
+        assert!(pending.is_empty());
+        assert_eq!(flushed(&pending), vec![]);
+        pending.add(9, u64::MAX);
+        pending.add(9, 5);
+        assert_eq!(flushed(&pending), vec![(9, u64::MAX)]);
+    }
+
+    #[test]
+    fn every_tick_of_the_flush_period_flushes_a_shorter_one_about_every_period() {
+        // The tick of the flush period itself: every tick, early or late.
+        for now in [1_125, 1_200, 1_250, 1_400] {
+            assert!(flush_due(now, 1_000, STATS_FLUSH_MS), "{now}");
+        }
+        // A lease tick of 20 ms: not before 240 ms have passed.
+        assert!(!flush_due(1_220, 1_000, 20));
+        assert!(flush_due(1_240, 1_000, 20));
+        let (mut last, mut flushes) = (0, 0);
+        for tick in 1..=100 {
+            let now = tick * 20;
+            if flush_due(now, last, 20) {
+                (last, flushes) = (now, flushes + 1);
+            }
+        }
+        // 2 s of 20 ms ticks: 8 flushes (every 240 ms), none 260 ms apart.
+        assert_eq!(flushes, 8);
+        // The first tick after configure (the last flush at 0, the epoch)
+        // flushes.
+        assert!(flush_due(1_764_000_000_000, 0, 20));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! (`WASM_EXPORTS` in the Makefile, applied by tools/trim-exports): Envoy
 //! skips a callback that is not exported. A new one must be added there.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use ratelimit_config::parse_plugin_config;
@@ -18,7 +18,8 @@ use ratelimit_config::parse_plugin_config;
 use crate::abi::{self, Level};
 use crate::compiled::Compiled;
 use crate::counters::{
-    route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
+    flush_due, route_stat_name, Counter, Gauge, GroupCounter, Histogram, MetricIds, MetricKind,
+    STATS_FLUSH_MS,
 };
 use crate::fleet;
 use crate::flow::{Next, Stream};
@@ -92,15 +93,20 @@ fn define_metric(kind: MetricKind, name: &str) -> Option<u32> {
         .ok()
 }
 
-/// A metric that cannot be updated is logged at debug, not counted: there
-/// is no other metric to count it in.
-fn add_metric(id: Option<u32>, n: u64) {
-    if let Some(id) = id {
+/// The counts a VM kept since its last flush, to Envoy: one
+/// `increment_metric` per counter that moved, and one for
+/// `stats_flushes`. A metric that cannot be updated is logged at debug,
+/// not counted: there is no other metric to count it in.
+fn flush_counts(metrics: &MetricIds) {
+    if let Some(id) = metrics.counter(Counter::StatsFlushes) {
+        metrics.pending.add(id, 1);
+    }
+    metrics.pending.flush(|id, n| {
         let n = i64::try_from(n).unwrap_or(i64::MAX);
         if let Err(e) = abi::increment_metric(id, n) {
             log::debug!("cannot update metric {id}: status {e}");
         }
-    }
+    });
 }
 
 /// Records a histogram's value, or sets a gauge.
@@ -154,8 +160,34 @@ fn name_this_envoy(host: &Envoy<'_>) {
 }
 
 /// The ports for the effective context (a stream, or the root context),
-/// through the ABI.
-struct Envoy<'a>(&'a MetricIds);
+/// through the ABI, for one callback: the clock is read once in it (a
+/// callback takes microseconds; the filter counts in milliseconds), and
+/// counts are kept in the VM until the tick flushes them
+/// (`counters::Pending`).
+struct Envoy<'a> {
+    metrics: &'a MetricIds,
+    now_ms: Cell<Option<u64>>,
+}
+
+impl<'a> Envoy<'a> {
+    fn new(metrics: &'a MetricIds) -> Envoy<'a> {
+        Envoy::at(metrics, None)
+    }
+
+    /// The ports later in the same callback, the clock already read (or not).
+    fn at(metrics: &'a MetricIds, now_ms: Option<u64>) -> Envoy<'a> {
+        Envoy {
+            metrics,
+            now_ms: Cell::new(now_ms),
+        }
+    }
+
+    fn add_metric(&self, id: Option<u32>, n: u64) {
+        if let Some(id) = id {
+            self.metrics.pending.add(id, n);
+        }
+    }
+}
 
 impl SharedData for Envoy<'_> {
     fn get_shared(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), SharedDataError> {
@@ -193,7 +225,12 @@ impl Host for Envoy<'_> {
     }
 
     fn now_ms(&self) -> u64 {
-        abi::now_ns().map_or(0, |ns| ns / 1_000_000)
+        if let Some(now) = self.now_ms.get() {
+            return now;
+        }
+        let now = abi::now_ns().map_or(0, |ns| ns / 1_000_000);
+        self.now_ms.set(Some(now));
+        now
     }
 
     fn dispatch_grpc(
@@ -241,23 +278,23 @@ impl Host for Envoy<'_> {
     }
 
     fn add(&self, counter: Counter, n: u64) {
-        add_metric(self.0.counter(counter), n);
+        self.add_metric(self.metrics.counter(counter), n);
     }
 
     fn add_group(&self, group: GroupId, counter: GroupCounter, n: u64) {
-        add_metric(self.0.group(group, counter), n);
+        self.add_metric(self.metrics.group(group, counter), n);
     }
 
     fn count_route(&self, group: GroupId, route: usize) {
-        add_metric(self.0.route(group, route), 1);
+        self.add_metric(self.metrics.route(group, route), 1);
     }
 
     fn record(&self, histogram: Histogram, value: u64) {
-        record_metric(self.0.histogram(histogram), value);
+        record_metric(self.metrics.histogram(histogram), value);
     }
 
     fn set_gauge(&self, gauge: Gauge, value: u64) {
-        record_metric(self.0.gauge(gauge), value);
+        record_metric(self.metrics.gauge(gauge), value);
     }
 
     fn set_property(&self, name: &str, value: &str) -> Result<(), HostError> {
@@ -270,6 +307,13 @@ struct Shared {
     compiled: Compiled,
     metrics: MetricIds,
     vm: Vm,
+    /// The root has work on a tick (`root::tick_ms`); without, the tick
+    /// only flushes the counts.
+    root_ticks: bool,
+    /// The tick period, in ms.
+    tick_ms: u64,
+    /// When the counts were last flushed (`counters::flush_due`).
+    flushed_ms: Cell<u64>,
 }
 
 /// A root context: its configuration (None until configured), and the
@@ -344,12 +388,12 @@ fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
 
 /// The answers `shared`'s root split out of its calls, each to its stream,
 /// acting for it. A stream that has ended since is skipped.
-fn deliver(shared: &Shared) {
+fn deliver(shared: &Shared, now_ms: Option<u64>) {
+    let host = Envoy::at(&shared.metrics, now_ms);
     for d in shared.vm.batch.take_deliveries() {
         if abi::set_effective_context(d.stream).is_err() {
             continue;
         }
-        let host = Envoy(&shared.metrics);
         let delivered = with_stream(d.stream, |http| {
             (http.stream).on_answer(&shared.compiled, &host, &shared.vm, d.answer)
         });
@@ -427,7 +471,7 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
             metrics.routes.push(id);
         }
     }
-    let host = Envoy(&metrics);
+    let host = Envoy::new(&metrics);
     name_this_envoy(&host);
     let slot_secret = if config.local.enabled {
         root::prepare_local(&host, config.local.slots, || draw_secret(&host))
@@ -436,15 +480,21 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
     };
     let compiled = Compiled::new(config);
     root::prepare_failure(&host, &compiled);
-    if let Some(Err(e)) = root::tick_ms(&compiled)
-        .map(|t| abi::set_tick_period_ms(u32::try_from(t).unwrap_or(u32::MAX)))
-    {
-        log::warn!("lease/sync: cannot set the tick period (status {e}): no refills or pushes");
+    // Every configuration ticks: the counts go to Envoy on the tick.
+    let root_tick = root::tick_ms(&compiled);
+    let tick = root_tick.map_or(STATS_FLUSH_MS, |t| t.min(STATS_FLUSH_MS));
+    if let Err(e) = abi::set_tick_period_ms(u32::try_from(tick).unwrap_or(u32::MAX)) {
+        log::warn!(
+            "cannot set the tick period (status {e}): no counts reach Envoy's stats, no lease refills or sync pushes"
+        );
     }
     let shared = Rc::new(Shared {
         compiled,
         metrics,
         vm: Vm::new(slot_secret),
+        root_ticks: root_tick.is_some(),
+        tick_ms: tick,
+        flushed_ms: Cell::new(0),
     });
     u32::from(with_root(root, |p| p.shared = Some(shared)).is_some())
 }
@@ -453,11 +503,19 @@ pub extern "C" fn proxy_on_configure(root: u32, _size: usize) -> u32 {
 pub extern "C" fn proxy_on_tick(root: u32) {
     let shared = with_root(root, |p| {
         let s = p.shared.clone()?;
-        p.root.on_tick(&s.compiled, &Envoy(&s.metrics), &s.vm);
-        Some(s)
+        let host = Envoy::new(&s.metrics);
+        if s.root_ticks {
+            p.root.on_tick(&s.compiled, &host, &s.vm);
+        }
+        let now = host.now_ms();
+        Some((s, now))
     });
-    if let Some(Some(s)) = shared {
-        deliver(&s);
+    if let Some(Some((s, now))) = shared {
+        deliver(&s, Some(now));
+        if flush_due(now, s.flushed_ms.get(), s.tick_ms) {
+            flush_counts(&s.metrics);
+            s.flushed_ms.set(now);
+        }
     }
 }
 
@@ -465,13 +523,14 @@ pub extern "C" fn proxy_on_tick(root: u32) {
 fn on_grpc_answer(root: u32, token: u32, status: u32, size: usize) {
     let shared = with_root(root, |p| {
         let s = p.shared.clone()?;
-        let host = Envoy(&s.metrics);
+        let host = Envoy::new(&s.metrics);
         p.root
             .on_answer(&s.compiled, &host, &s.vm, token, status, size);
-        Some(s)
+        let now = host.now_ms.get();
+        Some((s, now))
     });
-    if let Some(Some(s)) = shared {
-        deliver(&s);
+    if let Some(Some((s, now))) = shared {
+        deliver(&s, now);
     }
 }
 
@@ -489,13 +548,15 @@ pub extern "C" fn proxy_on_grpc_close(root: u32, token: u32, status: u32) {
 pub extern "C" fn proxy_on_request_headers(id: u32, _headers: usize, _end: u32) -> u32 {
     let step = with_stream(id, |http| {
         let s = http.shared.clone()?;
-        let next = (http.stream).on_request_headers(&s.compiled, &Envoy(&s.metrics), &s.vm);
-        Some((next, s))
+        let host = Envoy::new(&s.metrics);
+        let next = (http.stream).on_request_headers(&s.compiled, &host, &s.vm);
+        let now = host.now_ms.get();
+        Some((next, s, now))
     });
     match step {
-        Some(Some((next, s))) => {
+        Some(Some((next, s, now))) => {
             // A call that went out with other requests may have failed them.
-            deliver(&s);
+            deliver(&s, now);
             action(next)
         }
         _ => action(Next::Continue),
@@ -518,17 +579,18 @@ pub extern "C" fn proxy_on_response_trailers(id: u32, _trailers: usize) -> u32 {
 fn on_response(id: u32, trailers: bool) -> u32 {
     let step = with_stream(id, |http| {
         let s = http.shared.clone()?;
-        let (c, host, vm) = (&s.compiled, &Envoy(&s.metrics), &s.vm);
+        let (c, host, vm) = (&s.compiled, &Envoy::new(&s.metrics), &s.vm);
         let next = if trailers {
             (http.stream).on_response_trailers(c, host, vm)
         } else {
             (http.stream).on_response_headers(c, host, vm)
         };
-        Some((next, s))
+        let now = host.now_ms.get();
+        Some((next, s, now))
     });
     match step {
-        Some(Some((next, s))) => {
-            deliver(&s);
+        Some(Some((next, s, now))) => {
+            deliver(&s, now);
             action(next)
         }
         _ => action(Next::Continue),
@@ -536,16 +598,23 @@ fn on_response(id: u32, trailers: bool) -> u32 {
 }
 
 /// A context is gone: a stream's queued call is dropped (nothing is sent
-/// for it); a root's state goes with it.
+/// for it); a root's state goes with it, its last counts flushed.
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(id: u32) {
     let mut gone = None;
     on_contexts(&mut |c| gone = c.remove(&id));
-    if let Some(Context::Http(Http {
-        shared: Some(s), ..
-    })) = gone
-    {
-        let host = Envoy(&s.metrics);
-        Root::on_stream_end(&s.compiled, &host, &s.vm, id);
+    match gone {
+        Some(Context::Http(Http {
+            shared: Some(s), ..
+        })) => {
+            let host = Envoy::new(&s.metrics);
+            Root::on_stream_end(&s.compiled, &host, &s.vm, id);
+        }
+        Some(Context::Root(p)) => {
+            if let Some(s) = &p.shared {
+                flush_counts(&s.metrics);
+            }
+        }
+        _ => {}
     }
 }

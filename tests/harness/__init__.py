@@ -54,7 +54,7 @@ from .envoy import (NATIVE_TEMPLATE, Envoy, EnvoyPorts, bootstrap_access_log, en
 from .headers import RateLimitHeaders, parse_ratelimit_headers
 from .load import (RawResponse, Result, percentile, raw_get, run_concurrent, run_sequential,
                    send, summary, tally)
-from .metrics import Labels, parse_prometheus, parse_stats, prometheus_series, scrape_prometheus
+from .metrics import STATS_FLUSHES, Labels, parse_prometheus, parse_stats, prometheus_series, scrape_prometheus, wait_flushed
 from .processes import PortAllocator, Process, Supervised, free_port, http_ok, wait_until
 from .redis import REDIS_NO_PERSISTENCE_ARGS, REDIS_PERSISTENCE_ARGS, Redis, RespError, read_resp, resp_command
 from .services import RATELIMIT_REDIS_ENV, RateLimitService, rlconfig_rules
@@ -70,7 +70,7 @@ __all__ = [
     "CLI", "COUNTER_BIN", "COUNTING_TIMEOUT_MS", "ENVOY_BIN", "ENVOY_TEMPLATE", "LOOPBACK",
     "NATIVE_TEMPLATE", "OUT_MANIFEST", "POLL_INTERVAL_S", "RATELIMIT_BIN", "RATELIMIT_REDIS_ENV",
     "REDIS_BIN", "REDIS_NO_PERSISTENCE_ARGS", "REDIS_PERSISTENCE_ARGS", "REPO", "SERVICE",
-    "SERVICES", "STARTUP_DEADLINE_S", "STATS_FLUSH_S", "STOP_DEADLINE_S", "TENANT_HEADER",
+    "SERVICES", "STARTUP_DEADLINE_S", "STATS_FLUSH_S", "STATS_FLUSHES", "STOP_DEADLINE_S", "TENANT_HEADER",
     "UNIT_SECONDS", "UPSTREAM_TEMPLATE", "WASM",
     "Envoy", "EnvoyPorts", "EnvoysView", "Fleet", "Generated", "HarnessError", "Labels", "PortAllocator",
     "Process", "RateLimitHeaders", "RawResponse", "RateLimitService", "Redis", "RespError", "Result", "Stack",
@@ -81,6 +81,7 @@ __all__ = [
     "prometheus_series", "read_resp", "redis_key", "render", "render_envoy_config", "resp_command",
     "render_native_envoy_config", "render_target", "render_upstream_config", "raw_get", "rlconfig_rules",
     "run_cli", "run_concurrent", "run_sequential", "scrape_prometheus", "seconds_crossed",
+    "wait_flushed",
     "selected_service", "send", "summary", "tally", "tool", "unique", "wait_next_second",
     "wait_until", "window_left", "window_start",
     "TOXIPROXY_BIN", "ToxiProxy", "Toxiproxy",

@@ -13,7 +13,7 @@ import requests
 
 from .base import ENVOY_BIN, ENVOY_TEMPLATE, LOOPBACK, REPO, STARTUP_DEADLINE_S, UPSTREAM_TEMPLATE, WASM, HarnessError, StartupError
 from .config import Generated
-from .metrics import Labels, parse_stats, scrape_prometheus
+from .metrics import STATS_FLUSHES, Labels, parse_stats, scrape_prometheus, wait_flushed
 from .processes import http_ok, wait_until
 
 if TYPE_CHECKING:
@@ -140,6 +140,8 @@ class Envoy(EnvoyPorts):
             return f"not ready after {deadline_s:.0f}s"
 
     def stats(self, filter_regex: str | None = None) -> dict[str, int]:
+        """/stats, once the filter's counts made so far are in it (wait_flushed)."""
+        wait_flushed(self.admin_url)
         params = {"filter": filter_regex} if filter_regex else None
         return parse_stats(requests.get(f"{self.admin_url}/stats", params=params, timeout=2).text)
 
@@ -156,8 +158,9 @@ class Envoy(EnvoyPorts):
         """
         out: dict[str, int] = {}
         for name, value in self.stats("tenant_ratelimit").items():
-            # `wasm.tenant_ratelimit.vm_reload*` are Envoy's own stats of the VM.
-            if name.startswith("wasm."):
+            # `wasm.tenant_ratelimit.vm_reload*` are Envoy's own stats of the VM;
+            # the flushes count ticks, not requests.
+            if name.startswith("wasm.") or name.endswith(STATS_FLUSHES):
                 continue
             _, sep, suffix = name.partition("tenant_ratelimit.")
             if sep:

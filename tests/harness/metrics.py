@@ -4,6 +4,7 @@ Prometheus text expositions."""
 from __future__ import annotations
 
 import re
+import time
 from typing import Iterable
 
 import requests
@@ -71,8 +72,52 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+# The filter's count of its VMs' flushes (docs/operating.md#metrics): each
+# VM keeps its counts and hands them to Envoy on its tick.
+STATS_FLUSHES = "tenant_ratelimit.stats_flushes"
+# How long to wait for them, at most (a tick is 250 ms at the longest).
+FLUSH_DEADLINE_S = 10.0
+
+
+def _flushes(admin_url: str) -> int | None:
+    """The filter's flushes in this Envoy so far; None without the filter."""
+    text = requests.get(f"{admin_url}/stats", params={"filter": r"tenant_ratelimit\.stats_flushes$"},
+                        timeout=2).text
+    found = [v for k, v in parse_stats(text).items() if k.endswith(STATS_FLUSHES)]
+    return sum(found) if found else None
+
+
+def _vms(admin_url: str) -> int:
+    """The VMs of a plugin in this Envoy: one per worker and the main thread's."""
+    try:
+        info = requests.get(f"{admin_url}/server_info", timeout=2).json()
+        return int(info["command_line_options"]["concurrency"]) + 1
+    except (requests.RequestException, ValueError, KeyError, TypeError):
+        return 3
+
+
+def wait_flushed(admin_url: str, deadline_s: float = FLUSH_DEADLINE_S) -> None:
+    """Returns once every VM of the filter in this Envoy has flushed its counts
+    at least once since the call, as far as Envoy's count of flushes tells
+    (twice as many flushes as VMs: the VMs tick at the same period); at
+    once for an Envoy without the filter. What was counted before the call
+    is then in Envoy's stats (a count is at most one tick stale)."""
+    first = _flushes(admin_url)
+    if first is None:
+        return
+    wanted = first + 2 * _vms(admin_url)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        now = _flushes(admin_url)
+        if now is None or now >= wanted:
+            return
+        time.sleep(0.02)
+
+
 def scrape_prometheus(admin_url: str, prefix: str = "",
                       types: Iterable[str] | None = None) -> dict[tuple[str, Labels], float]:
-    """An Envoy admin's /stats/prometheus, as prometheus_series reads it."""
+    """An Envoy admin's /stats/prometheus, as prometheus_series reads it,
+    once the filter's counts made so far are in it (wait_flushed)."""
+    wait_flushed(admin_url)
     text = requests.get(f"{admin_url}/stats/prometheus", timeout=5).text
     return prometheus_series(text, prefix, types)
