@@ -135,7 +135,7 @@ fn counter_key(tag: &str, unit: Unit, start: u64, route: Option<&str>) -> String
     k.push_str("trl:");
     k.push_str(tag);
     k.push(':');
-    k.push_str(unit);
+    k.push_str(&unit);
     let _ = write!(k, ":{start}");
     if let Some(r) = route {
         k.push_str(":r:");
@@ -282,7 +282,9 @@ fn resolve(
         }
         Some(_) => return None,
     };
-    let sliding = g.window == Window::Sliding;
+    // A sliding group slides its windows of a fixed length; its weeks,
+    // months and years stay on the calendar (a month resets on the 1st).
+    let sliding = g.window == Window::Sliding && !unit.is_calendar();
     let tag = hash_tag(domain_name, tenant);
     let window = window_at(unit, now_ms);
     let (_, next_end) = window_at(unit, window.1);
@@ -431,12 +433,17 @@ pub fn answer(
             let after = before.saturating_add(added);
             outcome.near_limit |= admitted && near(c, after);
             outcome.overshoot = outcome.overshoot.max(overshoot(c, before, after));
+            // Until the window resets; a sliding window over its limit,
+            // until it admits one more. Never 0: a sliding window with
+            // room now resets with its current window too.
+            let reset_ms = c.window.1.saturating_sub(now_ms);
             let wait_ms = if c.sliding {
                 let cur = n.current.saturating_add(added);
                 sliding_wait_ms(c.limit, 1, n.previous, cur, c.window, c.next_end, now_ms)
-                    .unwrap_or(c.window.1.saturating_sub(now_ms))
+                    .filter(|w| *w > 0)
+                    .unwrap_or(reset_ms)
             } else {
-                c.window.1.saturating_sub(now_ms)
+                reset_ms
             };
             let code = if is_over { Code::OverLimit } else { Code::Ok };
             if code == Code::OverLimit {

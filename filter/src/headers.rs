@@ -172,7 +172,12 @@ pub fn group_policy(mode: HeaderMode, limits: &UnitLimits) -> Option<(&'static s
     }
     let mut policy = String::with_capacity(96);
     for (unit, limit) in limits.iter() {
-        write_policy_item(&mut policy, unit.descriptor_value(), limit, unit.seconds());
+        // The windows the service's answers name: a custom window, a
+        // month and a year are left out, as they are of an answer's.
+        let unit = RateLimitUnit::from(unit);
+        if let Some(name) = policy_name(unit) {
+            write_policy_item(&mut policy, name, limit, unit.window_seconds());
+        }
     }
     (!policy.is_empty()).then_some((RATELIMIT_POLICY, policy))
 }

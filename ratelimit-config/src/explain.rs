@@ -358,11 +358,11 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         }
         None => {}
     }
-    let unset: Vec<&str> = limits
+    let unset: Vec<String> = limits
         .units_in_use()
         .into_iter()
         .filter(|u| group.limits.get(*u).is_none())
-        .map(Unit::json_key)
+        .map(|u| u.json_key().into_owned())
         .collect();
     if !unset.is_empty() {
         let _ = writeln!(out);

@@ -414,8 +414,8 @@ mod tests {
                         rate_prev: tokens_left / 2,
                     }),
                     _ => ModeState::Sync(SyncState {
-                        views: [remaining, 1, 2, tokens_left],
-                        view_until_ms: [until, updated, 3, 4],
+                        views: [remaining, 1, 2, tokens_left, 5, 6],
+                        view_until_ms: [until, updated, 3, 4, 5, 6],
                         unsynced: tokens_left,
                         in_flight: remaining / 3,
                         push_at_ms: updated / 2,
@@ -507,8 +507,8 @@ mod tests {
     };
 
     const SYNCED: SyncState = SyncState {
-        views: [3, 0, 0, 0],
-        view_until_ms: [60_000, 0, 0, 0],
+        views: [3, 0, 0, 0, 0, 0],
+        view_until_ms: [60_000, 0, 0, 0, 0, 0],
         unsynced: 5,
         in_flight: 2,
         push_at_ms: 1_000,
