@@ -25,6 +25,27 @@ pub enum Unit {
     Custom(u32),
 }
 
+/// The named units' keys in the team file, in [`Unit::ALL`]'s order.
+const JSON_KEYS: [&str; 7] = [
+    "persecond",
+    "perminute",
+    "perhour",
+    "perday",
+    "perweek",
+    "permonth",
+    "peryear",
+];
+/// Their descriptor values, in the same order.
+const DESCRIPTOR_VALUES: [&str; 7] = [
+    "per_second",
+    "per_minute",
+    "per_hour",
+    "per_day",
+    "per_week",
+    "per_month",
+    "per_year",
+];
+
 /// The longest custom window: 3,660 days (ten years and more).
 pub const MAX_CUSTOM_SECONDS: u32 = 3_660 * 86_400;
 
@@ -94,21 +115,29 @@ impl Unit {
         (seconds / len.max(1), name)
     }
 
+    /// A custom window's spelling: `<prefix><N><sep><unit>s` in the
+    /// longest unit dividing it. One copy of the code for its three uses.
+    #[inline(never)]
+    fn custom_spelling(seconds: u32, prefix: &str, sep: &str) -> Cow<'static, str> {
+        let (n, name) = Unit::custom_parts(seconds);
+        Cow::Owned(format!("{prefix}{n}{sep}{name}s"))
+    }
+
+    /// The named unit's index in [`Unit::ALL`] (None for a custom window).
+    fn named(self) -> Option<usize> {
+        Unit::ALL.iter().position(|u| *u == self)
+    }
+
     /// The key a team writes in its JSON (`persecond`, …; `per5minutes`).
     pub fn json_key(self) -> Cow<'static, str> {
-        Cow::Borrowed(match self {
-            Unit::Second => "persecond",
-            Unit::Minute => "perminute",
-            Unit::Hour => "perhour",
-            Unit::Day => "perday",
-            Unit::Week => "perweek",
-            Unit::Month => "permonth",
-            Unit::Year => "peryear",
-            Unit::Custom(s) => {
-                let (n, name) = Unit::custom_parts(s);
-                return Cow::Owned(format!("per{n}{name}s"));
-            }
-        })
+        match (self, self.named()) {
+            (Unit::Custom(s), _) => Unit::custom_spelling(s, "per", ""),
+            (_, i) => Cow::Borrowed(
+                i.and_then(|i| JSON_KEYS.get(i))
+                    .copied()
+                    .unwrap_or_default(),
+            ),
+        }
     }
 
     /// The value of the `generic_key` entry that tags a descriptor with
@@ -116,19 +145,14 @@ impl Unit {
     /// the longest unit dividing it (`per_5_minutes`, `per_90_seconds`):
     /// one spelling per length, which the counter reads back.
     pub fn descriptor_value(self) -> Cow<'static, str> {
-        Cow::Borrowed(match self {
-            Unit::Second => "per_second",
-            Unit::Minute => "per_minute",
-            Unit::Hour => "per_hour",
-            Unit::Day => "per_day",
-            Unit::Week => "per_week",
-            Unit::Month => "per_month",
-            Unit::Year => "per_year",
-            Unit::Custom(s) => {
-                let (n, name) = Unit::custom_parts(s);
-                return Cow::Owned(format!("per_{n}_{name}s"));
-            }
-        })
+        match (self, self.named()) {
+            (Unit::Custom(s), _) => Unit::custom_spelling(s, "per_", "_"),
+            (_, i) => Cow::Borrowed(
+                i.and_then(|i| DESCRIPTOR_VALUES.get(i))
+                    .copied()
+                    .unwrap_or_default(),
+            ),
+        }
     }
 
     /// The unit's name in the envoyproxy/ratelimit YAML (which never
@@ -151,10 +175,7 @@ impl Unit {
     /// `month`; `5 minutes` for a custom window.
     pub fn noun(self) -> Cow<'static, str> {
         match self {
-            Unit::Custom(s) => {
-                let (n, name) = Unit::custom_parts(s);
-                Cow::Owned(format!("{n} {name}s"))
-            }
+            Unit::Custom(s) => Unit::custom_spelling(s, "", " "),
             named => Cow::Borrowed(named.service_unit()),
         }
     }
@@ -189,8 +210,8 @@ impl Unit {
     /// with N a positive integer without leading zeros and the unit
     /// `second`, `minute`, `hour` or `day`, singular or plural.
     pub fn from_json_key(key: &str) -> Option<Unit> {
-        if let Some(u) = Unit::ALL.into_iter().find(|u| u.json_key() == key) {
-            return Some(u);
+        if let Some(i) = JSON_KEYS.iter().position(|k| *k == key) {
+            return Unit::ALL.get(i).copied();
         }
         let rest = key.strip_prefix("per")?;
         Unit::parse_length(rest, "")
@@ -211,11 +232,8 @@ impl Unit {
     }
 
     pub fn from_descriptor_value(value: &str) -> Option<Unit> {
-        if let Some(u) = Unit::ALL
-            .into_iter()
-            .find(|u| u.descriptor_value() == value)
-        {
-            return Some(u);
+        if let Some(i) = DESCRIPTOR_VALUES.iter().position(|v| *v == value) {
+            return Unit::ALL.get(i).copied();
         }
         let u = Unit::parse_length(value.strip_prefix("per_")?, "_")?;
         // One spelling per window: the one `descriptor_value` writes.
@@ -295,6 +313,7 @@ pub struct UnitLimits {
 }
 
 impl UnitLimits {
+    #[inline(never)]
     pub fn get(&self, unit: Unit) -> Option<u32> {
         self.limits
             .iter()
@@ -302,6 +321,7 @@ impl UnitLimits {
             .map(|(_, l, _)| *l)
     }
 
+    #[inline(never)]
     pub fn set(&mut self, unit: Unit, limit: u32) {
         match self.limits.binary_search_by(|(u, _, _)| u.cmp(&unit)) {
             Ok(at) => {
