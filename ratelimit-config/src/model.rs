@@ -125,7 +125,16 @@ impl Unit {
 
     /// The named unit's index in [`Unit::ALL`] (None for a custom window).
     fn named(self) -> Option<usize> {
-        Unit::ALL.iter().position(|u| *u == self)
+        Some(match self {
+            Unit::Second => 0,
+            Unit::Minute => 1,
+            Unit::Hour => 2,
+            Unit::Day => 3,
+            Unit::Week => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Custom(_) => return None,
+        })
     }
 
     /// The key a team writes in its JSON (`persecond`, …; `per5minutes`).
@@ -220,15 +229,27 @@ impl Unit {
     /// `<N><sep><unit>[s]`: the custom spelling, in a key or a descriptor.
     fn parse_length(text: &str, sep: &str) -> Option<Unit> {
         let digits = text.bytes().take_while(u8::is_ascii_digit).count();
-        let (n, name) = text.split_at(digits);
-        if n.is_empty() || n.starts_with('0') || n.len() > 10 {
+        if digits == 0 || digits > 10 || text.as_bytes().first() == Some(&b'0') {
             return None;
         }
-        let n: u64 = n.parse().ok()?;
-        let name = name.strip_prefix(sep)?;
-        let name = name.strip_suffix('s').unwrap_or(name);
-        let (_, len) = CUSTOM_UNITS.into_iter().find(|(u, _)| *u == name)?;
-        Unit::of_seconds(n.checked_mul(u64::from(len))?)
+        // At most 10 digits: no overflow in a u64.
+        let n = text
+            .bytes()
+            .take(digits)
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let name = text.get(digits..)?.strip_prefix(sep)?;
+        let singular = match name.len().checked_sub(1) {
+            Some(last) if name.as_bytes().get(last) == Some(&b's') => name.get(..last)?,
+            _ => name,
+        };
+        let len = match singular {
+            "second" => 1,
+            "minute" => 60,
+            "hour" => 3_600,
+            "day" => 86_400,
+            _ => return None,
+        };
+        Unit::of_seconds(n * len)
     }
 
     pub fn from_descriptor_value(value: &str) -> Option<Unit> {
@@ -308,8 +329,6 @@ impl clap::ValueEnum for Service {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnitLimits {
     limits: Vec<(Unit, u32, Cow<'static, str>)>,
-    /// The keys written otherwise than [`Unit::json_key`] spells them.
-    written: Vec<(Unit, String)>,
 }
 
 impl UnitLimits {
@@ -323,36 +342,17 @@ impl UnitLimits {
 
     #[inline(never)]
     pub fn set(&mut self, unit: Unit, limit: u32) {
-        match self.limits.binary_search_by(|(u, _, _)| u.cmp(&unit)) {
-            Ok(at) => {
-                if let Some(slot) = self.limits.get_mut(at) {
-                    slot.1 = limit;
-                }
-            }
-            Err(at) => self
-                .limits
-                .insert(at, (unit, limit, unit.descriptor_value())),
+        if let Some(slot) = self.limits.iter_mut().find(|(u, _, _)| *u == unit) {
+            slot.1 = limit;
+            return;
         }
-    }
-
-    /// Sets `unit`'s limit, remembering the key the team file wrote it
-    /// with (`per300seconds`), which [`UnitLimits::key_of`] gives back.
-    pub fn set_written(&mut self, unit: Unit, limit: u32, key: &str) {
-        self.set(unit, limit);
-        if unit.json_key() != key {
-            self.written.push((unit, key.to_string()));
+        // Kept shortest first: the new one moves down past the longer.
+        self.limits.push((unit, limit, unit.descriptor_value()));
+        let mut at = self.limits.len() - 1;
+        while at > 0 && self.limits.get(at - 1).is_some_and(|(u, _, _)| *u > unit) {
+            self.limits.swap(at - 1, at);
+            at -= 1;
         }
-    }
-
-    /// The key `unit` was written with in the team file.
-    pub fn key_of(&self, unit: Unit) -> Option<Cow<'_, str>> {
-        self.get(unit)?;
-        Some(
-            self.written
-                .iter()
-                .find(|(u, _)| *u == unit)
-                .map_or_else(|| unit.json_key(), |(_, k)| Cow::Borrowed(k.as_str())),
-        )
     }
 
     /// The units that are limited, shortest first, with their limits.

@@ -345,7 +345,15 @@ fn group(
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
             has_unit_key = true;
-            unit_limit(unit, key, value, &field, counter, &mut limits, errors);
+            unit_limit(
+                unit,
+                (key, value),
+                obj,
+                &field,
+                counter,
+                &mut limits,
+                errors,
+            );
         } else if key == HEADER_VALUE {
             if is_default {
                 errors.push_key(
@@ -416,8 +424,8 @@ fn group(
 /// `per60seconds`).
 fn unit_limit(
     unit: Unit,
-    key: &str,
-    value: &Value,
+    (key, value): (&str, &Value),
+    obj: &Map<String, Value>,
     field: &str,
     counter: bool,
     limits: &mut UnitLimits,
@@ -427,22 +435,22 @@ fn unit_limit(
         errors.push_key(field, CALENDAR_NEEDS_COUNTER);
     }
     if unit.is_custom() && !counter {
-        errors.push_key(field, custom_needs_counter(unit));
+        errors.push_key(field, CUSTOM_NEEDS_COUNTER);
     }
-    let written = limits.get(unit).is_some();
-    if written {
-        let first = limits.key_of(unit).unwrap_or_default();
+    if limits.get(unit).is_some() {
+        // The key written first, as it was written.
+        let first = obj
+            .keys()
+            .find(|k| Unit::from_json_key(k) == Some(unit))
+            .map_or("", String::as_str);
         errors.push_key(
             field,
-            format!(
-                "{key} and {first} are the same window ({}): keep one",
-                unit.json_key()
-            ),
+            format!("{key} and {first} are the same window: keep one"),
         );
         return;
     }
     match positive_u32(value) {
-        Ok(n) => limits.set_written(unit, n, key),
+        Ok(n) => limits.set(unit, n),
         Err(e) => errors.push(field, e),
     }
 }
@@ -453,28 +461,19 @@ fn unit_limit(
 /// all refuse a group of more here.
 fn too_many_units(limits: &UnitLimits, path: &str, errors: &mut Errors) {
     if limits.len() > MAX_UNITS_PER_GROUP {
-        errors.push(
-            path,
-            format!(
-                "limits {} windows: a group or route limits at most {MAX_UNITS_PER_GROUP} (the windows the filter keeps per group)",
-                limits.len()
-            ),
-        );
+        errors.push(path, TOO_MANY_UNITS);
     }
 }
 
-/// Why envoyproxy/ratelimit cannot count a custom window.
-fn custom_needs_counter(unit: Unit) -> String {
-    format!(
-        "a window of {} needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)",
-        unit.noun()
-    )
-}
+/// [`too_many_units`]'s message.
+const TOO_MANY_UNITS: &str = "limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)";
+const _: () = assert!(MAX_UNITS_PER_GROUP == 6, "TOO_MANY_UNITS says 6");
 
 /// What only the counter counts, refused for envoyproxy/ratelimit: a
 /// sliding window, and weeks, months and years on the calendar (its own
 /// are aligned to the Unix epoch: 30-day months, weeks from Thursday).
 const SLIDING_NEEDS_COUNTER: &str = "sliding needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has fixed windows only";
+const CUSTOM_NEEDS_COUNTER: &str = "a window of this length needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)";
 const CALENDAR_NEEDS_COUNTER: &str = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no calendar weeks, months or years";
 
 /// A group's `routes`: `{"<route name>": {"perminute": 5}, ...}`.
@@ -513,9 +512,15 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
         for (key, value) in units {
             let unit_path = join(&field, key);
             match Unit::from_json_key(key) {
-                Some(unit) => {
-                    unit_limit(unit, key, value, &unit_path, counter, &mut limits, errors)
-                }
+                Some(unit) => unit_limit(
+                    unit,
+                    (key, value),
+                    units,
+                    &unit_path,
+                    counter,
+                    &mut limits,
+                    errors,
+                ),
                 None => errors.push_key(
                     &unit_path,
                     FieldError::UnknownKey {
@@ -646,10 +651,10 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
                     });
                 if let Some((u, n, allows)) = covered {
                     out.push(ConfigError {
-                        path: join(&route_path, &r.limits.key_of(unit).unwrap_or_default()),
+                        path: join(&route_path, &unit.json_key()),
                         message: format!(
                             "can never bind: the group's {} {n} allows {allows} per {} on every route already",
-                            g.limits.key_of(u).unwrap_or_default(),
+                            u.json_key(),
                             unit.noun()
                         ),
                     });
@@ -669,10 +674,10 @@ fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
             let ratio = longer.seconds() / shorter.seconds();
             if u64::from(long_limit) >= u64::from(short_limit) * ratio {
                 out.push(ConfigError {
-                    path: join(path, &limits.key_of(longer).unwrap_or_default()),
+                    path: join(path, &longer.json_key()),
                     message: format!(
                         "can never bind: {} {} allows {} per {} already",
-                        limits.key_of(shorter).unwrap_or_default(),
+                        shorter.json_key(),
                         short_limit,
                         u64::from(short_limit) * ratio,
                         longer.noun()
@@ -680,10 +685,10 @@ fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
                 });
             } else if long_limit < short_limit {
                 out.push(ConfigError {
-                    path: join(path, &limits.key_of(shorter).unwrap_or_default()),
+                    path: join(path, &shorter.json_key()),
                     message: format!(
                         "can never bind: {} {} is lower",
-                        limits.key_of(longer).unwrap_or_default(),
+                        longer.json_key(),
                         long_limit
                     ),
                 });
@@ -902,13 +907,13 @@ mod tests {
         assert_eq!(g.limits.get(Unit::Custom(300)), Some(50));
         assert_eq!(g.limits.get(Unit::Custom(30)), Some(10));
         assert_eq!(g.routes[0].limits.get(Unit::Custom(90 * 86_400)), Some(9));
-        let why = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)";
+        let why = "a window of this length needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)";
         assert_eq!(
             errs(doc),
             vec![
-                format!("x-t.default.per5minutes: a window of 5 minutes {why}"),
-                format!("x-t.default.per30seconds: a window of 30 seconds {why}"),
-                format!("x-t.default.routes.r.per90days: a window of 90 days {why}"),
+                format!("x-t.default.per5minutes: {why}"),
+                format!("x-t.default.per30seconds: {why}"),
+                format!("x-t.default.routes.r.per90days: {why}"),
             ]
         );
         // A named unit's length is that unit: envoyproxy/ratelimit counts it.
@@ -924,8 +929,8 @@ mod tests {
             counter_errs(json!({"x-t": {"default": {"perminute": 5, "per60seconds": 6,
                 "per5minutes": 1, "per300seconds": 2}}})),
             vec![
-                "x-t.default.per60seconds: per60seconds and perminute are the same window (perminute): keep one",
-                "x-t.default.per300seconds: per300seconds and per5minutes are the same window (per5minutes): keep one",
+                "x-t.default.per60seconds: per60seconds and perminute are the same window: keep one",
+                "x-t.default.per300seconds: per300seconds and per5minutes are the same window: keep one",
             ]
         );
     }
@@ -943,20 +948,20 @@ mod tests {
         assert_eq!(
             counter_errs(seven),
             vec![
-                "x-t.default: limits 7 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
-                "x-t.gold.routes.r: limits 7 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
+                "x-t.default: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
+                "x-t.gold.routes.r: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
             ]
         );
     }
 
     #[test]
-    fn warnings_name_the_key_as_written() {
-        let doc = json!({"x-t": {"default": {"per300seconds": 5, "per10minutes": 100}}});
+    fn warnings_name_custom_windows_too() {
+        let doc = json!({"x-t": {"default": {"per5minutes": 5, "per10minutes": 100}}});
         let (_, w) = parse_team_limits_for(&doc, "", Service::Counter).unwrap();
         let w: Vec<String> = w.iter().map(ToString::to_string).collect();
         assert_eq!(
             w,
-            vec!["x-t.default.per10minutes: can never bind: per300seconds 5 allows 10 per 10 minutes already"]
+            vec!["x-t.default.per10minutes: can never bind: per5minutes 5 allows 10 per 10 minutes already"]
         );
     }
 }

@@ -847,6 +847,6 @@ fn a_group_of_more_units_than_the_filter_keeps_is_refused() {
         "limits": {"x-t": {"default": {"persecond": 1, "perminute": 2, "per5minutes": 5, "perhour": 3, "perday": 4, "permonth": 5, "peryear": 6}}}}"#;
     assert_eq!(
         errs(text),
-        vec!["limits.x-t.default: limits 7 windows: a group or route limits at most 6 (the windows the filter keeps per group)"]
+        vec!["limits.x-t.default: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)"]
     );
 }
