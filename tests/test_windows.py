@@ -161,7 +161,7 @@ def test_a_group_of_six_windows_is_generated_loaded_and_counted(stack):
     assert windows == ["w=1", "w=60", "w=3600", "w=86400"], entries
 
 
-def test_a_group_over_the_limit_is_refused_alike_by_validate_and_generate(stack):
+def test_a_group_over_the_limit_is_refused_alike_by_validate_generate_and_render(stack):
     seven = {"x-tenant-id": {"default": {**SIX, "peryear": 100}}}
     path = stack.workdir / "seven.json"
     path.write_text(json.dumps(seven, indent=2))
@@ -169,13 +169,15 @@ def test_a_group_over_the_limit_is_refused_alike_by_validate_and_generate(stack)
     validate = harness.run_cli("validate", path, "--service", "counter", check=False)
     generate = harness.run_cli("generate", path, "--domain", "d", "--service", "counter",
                                "--out", stack.workdir / "seven-out", check=False)
+    render = harness.run_cli("render", path, "--target", "envoy", "--domain", "d", "--service",
+                             "counter", "--out", stack.workdir / "seven-render", check=False)
     lines = []
-    for proc in (validate, generate):
+    for proc in (validate, generate, render):
         assert proc.returncode != 0, proc
         line = [s for s in proc.stderr.splitlines() if why in s]
         assert len(line) == 1, proc.stderr
         lines.append(line[0][line[0].index("seven.json"):])
-    assert lines[0] == lines[1], lines
+    assert lines[0] == lines[1] == lines[2], lines
     assert lines[0].startswith("seven.json:3:"), lines
 
 
