@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use ratelimit_config::window::{
     previous_window, sliding_estimate, sliding_wait_ms, sliding_weight_ppm, window_at,
 };
-use ratelimit_config::{TeamLimits, Unit, Window};
+use ratelimit_config::{TeamLimits, Unit};
 
 use crate::proto::{
     Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse,
@@ -152,7 +152,7 @@ fn counter_key(tag: &str, unit: Unit, start: u64, route: Option<&str>) -> String
     k.push_str("trl:");
     k.push_str(tag);
     k.push(':');
-    k.push_str(unit);
+    k.push_str(&unit);
     let _ = write!(k, ":{start}");
     if let Some(r) = route {
         k.push_str(":r:");
@@ -299,7 +299,7 @@ fn resolve(
         }
         Some(_) => return None,
     };
-    let sliding = g.window == Window::Sliding;
+    let sliding = g.slides(unit);
     let tag = hash_tag(domain_name, tenant);
     let window = window_at(unit, now_ms);
     let (_, next_end) = window_at(unit, window.1);
@@ -465,12 +465,17 @@ pub fn answer(
             let after = before.saturating_add(added);
             outcome.near_limit |= admitted && near(c, after);
             outcome.overshoot = outcome.overshoot.max(overshoot(c, before, after));
+            // Until the window resets; a sliding window over its limit,
+            // until it admits one more. Never 0: a sliding window with
+            // room now resets with its current window too.
+            let reset_ms = c.window.1.saturating_sub(now_ms);
             let wait_ms = if c.sliding {
                 let cur = n.current.saturating_add(added);
                 sliding_wait_ms(c.limit, 1, n.previous, cur, c.window, c.next_end, now_ms)
-                    .unwrap_or(c.window.1.saturating_sub(now_ms))
+                    .filter(|w| *w > 0)
+                    .unwrap_or(reset_ms)
             } else {
-                c.window.1.saturating_sub(now_ms)
+                reset_ms
             };
             let code = if is_over { Code::OverLimit } else { Code::Ok };
             if code == Code::OverLimit {

@@ -39,8 +39,11 @@ pub fn key(index: u32) -> String {
 /// Every entry has this size: version, fingerprint, the last answer's
 /// time and remaining per unit, the last admission's time and the counts
 /// per unit, the hits this Envoy sent in the window, the learned share.
-pub const ENTRY_BYTES: usize = 72;
-const VERSION: u8 = 1;
+pub const ENTRY_BYTES: usize = 40 + 8 * UNITS;
+const VERSION: u8 = 2;
+/// Where the remaining and the counts per unit are, 4 bytes each.
+const REMAINING_AT: usize = 40;
+const USED_AT: usize = 40 + 4 * UNITS;
 
 /// An entry another tenant needs is left to its tenant while it heard an
 /// answer or admitted a request this recently.
@@ -99,14 +102,22 @@ impl Entry {
         put(&mut b, 0, &[VERSION]);
         put(&mut b, 8, &self.fingerprint.to_le_bytes());
         put(&mut b, 16, &self.heard_ms.to_le_bytes());
-        put(&mut b, 40, &self.spent_ms.to_le_bytes());
+        put(&mut b, 24, &self.spent_ms.to_le_bytes());
         for i in 0..UNITS {
             let (r, u) = (self.remaining.get(i), self.used.get(i));
-            put(&mut b, 24 + 4 * i, &r.copied().unwrap_or(0).to_le_bytes());
-            put(&mut b, 48 + 4 * i, &u.copied().unwrap_or(0).to_le_bytes());
+            put(
+                &mut b,
+                REMAINING_AT + 4 * i,
+                &r.copied().unwrap_or(0).to_le_bytes(),
+            );
+            put(
+                &mut b,
+                USED_AT + 4 * i,
+                &u.copied().unwrap_or(0).to_le_bytes(),
+            );
         }
-        put(&mut b, 64, &self.own.to_le_bytes());
-        put(&mut b, 68, &self.share_ppm.to_le_bytes());
+        put(&mut b, 32, &self.own.to_le_bytes());
+        put(&mut b, 36, &self.share_ppm.to_le_bytes());
         b
     }
 
@@ -119,14 +130,14 @@ impl Entry {
         let mut e = Entry {
             fingerprint: u64_at(b, 8)?,
             heard_ms: u64_at(b, 16)?,
-            spent_ms: u64_at(b, 40)?,
-            own: u32_at(b, 64)?,
-            share_ppm: u32_at(b, 68)?,
+            spent_ms: u64_at(b, 24)?,
+            own: u32_at(b, 32)?,
+            share_ppm: u32_at(b, 36)?,
             ..Entry::default()
         };
         for i in 0..UNITS {
-            *e.remaining.get_mut(i)? = u32_at(b, 24 + 4 * i)?;
-            *e.used.get_mut(i)? = u32_at(b, 48 + 4 * i)?;
+            *e.remaining.get_mut(i)? = u32_at(b, REMAINING_AT + 4 * i)?;
+            *e.used.get_mut(i)? = u32_at(b, USED_AT + 4 * i)?;
         }
         Some(e)
     }

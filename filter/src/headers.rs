@@ -172,7 +172,12 @@ pub fn group_policy(mode: HeaderMode, limits: &UnitLimits) -> Option<(&'static s
     }
     let mut policy = String::with_capacity(96);
     for (unit, limit) in limits.iter() {
-        write_policy_item(&mut policy, unit.descriptor_value(), limit, unit.seconds());
+        // The windows the service's answers name: a custom window, a
+        // month and a year are left out, as they are of an answer's.
+        let unit = RateLimitUnit::from(unit);
+        if let Some(name) = policy_name(unit) {
+            write_policy_item(&mut policy, name, limit, unit.window_seconds());
+        }
     }
     (!policy.is_empty()).then_some((RATELIMIT_POLICY, policy))
 }
@@ -440,6 +445,40 @@ mod tests {
         );
         assert_eq!(group_policy(HeaderMode::DraftVersion03, g), None);
         assert_eq!(group_policy(HeaderMode::Off, g), None);
+    }
+
+    /// The bucket's policy names the windows an answer names: a custom
+    /// window, a month and a year are left out, as they are of the
+    /// service's answers (their RLS unit is none or of no fixed length).
+    #[test]
+    fn a_bucket_policy_leaves_out_what_an_answer_leaves_out() {
+        let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "c", "service": "counter"},
+            "limits": {"x-tenant-id": {"default": {"perminute": 50, "per5minutes": 100,
+                "perweek": 900, "permonth": 1000, "peryear": 5000}}}}"#;
+        let c = parse_plugin_config(text.as_bytes()).unwrap().0;
+        let g = &c.limits.all_groups().next().unwrap().limits;
+        assert_eq!(
+            group_policy(HeaderMode::IetfDraft10, g),
+            Some((
+                RATELIMIT_POLICY,
+                r#""per_minute";q=50;w=60, "per_week";q=900;w=604800"#.to_string()
+            ))
+        );
+        // The counter's answer for the same windows gives the same policy.
+        let statuses = [
+            status(Code::Ok, 50, RateLimitUnit::Minute, 49, 30),
+            status(Code::Ok, 100, RateLimitUnit::Unknown, 99, 200),
+            status(Code::Ok, 900, RateLimitUnit::Week, 899, 9_000),
+            status(Code::Ok, 1000, RateLimitUnit::Month, 999, 90_000),
+            status(Code::Ok, 5000, RateLimitUnit::Year, 4999, 900_000),
+        ];
+        let h = ietf_headers(&statuses);
+        assert_eq!(h[0], group_policy(HeaderMode::IetfDraft10, g).unwrap());
+        // The tightest is a minute here: its reset, never 0.
+        assert_eq!(h[1].1, r#""per_minute";r=49;t=30"#);
+        let d = draft03_headers(&statuses);
+        assert_eq!(d[0].1, "50, 50;w=60, 900;w=604800");
+        assert_eq!(d[2].1, "30");
     }
 
     #[test]

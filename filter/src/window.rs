@@ -13,11 +13,18 @@ use ratelimit_config::{Group, Unit};
 /// refuses a group of more (`FILTER_MAX_UNITS`).
 pub const UNITS: usize = ratelimit_config::plugin::FILTER_MAX_UNITS;
 
-/// The window of `unit`, in ms: its `Unit::seconds()`, for a calendar unit
-/// its longest (7 days, 31 days, 366 days), a length no fixed unit has, by
-/// which `same` and `end` know to follow the calendar.
+/// The window of `unit`, in ms: its `Unit::seconds()` (a custom window's
+/// length too), for a calendar unit its longest (7, 31, 366 days) and one
+/// ms more: a length no fixed window has (those are whole seconds), by
+/// which `same` and `end` know to follow the calendar, and a custom
+/// `per31days` is not taken for a month.
 pub fn of_unit(unit: Unit) -> u64 {
-    unit.seconds().saturating_mul(1_000)
+    let ms = unit.seconds().saturating_mul(1_000);
+    if unit.is_calendar() {
+        ms.saturating_add(1)
+    } else {
+        ms
+    }
 }
 
 /// The window (ms) and the limit of each unit `group` limits, shortest
@@ -112,9 +119,9 @@ mod tests {
     }
 
     const DAY: u64 = 86_400_000;
-    const WEEK: u64 = 7 * DAY;
-    const MONTH: u64 = 31 * DAY;
-    const YEAR: u64 = 366 * DAY;
+    const WEEK: u64 = 7 * DAY + 1;
+    const MONTH: u64 = 31 * DAY + 1;
+    const YEAR: u64 = 366 * DAY + 1;
 
     /// Unix ms of `y-m-d` UTC at `hour`.
     fn at(y: u64, m: u64, d: u64, hour: u64) -> u64 {
@@ -130,6 +137,29 @@ mod tests {
             let alike = Unit::ALL.iter().filter(|v| of_unit(**v) == of_unit(u));
             assert_eq!(alike.count(), 1, "{u:?}");
         }
+        // A custom window of a calendar unit's longest is no calendar unit.
+        for days in [7, 31, 366] {
+            let custom = of_unit(Unit::Custom(days * 86_400));
+            assert_eq!(custom, u64::from(days) * DAY);
+            assert!(![WEEK, MONTH, YEAR].contains(&custom));
+        }
+    }
+
+    #[test]
+    fn custom_windows_end_at_multiples_of_their_length() {
+        // 5 minutes: 13:04:59.999 ends at 13:05, 13:05 at 13:10.
+        let five = of_unit(Unit::Custom(300));
+        let t = at(2026, 12, 5, 13) + 4 * 60_000 + 59_999;
+        assert_eq!(end(five, t), at(2026, 12, 5, 13) + 300_000);
+        assert_eq!(end(five, t + 1), at(2026, 12, 5, 13) + 600_000);
+        assert!(same(five, t - 299_999, t) && !same(five, t, t + 1));
+        // A custom 31 days ends 31 days from a multiple of 31 days, not on
+        // the 1st; a month on the 1st.
+        let d31 = of_unit(Unit::Custom(31 * 86_400));
+        let now = at(2026, 12, 5, 13);
+        assert_eq!(end(d31, now) % (31 * DAY), 0);
+        assert_eq!(end(MONTH, now), at(2027, 1, 1, 0));
+        assert_ne!(end(d31, now), at(2027, 1, 1, 0));
     }
 
     #[test]

@@ -84,8 +84,8 @@ pub fn counter_key(tag: &str, unit: Unit, start_ms: u64, route: Option<&str>) ->
 /// Whether the counter counts `unit` of `group` as a sliding window (as
 /// `counter/src/decide.rs` decides it; the counter's tests check that the
 /// two agree).
-pub fn counter_sliding(group: &Group, _unit: Unit) -> bool {
-    group.window == Window::Sliding
+pub fn counter_sliding(group: &Group, unit: Unit) -> bool {
+    group.slides(unit)
 }
 
 /// Where ratelimit-counter counts one descriptor at `now_ms`.
@@ -629,11 +629,11 @@ pub fn explain(limits: &TeamLimits, opts: &ExplainOptions<'_>, tenant: &str, now
         }
         None => {}
     }
-    let unset: Vec<&str> = limits
+    let unset: Vec<String> = limits
         .units_in_use()
         .into_iter()
         .filter(|u| group.limits.get(*u).is_none())
-        .map(Unit::json_key)
+        .map(|u| u.json_key().into_owned())
         .collect();
     if !unset.is_empty() {
         let _ = writeln!(out);
@@ -1129,6 +1129,12 @@ perminute: 50 per minute
                 assert_eq!(w.window, window_at(unit, now_ms));
                 assert!(!w.sliding && w.prev_key.is_none() && w.previous.is_none());
                 let s = counter_window("d", "t", default, unit, Some("r"), now_ms);
+                // A sliding group's weeks, months and years stay calendar.
+                if unit.is_calendar() {
+                    assert!(!s.sliding && s.prev_key.is_none(), "{unit:?}");
+                    assert_eq!(s.window, window_at(unit, now_ms));
+                    continue;
+                }
                 assert!(s.sliding);
                 let prev = previous_window(unit, now_ms);
                 assert_eq!(s.previous, Some(prev));

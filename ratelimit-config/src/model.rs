@@ -3,10 +3,15 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// A time unit a group can be limited over. Windows align to the clock:
-/// the fixed units to the Unix epoch, the calendar ones (`Week`, `Month`,
-/// `Year`) to UTC calendar boundaries (see [`crate::window`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A window a group can be limited over. Windows align to the clock:
+/// the fixed ones (the named units and [`Unit::Custom`] lengths) to the
+/// Unix epoch, the calendar ones (`Week`, `Month`, `Year`) to UTC calendar
+/// boundaries (see [`crate::window`]).
+///
+/// `Custom` holds a length in seconds that no named unit has (a length of
+/// a second, a minute, an hour or a day is that unit: [`Unit::of_seconds`]):
+/// `per5minutes` is `Custom(300)`. Only the counter counts these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Unit {
     Second,
     Minute,
@@ -15,9 +20,60 @@ pub enum Unit {
     Week,
     Month,
     Year,
+    /// A fixed window of this many seconds, from multiples of it since the
+    /// epoch (`per<N><unit>` in the team file).
+    Custom(u32),
+}
+
+/// The named units' keys in the team file, in [`Unit::ALL`]'s order.
+const JSON_KEYS: [&str; 7] = [
+    "persecond",
+    "perminute",
+    "perhour",
+    "perday",
+    "perweek",
+    "permonth",
+    "peryear",
+];
+/// Their descriptor values, in the same order.
+const DESCRIPTOR_VALUES: [&str; 7] = [
+    "per_second",
+    "per_minute",
+    "per_hour",
+    "per_day",
+    "per_week",
+    "per_month",
+    "per_year",
+];
+
+/// The longest custom window: 3,660 days (ten years and more).
+pub const MAX_CUSTOM_SECONDS: u32 = 3_660 * 86_400;
+
+/// The units a custom window can be written in, longest first: a custom
+/// window is spelled in the longest that divides it.
+const CUSTOM_UNITS: [(&str, u32); 4] = [
+    ("day", 86_400),
+    ("hour", 3_600),
+    ("minute", 60),
+    ("second", 1),
+];
+
+/// Shortest first: by length, then a named unit before a custom window of
+/// its length (a calendar week before a custom 7 days).
+impl Ord for Unit {
+    fn cmp(&self, other: &Unit) -> std::cmp::Ordering {
+        (self.seconds(), self.rank()).cmp(&(other.seconds(), other.rank()))
+    }
+}
+
+impl PartialOrd for Unit {
+    fn partial_cmp(&self, other: &Unit) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl Unit {
+    /// The named units.
     pub const ALL: [Unit; 7] = [
         Unit::Second,
         Unit::Minute,
@@ -28,35 +84,89 @@ impl Unit {
         Unit::Year,
     ];
 
-    /// The key a team writes in its JSON (`persecond`, …).
-    pub fn json_key(self) -> &'static str {
+    /// The fixed window of `seconds`: the named unit of that length, else
+    /// a custom one; None for 0 or over [`MAX_CUSTOM_SECONDS`].
+    pub fn of_seconds(seconds: u64) -> Option<Unit> {
+        Some(match seconds {
+            0 => return None,
+            1 => Unit::Second,
+            60 => Unit::Minute,
+            3_600 => Unit::Hour,
+            86_400 => Unit::Day,
+            s if s <= u64::from(MAX_CUSTOM_SECONDS) => Unit::Custom(u32::try_from(s).ok()?),
+            _ => return None,
+        })
+    }
+
+    fn rank(self) -> u8 {
         match self {
-            Unit::Second => "persecond",
-            Unit::Minute => "perminute",
-            Unit::Hour => "perhour",
-            Unit::Day => "perday",
-            Unit::Week => "perweek",
-            Unit::Month => "permonth",
-            Unit::Year => "peryear",
+            Unit::Custom(_) => 1,
+            _ => 0,
         }
     }
 
-    /// The value of the `generic_key` entry that tags a descriptor with its unit.
-    pub fn descriptor_value(self) -> &'static str {
-        match self {
-            Unit::Second => "per_second",
-            Unit::Minute => "per_minute",
-            Unit::Hour => "per_hour",
-            Unit::Day => "per_day",
-            Unit::Week => "per_week",
-            Unit::Month => "per_month",
-            Unit::Year => "per_year",
+    /// A custom window's count and unit in the longest unit dividing it
+    /// (`(5, "minute")` for 300 s).
+    fn custom_parts(seconds: u32) -> (u32, &'static str) {
+        let (name, len) = CUSTOM_UNITS
+            .into_iter()
+            .find(|(_, len)| seconds % len == 0)
+            .unwrap_or(("second", 1));
+        (seconds / len.max(1), name)
+    }
+
+    /// A custom window's spelling: `<prefix><N><sep><unit>s` in the
+    /// longest unit dividing it. One copy of the code for its three uses.
+    #[inline(never)]
+    fn custom_spelling(seconds: u32, prefix: &str, sep: &str) -> Cow<'static, str> {
+        let (n, name) = Unit::custom_parts(seconds);
+        Cow::Owned(format!("{prefix}{n}{sep}{name}s"))
+    }
+
+    /// The named unit's index in [`Unit::ALL`] (None for a custom window).
+    fn named(self) -> Option<usize> {
+        Some(match self {
+            Unit::Second => 0,
+            Unit::Minute => 1,
+            Unit::Hour => 2,
+            Unit::Day => 3,
+            Unit::Week => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Custom(_) => return None,
+        })
+    }
+
+    /// The key a team writes in its JSON (`persecond`, …; `per5minutes`).
+    pub fn json_key(self) -> Cow<'static, str> {
+        match (self, self.named()) {
+            (Unit::Custom(s), _) => Unit::custom_spelling(s, "per", ""),
+            (_, i) => Cow::Borrowed(
+                i.and_then(|i| JSON_KEYS.get(i))
+                    .copied()
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// The value of the `generic_key` entry that tags a descriptor with
+    /// its unit: `per_<unit>`, for a custom window `per_<N>_<unit>s` in
+    /// the longest unit dividing it (`per_5_minutes`, `per_90_seconds`):
+    /// one spelling per length, which the counter reads back.
+    pub fn descriptor_value(self) -> Cow<'static, str> {
+        match (self, self.named()) {
+            (Unit::Custom(s), _) => Unit::custom_spelling(s, "per_", "_"),
+            (_, i) => Cow::Borrowed(
+                i.and_then(|i| DESCRIPTOR_VALUES.get(i))
+                    .copied()
+                    .unwrap_or_default(),
+            ),
         }
     }
 
     /// The unit's name in the envoyproxy/ratelimit YAML (which never
-    /// receives a calendar unit: its weeks, months and years are not the
-    /// calendar's).
+    /// receives a calendar unit nor a custom window: its weeks, months and
+    /// years are not the calendar's, and its protocol has no other length).
     pub fn service_unit(self) -> &'static str {
         match self {
             Unit::Second => "second",
@@ -66,6 +176,16 @@ impl Unit {
             Unit::Week => "week",
             Unit::Month => "month",
             Unit::Year => "year",
+            Unit::Custom(_) => "custom",
+        }
+    }
+
+    /// The window in words, as messages say "per <noun>": `minute`,
+    /// `month`; `5 minutes` for a custom window.
+    pub fn noun(self) -> Cow<'static, str> {
+        match self {
+            Unit::Custom(s) => Unit::custom_spelling(s, "", " "),
+            named => Cow::Borrowed(named.service_unit()),
         }
     }
 
@@ -80,27 +200,65 @@ impl Unit {
             Unit::Week => 604_800,
             Unit::Month => 31 * 86_400,
             Unit::Year => 366 * 86_400,
+            Unit::Custom(s) => u64::from(s),
         }
     }
 
     /// A week, month or year on UTC calendar boundaries: only the counter
-    /// counts these.
+    /// counts these, and a sliding group leaves them calendar windows.
     pub fn is_calendar(self) -> bool {
         matches!(self, Unit::Week | Unit::Month | Unit::Year)
     }
 
-    fn index(self) -> usize {
-        self as usize
+    /// A window of a length no named unit has: only the counter counts it.
+    pub fn is_custom(self) -> bool {
+        matches!(self, Unit::Custom(_))
     }
 
+    /// A team file key: a named unit's (`perminute`), or `per<N><unit>`
+    /// with N a positive integer without leading zeros and the unit
+    /// `second`, `minute`, `hour` or `day`, singular or plural.
     pub fn from_json_key(key: &str) -> Option<Unit> {
-        Unit::ALL.into_iter().find(|u| u.json_key() == key)
+        if let Some(i) = JSON_KEYS.iter().position(|k| *k == key) {
+            return Unit::ALL.get(i).copied();
+        }
+        let rest = key.strip_prefix("per")?;
+        Unit::parse_length(rest, "")
+    }
+
+    /// `<N><sep><unit>[s]`: the custom spelling, in a key or a descriptor.
+    fn parse_length(text: &str, sep: &str) -> Option<Unit> {
+        let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 || digits > 10 || text.as_bytes().first() == Some(&b'0') {
+            return None;
+        }
+        // At most 10 digits: no overflow in a u64.
+        let n = text
+            .bytes()
+            .take(digits)
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let name = text.get(digits..)?.strip_prefix(sep)?;
+        let singular = match name.len().checked_sub(1) {
+            Some(last) if name.as_bytes().get(last) == Some(&b's') => name.get(..last)?,
+            _ => name,
+        };
+        let len = match singular {
+            "second" => 1,
+            "minute" => 60,
+            "hour" => 3_600,
+            "day" => 86_400,
+            _ => return None,
+        };
+        Unit::of_seconds(n * len)
     }
 
     pub fn from_descriptor_value(value: &str) -> Option<Unit> {
-        Unit::ALL
-            .into_iter()
-            .find(|u| u.descriptor_value() == value)
+        if let Some(i) = DESCRIPTOR_VALUES.iter().position(|v| *v == value) {
+            return Unit::ALL.get(i).copied();
+        }
+        let u = Unit::parse_length(value.strip_prefix("per_")?, "_")?;
+        // One spelling per window: the one `descriptor_value` writes.
+        (u.descriptor_value() == value).then_some(u)
     }
 }
 
@@ -165,18 +323,35 @@ impl clap::ValueEnum for Service {
     }
 }
 
-/// The limits of one group, per unit; `None` is "not limited over that unit".
+/// The limits of one group, per unit, shortest first; a unit left out is
+/// "not limited over that unit". Each limit keeps its unit's descriptor
+/// value, which the descriptors borrow.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UnitLimits([Option<u32>; 7]);
+pub struct UnitLimits {
+    limits: Vec<(Unit, u32, Cow<'static, str>)>,
+}
 
 impl UnitLimits {
+    #[inline(never)]
     pub fn get(&self, unit: Unit) -> Option<u32> {
-        self.0.get(unit.index()).copied().flatten()
+        self.limits
+            .iter()
+            .find(|(u, _, _)| *u == unit)
+            .map(|(_, l, _)| *l)
     }
 
+    #[inline(never)]
     pub fn set(&mut self, unit: Unit, limit: u32) {
-        if let Some(slot) = self.0.get_mut(unit.index()) {
-            *slot = Some(limit);
+        if let Some(slot) = self.limits.iter_mut().find(|(u, _, _)| *u == unit) {
+            slot.1 = limit;
+            return;
+        }
+        // Kept shortest first: the new one moves down past the longer.
+        self.limits.push((unit, limit, unit.descriptor_value()));
+        let mut at = self.limits.len() - 1;
+        while at > 0 && self.limits.get(at - 1).is_some_and(|(u, _, _)| *u > unit) {
+            self.limits.swap(at - 1, at);
+            at -= 1;
         }
     }
 
@@ -188,18 +363,23 @@ impl UnitLimits {
         }
     }
 
+    /// Like `iter`, with each unit's descriptor value.
+    pub fn with_values(&self) -> impl Iterator<Item = (Unit, u32, &str)> + '_ {
+        self.limits.iter().map(|(u, l, v)| (*u, *l, v.as_ref()))
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.0.iter().all(Option::is_none)
+        self.limits.is_empty()
     }
 
     /// How many units are limited (the descriptors they give).
     pub fn len(&self) -> usize {
-        self.0.iter().flatten().count()
+        self.limits.len()
     }
 }
 
 /// [`UnitLimits::iter`]. Its `next` is not inlined: every loop over a
-/// group's units would otherwise be unrolled seven times in the .wasm.
+/// group's units would otherwise be unrolled in the .wasm.
 #[derive(Clone, Debug)]
 pub struct UnitIter<'a> {
     limits: &'a UnitLimits,
@@ -211,13 +391,9 @@ impl Iterator for UnitIter<'_> {
 
     #[inline(never)]
     fn next(&mut self) -> Option<(Unit, u32)> {
-        while let Some(&unit) = Unit::ALL.get(self.at) {
-            self.at += 1;
-            if let Some(limit) = self.limits.get(unit) {
-                return Some((unit, limit));
-            }
-        }
-        None
+        let (unit, limit, _) = self.limits.limits.get(self.at)?;
+        self.at += 1;
+        Some((*unit, *limit))
     }
 }
 
@@ -243,6 +419,14 @@ pub struct Group {
 }
 
 impl Group {
+    /// Whether the counter slides this group's window of `unit`: a sliding
+    /// group slides its windows of a fixed length (named or custom); its
+    /// weeks, months and years stay on the calendar (a month resets on the
+    /// 1st).
+    pub fn slides(&self, unit: Unit) -> bool {
+        self.window == Window::Sliding && !unit.is_calendar()
+    }
+
     /// The group's limits on the route named `name` (Envoy's
     /// `xds.route_name`), if it sets any.
     pub fn route(&self, name: &[u8]) -> Option<&Route> {
@@ -304,15 +488,18 @@ impl TeamLimits {
     /// Every unit that some group limits, itself or on a route, shortest
     /// first.
     pub fn units_in_use(&self) -> Vec<Unit> {
-        Unit::ALL
-            .into_iter()
-            .filter(|u| {
-                self.all_groups().any(|g| {
-                    g.limits.get(*u).is_some()
-                        || g.routes.iter().any(|r| r.limits.get(*u).is_some())
-                })
+        let mut units: Vec<Unit> = self
+            .all_groups()
+            .flat_map(|g| {
+                g.limits
+                    .iter()
+                    .chain(g.routes.iter().flat_map(|r| r.limits.iter()))
             })
-            .collect()
+            .map(|(u, _)| u)
+            .collect();
+        units.sort_unstable();
+        units.dedup();
+        units
     }
 
     /// The default group first (when there is one), then the named groups.
@@ -344,15 +531,10 @@ pub fn descriptors<'a>(
     descriptor_key: &'a str,
     tenant: &'a str,
 ) -> impl Iterator<Item = (Unit, [(&'a str, &'a str); 2])> + 'a {
-    group.limits.iter().map(move |(unit, _)| {
-        (
-            unit,
-            [
-                ("generic_key", unit.descriptor_value()),
-                (descriptor_key, tenant),
-            ],
-        )
-    })
+    group
+        .limits
+        .with_values()
+        .map(move |(unit, _, value)| (unit, [("generic_key", value), (descriptor_key, tenant)]))
 }
 
 /// One descriptor's entries: the unit's and the tenant's, and on a route
@@ -371,7 +553,11 @@ impl<'a> AsRef<[(&'a str, &'a str)]> for Entries<'a> {
 
 /// The most descriptors a request sends: one per unit of its group, and
 /// one per unit of its route.
-pub const MAX_DESCRIPTORS: usize = 2 * Unit::ALL.len();
+pub const MAX_DESCRIPTORS: usize = 2 * MAX_UNITS_PER_GROUP;
+
+/// The most windows one group (or one route of it) limits: the filter
+/// keeps this many per group. `validate` refuses a group of more.
+pub const MAX_UNITS_PER_GROUP: usize = 6;
 
 /// The descriptors of one request of `tenant` under `group`, in the order
 /// they are sent and answered: the group's (`descriptors`), then, on a
@@ -399,15 +585,11 @@ impl<'a> RequestDescriptors<'a> {
         let own = Some((&group.limits, ("", "")));
         let on_route = route.map(|r| (&r.limits, (ROUTE_DESCRIPTOR_KEY, r.name.as_str())));
         for (limits, third) in own.into_iter().chain(on_route) {
-            for unit in Unit::ALL {
-                let (Some(_), Some(slot)) = (limits.get(unit), d.all.get_mut(d.len)) else {
+            for (unit, _, value) in limits.with_values() {
+                let Some(slot) = d.all.get_mut(d.len) else {
                     continue;
                 };
-                let entries = [
-                    ("generic_key", unit.descriptor_value()),
-                    (descriptor_key, tenant),
-                    third,
-                ];
+                let entries = [("generic_key", value), (descriptor_key, tenant), third];
                 let len = if third.0.is_empty() { 2 } else { 3 };
                 *slot = (unit, Entries { entries, len });
                 d.len += 1;
@@ -621,5 +803,104 @@ mod tests {
             .collect();
         assert_eq!(got, own);
         assert_eq!(g.limits.len(), 2);
+    }
+
+    #[test]
+    fn custom_windows_parse_from_their_keys() {
+        assert_eq!(Unit::from_json_key("per5minutes"), Some(Unit::Custom(300)));
+        assert_eq!(Unit::from_json_key("per5minute"), Some(Unit::Custom(300)));
+        assert_eq!(Unit::from_json_key("per30seconds"), Some(Unit::Custom(30)));
+        assert_eq!(
+            Unit::from_json_key("per12hours"),
+            Some(Unit::Custom(43_200))
+        );
+        assert_eq!(
+            Unit::from_json_key("per90days"),
+            Some(Unit::Custom(7_776_000))
+        );
+        // A named unit's length is that unit.
+        assert_eq!(Unit::from_json_key("per60seconds"), Some(Unit::Minute));
+        assert_eq!(Unit::from_json_key("per1day"), Some(Unit::Day));
+        assert_eq!(Unit::from_json_key("per24hours"), Some(Unit::Day));
+        assert_eq!(Unit::from_json_key("per7days"), Some(Unit::Custom(604_800)));
+        for bad in [
+            "per0minutes",
+            "per05minutes",
+            "perminutes",
+            "per5",
+            "per5weeks",
+            "per5 minutes",
+            "per-5minutes",
+            "per5minutess",
+            "per99999999999days",
+            "per3661days",
+            "Per5minutes",
+        ] {
+            assert_eq!(Unit::from_json_key(bad), None, "{bad}");
+        }
+        assert_eq!(
+            Unit::from_json_key("per3660days"),
+            Some(Unit::Custom(MAX_CUSTOM_SECONDS))
+        );
+    }
+
+    #[test]
+    fn a_custom_window_has_one_spelling_read_back_by_the_counter() {
+        for (unit, key, value) in [
+            (Unit::Custom(300), "per5minutes", "per_5_minutes"),
+            (Unit::Custom(90), "per90seconds", "per_90_seconds"),
+            (Unit::Custom(7_776_000), "per90days", "per_90_days"),
+            (Unit::Custom(43_200), "per12hours", "per_12_hours"),
+        ] {
+            assert_eq!(unit.json_key(), key);
+            assert_eq!(unit.descriptor_value(), value);
+            assert_eq!(Unit::from_descriptor_value(value), Some(unit));
+            assert!(unit.is_custom() && !unit.is_calendar());
+        }
+        // Another spelling of the same window is not read: one key per window.
+        assert_eq!(Unit::from_descriptor_value("per_300_seconds"), None);
+        assert_eq!(Unit::from_descriptor_value("per_60_seconds"), None);
+        assert_eq!(
+            Unit::from_descriptor_value("per_minute"),
+            Some(Unit::Minute)
+        );
+        for u in Unit::ALL {
+            assert_eq!(Unit::from_descriptor_value(&u.descriptor_value()), Some(u));
+            assert_eq!(Unit::from_json_key(&u.json_key()), Some(u));
+        }
+    }
+
+    #[test]
+    fn windows_sort_by_length_and_limits_keep_that_order() {
+        let mut limits = UnitLimits::default();
+        limits.set(Unit::Month, 5);
+        limits.set(Unit::Custom(31 * 86_400), 4);
+        limits.set(Unit::Custom(300), 2);
+        limits.set(Unit::Second, 1);
+        limits.set(Unit::Minute, 3);
+        let order: Vec<Unit> = limits.iter().map(|(u, _)| u).collect();
+        assert_eq!(
+            order,
+            vec![
+                Unit::Second,
+                Unit::Minute,
+                Unit::Custom(300),
+                Unit::Month,
+                Unit::Custom(31 * 86_400)
+            ]
+        );
+        let values: Vec<&str> = limits.with_values().map(|(_, _, v)| v).collect();
+        assert_eq!(
+            values,
+            [
+                "per_second",
+                "per_minute",
+                "per_5_minutes",
+                "per_month",
+                "per_31_days"
+            ]
+        );
+        assert_eq!(limits.get(Unit::Custom(300)), Some(2));
+        assert_eq!(limits.get(Unit::Custom(301)), None);
     }
 }

@@ -201,6 +201,9 @@ impl From<Unit> for RateLimitUnit {
             Unit::Week => RateLimitUnit::Week,
             Unit::Month => RateLimitUnit::Month,
             Unit::Year => RateLimitUnit::Year,
+            // The protocol has no other length: the filter knows the
+            // window from the descriptor it sent, never from this.
+            Unit::Custom(_) => RateLimitUnit::Unknown,
         }
     }
 }

@@ -8,6 +8,9 @@ use serde_json::{json, Value};
 use crate::model::Unit;
 use crate::validate::{MAX_ROUTE_NAME_LEN, MAX_TENANT_LEN};
 
+/// A custom window's key: `per<N><unit>`, N without leading zeros.
+const CUSTOM_PATTERN: &str = "^per[1-9][0-9]*(second|minute|hour|day)s?$";
+
 /// The `$id` of the schema.
 pub const SCHEMA_ID: &str = "urn:tenant-ratelimit:team-limits";
 
@@ -41,9 +44,18 @@ pub fn team_limits_schema() -> Value {
             "enum": ["fixed", "sliding"]
         }),
     );
-    let unit_keys: Vec<&str> = Unit::ALL.iter().map(|u| u.json_key()).collect();
-    let at_least_one_unit: Vec<Value> =
+    let unit_keys: Vec<String> = Unit::ALL
+        .iter()
+        .map(|u| u.json_key().into_owned())
+        .collect();
+    let mut at_least_one_unit: Vec<Value> =
         unit_keys.iter().map(|k| json!({"required": [k]})).collect();
+    // Or a custom window: not every key fails its pattern.
+    at_least_one_unit.push(json!({"not": {"propertyNames": {"not": {"pattern": CUSTOM_PATTERN}}}}));
+    let custom = json!({CUSTOM_PATTERN: {
+        "description": "Requests allowed per window of N seconds, minutes, hours or days (per5minutes, per30seconds, per90days): a fixed window from multiples of its length since the Unix epoch; needs the counter. The limits of a group and of each route take at most 6 windows.",
+        "$ref": "#/$defs/limit"
+    }});
     let mut route_units = units.clone();
     route_units.remove("shadow");
     route_units.remove("window");
@@ -69,7 +81,9 @@ pub fn team_limits_schema() -> Value {
             "additionalProperties": {
                 "type": "object",
                 "properties": route_units,
+                "patternProperties": custom.clone(),
                 "additionalProperties": false,
+                "maxProperties": crate::model::MAX_UNITS_PER_GROUP,
                 "anyOf": at_least_one_unit.clone()
             }
         }),
@@ -91,7 +105,7 @@ pub fn team_limits_schema() -> Value {
             }
         }),
     );
-    let mut reserved = unit_keys.clone();
+    let mut reserved: Vec<&str> = unit_keys.iter().map(String::as_str).collect();
     reserved.push("header_value");
     reserved.push("shadow");
     reserved.push("window");
@@ -124,7 +138,7 @@ pub fn team_limits_schema() -> Value {
                 "minProperties": 1,
                 "propertyNames": {
                     "pattern": "^[A-Za-z0-9_-]+$",
-                    "not": {"enum": reserved}
+                    "not": {"anyOf": [{"enum": reserved}, {"pattern": CUSTOM_PATTERN}]}
                 },
                 "properties": {"default": {"$ref": "#/$defs/default_group"}},
                 "additionalProperties": {"$ref": "#/$defs/named_group"}
@@ -133,6 +147,7 @@ pub fn team_limits_schema() -> Value {
                 "description": "Limits of every tenant not listed in a named group; each tenant still has its own counter.",
                 "type": "object",
                 "properties": units,
+                "patternProperties": custom.clone(),
                 "additionalProperties": false,
                 "anyOf": at_least_one_unit
             },
@@ -140,6 +155,7 @@ pub fn team_limits_schema() -> Value {
                 "description": "Limits of the tenants listed in header_value.",
                 "type": "object",
                 "properties": named_props,
+                "patternProperties": custom,
                 "required": ["header_value"],
                 "additionalProperties": false,
                 "anyOf": at_least_one_unit

@@ -149,12 +149,13 @@ pub fn service_yaml(
         );
     }
     let _ = writeln!(out, "domain: {}", scalar(domain));
-    // Calendar units are the counter's only: envoyproxy/ratelimit's weeks,
-    // months and years are not the calendar's.
+    // Calendar units and custom windows are the counter's only:
+    // envoyproxy/ratelimit's weeks, months and years are not the
+    // calendar's, and its protocol has no other length.
     let units: Vec<Unit> = limits
         .units_in_use()
         .into_iter()
-        .filter(|u| !u.is_calendar())
+        .filter(|u| !u.is_calendar() && !u.is_custom())
         .collect();
     if units.is_empty() {
         let _ = writeln!(out, "descriptors: []");

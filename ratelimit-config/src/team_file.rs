@@ -279,7 +279,7 @@ mod tests {
             lines(text),
             vec![
                 "limits.json:4:48: x-tenant-id.group_1.perminute: must be a positive integer, got -5",
-                "limits.json:5:48: x-tenant-id.group_1.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions, header_value",
+                "limits.json:5:48: x-tenant-id.group_1.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, per<N><unit> (such as per5minutes), shadow, window, routes, regions, header_value",
             ]
         );
     }
@@ -399,7 +399,7 @@ mod tests {
             out,
             vec![
                 format!("limits.json:1:33: x-t.default.perhour: must be a positive integer, got string \"{a64}\"… (1048576 bytes)"),
-                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions"),
+                format!("limits.json:1:1048613: x-t.default.{a64}…: unknown key \"{a64}\"… (1048576 bytes), expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, per<N><unit> (such as per5minutes), shadow, window, routes, regions"),
             ]
         );
     }

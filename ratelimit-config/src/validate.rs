@@ -10,7 +10,9 @@ use serde_json::{Map, Value};
 
 use crate::error::{join, Errors};
 use crate::field::{boolean, describe, header_name, positive_u32, string, FieldError};
-use crate::model::{Group, Route, Service, TeamLimits, Unit, UnitLimits, Window, DEFAULT_GROUP};
+use crate::model::{
+    Group, Route, Service, TeamLimits, Unit, UnitLimits, Window, DEFAULT_GROUP, MAX_UNITS_PER_GROUP,
+};
 
 // The toolkit both parsers share moved to `error` and `field`; these paths
 // stay for the users of this module.
@@ -39,6 +41,7 @@ const DEFAULT_GROUP_KEYS: &[&str] = &[
     "perweek",
     "permonth",
     "peryear",
+    CUSTOM_KEY,
     SHADOW,
     WINDOW,
     ROUTES,
@@ -52,6 +55,7 @@ const NAMED_GROUP_KEYS: &[&str] = &[
     "perweek",
     "permonth",
     "peryear",
+    CUSTOM_KEY,
     SHADOW,
     WINDOW,
     ROUTES,
@@ -66,7 +70,10 @@ const ROUTE_KEYS: &[&str] = &[
     "perweek",
     "permonth",
     "peryear",
+    CUSTOM_KEY,
 ];
+/// A window of any length, as the unknown key's message names it.
+const CUSTOM_KEY: &str = "per<N><unit> (such as per5minutes)";
 /// What a group without limits is told to set.
 const NO_LIMITS: &str =
     "has no limits: set at least one of persecond, perminute, perhour, perday, perweek, permonth, peryear";
@@ -345,13 +352,15 @@ fn group(
         let field = join(path, key);
         if let Some(unit) = Unit::from_json_key(key) {
             has_unit_key = true;
-            if unit.is_calendar() && !counter {
-                errors.push_key(&field, CALENDAR_NEEDS_COUNTER);
-            }
-            match positive_u32(value) {
-                Ok(n) => limits.set(unit, n),
-                Err(e) => errors.push(&field, e),
-            }
+            unit_limit(
+                unit,
+                (key, value),
+                obj,
+                &field,
+                counter,
+                &mut limits,
+                errors,
+            );
         } else if key == HEADER_VALUE {
             if is_default {
                 errors.push_key(
@@ -406,6 +415,7 @@ fn group(
     if !has_unit_key {
         errors.push(path, NO_LIMITS);
     }
+    too_many_units(&limits, path, errors);
     if !is_default && !obj.contains_key(HEADER_VALUE) {
         errors.push(
             join(path, HEADER_VALUE),
@@ -429,6 +439,57 @@ fn group(
     })
 }
 
+/// One window's limit, `key: value` at `field`: refused for
+/// envoyproxy/ratelimit when only the counter counts it, and when another
+/// key of the same object already names its window (`perminute` and
+/// `per60seconds`).
+fn unit_limit(
+    unit: Unit,
+    (key, value): (&str, &Value),
+    obj: &Map<String, Value>,
+    field: &str,
+    counter: bool,
+    limits: &mut UnitLimits,
+    errors: &mut Errors,
+) {
+    if unit.is_calendar() && !counter {
+        errors.push_key(field, CALENDAR_NEEDS_COUNTER);
+    }
+    if unit.is_custom() && !counter {
+        errors.push_key(field, CUSTOM_NEEDS_COUNTER);
+    }
+    if limits.get(unit).is_some() {
+        // The key written first, as it was written.
+        let first = obj
+            .keys()
+            .find(|k| Unit::from_json_key(k) == Some(unit))
+            .map_or("", String::as_str);
+        errors.push_key(
+            field,
+            format!("{key} and {first} are the same window: keep one"),
+        );
+        return;
+    }
+    match positive_u32(value) {
+        Ok(n) => limits.set(unit, n),
+        Err(e) => errors.push(field, e),
+    }
+}
+
+/// The one check of how many windows a group (or a route of it) limits:
+/// the filter keeps [`MAX_UNITS_PER_GROUP`] per group, whichever service
+/// counts. `validate`, `generate`, `render` and the plugin configuration
+/// all refuse a group of more here.
+fn too_many_units(limits: &UnitLimits, path: &str, errors: &mut Errors) {
+    if limits.len() > MAX_UNITS_PER_GROUP {
+        errors.push(path, TOO_MANY_UNITS);
+    }
+}
+
+/// [`too_many_units`]'s message.
+const TOO_MANY_UNITS: &str = "limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)";
+const _: () = assert!(MAX_UNITS_PER_GROUP == 6, "TOO_MANY_UNITS says 6");
+
 /// What only the counter counts, refused for envoyproxy/ratelimit: a
 /// sliding window, and weeks, months and years on the calendar (its own
 /// are aligned to the Unix epoch: 30-day months, weeks from Thursday).
@@ -438,6 +499,7 @@ const GLOBAL_NEEDS_COUNTER: &str = "global needs rate_limit_service.service \"co
 /// windows, and an allocation holds for one.
 const GLOBAL_NEEDS_FIXED: &str =
     "global needs fixed windows: a sliding window's estimate spans two windows, a region's allocation holds for one";
+const CUSTOM_NEEDS_COUNTER: &str = "a window of this length needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)";
 const CALENDAR_NEEDS_COUNTER: &str = "needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit has no calendar weeks, months or years";
 
 /// A group's `routes`: `{"<route name>": {"perminute": 5}, ...}`.
@@ -476,13 +538,15 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
         for (key, value) in units {
             let unit_path = join(&field, key);
             match Unit::from_json_key(key) {
-                Some(unit) if unit.is_calendar() && !counter => {
-                    errors.push_key(&unit_path, CALENDAR_NEEDS_COUNTER)
-                }
-                Some(unit) => match positive_u32(value) {
-                    Ok(n) => limits.set(unit, n),
-                    Err(e) => errors.push(&unit_path, e),
-                },
+                Some(unit) => unit_limit(
+                    unit,
+                    (key, value),
+                    units,
+                    &unit_path,
+                    counter,
+                    &mut limits,
+                    errors,
+                ),
                 None => errors.push_key(
                     &unit_path,
                     FieldError::UnknownKey {
@@ -495,6 +559,7 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
         if units.is_empty() {
             errors.push(&field, NO_LIMITS);
         }
+        too_many_units(&limits, &field, errors);
         out.push(Route {
             name: name.clone(),
             limits,
@@ -612,11 +677,11 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
                     });
                 if let Some((u, n, allows)) = covered {
                     out.push(ConfigError {
-                        path: join(&route_path, unit.json_key()),
+                        path: join(&route_path, &unit.json_key()),
                         message: format!(
                             "can never bind: the group's {} {n} allows {allows} per {} on every route already",
                             u.json_key(),
-                            unit.service_unit()
+                            unit.noun()
                         ),
                     });
                 }
@@ -635,18 +700,18 @@ fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
             let ratio = longer.seconds() / shorter.seconds();
             if u64::from(long_limit) >= u64::from(short_limit) * ratio {
                 out.push(ConfigError {
-                    path: join(path, longer.json_key()),
+                    path: join(path, &longer.json_key()),
                     message: format!(
                         "can never bind: {} {} allows {} per {} already",
                         shorter.json_key(),
                         short_limit,
                         u64::from(short_limit) * ratio,
-                        longer.service_unit()
+                        longer.noun()
                     ),
                 });
             } else if long_limit < short_limit {
                 out.push(ConfigError {
-                    path: join(path, shorter.json_key()),
+                    path: join(path, &shorter.json_key()),
                     message: format!(
                         "can never bind: {} {} is lower",
                         longer.json_key(),
@@ -699,7 +764,7 @@ mod tests {
                 "x-tenant-id.default.perminute: must be a positive integer, got -5",
                 "x-tenant-id.default.perhour: must be a positive integer, got 2.5",
                 "x-tenant-id.default.perday: must be a positive integer, got string \"9\"",
-                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, shadow, window, routes, regions",
+                "x-tenant-id.default.bogus: unknown key \"bogus\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, per<N><unit> (such as per5minutes), shadow, window, routes, regions",
                 "x-tenant-id.group_1.perhour: must be a positive integer at most 4294967295, got 4294967296",
                 "x-tenant-id.group_1.header_value: must list at least one tenant value",
                 "x-tenant-id.perhour: \"perhour\" is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
@@ -820,7 +885,7 @@ mod tests {
             errs(doc),
             vec![
                 "x-t.default.routes.a.perminute: must be a positive integer, got 0".to_string(),
-                "x-t.default.routes.b.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear".into(),
+                "x-t.default.routes.b.perfortnight: unknown key \"perfortnight\", expected one of persecond, perminute, perhour, perday, perweek, permonth, peryear, per<N><unit> (such as per5minutes)".into(),
                 "x-t.default.routes.c: has no limits: set at least one of persecond, perminute, perhour, perday, perweek, permonth, peryear".into(),
                 "x-t.default.routes.d*: route name \"d*\" ends with '*', which the rate-limit service reads as a wildcard".into(),
                 "x-t.default.routes.: a route name must not be empty".into(),
@@ -849,6 +914,80 @@ mod tests {
                 "x-t.default.routes.d.persecond: can never bind: the group's persecond 1 allows 1 per second on every route already",
                 "x-t.default.routes.d.perminute: can never bind: the group's persecond 1 allows 60 per minute on every route already",
             ]
+        );
+    }
+
+    fn counter_errs(doc: Value) -> Vec<String> {
+        match parse_team_limits_for(&doc, "", Service::Counter) {
+            Ok(_) => vec![],
+            Err(e) => e.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn custom_windows_need_the_counter_and_are_named_when_refused() {
+        let doc = json!({"x-t": {"default": {"per5minutes": 50, "per30seconds": 10, "perminute": 20,
+            "routes": {"r": {"per90days": 9}}}}});
+        let (l, _) = parse_team_limits_for(&doc, "", Service::Counter).unwrap();
+        let g = l.default.as_ref().unwrap();
+        assert_eq!(g.limits.get(Unit::Custom(300)), Some(50));
+        assert_eq!(g.limits.get(Unit::Custom(30)), Some(10));
+        assert_eq!(g.routes[0].limits.get(Unit::Custom(90 * 86_400)), Some(9));
+        let why = "a window of this length needs rate_limit_service.service \"counter\" (--service counter): envoyproxy/ratelimit's protocol has no such unit (second, minute, hour and day only)";
+        assert_eq!(
+            errs(doc),
+            vec![
+                format!("x-t.default.per5minutes: {why}"),
+                format!("x-t.default.per30seconds: {why}"),
+                format!("x-t.default.routes.r.per90days: {why}"),
+            ]
+        );
+        // A named unit's length is that unit: envoyproxy/ratelimit counts it.
+        assert_eq!(
+            errs(json!({"x-t": {"default": {"per60seconds": 5}}})),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn two_keys_of_one_window_are_refused_naming_both() {
+        assert_eq!(
+            counter_errs(json!({"x-t": {"default": {"perminute": 5, "per60seconds": 6,
+                "per5minutes": 1, "per300seconds": 2}}})),
+            vec![
+                "x-t.default.per60seconds: per60seconds and perminute are the same window: keep one",
+                "x-t.default.per300seconds: per300seconds and per5minutes are the same window: keep one",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_group_of_more_windows_than_the_filter_keeps_is_refused_here() {
+        let six = json!({"x-t": {"default": {"persecond": 1, "perminute": 20, "per5minutes": 50,
+            "perhour": 300, "perday": 1000, "permonth": 9000}}});
+        assert_eq!(counter_errs(six), Vec::<String>::new());
+        let seven = json!({"x-t": {"default": {"persecond": 1, "perminute": 20, "per5minutes": 50,
+            "perhour": 300, "perday": 1000, "permonth": 9000, "peryear": 90000},
+            "gold": {"header_value": ["g"], "perminute": 1,
+                "routes": {"r": {"persecond": 1, "per2seconds": 2, "per3seconds": 3, "per4seconds": 4,
+                    "per5seconds": 5, "per6seconds": 6, "per7seconds": 7}}}}});
+        assert_eq!(
+            counter_errs(seven),
+            vec![
+                "x-t.default: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
+                "x-t.gold.routes.r: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)",
+            ]
+        );
+    }
+
+    #[test]
+    fn warnings_name_custom_windows_too() {
+        let doc = json!({"x-t": {"default": {"per5minutes": 5, "per10minutes": 100}}});
+        let (_, w) = parse_team_limits_for(&doc, "", Service::Counter).unwrap();
+        let w: Vec<String> = w.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            w,
+            vec!["x-t.default.per10minutes: can never bind: per5minutes 5 allows 10 per 10 minutes already"]
         );
     }
 }

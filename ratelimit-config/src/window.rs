@@ -230,6 +230,25 @@ mod tests {
     }
 
     #[test]
+    fn custom_windows_align_to_multiples_of_their_length() {
+        let five = Unit::Custom(300);
+        // 2026-12-05 13:04:59.999 is in the window from 13:00 to 13:05.
+        let t = ms(2026, 12, 5, 13 * 3_600 + 4 * 60 + 59) + 999;
+        let start = ms(2026, 12, 5, 13 * 3_600);
+        assert_eq!(window_at(five, t), (start, start + 300_000));
+        assert_eq!(window_at(five, t + 1), (start + 300_000, start + 600_000));
+        assert_eq!(previous_window(five, t), (start - 300_000, start));
+        // 90 days from the epoch, not from a calendar date.
+        let ninety = Unit::Custom(90 * 86_400);
+        assert_eq!(window_at(ninety, 91 * DAY_MS), (90 * DAY_MS, 180 * DAY_MS));
+        // A custom 31 days is no month.
+        let (s, e) = window_at(Unit::Custom(31 * 86_400), ms(2027, 3, 5, 0));
+        assert_eq!(e - s, 31 * DAY_MS);
+        assert_eq!(s % (31 * DAY_MS), 0);
+        assert_ne!(s, ms(2027, 3, 1, 0));
+    }
+
+    #[test]
     fn the_sliding_estimate_weights_the_previous_window() {
         // 15 s into a minute: three quarters of the previous one still count.
         let w = sliding_weight_ppm(60_000, 120_000, 75_000);
@@ -261,8 +280,8 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn every_instant_is_in_its_window(now in 0u64..32_503_680_000_000, u in 0usize..7) {
-            let unit = Unit::ALL[u];
+        fn every_instant_is_in_its_window(now in 0u64..32_503_680_000_000, u in 0usize..8, custom in 1u32..crate::model::MAX_CUSTOM_SECONDS) {
+            let unit = Unit::ALL.get(u).copied().unwrap_or(Unit::Custom(custom));
             let (s, e) = window_at(unit, now);
             proptest::prop_assert!(s <= now && now < e);
             proptest::prop_assert!(e - s <= unit.seconds() * 1_000);

@@ -111,7 +111,8 @@ fn every_rule_of_the_design_is_in_the_service_yaml() {
     let mut compared = 0;
     for unit in [Unit::Second, Unit::Minute] {
         for tenant in ["tenant-a", "tenant-b"] {
-            let entries = [("generic_key", unit.descriptor_value()), ("tenant", tenant)];
+            let value = unit.descriptor_value();
+            let entries = [("generic_key", value.as_ref()), ("tenant", tenant)];
             let (Some(want), _) = lookup(&design.descriptors, &entries) else {
                 continue;
             };

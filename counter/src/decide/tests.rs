@@ -320,6 +320,126 @@ fn a_sliding_window_stops_the_boundary_burst(s: &Under) {
     assert!((1..=10).contains(&wait), "{wait}");
 }
 
+/// A sliding group slides its minute and leaves its month on the
+/// calendar: the month's 4th request on 5 December waits until 1
+/// January, not for December's use to slide out of January.
+fn a_sliding_group_keeps_its_month_on_the_calendar(s: &Under) {
+    use ratelimit_config::window::days_from_civil;
+    let d = domain(r#"{"x-t": {"default": {"perminute": 2, "permonth": 3, "window": "sliding"}}}"#);
+    let one = call(vec![
+        desc(&[("generic_key", "per_minute"), ("tenant", "a")], None),
+        desc(&[("generic_key", "per_month"), ("tenant", "a")], None),
+    ]);
+    let day = 86_400_000;
+    let dec5 = days_from_civil(2026, 12, 5) * day + 12 * 3_600_000;
+    let jan1 = days_from_civil(2027, 1, 1) * day;
+    // Two a minute apart, then a third in the next minute: the minute
+    // slides (the previous one's 2 still weigh 2 at its start).
+    assert_eq!(run(s, &d, &one, dec5).overall_code, Code::Ok as i32);
+    assert_eq!(run(s, &d, &one, dec5 + 1).overall_code, Code::Ok as i32);
+    let r = run(s, &d, &one, dec5 + 60_000);
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses[0].code,
+        Code::OverLimit as i32,
+        "the minute slides"
+    );
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    assert_eq!(
+        run(s, &d, &one, dec5 + 130_000).overall_code,
+        Code::Ok as i32
+    );
+    // The month's 4th: refused until 1 January, its Retry-After counts
+    // down to it (about 26 days), never December's use carried into January.
+    let at = dec5 + 300_000;
+    let r = run(s, &d, &one, at);
+    assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+    let wait = r.statuses[1].duration_until_reset.unwrap().seconds;
+    assert_eq!(wait as u64, (jan1 - at).div_ceil(1_000));
+    // On the 1st the month is new: admitted again (the minute has room).
+    let r = run(s, &d, &one, jan1);
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[1].limit_remaining, 2);
+}
+
+/// Custom windows: counted in windows from multiples of their length,
+/// each with its own key, sliding when the group is.
+fn custom_windows_count_from_multiples_of_their_length(s: &Under) {
+    let d = domain(
+        r#"{"x-t": {"default": {"per5minutes": 3, "per90days": 100},
+            "slide": {"header_value": ["b"], "per5minutes": 3, "window": "sliding"}}}"#,
+    );
+    let five = |tenant: &str| {
+        call(vec![desc(
+            &[("generic_key", "per_5_minutes"), ("tenant", tenant)],
+            None,
+        )])
+    };
+    // T0 is a multiple of 5 minutes: the window is [T0, T0 + 300 s).
+    let end = T0 + 300_000;
+    for i in 0..3 {
+        assert_eq!(
+            run(s, &d, &five("a"), end - 10 + i).overall_code,
+            Code::Ok as i32
+        );
+    }
+    let r = run(s, &d, &five("a"), end - 1);
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 1);
+    assert_eq!(
+        run(s, &d, &five("a"), end).overall_code,
+        Code::Ok as i32,
+        "a new window"
+    );
+    // The sliding one: the previous window's 3 still weigh at the boundary.
+    for i in 0..3 {
+        assert_eq!(
+            run(s, &d, &five("b"), end - 10 + i).overall_code,
+            Code::Ok as i32
+        );
+    }
+    assert_eq!(
+        run(s, &d, &five("b"), end).overall_code,
+        Code::OverLimit as i32
+    );
+    assert_eq!(
+        run(s, &d, &five("b"), end + 150_000).overall_code,
+        Code::Ok as i32
+    );
+    // Another spelling of the window has no rule: answered without a limit.
+    let other = call(vec![desc(
+        &[("generic_key", "per_300_seconds"), ("tenant", "a")],
+        None,
+    )]);
+    let r = run(s, &d, &other, end);
+    assert!(r.statuses[0].current_limit.is_none());
+    // 90 days: admitted, with its reset at the next multiple of 90 days.
+    let ninety = call(vec![desc(
+        &[("generic_key", "per_90_days"), ("tenant", "a")],
+        None,
+    )]);
+    let r = run(s, &d, &ninety, T0);
+    let len = 90 * 86_400_000;
+    let want = (T0 - T0 % len + len - T0).div_ceil(1_000);
+    assert_eq!(
+        r.statuses[0].duration_until_reset.unwrap().seconds as u64,
+        want
+    );
+}
+
+/// An admitted request's reset is the window's real reset, never 0: a
+/// sliding window with room resets with its current window.
+fn an_admitted_reset_is_never_zero(s: &Under) {
+    let d = domain(r#"{"x-t": {"default": {"perminute": 10, "window": "sliding"}}}"#);
+    let one = call(vec![desc(
+        &[("generic_key", "per_minute"), ("tenant", "a")],
+        None,
+    )]);
+    let r = run(s, &d, &one, T0 + 15_000);
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].duration_until_reset.unwrap().seconds, 45);
+}
+
 /// Seen once by proptest: one request naming the minute and the hour of
 /// one tenant four times adds all its hits to each, decided on their sum.
 fn a_request_naming_one_counter_four_times_adds_all_its_hits(s: &Under) {
@@ -651,6 +771,9 @@ fn a_key_that_holds_no_count_fails_its_request_alone(s: &Under) {
 }
 
 test_with_all_stores!(
+    a_sliding_group_keeps_its_month_on_the_calendar,
+    custom_windows_count_from_multiples_of_their_length,
+    an_admitted_reset_is_never_zero,
     a_key_that_holds_no_count_fails_its_request_alone,
     a_push_is_counted_whole_on_every_window_and_answered_with_the_count,
     a_refused_request_adds_nothing_anywhere,

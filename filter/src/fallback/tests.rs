@@ -130,7 +130,7 @@ fn months_and_years_are_the_calendars() {
     );
     // February: a new month, the year's count carried.
     let (n, e, _) = admitted(e, &p, at(2027, 2, 1, 0));
-    assert_eq!((n, e.used), (100, [100, 200, 0, 0]));
+    assert_eq!((n, e.used), (100, [100, 200, 0, 0, 0, 0]));
     // 28 February 2027 is still February's; 1 March starts a month.
     let (n, e, refused) = admitted(e, &p, at(2027, 2, 28, 12));
     assert_eq!(n, 0);
@@ -225,8 +225,8 @@ fn an_entry_is_one_tenants_and_passes_on_when_left_alone() {
 
 proptest! {
     #[test]
-    fn entries_round_trip(fp in any::<u64>(), t in any::<u64>(), r in any::<[u32; 4]>(),
-                          u in any::<[u32; 4]>(), own in any::<u32>(), ppm in any::<u32>()) {
+    fn entries_round_trip(fp in any::<u64>(), t in any::<u64>(), r in any::<[u32; 6]>(),
+                          u in any::<[u32; 6]>(), own in any::<u32>(), ppm in any::<u32>()) {
         let e = Entry { fingerprint: fp, heard_ms: t, remaining: r, spent_ms: t / 3, used: u, own, share_ppm: ppm };
         prop_assert_eq!(Entry::decode(&e.encode()), Some(e));
     }

@@ -22,7 +22,9 @@ pub struct StatusSnapshot {
     pub name: u8,
 }
 
-/// At most one descriptor per unit is sent.
+/// The statuses a cached refusal keeps: the first four of its answer (a
+/// refusal by a later window is not cached: the next request asks again).
+/// Four keep a slot at 180 bytes.
 pub const MAX_STATUSES: usize = 4;
 
 /// A tenant the service has refused, until `until_ms`.

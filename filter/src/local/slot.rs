@@ -164,7 +164,7 @@ pub const SLOT_HOLD_MS: u64 = 2_000;
 // the lease block, version 3 the sync block and the mode tag (byte 35).
 // Every VM of one Envoy runs the same .wasm, so a slot of another version
 // is only met across a reload, and is then taken as empty.
-const VERSION: u8 = 3;
+const VERSION: u8 = 4;
 const HAS_BUCKET: u8 = 1;
 const HAS_OVER_LIMIT: u8 = 2;
 /// Byte 35: which mode block follows the statuses.
@@ -176,7 +176,12 @@ const HEADER_BYTES: usize = 36;
 const STATUS_BYTES: usize = 20;
 const MODE_AT: usize = HEADER_BYTES + MAX_STATUSES * STATUS_BYTES;
 const LEASE_BYTES: usize = 48;
-const SYNC_BYTES: usize = 64;
+/// A sync view: each window's view (4 bytes) and its end in whole seconds
+/// (4: every window ends on a second), then the unsynced hits, the hits in
+/// flight and the next push (16).
+const SYNC_BYTES: usize = 8 * UNITS + 16;
+const SYNC_UNTIL_AT: usize = 4 * UNITS;
+const SYNC_TAIL_AT: usize = 8 * UNITS;
 /// The mode block: a lease or a sync state, whichever is larger.
 const MODE_BYTES: usize = if LEASE_BYTES > SYNC_BYTES {
     LEASE_BYTES
@@ -230,22 +235,23 @@ fn decode_lease(b: &[u8]) -> Option<Lease> {
 fn encode_sync(s: &SyncState, b: &mut [u8]) {
     for (i, (view, until)) in s.views.iter().zip(&s.view_until_ms).enumerate() {
         put(b, 4 * i, &view.to_le_bytes());
-        put(b, 4 * UNITS + 8 * i, &until.to_le_bytes());
+        let secs = u32::try_from(until.div_ceil(1_000)).unwrap_or(u32::MAX);
+        put(b, SYNC_UNTIL_AT + 4 * i, &secs.to_le_bytes());
     }
-    put(b, 48, &s.unsynced.to_le_bytes());
-    put(b, 52, &s.in_flight.to_le_bytes());
-    put(b, 56, &s.push_at_ms.to_le_bytes());
+    put(b, SYNC_TAIL_AT, &s.unsynced.to_le_bytes());
+    put(b, SYNC_TAIL_AT + 4, &s.in_flight.to_le_bytes());
+    put(b, SYNC_TAIL_AT + 8, &s.push_at_ms.to_le_bytes());
 }
 
 fn decode_sync(b: &[u8]) -> Option<SyncState> {
     let mut s = SyncState::default();
     for (i, (view, until)) in s.views.iter_mut().zip(&mut s.view_until_ms).enumerate() {
         *view = u32_at(b, 4 * i)?;
-        *until = u64_at(b, 4 * UNITS + 8 * i)?;
+        *until = u64::from(u32_at(b, SYNC_UNTIL_AT + 4 * i)?) * 1_000;
     }
-    s.unsynced = u32_at(b, 48)?;
-    s.in_flight = u32_at(b, 52)?;
-    s.push_at_ms = u64_at(b, 56)?;
+    s.unsynced = u32_at(b, SYNC_TAIL_AT)?;
+    s.in_flight = u32_at(b, SYNC_TAIL_AT + 4)?;
+    s.push_at_ms = u64_at(b, SYNC_TAIL_AT + 8)?;
     Some(s)
 }
 
@@ -414,8 +420,16 @@ mod tests {
                         rate_prev: tokens_left / 2,
                     }),
                     _ => ModeState::Sync(SyncState {
-                        views: [remaining, 1, 2, tokens_left],
-                        view_until_ms: [until, updated, 3, 4],
+                        views: [remaining, 1, 2, tokens_left, 5, 6],
+                        // Window ends: whole seconds, kept as such.
+                        view_until_ms: [
+                            (until % (1 << 32)) * 1_000,
+                            (updated % (1 << 32)) * 1_000,
+                            3_000,
+                            4_000,
+                            5_000,
+                            6_000,
+                        ],
                         unsynced: tokens_left,
                         in_flight: remaining / 3,
                         push_at_ms: updated / 2,
@@ -507,8 +521,8 @@ mod tests {
     };
 
     const SYNCED: SyncState = SyncState {
-        views: [3, 0, 0, 0],
-        view_until_ms: [60_000, 0, 0, 0],
+        views: [3, 0, 0, 0, 0, 0],
+        view_until_ms: [60_000, 0, 0, 0, 0, 0],
         unsynced: 5,
         in_flight: 2,
         push_at_ms: 1_000,
@@ -556,9 +570,9 @@ mod tests {
     }
 
     #[test]
-    fn the_layout_is_version_3_with_the_mode_tag_at_byte_35() {
+    fn the_layout_is_version_4_with_the_mode_tag_at_byte_35() {
         let bytes = with_mode(ModeState::Sync(SYNCED)).encode();
-        assert_eq!((bytes[0], bytes[MODE_TAG_AT]), (3, TAG_SYNC));
+        assert_eq!((bytes[0], bytes[MODE_TAG_AT]), (4, TAG_SYNC));
         assert_eq!(SLOT_BYTES, 180);
         // A slot of the previous layout is taken as empty.
         let mut old = bytes.clone();

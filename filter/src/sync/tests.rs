@@ -28,7 +28,14 @@ fn heard(counts: &[(bool, u32)]) -> Answer {
 fn params() -> SyncParams {
     SyncParams {
         max_unsynced: 4,
-        windows: [(60_000, 10), (3_600_000, 100), (1_000, 0), (1_000, 0)],
+        windows: [
+            (60_000, 10),
+            (3_600_000, 100),
+            (1_000, 0),
+            (1_000, 0),
+            (1_000, 0),
+            (1_000, 0),
+        ],
         units: 2,
         push_lost_ms: 1_025,
     }
@@ -38,8 +45,8 @@ fn params() -> SyncParams {
 fn admits_while_the_view_and_the_pending_hits_fit_then_asks_then_refuses() {
     let p = params();
     let mut s = SyncState {
-        views: [5, 50, 0, 0],
-        view_until_ms: [MINUTE_END, MINUTE_END + 1_000_000, 0, 0],
+        views: [5, 50, 0, 0, 0, 0],
+        view_until_ms: [MINUTE_END, MINUTE_END + 1_000_000, 0, 0, 0, 0],
         ..SyncState::default()
     };
     let mut steps = Vec::new();

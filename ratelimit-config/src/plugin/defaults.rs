@@ -69,7 +69,7 @@ pub const MAX_SYNC_MAX_UNSYNCED: u32 = 1_000_000;
 /// The most units (windows) one group may limit in the filter: a tenant's
 /// local state (sync views, fallback buckets, a cached refusal's statuses)
 /// has room for this many.
-pub const FILTER_MAX_UNITS: usize = 4;
+pub const FILTER_MAX_UNITS: usize = crate::model::MAX_UNITS_PER_GROUP;
 /// Batched calls to the service (`rate_limit_service.batch`): on unless
 /// `"batch": false`.
 pub const DEFAULT_BATCH_ENABLED: bool = true;

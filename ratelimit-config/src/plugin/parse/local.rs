@@ -11,8 +11,8 @@ use crate::model::{TeamLimits, Window};
 
 use super::super::defaults::{
     max_unsynced_bound, DEFAULT_LEASE_MAX_BATCH, DEFAULT_LOCAL_ENABLED, DEFAULT_SYNC_INTERVAL_MS,
-    DEFAULT_SYNC_MAX_UNSYNCED, FILTER_MAX_UNITS, MAX_LEASE_MAX_BATCH, MAX_LOCAL_SLOTS,
-    MAX_SYNC_INTERVAL_MS, MAX_SYNC_MAX_UNSYNCED, MIN_SYNC_INTERVAL_MS,
+    DEFAULT_SYNC_MAX_UNSYNCED, MAX_LEASE_MAX_BATCH, MAX_LOCAL_SLOTS, MAX_SYNC_INTERVAL_MS,
+    MAX_SYNC_MAX_UNSYNCED, MIN_SYNC_INTERVAL_MS,
 };
 use super::super::names::{Mode, Named};
 use super::super::types::{BucketParams, GroupLocal, LocalConfig};
@@ -75,21 +75,13 @@ pub(super) fn local_config(
     local
 }
 
-/// What the filter cannot count of a group: more units than it keeps per
-/// tenant (`FILTER_MAX_UNITS`: the rest would be sent but not kept), and a
-/// sliding window in lease or sync mode (they count a fixed window
+/// What the filter cannot count of a group: a sliding window in lease or sync mode (they count a fixed window
 /// locally, so their bounds would not hold), named at the mode that
 /// applies: the group's own (`local.groups.<group>.mode`) or `local.mode`.
 const SLIDING_NEEDS_EXACT: &str = "lease and sync count fixed windows locally: their bounds do not hold for a \"sliding\" group; count it in \"exact\" mode";
 
 pub(super) fn groups_fit(local: &LocalConfig, limits: &TeamLimits, errors: &mut Errors) {
     for g in limits.all_groups() {
-        if g.limits.len() > FILTER_MAX_UNITS {
-            errors.push(
-                join(&join("limits", &limits.header), &g.name),
-                "limits more units than the filter keeps per group (4)",
-            );
-        }
         let mode = local.mode_for(g);
         if g.window == Window::Sliding && mode != Mode::Exact {
             let path = match local.group(&g.name).and_then(|l| l.mode) {

@@ -842,8 +842,11 @@ fn a_group_of_more_units_than_the_filter_keeps_is_refused() {
     let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl", "service": "counter"},
         "limits": {"x-t": {"default": {"persecond": 1, "perminute": 2, "perhour": 3, "perday": 4, "permonth": 5},
             "gold": {"header_value": ["g"], "perminute": 2, "perhour": 3, "perday": 4, "perweek": 5}}}}"#;
+    assert_eq!(errs(text), Vec::<String>::new(), "five are kept");
+    let text = r#"{"domain": "d", "rate_limit_service": {"cluster": "rl", "service": "counter"},
+        "limits": {"x-t": {"default": {"persecond": 1, "perminute": 2, "per5minutes": 5, "perhour": 3, "perday": 4, "permonth": 5, "peryear": 6}}}}"#;
     assert_eq!(
         errs(text),
-        vec!["limits.x-t.default: limits more units than the filter keeps per group (4)"]
+        vec!["limits.x-t.default: limits more than 6 windows: a group or route limits at most 6 (the windows the filter keeps per group)"]
     );
 }
