@@ -48,7 +48,6 @@
 //! delivers after the callback, acting for that stream.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
@@ -288,7 +287,8 @@ enum Flush {
 #[derive(Debug, Default)]
 pub struct Batcher {
     queue: RefCell<Vec<Part>>,
-    in_flight: RefCell<HashMap<u32, Flight>>,
+    /// By token (Envoy's call ids: `IdMap`, no keyed hash).
+    in_flight: RefCell<crate::vm::IdMap<u32, Flight>>,
     outbox: RefCell<Vec<Delivery>>,
     /// The service answered a batch without per-descriptor statuses: one
     /// part per call from then on.

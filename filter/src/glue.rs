@@ -242,11 +242,14 @@ impl Host for Envoy<'_> {
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
         CALL_METADATA
-            .with(|m| match m.try_borrow() {
-                Ok(m) if !m.is_empty() => {
-                    abi::grpc_call(upstream, service, method, &m, message, timeout_ms)
-                }
-                _ => abi::grpc_call(upstream, service, method, &[0; 4], message, timeout_ms),
+            .with(|m| {
+                let m = m.try_borrow().ok();
+                // No metadata: an empty map (its count, 0).
+                let metadata = match m.as_deref() {
+                    Some(m) if !m.is_empty() => m.as_slice(),
+                    _ => &[0; 4],
+                };
+                abi::grpc_call(upstream, service, method, metadata, message, timeout_ms)
             })
             .map_err(failed(HostCall::Dispatch))
     }
