@@ -48,6 +48,8 @@
 //! delivers after the callback, acting for that stream.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
@@ -281,14 +283,35 @@ enum Flush {
     Full,
 }
 
+/// Hashes a call's token as itself: Envoy's call ids are small distinct
+/// integers, which no client chooses (no keyed hash needed).
+#[derive(Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
 /// One worker's calls: the queue, the calls under way by token, and the
 /// answers waiting for the glue to deliver. Interior mutability, borrowed
 /// only within one method: the flow and the root share it through `Vm`.
 #[derive(Debug, Default)]
 pub struct Batcher {
     queue: RefCell<Vec<Part>>,
-    /// By token (Envoy's call ids: `IdMap`, no keyed hash).
-    in_flight: RefCell<crate::vm::IdMap<u32, Flight>>,
+    /// By token (`TokenHasher`).
+    in_flight: RefCell<HashMap<u32, Flight, BuildHasherDefault<TokenHasher>>>,
     outbox: RefCell<Vec<Delivery>>,
     /// The service answered a batch without per-descriptor statuses: one
     /// part per call from then on.
