@@ -357,12 +357,25 @@ thread_local! {
     static CONTEXTS: RefCell<ById<Context>> = RefCell::default();
 }
 
+/// A step on the table of contexts: a closure behind a vtable of one
+/// method (a `dyn FnMut`'s vtable also holds a `call_once` copy of each
+/// closure, never called).
+trait OnContexts {
+    fn run(&mut self, contexts: &mut ById<Context>);
+}
+
+impl<F: FnMut(&mut ById<Context>)> OnContexts for F {
+    fn run(&mut self, contexts: &mut ById<Context>) {
+        self(contexts)
+    }
+}
+
 /// Runs `f` on the table of contexts, if it is not borrowed (one copy of
 /// this for every caller).
-fn on_contexts(f: &mut dyn FnMut(&mut ById<Context>)) {
+fn on_contexts(f: &mut dyn OnContexts) {
     CONTEXTS.with(|c| {
         if let Ok(mut contexts) = c.try_borrow_mut() {
-            f(&mut contexts);
+            f.run(&mut contexts);
         }
     });
 }
@@ -370,7 +383,7 @@ fn on_contexts(f: &mut dyn FnMut(&mut ById<Context>)) {
 /// Runs `f` on root `id`'s plugin, if it exists and is not borrowed.
 fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
     let (mut f, mut out) = (Some(f), None);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let (Some(Context::Root(p)), Some(f)) = (c.get_mut(&id), f.take()) {
             out = Some(f(p));
         }
@@ -381,7 +394,7 @@ fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
 /// Runs `f` on stream `id`, if it exists and is not borrowed.
 fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
     let (mut f, mut out) = (Some(f), None);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let (Some(Context::Http(http)), Some(f)) = (c.get_mut(&id), f.take()) {
             out = Some(f(http));
         }
@@ -425,7 +438,7 @@ pub extern "C" fn proxy_on_context_create(id: u32, parent: u32) {
         })
     };
     let mut context = Some(context);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let Some(context) = context.take() {
             c.insert(id, context);
         }
@@ -605,7 +618,7 @@ fn on_response(id: u32, trailers: bool) -> u32 {
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(id: u32) {
     let mut gone = None;
-    on_contexts(&mut |c| gone = c.remove(&id));
+    on_contexts(&mut |c: &mut ById<Context>| gone = c.remove(&id));
     match gone {
         Some(Context::Http(Http {
             shared: Some(s), ..
