@@ -283,6 +283,14 @@ enum Flush {
     Full,
 }
 
+/// Takes the parts `gone` picks out of `q`, the others kept in order (one
+/// body for every caller).
+fn take_parts(q: &mut Vec<Part>, gone: &dyn Fn(&Part) -> bool) -> Vec<Part> {
+    let (out, kept): (Vec<Part>, Vec<Part>) = q.drain(..).partition(|p| gone(p));
+    *q = kept;
+    out
+}
+
 /// Hashes a call's token as itself: Envoy's call ids are small distinct
 /// integers, which no client chooses (no keyed hash needed).
 #[derive(Default)]
@@ -483,9 +491,7 @@ impl Batcher {
         let mut dropped = Vec::new();
         if let Ok(mut q) = self.queue.try_borrow_mut() {
             if q.iter().any(mine) {
-                let (gone, kept): (Vec<Part>, Vec<Part>) = q.drain(..).partition(mine);
-                *q = kept;
-                dropped = gone;
+                dropped = take_parts(&mut q, &mine);
             }
         }
         if let Ok(mut f) = self.in_flight.try_borrow_mut() {
@@ -525,9 +531,7 @@ impl Batcher {
         let mut done = Vec::new();
         if let Ok(mut q) = self.queue.try_borrow_mut() {
             if q.iter().any(|p| p.deadline_ms <= now) {
-                let (expired, kept): (Vec<Part>, Vec<Part>) =
-                    q.drain(..).partition(|p| p.deadline_ms <= now);
-                *q = kept;
+                let expired = take_parts(&mut q, &|p: &Part| p.deadline_ms <= now);
                 done.extend(expired.into_iter().map(|p| failed(p, RlsError::Expired)));
             }
         }
