@@ -49,6 +49,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
@@ -282,13 +283,43 @@ enum Flush {
     Full,
 }
 
+/// Takes the parts `gone` picks out of `q`, the others kept in order (one
+/// body for every caller).
+fn take_parts(q: &mut Vec<Part>, gone: &dyn Fn(&Part) -> bool) -> Vec<Part> {
+    let (out, kept): (Vec<Part>, Vec<Part>) = q.drain(..).partition(|p| gone(p));
+    *q = kept;
+    out
+}
+
+/// Hashes a call's token as itself: Envoy's call ids are small distinct
+/// integers, which no client chooses (no keyed hash needed).
+#[derive(Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+}
+
 /// One worker's calls: the queue, the calls under way by token, and the
 /// answers waiting for the glue to deliver. Interior mutability, borrowed
 /// only within one method: the flow and the root share it through `Vm`.
 #[derive(Debug, Default)]
 pub struct Batcher {
     queue: RefCell<Vec<Part>>,
-    in_flight: RefCell<HashMap<u32, Flight>>,
+    /// By token (`TokenHasher`).
+    in_flight: RefCell<HashMap<u32, Flight, BuildHasherDefault<TokenHasher>>>,
     outbox: RefCell<Vec<Delivery>>,
     /// The service answered a batch without per-descriptor statuses: one
     /// part per call from then on.
@@ -460,9 +491,7 @@ impl Batcher {
         let mut dropped = Vec::new();
         if let Ok(mut q) = self.queue.try_borrow_mut() {
             if q.iter().any(mine) {
-                let (gone, kept): (Vec<Part>, Vec<Part>) = q.drain(..).partition(mine);
-                *q = kept;
-                dropped = gone;
+                dropped = take_parts(&mut q, &mine);
             }
         }
         if let Ok(mut f) = self.in_flight.try_borrow_mut() {
@@ -502,9 +531,7 @@ impl Batcher {
         let mut done = Vec::new();
         if let Ok(mut q) = self.queue.try_borrow_mut() {
             if q.iter().any(|p| p.deadline_ms <= now) {
-                let (expired, kept): (Vec<Part>, Vec<Part>) =
-                    q.drain(..).partition(|p| p.deadline_ms <= now);
-                *q = kept;
+                let expired = take_parts(&mut q, &|p: &Part| p.deadline_ms <= now);
                 done.extend(expired.into_iter().map(|p| failed(p, RlsError::Expired)));
             }
         }

@@ -193,13 +193,26 @@ impl Cache {
     }
 }
 
+/// What `update` does with the state it read: a trait of one method, not
+/// `dyn FnMut` (whose vtable also holds a `call_once` copy of the closure,
+/// never called).
+trait Step {
+    fn step(&mut self, s: State) -> Option<State>;
+}
+
+impl<F: FnMut(State) -> Option<State>> Step for F {
+    fn step(&mut self, s: State) -> Option<State> {
+        self(s)
+    }
+}
+
 /// Reads, steps and writes the breaker under CAS; returns the state read
 /// last with what `step` decided for it written over it (None: not read or
 /// not written). `step` returns the state to write, if any, and keeps what
 /// else it decides in its own captures (one copy of this for every
 /// caller). A host failure reads as closed (the breaker never stands
 /// between a request and a working service because shared data failed).
-fn update<S>(shared: &S, step: &mut dyn FnMut(State) -> Option<State>) -> Option<State>
+fn update<S>(shared: &S, step: &mut dyn Step) -> Option<State>
 where
     S: SharedData + ?Sized,
 {
@@ -212,7 +225,7 @@ where
         &mut scratch,
         &mut |stored, buf| {
             let s = State::decode(stored);
-            let write = step(s);
+            let write = step.step(s);
             out = Some(write.unwrap_or(s));
             buf.copy_from_slice(&write?.encode());
             Some(STATE_BYTES)
@@ -243,7 +256,7 @@ pub fn may_call<H: Host + ?Sized>(
         return Gate::Call;
     }
     let mut g = Gate::Call;
-    let Some(s) = update(host, &mut |s| {
+    let Some(s) = update(host, &mut |s: State| {
         let (decided, write) = gate(s, &p, now_ms);
         g = decided;
         write
@@ -276,7 +289,7 @@ pub fn record<H: Host + ?Sized>(
         return;
     }
     let mut t = None;
-    let Some(s) = update(host, &mut |s| {
+    let Some(s) = update(host, &mut |s: State| {
         let (write, transition) = settle(s, &p, failed.is_some(), now_ms);
         t = transition;
         write

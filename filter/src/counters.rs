@@ -5,7 +5,6 @@
 //! counter cannot be shown under another one's name, whatever the order.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 
 macro_rules! counters {
     ($($(#[$doc:meta])* $variant:ident => $name:literal,)+) => {
@@ -153,28 +152,42 @@ pub fn flush_due(now_ms: u64, last_ms: u64, tick_ms: u64) -> bool {
 /// in one thread) drops that count.
 #[derive(Debug, Default)]
 pub struct Pending {
-    counts: RefCell<BTreeMap<u32, u64>>,
+    /// (metric id, count), sorted by id: a binary search per add, and the
+    /// allocation kept from one flush to the next.
+    counts: RefCell<Vec<(u32, u64)>>,
 }
 
 impl Pending {
     /// Adds `n` to the counter with metric id `id`.
     pub fn add(&self, id: u32, n: u64) {
         if let Ok(mut counts) = self.counts.try_borrow_mut() {
-            let count = counts.entry(id).or_insert(0);
-            *count = count.saturating_add(n);
+            match counts.binary_search_by_key(&id, |&(k, _)| k) {
+                Ok(i) => {
+                    if let Some((_, count)) = counts.get_mut(i) {
+                        *count = count.saturating_add(n);
+                    }
+                }
+                Err(i) => counts.insert(i, (id, n)),
+            }
         }
     }
 
     /// Hands every count kept to `increment` (one call per counter that
     /// moved since the last flush), and forgets it.
     pub fn flush(&self, mut increment: impl FnMut(u32, u64)) {
-        let counts = match self.counts.try_borrow_mut() {
+        let mut counts = match self.counts.try_borrow_mut() {
             Ok(mut counts) => std::mem::take(&mut *counts),
             Err(_) => return,
         };
-        for (id, n) in counts {
+        for &(id, n) in &counts {
             if n > 0 {
                 increment(id, n);
+            }
+        }
+        counts.clear();
+        if let Ok(mut kept) = self.counts.try_borrow_mut() {
+            if kept.is_empty() {
+                *kept = counts;
             }
         }
     }

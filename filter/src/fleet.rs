@@ -47,8 +47,9 @@ pub fn key(domain_hash: u64) -> String {
     format!("trl.fleet.{domain_hash:016x}")
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// An id's hex digits, two per byte, in order.
+fn hex(bytes: [u8; ID_BYTES]) -> String {
+    format!("{:016x}", u64::from_be_bytes(bytes))
 }
 
 fn valid(id: &[u8]) -> bool {
@@ -73,9 +74,9 @@ pub fn envoy_id<S: SharedData + ?Sized>(
             cas
         }
         Ok((None, _)) => None,
-        Err(_) => return hex(&draw()),
+        Err(_) => return hex(draw()),
     };
-    let drawn = hex(&draw());
+    let drawn = hex(draw());
     let cas = match cas {
         Some(cas) => Some(cas),
         None => {

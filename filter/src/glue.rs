@@ -242,11 +242,14 @@ impl Host for Envoy<'_> {
         timeout_ms: u32,
     ) -> Result<u32, HostError> {
         CALL_METADATA
-            .with(|m| match m.try_borrow() {
-                Ok(m) if !m.is_empty() => {
-                    abi::grpc_call(upstream, service, method, &m, message, timeout_ms)
-                }
-                _ => abi::grpc_call(upstream, service, method, &[0; 4], message, timeout_ms),
+            .with(|m| {
+                let m = m.try_borrow().ok();
+                // No metadata: an empty map (its count, 0).
+                let metadata = match m.as_deref() {
+                    Some(m) if !m.is_empty() => m.as_slice(),
+                    _ => &[0; 4],
+                };
+                abi::grpc_call(upstream, service, method, metadata, message, timeout_ms)
             })
             .map_err(failed(HostCall::Dispatch))
     }
@@ -354,12 +357,25 @@ thread_local! {
     static CONTEXTS: RefCell<ById<Context>> = RefCell::default();
 }
 
+/// A step on the table of contexts: a closure behind a vtable of one
+/// method (a `dyn FnMut`'s vtable also holds a `call_once` copy of each
+/// closure, never called).
+trait OnContexts {
+    fn run(&mut self, contexts: &mut ById<Context>);
+}
+
+impl<F: FnMut(&mut ById<Context>)> OnContexts for F {
+    fn run(&mut self, contexts: &mut ById<Context>) {
+        self(contexts)
+    }
+}
+
 /// Runs `f` on the table of contexts, if it is not borrowed (one copy of
 /// this for every caller).
-fn on_contexts(f: &mut dyn FnMut(&mut ById<Context>)) {
+fn on_contexts(f: &mut dyn OnContexts) {
     CONTEXTS.with(|c| {
         if let Ok(mut contexts) = c.try_borrow_mut() {
-            f(&mut contexts);
+            f.run(&mut contexts);
         }
     });
 }
@@ -367,7 +383,7 @@ fn on_contexts(f: &mut dyn FnMut(&mut ById<Context>)) {
 /// Runs `f` on root `id`'s plugin, if it exists and is not borrowed.
 fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
     let (mut f, mut out) = (Some(f), None);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let (Some(Context::Root(p)), Some(f)) = (c.get_mut(&id), f.take()) {
             out = Some(f(p));
         }
@@ -378,7 +394,7 @@ fn with_root<T>(id: u32, f: impl FnOnce(&mut Plugin) -> T) -> Option<T> {
 /// Runs `f` on stream `id`, if it exists and is not borrowed.
 fn with_stream<T>(id: u32, f: impl FnOnce(&mut Http) -> T) -> Option<T> {
     let (mut f, mut out) = (Some(f), None);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let (Some(Context::Http(http)), Some(f)) = (c.get_mut(&id), f.take()) {
             out = Some(f(http));
         }
@@ -422,7 +438,7 @@ pub extern "C" fn proxy_on_context_create(id: u32, parent: u32) {
         })
     };
     let mut context = Some(context);
-    on_contexts(&mut |c| {
+    on_contexts(&mut |c: &mut ById<Context>| {
         if let Some(context) = context.take() {
             c.insert(id, context);
         }
@@ -602,7 +618,7 @@ fn on_response(id: u32, trailers: bool) -> u32 {
 #[no_mangle]
 pub extern "C" fn proxy_on_delete(id: u32) {
     let mut gone = None;
-    on_contexts(&mut |c| gone = c.remove(&id));
+    on_contexts(&mut |c: &mut ById<Context>| gone = c.remove(&id));
     match gone {
         Some(Context::Http(Http {
             shared: Some(s), ..

@@ -130,9 +130,9 @@ where
     D: Iterator<Item = E>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
-    encode(domain, hits_addend, &|f| {
+    encode(domain, hits_addend, &|f: &mut dyn Each| {
         for d in descriptors() {
-            f(d.as_ref(), None);
+            f.each(d.as_ref(), None);
         }
     })
 }
@@ -146,16 +146,39 @@ where
     D: Iterator<Item = (E, u32)>,
     E: AsRef<[(&'a str, &'a str)]>,
 {
-    encode(domain, 0, &|f| {
+    encode(domain, 0, &|f: &mut dyn Each| {
         for (d, hits) in descriptors() {
-            f(d.as_ref(), (hits != 1).then_some(hits));
+            f.each(d.as_ref(), (hits != 1).then_some(hits));
         }
     })
 }
 
-/// Each descriptor's entries and own hits, handed to the callback in
-/// order (called twice: to size, then to write).
-type Descriptors<'f> = &'f dyn Fn(&mut dyn FnMut(&[(&str, &str)], Option<u32>));
+/// Takes a descriptor's entries and own hits. A trait of one method, not
+/// `dyn FnMut`: that vtable also holds a `call_once` copy of the closure,
+/// never called (the .wasm's size counts).
+trait Each {
+    fn each(&mut self, entries: &[(&str, &str)], hits: Option<u32>);
+}
+
+impl<F: FnMut(&[(&str, &str)], Option<u32>)> Each for F {
+    fn each(&mut self, entries: &[(&str, &str)], hits: Option<u32>) {
+        self(entries, hits)
+    }
+}
+
+/// Hands each descriptor to `Each`, in order (called twice: to size, then
+/// to write); one method, as `Each`.
+trait Source {
+    fn source(&self, f: &mut dyn Each);
+}
+
+impl<F: Fn(&mut dyn Each)> Source for F {
+    fn source(&self, f: &mut dyn Each) {
+        self(f)
+    }
+}
+
+type Descriptors<'f> = &'f dyn Source;
 
 /// One body for every message (not one per caller's iterator type: the
 /// .wasm's size counts).
@@ -164,10 +187,12 @@ fn encode(domain: &str, hits_addend: u32, descriptors: Descriptors<'_>) -> Vec<u
     let hits = usize::try_from(hits_addend).unwrap_or(usize::MAX);
     let hits_len = if hits == 0 { 0 } else { 1 + varint_len(hits) };
     let mut len = string_len(domain) + hits_len;
-    descriptors(&mut |d, h| len += delimited_len(descriptor_len(d, h)));
+    descriptors.source(&mut |d: &[(&str, &str)], h: Option<u32>| {
+        len += delimited_len(descriptor_len(d, h))
+    });
     let mut out = Vec::with_capacity(len);
     put_string(&mut out, DOMAIN, domain);
-    descriptors(&mut |entries, own| {
+    descriptors.source(&mut |entries: &[(&str, &str)], own: Option<u32>| {
         out.push(DESCRIPTORS);
         put_varint(&mut out, descriptor_len(entries, own));
         for &(key, value) in entries {
