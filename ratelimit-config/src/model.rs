@@ -238,17 +238,10 @@ impl Unit {
             .take(digits)
             .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         let name = text.get(digits..)?.strip_prefix(sep)?;
-        let singular = match name.len().checked_sub(1) {
-            Some(last) if name.as_bytes().get(last) == Some(&b's') => name.get(..last)?,
-            _ => name,
-        };
-        let len = match singular {
-            "second" => 1,
-            "minute" => 60,
-            "hour" => 3_600,
-            "day" => 86_400,
-            _ => return None,
-        };
+        let singular = name.strip_suffix('s').unwrap_or(name);
+        // The units a custom window is written in (one table for both ways).
+        let (_, len) = CUSTOM_UNITS.into_iter().find(|(n, _)| *n == singular)?;
+        let len = u64::from(len);
         Unit::of_seconds(n * len)
     }
 
