@@ -349,11 +349,8 @@ impl UnitLimits {
     }
 
     /// The units that are limited, shortest first, with their limits.
-    pub fn iter(&self) -> UnitIter<'_> {
-        UnitIter {
-            limits: self,
-            at: 0,
-        }
+    pub fn iter(&self) -> impl Iterator<Item = (Unit, u32)> + Clone + '_ {
+        self.limits.iter().map(|(u, l, _)| (*u, *l))
     }
 
     /// Like `iter`, with each unit's descriptor value.
@@ -368,25 +365,6 @@ impl UnitLimits {
     /// How many units are limited (the descriptors they give).
     pub fn len(&self) -> usize {
         self.limits.len()
-    }
-}
-
-/// [`UnitLimits::iter`]. Its `next` is not inlined: every loop over a
-/// group's units would otherwise be unrolled in the .wasm.
-#[derive(Clone, Debug)]
-pub struct UnitIter<'a> {
-    limits: &'a UnitLimits,
-    at: usize,
-}
-
-impl Iterator for UnitIter<'_> {
-    type Item = (Unit, u32);
-
-    #[inline(never)]
-    fn next(&mut self) -> Option<(Unit, u32)> {
-        let (unit, limit, _) = self.limits.limits.get(self.at)?;
-        self.at += 1;
-        Some((*unit, *limit))
     }
 }
 
