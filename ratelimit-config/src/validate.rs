@@ -694,9 +694,8 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
 /// A longer window of `limits` that allows at least what a shorter one
 /// already allows over it, or that is lower than a shorter one.
 fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
-    let units: Vec<(Unit, u32)> = limits.iter().collect();
-    for (i, &(longer, long_limit)) in units.iter().enumerate() {
-        for &(shorter, short_limit) in units.iter().take(i) {
+    for (i, (longer, long_limit)) in limits.iter().enumerate() {
+        for (shorter, short_limit) in limits.iter().take(i) {
             let ratio = longer.seconds() / shorter.seconds();
             if u64::from(long_limit) >= u64::from(short_limit) * ratio {
                 out.push(ConfigError {
