@@ -235,9 +235,9 @@ fn team_limits(
     let Value::Object(top) = doc else {
         errors.push(
             base,
-            format!(
-                "must be an object mapping one header name to its groups, got {}",
-                describe(doc)
+            got(
+                "must be an object mapping one header name to its groups",
+                doc,
             ),
         );
         return None;
@@ -269,10 +269,7 @@ fn team_limits(
     let Value::Object(groups_obj) = groups_value else {
         errors.push(
             &header_path,
-            format!(
-                "must be an object of groups, got {}",
-                describe(groups_value)
-            ),
+            got("must be an object of groups", groups_value),
         );
         return None;
     };
@@ -333,10 +330,7 @@ fn group(
     let Value::Object(obj) = v else {
         errors.push(
             path,
-            format!(
-                "must be an object of limits such as {{\"perminute\": 60}}, got {}",
-                describe(v)
-            ),
+            got("must be an object of limits such as {\"perminute\": 60}", v),
         );
         return None;
     };
@@ -380,10 +374,7 @@ fn group(
                 Some("fixed") => window = Window::Fixed,
                 Some("sliding") if counter => window = Window::Sliding,
                 Some("sliding") => errors.push(&field, SLIDING_NEEDS_COUNTER),
-                _ => errors.push(
-                    &field,
-                    format!("must be \"fixed\" or \"sliding\", got {}", describe(value)),
-                ),
+                _ => errors.push(&field, got("must be \"fixed\" or \"sliding\"", value)),
             }
         } else if key == ROUTES {
             routes = route_list(value, &field, counter, errors);
@@ -392,10 +383,7 @@ fn group(
                 Some("local") => global = false,
                 Some("global") if counter => global = true,
                 Some("global") => errors.push(&field, GLOBAL_NEEDS_COUNTER),
-                _ => errors.push(
-                    &field,
-                    format!("must be \"global\" or \"local\", got {}", describe(value)),
-                ),
+                _ => errors.push(&field, got("must be \"global\" or \"local\"", value)),
             }
         } else {
             let expected = if is_default {
@@ -507,9 +495,9 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
     let Value::Object(obj) = v else {
         errors.push(
             path,
-            format!(
-                "must be an object of routes such as {{\"reports\": {{\"perminute\": 5}}}}, got {}",
-                describe(v)
+            got(
+                "must be an object of routes such as {\"reports\": {\"perminute\": 5}}",
+                v,
             ),
         );
         return Vec::new();
@@ -527,10 +515,7 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
         let Value::Object(units) = rv else {
             errors.push(
                 &field,
-                format!(
-                    "must be an object of limits such as {{\"perminute\": 5}}, got {}",
-                    describe(rv)
-                ),
+                got("must be an object of limits such as {\"perminute\": 5}", rv),
             );
             continue;
         };
@@ -606,10 +591,7 @@ fn tenant_list(
     errors: &mut Errors,
 ) -> Vec<String> {
     let Value::Array(items) = v else {
-        errors.push(
-            path,
-            format!("must be an array of tenant values, got {}", describe(v)),
-        );
+        errors.push(path, got("must be an array of tenant values", v));
         return Vec::new();
     };
     if items.is_empty() {
@@ -653,6 +635,15 @@ fn tenant_list(
         }
     }
     out
+}
+
+/// `<what>, got <the value described>`: one copy of the formatting for
+/// every message that ends so.
+fn got(what: &str, v: &Value) -> String {
+    let mut message = String::from(what);
+    message.push_str(", got ");
+    message.push_str(&describe(v));
+    message
 }
 
 /// Limits that are legal but can never bind.
