@@ -94,16 +94,8 @@ pub enum GroupNameError {
 impl fmt::Display for GroupNameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            GroupNameError::Reserved(name) => write!(
-                f,
-                "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
-                excerpt(name)
-            ),
-            GroupNameError::BadCharacters(name) => write!(
-                f,
-                "group name {} must be made of letters, digits, '_' and '-'",
-                excerpt(name)
-            ),
+            GroupNameError::Reserved(name) => f.write_str(&excerpt_in("", name, " is a reserved key and cannot name a group (limits go inside a group, such as \"default\")")),
+            GroupNameError::BadCharacters(name) => f.write_str(&excerpt_in("group name ", name, " must be made of letters, digits, '_' and '-'")),
         }
     }
 }
@@ -129,16 +121,8 @@ impl fmt::Display for TenantValueError {
                 f,
                 "a tenant value must be at most {MAX_TENANT_LEN} bytes, got {len}"
             ),
-            TenantValueError::ControlCharacter(value) => write!(
-                f,
-                "tenant value {} contains a control character",
-                excerpt(value)
-            ),
-            TenantValueError::Whitespace(value) => write!(
-                f,
-                "tenant value {} has leading or trailing whitespace, which Envoy strips from header values, so it could never match",
-                excerpt(value)
-            ),
+            TenantValueError::ControlCharacter(value) => f.write_str(&excerpt_in("tenant value ", value, " contains a control character")),
+            TenantValueError::Whitespace(value) => f.write_str(&excerpt_in("tenant value ", value, " has leading or trailing whitespace, which Envoy strips from header values, so it could never match")),
         }
     }
 }
@@ -256,7 +240,7 @@ fn team_limits(
             for name in top.keys().skip(1) {
                 errors.push_key(
                     join(base, name),
-                    format!("a second header name: the file maps exactly one header to its groups, and {} comes first", excerpt(first)),
+                    excerpt_in("a second header name: the file maps exactly one header to its groups, and ", first, " comes first"),
                 );
             }
             return None;
@@ -566,15 +550,17 @@ fn route_name(name: &str) -> Result<(), String> {
         ));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!(
-            "route name {} contains a control character",
-            excerpt(name)
+        return Err(excerpt_in(
+            "route name ",
+            name,
+            " contains a control character",
         ));
     }
     if name.ends_with('*') {
-        return Err(format!(
-            "route name {} ends with '*', which the rate-limit service reads as a wildcard",
-            excerpt(name)
+        return Err(excerpt_in(
+            "route name ",
+            name,
+            " ends with '*', which the rate-limit service reads as a wildcard",
         ));
     }
     Ok(())
@@ -615,7 +601,7 @@ fn tenant_list(
             Some(&other) if other == listed.index => {
                 errors.push(
                     &item_path,
-                    format!("{} is listed twice in this group", excerpt(t)),
+                    excerpt_in("", t, " is listed twice in this group"),
                 );
             }
             Some(&other) => {
@@ -635,6 +621,15 @@ fn tenant_list(
         }
     }
     out
+}
+
+/// `<before><s excerpted><after>`: one copy of the formatting for every
+/// message that quotes one text.
+fn excerpt_in(before: &str, s: &str, after: &str) -> String {
+    let mut message = String::from(before);
+    message.push_str(&excerpt(s));
+    message.push_str(after);
+    message
 }
 
 /// `<what>, got <the value described>`: one copy of the formatting for
