@@ -238,17 +238,10 @@ impl Unit {
             .take(digits)
             .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         let name = text.get(digits..)?.strip_prefix(sep)?;
-        let singular = match name.len().checked_sub(1) {
-            Some(last) if name.as_bytes().get(last) == Some(&b's') => name.get(..last)?,
-            _ => name,
-        };
-        let len = match singular {
-            "second" => 1,
-            "minute" => 60,
-            "hour" => 3_600,
-            "day" => 86_400,
-            _ => return None,
-        };
+        let singular = name.strip_suffix('s').unwrap_or(name);
+        // The units a custom window is written in (one table for both ways).
+        let (_, len) = CUSTOM_UNITS.into_iter().find(|(n, _)| *n == singular)?;
+        let len = u64::from(len);
         Unit::of_seconds(n * len)
     }
 
@@ -356,11 +349,8 @@ impl UnitLimits {
     }
 
     /// The units that are limited, shortest first, with their limits.
-    pub fn iter(&self) -> UnitIter<'_> {
-        UnitIter {
-            limits: self,
-            at: 0,
-        }
+    pub fn iter(&self) -> impl Iterator<Item = (Unit, u32)> + Clone + '_ {
+        self.limits.iter().map(|(u, l, _)| (*u, *l))
     }
 
     /// Like `iter`, with each unit's descriptor value.
@@ -375,25 +365,6 @@ impl UnitLimits {
     /// How many units are limited (the descriptors they give).
     pub fn len(&self) -> usize {
         self.limits.len()
-    }
-}
-
-/// [`UnitLimits::iter`]. Its `next` is not inlined: every loop over a
-/// group's units would otherwise be unrolled in the .wasm.
-#[derive(Clone, Debug)]
-pub struct UnitIter<'a> {
-    limits: &'a UnitLimits,
-    at: usize,
-}
-
-impl Iterator for UnitIter<'_> {
-    type Item = (Unit, u32);
-
-    #[inline(never)]
-    fn next(&mut self) -> Option<(Unit, u32)> {
-        let (unit, limit, _) = self.limits.limits.get(self.at)?;
-        self.at += 1;
-        Some((*unit, *limit))
     }
 }
 

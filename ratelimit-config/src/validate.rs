@@ -94,16 +94,8 @@ pub enum GroupNameError {
 impl fmt::Display for GroupNameError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            GroupNameError::Reserved(name) => write!(
-                f,
-                "{} is a reserved key and cannot name a group (limits go inside a group, such as \"default\")",
-                excerpt(name)
-            ),
-            GroupNameError::BadCharacters(name) => write!(
-                f,
-                "group name {} must be made of letters, digits, '_' and '-'",
-                excerpt(name)
-            ),
+            GroupNameError::Reserved(name) => f.write_str(&excerpt_in("", name, " is a reserved key and cannot name a group (limits go inside a group, such as \"default\")")),
+            GroupNameError::BadCharacters(name) => f.write_str(&excerpt_in("group name ", name, " must be made of letters, digits, '_' and '-'")),
         }
     }
 }
@@ -129,16 +121,8 @@ impl fmt::Display for TenantValueError {
                 f,
                 "a tenant value must be at most {MAX_TENANT_LEN} bytes, got {len}"
             ),
-            TenantValueError::ControlCharacter(value) => write!(
-                f,
-                "tenant value {} contains a control character",
-                excerpt(value)
-            ),
-            TenantValueError::Whitespace(value) => write!(
-                f,
-                "tenant value {} has leading or trailing whitespace, which Envoy strips from header values, so it could never match",
-                excerpt(value)
-            ),
+            TenantValueError::ControlCharacter(value) => f.write_str(&excerpt_in("tenant value ", value, " contains a control character")),
+            TenantValueError::Whitespace(value) => f.write_str(&excerpt_in("tenant value ", value, " has leading or trailing whitespace, which Envoy strips from header values, so it could never match")),
         }
     }
 }
@@ -235,9 +219,9 @@ fn team_limits(
     let Value::Object(top) = doc else {
         errors.push(
             base,
-            format!(
-                "must be an object mapping one header name to its groups, got {}",
-                describe(doc)
+            got(
+                "must be an object mapping one header name to its groups",
+                doc,
             ),
         );
         return None;
@@ -256,7 +240,7 @@ fn team_limits(
             for name in top.keys().skip(1) {
                 errors.push_key(
                     join(base, name),
-                    format!("a second header name: the file maps exactly one header to its groups, and {} comes first", excerpt(first)),
+                    excerpt_in("a second header name: the file maps exactly one header to its groups, and ", first, " comes first"),
                 );
             }
             return None;
@@ -269,10 +253,7 @@ fn team_limits(
     let Value::Object(groups_obj) = groups_value else {
         errors.push(
             &header_path,
-            format!(
-                "must be an object of groups, got {}",
-                describe(groups_value)
-            ),
+            got("must be an object of groups", groups_value),
         );
         return None;
     };
@@ -333,10 +314,7 @@ fn group(
     let Value::Object(obj) = v else {
         errors.push(
             path,
-            format!(
-                "must be an object of limits such as {{\"perminute\": 60}}, got {}",
-                describe(v)
-            ),
+            got("must be an object of limits such as {\"perminute\": 60}", v),
         );
         return None;
     };
@@ -380,10 +358,7 @@ fn group(
                 Some("fixed") => window = Window::Fixed,
                 Some("sliding") if counter => window = Window::Sliding,
                 Some("sliding") => errors.push(&field, SLIDING_NEEDS_COUNTER),
-                _ => errors.push(
-                    &field,
-                    format!("must be \"fixed\" or \"sliding\", got {}", describe(value)),
-                ),
+                _ => errors.push(&field, got("must be \"fixed\" or \"sliding\"", value)),
             }
         } else if key == ROUTES {
             routes = route_list(value, &field, counter, errors);
@@ -392,10 +367,7 @@ fn group(
                 Some("local") => global = false,
                 Some("global") if counter => global = true,
                 Some("global") => errors.push(&field, GLOBAL_NEEDS_COUNTER),
-                _ => errors.push(
-                    &field,
-                    format!("must be \"global\" or \"local\", got {}", describe(value)),
-                ),
+                _ => errors.push(&field, got("must be \"global\" or \"local\"", value)),
             }
         } else {
             let expected = if is_default {
@@ -507,9 +479,9 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
     let Value::Object(obj) = v else {
         errors.push(
             path,
-            format!(
-                "must be an object of routes such as {{\"reports\": {{\"perminute\": 5}}}}, got {}",
-                describe(v)
+            got(
+                "must be an object of routes such as {\"reports\": {\"perminute\": 5}}",
+                v,
             ),
         );
         return Vec::new();
@@ -527,10 +499,7 @@ fn route_list(v: &Value, path: &str, counter: bool, errors: &mut Errors) -> Vec<
         let Value::Object(units) = rv else {
             errors.push(
                 &field,
-                format!(
-                    "must be an object of limits such as {{\"perminute\": 5}}, got {}",
-                    describe(rv)
-                ),
+                got("must be an object of limits such as {\"perminute\": 5}", rv),
             );
             continue;
         };
@@ -581,15 +550,17 @@ fn route_name(name: &str) -> Result<(), String> {
         ));
     }
     if name.chars().any(char::is_control) {
-        return Err(format!(
-            "route name {} contains a control character",
-            excerpt(name)
+        return Err(excerpt_in(
+            "route name ",
+            name,
+            " contains a control character",
         ));
     }
     if name.ends_with('*') {
-        return Err(format!(
-            "route name {} ends with '*', which the rate-limit service reads as a wildcard",
-            excerpt(name)
+        return Err(excerpt_in(
+            "route name ",
+            name,
+            " ends with '*', which the rate-limit service reads as a wildcard",
         ));
     }
     Ok(())
@@ -606,10 +577,7 @@ fn tenant_list(
     errors: &mut Errors,
 ) -> Vec<String> {
     let Value::Array(items) = v else {
-        errors.push(
-            path,
-            format!("must be an array of tenant values, got {}", describe(v)),
-        );
+        errors.push(path, got("must be an array of tenant values", v));
         return Vec::new();
     };
     if items.is_empty() {
@@ -633,7 +601,7 @@ fn tenant_list(
             Some(&other) if other == listed.index => {
                 errors.push(
                     &item_path,
-                    format!("{} is listed twice in this group", excerpt(t)),
+                    excerpt_in("", t, " is listed twice in this group"),
                 );
             }
             Some(&other) => {
@@ -653,6 +621,24 @@ fn tenant_list(
         }
     }
     out
+}
+
+/// `<before><s excerpted><after>`: one copy of the formatting for every
+/// message that quotes one text.
+fn excerpt_in(before: &str, s: &str, after: &str) -> String {
+    let mut message = String::from(before);
+    message.push_str(&excerpt(s));
+    message.push_str(after);
+    message
+}
+
+/// `<what>, got <the value described>`: one copy of the formatting for
+/// every message that ends so.
+fn got(what: &str, v: &Value) -> String {
+    let mut message = String::from(what);
+    message.push_str(", got ");
+    message.push_str(&describe(v));
+    message
 }
 
 /// Limits that are legal but can never bind.
@@ -694,9 +680,8 @@ fn warnings(limits: &TeamLimits, base: &str) -> Vec<Warning> {
 /// A longer window of `limits` that allows at least what a shorter one
 /// already allows over it, or that is lower than a shorter one.
 fn unit_warnings(path: &str, limits: &UnitLimits, out: &mut Vec<Warning>) {
-    let units: Vec<(Unit, u32)> = limits.iter().collect();
-    for (i, &(longer, long_limit)) in units.iter().enumerate() {
-        for &(shorter, short_limit) in units.iter().take(i) {
+    for (i, (longer, long_limit)) in limits.iter().enumerate() {
+        for (shorter, short_limit) in limits.iter().take(i) {
             let ratio = longer.seconds() / shorter.seconds();
             if u64::from(long_limit) >= u64::from(short_limit) * ratio {
                 out.push(ConfigError {
