@@ -27,9 +27,14 @@ def test_compose_demo_with_the_counter_admits_exactly_100_of_1000_then_none():
     assert set(report["images"]) == {"envoyproxy/envoy:v1.40.0", "redis:7-alpine",
                                      f"tenant-ratelimit-counter:{harness_version()}"}, output
     # The counter counted, in its own keys (trl:{<domain>...}), one per window
-    # of the tenant's group (perhour 100).
-    assert report["redis_keys"] and all(k.startswith("trl:{12:internal-api:tenant-a}:")
-                                        for k in report["redis_keys"]), output
+    # of the tenant's group (perhour 100); beside them, the Envoys that
+    # called for the domain (the fleet's size its answers carry): both
+    # Envoys' one set.
+    counts = [k for k in report["redis_keys"] if not k.startswith("{trl_fleet}")]
+    fleets = [k for k in report["redis_keys"] if k.startswith("{trl_fleet}")]
+    assert counts and all(k.startswith("trl:{12:internal-api:tenant-a}:")
+                          for k in counts), output
+    assert fleets == ["{trl_fleet}_internal-api"], output
     assert report["containers_after_down"] == [], output
     assert set(report["networks_after_down"]) <= {"host", "none"}, output
     assert report["leftovers"] == [], output
