@@ -8,8 +8,8 @@
 //! Each replica keeps the Envoys it heard (`Fleet`: an id and when it last
 //! called, per domain). With a Redis store the replicas pool what they
 //! heard, so that the size is the fleet's and not one replica's callers: a
-//! sorted set per domain (`key`: member the Envoy id, score when it last
-//! called), written by each replica once a second (`sync`: the ids it heard
+//! sorted set per domain (`store::fleet::key`: member the Envoy id, score when it last
+//! called), written by each replica once a second (`store::fleet::sync_redis`: the ids it heard
 //! since its last write, then the members older than the interval dropped,
 //! then the set's size read, all in one pipeline, off the request path).
 //! A call is answered from memory: the larger of the last size read from
@@ -22,9 +22,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 pub use crate::proto::{ENVOY_ID_HEADER, MAX_ENVOY_ID_BYTES};
+use crate::store::fleet::Sync;
 
 /// The interval by default: an Envoy that has not called in it is not
 /// counted.
@@ -39,13 +39,6 @@ pub const SHARED_FRESH_MS: u64 = 3 * SYNC_MS;
 
 /// The most Envoys counted per domain (per replica, and per sorted set).
 pub const MAX_ENVOYS: usize = 100_000;
-
-/// The sorted set of a domain's Envoys in Redis. One hash tag for every
-/// domain: a Redis Cluster keeps them in one slot, so that one pipeline
-/// serves them all.
-pub fn key(domain: &str) -> String {
-    format!("{{trl_fleet}}_{domain}")
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Seen {
@@ -81,19 +74,6 @@ impl Domain {
         self.recount_at = (self.seen.values().map(|s| s.last_ms).min())
             .map_or(u64::MAX, |oldest| oldest.saturating_add(interval_ms));
     }
-}
-
-/// What a replica writes to Redis for one domain, and reads back.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Sync {
-    pub domain: String,
-    /// (Envoy id, when it last called): each id at most once per sync.
-    pub heard: Vec<(String, u64)>,
-    /// Members called last at or before this go.
-    pub older_than_ms: u64,
-    /// The set expires after this long untouched (no replica hears the
-    /// domain any more).
-    pub expire_ms: u64,
 }
 
 /// The Envoys each domain heard, on this replica.
@@ -240,52 +220,10 @@ fn size(d: &mut Domain, now_ms: u64, interval_ms: u64) -> u32 {
     own.max(shared)
 }
 
-/// One pipeline for every domain of `syncs`: the ids heard added (or their
-/// time moved), the members older than the interval dropped, the set's
-/// size read, its expiry set. The sizes, in `syncs`' order.
-pub async fn sync_redis<C: redis::aio::ConnectionLike>(
-    con: &mut C,
-    syncs: &[Sync],
-    deadline: Duration,
-) -> Result<Vec<u32>, crate::store::StoreError> {
-    use crate::store::StoreError;
-    if syncs.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for s in syncs {
-        let key = key(&s.domain);
-        if !s.heard.is_empty() {
-            let members: Vec<(u64, &str)> =
-                s.heard.iter().map(|(id, at)| (*at, id.as_str())).collect();
-            pipe.zadd_multiple(&key, &members).ignore();
-        }
-        pipe.cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(s.older_than_ms)
-            .ignore();
-        pipe.zcard(&key);
-        pipe.pexpire(&key, i64::try_from(s.expire_ms).unwrap_or(i64::MAX))
-            .ignore();
-    }
-    let sizes: Vec<u64> = match tokio::time::timeout(deadline, pipe.query_async(con)).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(StoreError::Redis(e)),
-        Err(_) => return Err(StoreError::Timeout),
-    };
-    if sizes.len() != syncs.len() {
-        return Err(StoreError::Shape);
-    }
-    Ok(sizes
-        .into_iter()
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-        .collect())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::fleet::key;
 
     const S: u64 = 1_000;
 

@@ -97,11 +97,11 @@ impl Storage for ClusterStore {
 
     fn fleet<'a>(
         &'a self,
-        syncs: &'a [crate::fleet::Sync],
+        syncs: &'a [super::fleet::Sync],
     ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
         Box::pin(async move {
             let mut c = self.connection.get(self.deadline).await?;
-            crate::fleet::sync_redis(&mut c, syncs, self.deadline)
+            super::fleet::sync_redis(&mut c, syncs, self.deadline)
                 .await
                 .map(Some)
         })

@@ -8,6 +8,7 @@
 //! names.
 
 pub mod cluster;
+pub mod fleet;
 pub mod memory;
 pub mod over_limit_cache;
 pub mod script;
@@ -64,11 +65,11 @@ pub trait Storage: Send + Sync {
     fn sweep(&self, _now_ms: u64) {}
 
     /// Writes what this replica heard of the fleet and reads each domain's
-    /// size (`crate::fleet::sync_redis`); None for a store the replicas do
+    /// size (`self::fleet::sync_redis`); None for a store the replicas do
     /// not share (memory: the replica's own count is the fleet's).
     fn fleet<'a>(
         &'a self,
-        _syncs: &'a [crate::fleet::Sync],
+        _syncs: &'a [self::fleet::Sync],
     ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
         Box::pin(std::future::ready(Ok(None)))
     }
@@ -247,10 +248,7 @@ impl Store {
 
     /// The fleet's sizes, through the store (`Storage::fleet`); nothing is
     /// asked while its connection is known down.
-    pub async fn fleet(
-        &self,
-        syncs: &[crate::fleet::Sync],
-    ) -> Result<Option<Vec<u32>>, StoreError> {
+    pub async fn fleet(&self, syncs: &[self::fleet::Sync]) -> Result<Option<Vec<u32>>, StoreError> {
         if self.health.down.load(Ordering::Relaxed) {
             return Err(StoreError::Down(self.down_reason()));
         }

@@ -155,12 +155,12 @@ impl Storage for SentinelStore {
 
     fn fleet<'a>(
         &'a self,
-        syncs: &'a [crate::fleet::Sync],
+        syncs: &'a [super::fleet::Sync],
     ) -> Pending<'a, Result<Option<Vec<u32>>, StoreError>> {
         Box::pin(async move {
             let got = async {
                 let mut c = self.get(self.deadline).await?;
-                crate::fleet::sync_redis(&mut c, syncs, self.deadline).await
+                super::fleet::sync_redis(&mut c, syncs, self.deadline).await
             }
             .await;
             if let Err(e) = &got {

@@ -209,11 +209,11 @@ impl Under {
 
     /// The fleet's sizes through the store (`Store::fleet`), its domains in
     /// this store's namespace; None on the memory store.
-    pub fn fleet(&self, syncs: &[crate::fleet::Sync]) -> Option<Vec<u32>> {
+    pub fn fleet(&self, syncs: &[super::fleet::Sync]) -> Option<Vec<u32>> {
         let prefix = self.prefix.borrow().clone();
-        let syncs: Vec<crate::fleet::Sync> = syncs
+        let syncs: Vec<super::fleet::Sync> = syncs
             .iter()
-            .map(|s| crate::fleet::Sync {
+            .map(|s| super::fleet::Sync {
                 domain: format!("{prefix}{}", s.domain),
                 ..s.clone()
             })
