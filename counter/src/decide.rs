@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use ratelimit_config::window::{
     previous_window, sliding_estimate, sliding_wait_ms, sliding_weight_ppm, window_at,
 };
-use ratelimit_config::{TeamLimits, Unit};
+use ratelimit_config::{counter_keys, TeamLimits, Unit};
 
 use crate::proto::{
     Code, DescriptorStatus, Duration, RateLimit, RateLimitRequest, RateLimitResponse,
@@ -142,51 +142,6 @@ fn hits_of(own: Option<u64>, request: u32) -> u64 {
     own.unwrap_or(u64::from(request.max(1)))
 }
 
-/// The counter key of one window: the hash tag, the unit, the window's
-/// start, and on a route the route's name.
-fn counter_key(tag: &str, unit: Unit, start: u64, route: Option<&str>) -> String {
-    use std::fmt::Write;
-    let unit = unit.descriptor_value();
-    let mut k =
-        String::with_capacity(tag.len() + unit.len() + 28 + route.map_or(0, |r| r.len() + 3));
-    k.push_str("trl:");
-    k.push_str(tag);
-    k.push(':');
-    k.push_str(&unit);
-    let _ = write!(k, ":{start}");
-    if let Some(r) = route {
-        k.push_str(":r:");
-        k.push_str(r);
-    }
-    k
-}
-
-/// `{<len>:<domain>:<tenant>}`: one slot per tenant, and no two domains
-/// or tenants share a tag.
-fn hash_tag(domain: &str, tenant: &str) -> String {
-    use std::fmt::Write;
-    // A '}' would end the tag early: the key stays the tenant's own, but
-    // could share a slot with another tenant's. Written as %7D.
-    let mut t = String::with_capacity(domain.len() + tenant.len() + 8);
-    let _ = write!(t, "{{{}:", domain.len());
-    for ch in domain.chars() {
-        match ch {
-            '}' => t.push_str("%7D"),
-            c => t.push(c),
-        }
-    }
-    t.push(':');
-    for ch in tenant.chars() {
-        match ch {
-            '%' => t.push_str("%25"),
-            '}' => t.push_str("%7D"),
-            c => t.push(c),
-        }
-    }
-    t.push('}');
-    t
-}
-
 /// Splits a call into requests and resolves each descriptor's rule at
 /// `now_ms`. A descriptor without a rule (or of an unknown domain) is
 /// answered OK with no limit, as envoyproxy/ratelimit answers it.
@@ -300,10 +255,11 @@ fn resolve(
         Some(_) => return None,
     };
     let sliding = g.slides(unit);
-    let tag = hash_tag(domain_name, tenant);
+    let tag = counter_keys::tag(domain_name, tenant);
     let window = window_at(unit, now_ms);
     let (_, next_end) = window_at(unit, window.1);
-    let prev_key = sliding.then(|| counter_key(&tag, unit, previous_window(unit, now_ms).0, route));
+    let prev_key =
+        sliding.then(|| counter_keys::key(&tag, unit, previous_window(unit, now_ms).0, route));
     // A sliding window's counter is read again as the previous one.
     let lives_until = if sliding { next_end } else { window.1 };
     let regional = crate::regions::regional_key(&tag, unit, route, g.global).map(|key| Regional {
@@ -321,7 +277,7 @@ fn resolve(
         shadow: g.shadow,
         group,
         name,
-        key: counter_key(&tag, unit, window.0, route),
+        key: counter_keys::key(&tag, unit, window.0, route),
         tag,
         prev_key,
         window,

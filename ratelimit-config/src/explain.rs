@@ -8,13 +8,13 @@
 //! CACHE_KEY_PREFIX (empty unless set), the domain, then `key_value_` for
 //! every descriptor entry, then the window start, `now / unit * unit`.
 //!
-//! ratelimit-counter's key ([`counter_key`], as `counter/src/decide.rs`
-//! spells it): `trl:{<domain length>:<domain>:<tenant>}:per_<unit>:<window
+//! ratelimit-counter's key ([`counter_keys::key`], the counter's own): `trl:{<domain length>:<domain>:<tenant>}:per_<unit>:<window
 //! start ms>[:r:<route>]`, its windows from [`crate::window`] (calendar
 //! weeks, months and years; a sliding window's previous window too).
 
 use std::fmt::Write;
 
+use crate::counter_keys;
 use crate::model::{
     descriptors, tenant_value, Group, RequestDescriptors, Service, TeamLimits, Unit, Window,
 };
@@ -43,42 +43,6 @@ pub fn redis_key(
 /// Windows align to the clock: the start of the one holding `now`.
 pub fn window_start(unit: Unit, now: u64) -> u64 {
     now / unit.seconds() * unit.seconds()
-}
-
-/// ratelimit-counter's hash tag of a tenant's keys, `{<len>:<domain>:<tenant>}`
-/// (`counter/src/decide.rs`: one Redis Cluster slot per tenant): the
-/// domain's length in bytes, a `}` written `%7D`, and in the tenant (the
-/// value the filter sends) a `%` written `%25`.
-pub fn counter_tag(domain: &str, tenant: &str) -> String {
-    let mut t = String::with_capacity(domain.len() + tenant.len() + 8);
-    let _ = write!(t, "{{{}:", domain.len());
-    for ch in domain.chars() {
-        match ch {
-            '}' => t.push_str("%7D"),
-            c => t.push(c),
-        }
-    }
-    t.push(':');
-    for ch in tenant.chars() {
-        match ch {
-            '%' => t.push_str("%25"),
-            '}' => t.push_str("%7D"),
-            c => t.push(c),
-        }
-    }
-    t.push('}');
-    t
-}
-
-/// ratelimit-counter's key of one window: `trl:<tag>:per_<unit>:<window
-/// start, Unix ms>`, and on a route `:r:<route>`.
-pub fn counter_key(tag: &str, unit: Unit, start_ms: u64, route: Option<&str>) -> String {
-    let mut k = format!("trl:{tag}:{}:{start_ms}", unit.descriptor_value());
-    if let Some(r) = route {
-        k.push_str(":r:");
-        k.push_str(r);
-    }
-    k
 }
 
 /// Whether the counter counts `unit` of `group` as a sliding window (as
@@ -113,13 +77,13 @@ pub fn counter_window(
     route: Option<&str>,
     now_ms: u64,
 ) -> CounterWindow {
-    let tag = counter_tag(domain, tenant);
+    let tag = counter_keys::tag(domain, tenant);
     let window = window_at(unit, now_ms);
     let sliding = counter_sliding(group, unit);
     let previous = sliding.then(|| previous_window(unit, now_ms));
     CounterWindow {
-        key: counter_key(&tag, unit, window.0, route),
-        prev_key: previous.map(|p| counter_key(&tag, unit, p.0, route)),
+        key: counter_keys::key(&tag, unit, window.0, route),
+        prev_key: previous.map(|p| counter_keys::key(&tag, unit, p.0, route)),
         sliding,
         window,
         previous,
@@ -1013,18 +977,18 @@ perminute: 50 per minute
     #[test]
     fn the_counters_keys_are_spelled_as_the_counter_spells_them() {
         assert_eq!(
-            counter_tag("internal-api", "tenant-a"),
+            counter_keys::tag("internal-api", "tenant-a"),
             "{12:internal-api:tenant-a}"
         );
         // A '}' would end the hash tag; a '%' is escaped so that no two
         // tenants share a key.
-        assert_eq!(counter_tag("d}", "a}%b"), "{2:d%7D:a%7D%25b}");
+        assert_eq!(counter_keys::tag("d}", "a}%b"), "{2:d%7D:a%7D%25b}");
         assert_eq!(
-            counter_key("{1:d:t}", Unit::Minute, 120_000, None),
+            counter_keys::key("{1:d:t}", Unit::Minute, 120_000, None),
             "trl:{1:d:t}:per_minute:120000"
         );
         assert_eq!(
-            counter_key("{1:d:t}", Unit::Month, 0, Some("reports")),
+            counter_keys::key("{1:d:t}", Unit::Month, 0, Some("reports")),
             "trl:{1:d:t}:per_month:0:r:reports"
         );
     }
@@ -1140,7 +1104,7 @@ perminute: 50 per minute
                 assert_eq!(s.previous, Some(prev));
                 assert_eq!(
                     s.prev_key.as_deref(),
-                    Some(counter_key("{1:d:t}", unit, prev.0, Some("r")).as_str())
+                    Some(counter_keys::key("{1:d:t}", unit, prev.0, Some("r")).as_str())
                 );
             }
         }

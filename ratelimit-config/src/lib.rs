@@ -11,6 +11,7 @@
 //! each other over gRPC (the RLS messages, the request marks, the unit
 //! numbers) is [`rls`], behind the `rls` feature: both turn it on.
 
+pub mod counter_keys;
 pub mod error;
 pub mod field;
 pub mod json_text;
