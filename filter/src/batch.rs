@@ -48,8 +48,6 @@
 //! delivers after the callback, acting for that stream.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::answer::{decode, Answer, RlsError};
 use crate::breaker::{self, Gate};
@@ -59,6 +57,7 @@ use crate::decision::tenant_message;
 use crate::group::GroupId;
 use crate::health::{self, LogThrottle};
 use crate::host::Host;
+use crate::id_map::IdMap;
 use crate::local::{SlotRef, Slots};
 use crate::proto::{encode_batch_request, Code, RateLimitResponse, METHOD, SERVICE};
 use ratelimit_config::model::{RequestDescriptors, Service};
@@ -291,35 +290,14 @@ fn take_parts(q: &mut Vec<Part>, gone: &dyn Fn(&Part) -> bool) -> Vec<Part> {
     out
 }
 
-/// Hashes a call's token as itself: Envoy's call ids are small distinct
-/// integers, which no client chooses (no keyed hash needed).
-#[derive(Default)]
-struct TokenHasher(u64);
-
-impl Hasher for TokenHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-}
-
 /// One worker's calls: the queue, the calls under way by token, and the
 /// answers waiting for the glue to deliver. Interior mutability, borrowed
 /// only within one method: the flow and the root share it through `Vm`.
 #[derive(Debug, Default)]
 pub struct Batcher {
     queue: RefCell<Vec<Part>>,
-    /// By token (`TokenHasher`).
-    in_flight: RefCell<HashMap<u32, Flight, BuildHasherDefault<TokenHasher>>>,
+    /// By token.
+    in_flight: RefCell<IdMap<u32, Flight>>,
     outbox: RefCell<Vec<Delivery>>,
     /// The service answered a batch without per-descriptor statuses: one
     /// part per call from then on.

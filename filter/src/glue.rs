@@ -25,9 +25,10 @@ use crate::fleet;
 use crate::flow::{Next, Stream};
 use crate::group::GroupId;
 use crate::host::{Host, HostCall, HostError, SharedData, SharedDataError};
+use crate::id_map::IdMap;
 use crate::local::SlotSecret;
 use crate::root::{self, Root};
-use crate::vm::{IdMap, Vm};
+use crate::vm::Vm;
 
 /// `log`'s macros, to Envoy's log. A failed log call is dropped: there is
 /// nowhere else to say so.

@@ -54,6 +54,8 @@
 //!   refills and pushes queued, sent as one call, the answer split back.
 //! - `vm`: what one VM keeps between callbacks (the slot secret, the
 //!   worker's calls, the root's mailbox).
+//! - `id_map`: maps by keys spread already (context ids, call tokens, slot
+//!   fingerprints), hashed as they are.
 //! - `local`: the local layer, decided before any call:
 //!   - `local::bucket`: token-bucket arithmetic;
 //!   - `local::over_limit`: the over-limit cache and its headers;
@@ -90,6 +92,7 @@ pub mod group;
 pub mod headers;
 pub mod health;
 pub mod host;
+pub mod id_map;
 pub mod lease;
 pub mod local;
 pub mod modes;

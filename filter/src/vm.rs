@@ -9,13 +9,12 @@
 //! ports (`host`).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::batch::Batcher;
 use crate::batch::TenantCall;
 use crate::group::GroupId;
 use crate::health::LogThrottle;
+use crate::id_map::IdMap;
 use crate::local::{SlotRef, SlotSecret};
 
 /// The most calls a worker keeps queued for its root's next tick; one
@@ -28,35 +27,6 @@ pub const MAX_QUEUED_CALLS: usize = 4_096;
 /// service once `max_unsynced` of its hits are pending (in lease mode,
 /// once its lease runs out, as without the root's window refills).
 pub const MAX_TRACKED: usize = 16_384;
-
-/// Hashes keys that are spread already: context ids (small distinct
-/// integers) and slot fingerprints (keyed hashes, which no client can
-/// choose), as they are.
-#[derive(Default)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 << 8) | u64::from(*b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-/// A map by a key `IdHasher` hashes.
-pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// A tenant whose sync hits this worker's root pushes, or whose lease it
 /// refills when a window ends.
